@@ -1,0 +1,156 @@
+"""`run_job`: render a Job template, run it on the node through the scheduler, wait with a
+deadline, read and parse its result, and always delete the Job."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sweeper.actions import ActionContext, Arg, action, ok
+from sweeper.clock import parse_duration
+from sweeper.errors import KubeError, NotFound, PlaybookError
+from sweeper.parsers import sweeper_result
+from sweeper.playbook.templating import render
+from sweeper.result import CheckResult, Result, error_result
+
+SCHEDULE_TIMEOUT = 300.0
+CLIENT_GRACE = 60.0
+
+
+def job_name(node: str, run_id: str, template: str) -> str:
+    digest = hashlib.sha1(f"{run_id}/{node}/{template}".encode()).hexdigest()[:6]
+    base = re.sub(r"[^a-z0-9-]", "-", node.lower())[:40].strip("-")
+    return f"sweep-{base}-{digest}"
+
+
+def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[str, Any]) -> dict[str, Any]:
+    path = ctx.config.path("job-templates") / template
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PlaybookError(f"run_job: cannot read template {path}: {exc}") from exc
+    node = ctx.node or {}
+    name = job_name(node.get("name", "none"), ctx.run_id, template)
+    variables = {"node": node, "run_id": ctx.run_id, "job_name": name, "namespace": ctx.config.namespace,
+                 "image": ctx.config.check_image, "taint_key": ctx.config.taint_key, "prefix": ctx.config.prefix,
+                 "timeout": int(timeout), "ttl": int(ctx.config.job_ttl), **extra}
+    rendered = render(text, variables, where=str(path))
+    try:
+        job = yaml.safe_load(rendered)
+    except yaml.YAMLError as exc:
+        raise PlaybookError(f"{path}: the rendered template is not YAML: {exc}") from exc
+    if not isinstance(job, dict) or job.get("kind") != "Job":
+        raise PlaybookError(f"{path}: the template must render a batch/v1 Job")
+    return job
+
+
+def _condition(job: dict[str, Any]) -> dict[str, Any] | None:
+    for c in (job.get("status") or {}).get("conditions") or []:
+        if c.get("type") in ("Complete", "Failed") and c.get("status") == "True":
+            return c
+    return None
+
+
+def _unscheduled(pods: list[dict[str, Any]]) -> str:
+    for p in pods:
+        for c in (p.get("status") or {}).get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("status") == "False":
+                return c.get("message", "unschedulable")
+    return ""
+
+
+def _read_result(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]], node: str) -> Result:
+    now = ctx.clock.now()
+    done = [p for p in pods if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")]
+    if not done:
+        return error_result(node, "sweeper", "the check Job finished but none of its pods is left to read", now)
+    pod = max(done, key=lambda p: p["metadata"].get("creationTimestamp", ""))
+    statuses = pod["status"].get("containerStatuses") or []
+    term = ((statuses[0].get("state") or {}).get("terminated") or {}) if statuses else {}
+    exit_code = term.get("exitCode")
+    try:
+        log = ctx.kube.pod_log(namespace, pod["metadata"]["name"])
+    except KubeError as exc:
+        log = ""
+        ctx.log(f"cannot read the log of {pod['metadata']['name']}: {exc}")
+    result = sweeper_result.parse(log, node, now) if log.strip() else None
+    if result is None or (result.status == "error" and term.get("message")):
+        if term.get("message"):
+            result = sweeper_result.parse_summary(term["message"], node, now)
+        elif result is None:
+            why = f"the check exited {exit_code} with no output" if exit_code not in (None, 0) else \
+                "the check printed nothing"
+            result = error_result(node, "sweeper", why, now, code=None if exit_code is None else f"exit {exit_code}")
+    if exit_code not in (None, 0) and result.status in ("pass", "warn", "skip"):
+        return error_result(node, "sweeper", f"the check exited {exit_code} but reported {result.status}", now,
+                            code=f"exit {exit_code}")
+    return result
+
+
+@action("run_job",
+        Arg("template", str, required=True, help="file name under job-templates/"),
+        Arg("timeout", (int, float, str), default="15m", help="activeDeadlineSeconds, and the client deadline"),
+        Arg("vars", dict, default=None, help="extra variables for the template"),
+        help="Run a check Job on the node (affinity plus a toleration for Sweeper's taint, all its GPUs), "
+             "wait for it, parse its result document, and delete it.", needs_node=True)
+def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
+    if ctx.kube is None or ctx.node is None:
+        raise PlaybookError("run_job needs a cluster and a target node (--node)")
+    timeout = parse_duration(args["timeout"])
+    job = render_job(ctx, args["template"], timeout, args["vars"] or {})
+    namespace = job.get("metadata", {}).get("namespace") or ctx.config.namespace
+    name = job["metadata"]["name"]
+    node = ctx.node["name"]
+    ctx.intent("create-job", "before", f"{namespace}/{name}")
+    ctx.kube.create_job(namespace, job)
+    ctx.intent("create-job", "after", f"{namespace}/{name}")
+    start = ctx.clock.now()
+    result: Result | None = None
+    inconclusive = ""
+    try:
+        while True:
+            current = ctx.kube.get_job(namespace, name)
+            cond = _condition(current)
+            pods = ctx.kube.namespaced_pods(namespace, f"job-name={name}")
+            if cond is not None:
+                if cond.get("reason") == "DeadlineExceeded":
+                    result = _hung(node, ctx.clock.now(), timeout)
+                else:
+                    result = _read_result(ctx, namespace, pods, node)
+                break
+            elapsed = ctx.clock.now() - start
+            if ctx.cancelled():
+                inconclusive = "the sweep was stopped before the check finished"
+                break
+            why = _unscheduled(pods)
+            if why and elapsed > min(SCHEDULE_TIMEOUT, timeout):
+                inconclusive = f"the check pod never scheduled ({why}); someone else holds the GPUs"
+                break
+            if elapsed > timeout + CLIENT_GRACE:
+                result = _hung(node, ctx.clock.now(), timeout)
+                break
+            ctx.clock.sleep(ctx.config.poll_interval)
+    finally:
+        ctx.intent("delete-job", "before", f"{namespace}/{name}")
+        try:
+            ctx.kube.delete_job(namespace, name)
+        except NotFound:
+            pass
+        ctx.intent("delete-job", "after", f"{namespace}/{name}")
+    if inconclusive:
+        return {"changed": True, "failed": True, "status": "inconclusive", "msg": inconclusive, "job": name}
+    assert result is not None
+    ctx.on_result(result)
+    bad = [f"{c.name}: {c.message}" for c in result.failed_checks][:5]
+    return ok(f"{result.status}" + (f": {'; '.join(bad)}" if bad else ""), changed=True, job=name,
+              status=result.status, result=result.to_dict()) | {"failed": result.status in ("fail", "error")}
+
+
+def _hung(node: str, now: float, timeout: float) -> Result:
+    return Result(node=node, source="sweeper", started=now, finished=now, checks=(CheckResult(
+        "check.deadline", "fail", f"the check did not finish within {int(timeout)}s: a hung check is a node fault",
+        "critical", code="DeadlineExceeded"),))

@@ -1,0 +1,355 @@
+"""The `sweeper` command. It parses, calls the library, and prints; nothing else."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from sweeper import __version__
+from sweeper.checks.options import OPTIONS, CheckOptions
+from sweeper.clock import iso, parse_duration
+from sweeper.config import Config, load_config
+from sweeper.errors import ConfigError, SweeperError
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+VERDICT_STYLE = {"pass": "green", "warn": "yellow", "reboot": "magenta", "replace": "red bold",
+                 "quarantine": "red", "error": "bright_red", "inconclusive": "cyan", "": "dim"}
+
+
+def default_state() -> str:
+    return os.environ.get("SWEEPER_STATE") or str(Path("state") / "sweeper.db")
+
+
+def run_cli(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Map the error tree to exit codes with one clear line on stderr."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except SweeperError as exc:
+            err.print(f"[red]error:[/red] {exc}")
+            sys.exit(exc.exit_code)
+    return wrapper
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="sweeper")
+def main() -> None:
+    """Sweeper keeps the GPU nodes of a Kubernetes cluster healthy: it takes idle GPU nodes
+    out of scheduling a few at a time, runs active health checks on them as Jobs, and hands
+    each node back or holds it with a reason. Every result goes into a SQLite history.
+
+    Exit codes: 0 done, 1 findings (check), 2 bad input, 3 cluster or state unreachable,
+    4 another sweep holds the lock.
+    """
+
+
+def _config(path: str | None, **overrides: Any) -> Config:
+    return load_config(path).with_overrides(**overrides)
+
+
+def _kube(kubeconfig: str | None, context: str | None) -> Any:
+    from sweeper.kube import Kube
+
+    return Kube.from_config(kubeconfig, context)
+
+
+def _history(state: str) -> Any:
+    from sweeper.history import History
+
+    return History(state)
+
+
+common_cluster = [
+    click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Sweeper config YAML."),
+    click.option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig file (default: in-cluster or ~/.kube/config)."),
+    click.option("--context", help="kubeconfig context."),
+    click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
+                 help="SQLite history file."),
+]
+
+
+def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for opt in reversed(common_cluster):
+        fn = opt(fn)
+    return fn
+
+
+# -- sweep -----------------------------------------------------------------------------
+@main.command()
+@cluster_options
+@click.option("--dry-run", is_flag=True, help="Decide everything, write nothing to the cluster.")
+@click.option("--max-nodes", type=int, help="Override max_nodes for this run.")
+@click.option("--json", "as_json", is_flag=True, help="Print the run report as JSON on stdout.")
+@run_cli
+def sweep(config_path: str | None, kubeconfig: str | None, context: str | None, state: str, dry_run: bool,
+          max_nodes: int | None, as_json: bool) -> None:
+    """One rolling pass over the cluster's GPU nodes (the CronJob's command)."""
+    from sweeper.sweep import Sweep
+
+    cfg = _config(config_path, max_nodes=max_nodes)
+    kube = _kube(kubeconfig, context)
+    hist = _history(state)
+    sw = Sweep(kube, cfg, hist, emit=None if as_json else _printer(err), dry_run=dry_run)
+    signal.signal(signal.SIGTERM, lambda *_: sw.stop.set())
+    report = sw.run()
+    if as_json:
+        click.echo(json.dumps(report.to_dict(), indent=2))
+    else:
+        _print_outcomes(report)
+
+
+def _printer(console: Console) -> Callable[[str, dict[str, Any]], None]:
+    def emit(event: str, d: dict[str, Any]) -> None:
+        if event == "plan":
+            console.print(f"[bold]run {d['run_id']}[/bold]: {d['gpu_nodes']} GPU nodes, {d['held']} already held, "
+                          f"budget {d['budget']}; taking {', '.join(d['take']) or 'none'}")
+        elif event == "hold":
+            console.print(f"  {d['node']}: held (tainted), running checks")
+        elif event == "raced":
+            console.print(f"  {d['node']}: [yellow]a GPU pod landed first[/yellow] ({', '.join(d['pods'])}); "
+                          "released untouched")
+        elif event == "done":
+            style = VERDICT_STYLE.get(d["verdict"], "")
+            console.print(f"  {d['node']}: [{style}]{d['verdict']}[/{style}] -> {d['action']}"
+                          + (f"  ({'; '.join(d['reasons'])[:160]})" if d["verdict"] != "pass" else ""))
+        elif event == "skip":
+            console.print(f"  {d['node']}: skipped ({d['why']})")
+    return emit
+
+
+def _print_outcomes(report: Any) -> None:
+    t = Table(title=f"run {report.run_id}" + (" (dry run)" if report.dry_run else ""))
+    for col in ("node", "verdict", "action", "reasons"):
+        t.add_column(col)
+    for o in report.outcomes:
+        style = VERDICT_STYLE.get(o.verdict, "")
+        t.add_row(o.node, f"[{style}]{o.verdict or '-'}[/{style}]", o.action, "; ".join(o.reasons)[:120])
+    out.print(t)
+    reasons: dict[str, int] = {}
+    for d in report.plan.skip:
+        reasons[d.reason] = reasons.get(d.reason, 0) + 1
+    if reasons:
+        out.print("skipped: " + ", ".join(f"{n} {r}" for r, n in sorted(reasons.items())))
+
+
+# -- plan ------------------------------------------------------------------------------
+@main.command("plan")
+@cluster_options
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@run_cli
+def plan_cmd(config_path: str | None, kubeconfig: str | None, context: str | None, state: str, as_json: bool) -> None:
+    """Which nodes a sweep would take now, and why every other GPU node is skipped. Changes nothing."""
+    from sweeper.fleet import plan as make_plan
+
+    cfg = _config(config_path)
+    kube = _kube(kubeconfig, context)
+    hist = _history(state)
+    nodes = kube.list_nodes(cfg.gpu_node_selector, page_size=cfg.page_size)
+    pods = kube.active_pods(page_size=cfg.page_size)
+    p = make_plan(nodes, pods, cfg, hist.last_swept(), time.time())
+    rows = [{"node": d.node.name, "take": d.take, "reason": d.reason, "detail": d.detail} for d in p.take + p.skip]
+    if as_json:
+        click.echo(json.dumps({"gpu_nodes": p.gpu_nodes, "held": p.held, "budget": p.budget, "nodes": rows},
+                              indent=2))
+        return
+    t = Table(title=f"{p.gpu_nodes} GPU nodes, {p.held} held, budget {p.budget}")
+    for col in ("node", "take", "reason", "detail"):
+        t.add_column(col)
+    for r in sorted(rows, key=lambda r: (not r["take"], r["node"])):
+        t.add_row(r["node"], "[green]yes[/green]" if r["take"] else "no", r["reason"], r["detail"])
+    out.print(t)
+
+
+# -- history ---------------------------------------------------------------------------
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float]) -> str:
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    if hi == lo:
+        return SPARK[0] * len(values)
+    return "".join(SPARK[int((v - lo) / (hi - lo) * (len(SPARK) - 1))] for v in values)
+
+
+@main.command()
+@click.argument("node")
+@click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
+              help="SQLite history file.")
+@click.option("--since", help="Only what happened within this long (e.g. 7d, 12h).")
+@click.option("--json", "as_json", is_flag=True, help="Print the history as JSON.")
+@run_cli
+def history(node: str, state: str, since: str | None, as_json: bool) -> None:
+    """A node's sweeps, verdicts, failed checks, actions and metric trends."""
+    if not Path(state).exists():
+        raise ConfigError(f"no history at {state} (set --state or SWEEPER_STATE)")
+    try:
+        cutoff = time.time() - parse_duration(since) if since else None
+    except ValueError as exc:
+        raise ConfigError(f"--since: not a duration: {since!r}") from exc
+    h = _history(state).node_history(node, cutoff)
+    if as_json:
+        click.echo(json.dumps(h, indent=2, default=str))
+        return
+    print_history(out, h)
+
+
+def print_history(console: Console, h: dict[str, Any]) -> None:
+    if not h["sweeps"] and not h["actions"]:
+        console.print(f"no history for node {h['node']}")
+        return
+    t = Table(title=f"history of {h['node']}")
+    for col in ("started", "run", "verdict", "why"):
+        t.add_column(col)
+    for s in h["sweeps"]:
+        style = VERDICT_STYLE.get(s["verdict"] or "", "")
+        why = "; ".join(s["reasons"]) if s["verdict"] != "pass" else ""
+        t.add_row(iso(s["started"]), s["run_id"], f"[{style}]{s['verdict'] or 'unfinished'}[/{style}]", why[:150])
+    console.print(t)
+    problems = [(s, p) for s in h["sweeps"] for p in s["problems"]]
+    if problems:
+        pt = Table(title="findings")
+        for col in ("when", "check", "gpu", "status", "code", "message"):
+            pt.add_column(col)
+        for s, p in problems[:30]:
+            pt.add_row(iso(s["started"]), p["name"], "" if p["gpu"] is None else str(p["gpu"]), p["status"],
+                       p["code"] or "", (p["message"] or "")[:90])
+        console.print(pt)
+    if h["actions"]:
+        at = Table(title="actions")
+        for col in ("when", "action", "detail"):
+            at.add_column(col)
+        for a in h["actions"][:20]:
+            at.add_row(iso(a["ts"]), a["action"] + (" (dry run)" if a["dry_run"] else ""), a["detail"][:110])
+        console.print(at)
+    if h["metrics"]:
+        mt = Table(title="metric trends (counters summed over GPUs, temperatures the hottest)")
+        for col in ("metric", "trend", "last"):
+            mt.add_column(col)
+        for name, series in sorted(h["metrics"].items()):
+            vals = [v for _, v in series][-30:]
+            mt.add_row(name, sparkline(vals), f"{vals[-1]:g}")
+        console.print(mt)
+
+
+# -- check -----------------------------------------------------------------------------
+def check_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for name, typ, default, help_text in reversed(OPTIONS):
+        fn = click.option("--" + name.replace("_", "-"), name, type=typ, default=default, show_default=True,
+                          help=help_text)(fn)
+    return fn
+
+
+@main.command()
+@check_options
+@click.option("--json", "as_json", is_flag=True, help="Print the full result document (what a check Job does).")
+@click.option("--termination-log", default="/dev/termination-log", show_default=True,
+              help="Where to write the short summary Kubernetes reads back.")
+def check(as_json: bool, termination_log: str, **kw: Any) -> None:
+    """Run the node-local checks (inside a Job on the node) and print one result document.
+
+    Exit 0 when everything passed or warned, 1 when a check failed or could not run.
+    """
+    import pynvml
+
+    from sweeper.checks import read_kernel_log, run_node_checks, system_uptime
+
+    opts = CheckOptions(**{**kw, "node": kw.get("node") or os.environ.get("NODE_NAME", "")})
+    klog, why = read_kernel_log(opts)
+    result = run_node_checks(opts, pynvml, klog, now=time.time(), uptime=system_uptime(), kernel_log_error=why)
+    if as_json:
+        click.echo(result.to_json())
+    else:
+        t = Table(title=f"checks on {opts.node or 'this node'}: {result.status}")
+        for col in ("check", "gpu", "status", "message"):
+            t.add_column(col)
+        for c in result.checks:
+            t.add_row(c.name, "" if c.gpu is None else str(c.gpu), c.status, c.message[:100])
+        out.print(t)
+    try:
+        if Path(termination_log).parent.exists():
+            Path(termination_log).write_text(result.summary())
+    except OSError:
+        pass
+    sys.exit(0 if result.status in ("pass", "warn", "skip") else 1)
+
+
+# -- sim -------------------------------------------------------------------------------
+@main.group()
+def sim() -> None:
+    """The simulated GPU cluster (an HTTP Kubernetes API with a fault model)."""
+
+
+@sim.command("serve")
+@click.option("--fleet", "fleet_path", type=click.Path(exists=True, dir_okay=False),
+              help="Fleet YAML (default: the demo's fleet).")
+@click.option("--port", type=int, default=8443, show_default=True, help="Port on 127.0.0.1.")
+@click.option("--kubeconfig-out", type=click.Path(dir_okay=False), default="state/sim.kubeconfig",
+              show_default=True, help="Where to write a kubeconfig that points at the server.")
+@click.option("--speed", type=float, help="Simulated seconds per real second (default: the fleet's).")
+@run_cli
+def sim_serve(fleet_path: str | None, port: int, kubeconfig_out: str, speed: float | None) -> None:
+    """Serve the simulated cluster until interrupted; point kubectl or Sweeper at it."""
+    from sweeper.clock import ScaledClock
+    from sweeper.sim.cluster import SimCluster
+    from sweeper.sim.fleet import DEMO_FLEET, load_fleet, parse_fleet
+    from sweeper.sim.server import ApiServer
+
+    fleet = load_fleet(Path(fleet_path)) if fleet_path else parse_fleet(DEMO_FLEET, "demo fleet")
+    cluster = SimCluster(fleet, ScaledClock(speed or fleet.speed))
+    try:
+        server = ApiServer(cluster, port=port)
+    except OSError as exc:
+        raise ConfigError(f"cannot listen on 127.0.0.1:{port}: {exc}") from exc
+    server.start()
+    kc = server.write_kubeconfig(Path(kubeconfig_out), namespace=fleet.namespace)
+    err.print(f"simulated cluster {fleet.name!r}: {len(fleet.nodes)} nodes at {server.url}, "
+              f"{cluster.clock.speed:g}x real time")
+    err.print(f"kubeconfig: {kc}   (export KUBECONFIG={kc})")
+    stopping = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stopping.__setitem__("now", True))
+    try:
+        while not stopping["now"]:
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+
+
+# -- demo ------------------------------------------------------------------------------
+@main.command()
+@click.option("--cycles", type=int, default=5, show_default=True, help="Sweep cycles to run.")
+@click.option("--hours-between", type=float, default=6.0, show_default=True,
+              help="Simulated hours between cycles.")
+@click.option("--state", help="History file (default: a fresh temporary one).")
+@run_cli
+def demo(cycles: int, hours_between: float, state: str | None) -> None:
+    """The whole product on the embedded simulated cluster: a 16-node p5 fleet with injected
+    faults, several sweep cycles in simulated time, then the fleet and a failing node's history."""
+    from sweeper.demo import run_demo
+
+    state_path = Path(state) if state else Path(tempfile.mkdtemp(prefix="sweeper-demo-")) / "history.db"
+    run_demo(out, state_path, cycles=cycles, hours_between=hours_between, printer=_printer(out),
+             print_history=print_history)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Sweeper's configuration: one YAML file, strict keys, every safety limit with a default."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sweeper.clock import parse_duration
+from sweeper.errors import ConfigError
+
+
+def home() -> Path:
+    """Where playbooks/, job-templates/ and profiles/ live: $SWEEPER_HOME or the source tree."""
+    env = os.environ.get("SWEEPER_HOME")
+    return Path(env) if env else Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Config:
+    namespace: str = "sweeper"
+    prefix: str = "sweeper.dev"
+    gpu_node_selector: str = "nvidia.com/gpu.present=true"
+    gpu_resources: tuple[str, ...] = ("nvidia.com/gpu", "amd.com/gpu")
+    gpu_resource_prefixes: tuple[str, ...] = ("nvidia.com/mig-",)
+    allowed_taint_keys: tuple[str, ...] = ("nvidia.com/gpu", "amd.com/gpu")
+    opt_out_label: str = "sweeper.dev/opt-out"
+    max_nodes: int = 4
+    max_percent: float = 10.0
+    min_node_age: float = 600.0
+    interval: float = 86400.0
+    playbook: str = "sweep-light.yaml"
+    check_image: str = "ghcr.io/sweeper-dev/sweeper:0.1.0"
+    check_timeout: float = 900.0
+    poll_interval: float = 5.0
+    job_ttl: float = 3600.0
+    page_size: int = 500
+    playbook_dir: str = ""
+    template_dir: str = ""
+    profile_dir: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def taint_key(self) -> str:
+        return f"{self.prefix}/sweep"
+
+    def path(self, kind: str) -> Path:
+        explicit = {"playbooks": self.playbook_dir, "job-templates": self.template_dir,
+                    "profiles": self.profile_dir}[kind]
+        return Path(explicit) if explicit else home() / kind
+
+    def with_overrides(self, **kw: Any) -> Config:
+        return replace(self, **{k: v for k, v in kw.items() if v is not None})
+
+
+_DURATIONS = {"min_node_age", "interval", "check_timeout", "poll_interval", "job_ttl"}
+
+
+def load_config(path: str | Path | None) -> Config:
+    if path is None:
+        return Config()
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read config {p}: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: the configuration must be a mapping")
+    known = {f.name for f in fields(Config)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{p}: unknown key(s) {unknown}; known keys: {sorted(known - {'extra'})}")
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in _DURATIONS:
+            try:
+                value = parse_duration(value)
+            except ValueError as exc:
+                raise ConfigError(f"{p}: {key}: not a duration: {value!r}") from exc
+        elif isinstance(getattr(Config, key, None), tuple) or key in ("gpu_resources", "allowed_taint_keys",
+                                                                      "gpu_resource_prefixes"):
+            if not isinstance(value, list):
+                raise ConfigError(f"{p}: {key}: expected a list")
+            value = tuple(str(v) for v in value)
+        values[key] = value
+    cfg = Config(**values)
+    if cfg.max_nodes < 0 or not 0 <= cfg.max_percent <= 100:
+        raise ConfigError(f"{p}: max_nodes must be >= 0 and max_percent within 0..100")
+    return cfg

@@ -1,0 +1,101 @@
+"""`sweeper demo`: the whole product against the embedded simulated cluster."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from sweeper.config import Config
+from sweeper.history import History
+from sweeper.kube import Kube, RetryPolicy
+from sweeper.sim.cluster import SimCluster
+from sweeper.sim.fleet import DEMO_FLEET, parse_fleet
+from sweeper.sim.server import ApiServer
+from sweeper.sweep import Sweep
+
+DEMO_CONFIG = Config(max_nodes=4, max_percent=25, min_node_age=600, interval=20 * 3600, poll_interval=5,
+                     check_timeout=900)
+
+
+def run_demo(console: Console, state: Path, *, cycles: int, hours_between: float,
+             printer: Callable[[str, dict[str, Any]], None], print_history: Callable[[Console, dict[str, Any]], None],
+             fleet_spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    t0 = time.monotonic()
+    fleet = parse_fleet(fleet_spec or DEMO_FLEET, "demo fleet")
+    cluster = SimCluster(fleet)
+    faults = {n.name: n.faults for n in fleet.nodes}
+    console.rule("[bold]Sweeper demo")
+    console.print(f"simulated cluster: {len(fleet.nodes)} x p5.48xlarge, clock at {fleet.speed:g}x real time")
+    console.print("injected faults: " + ", ".join(
+        f"{name} ({_describe(f)})" for name, f in faults.items() if _describe(f)))
+    with ApiServer(cluster) as server, tempfile.TemporaryDirectory() as tmp:
+        kc = server.write_kubeconfig(Path(tmp) / "kubeconfig")
+        kube = Kube.from_config(str(kc), clock=cluster.clock)
+        kube.clock = cluster.clock
+        kube.retry = RetryPolicy(attempts=6, base=1.0)
+        hist = History(state)
+        for cycle in range(1, cycles + 1):
+            console.rule(f"cycle {cycle} of {cycles}  (simulated {time.strftime('%a %H:%M', time.gmtime(cluster.clock.now()))})")
+            sweep = Sweep(kube, DEMO_CONFIG, hist, clock=cluster.clock, emit=printer)
+            report = sweep.run()
+            console.print(f"  {len(report.outcomes)} node(s) swept with {report.api_requests} API requests")
+            if cycle < cycles:
+                cluster.clock.advance(hours_between * 3600)
+                time.sleep(0.05)
+        console.rule("the fleet")
+        summary = fleet_table(console, kube, hist, DEMO_CONFIG)
+        failing = next((n for n, s in summary.items() if s["state"] == "held"), None)
+        if failing:
+            console.rule(f"why {failing} is held: sweeper history {failing}")
+            print_history(console, hist.node_history(failing))
+        console.print(f"\nhistory: {state}   (sweeper history NODE --state {state})")
+        console.print(f"demo finished in {time.monotonic() - t0:.1f}s of real time, "
+                      f"{(cluster.clock.now() - cluster.started) / 3600:.1f}h of simulated time")
+        kube.close()
+        hist.close()
+    return summary
+
+
+def _describe(f: Any) -> str:
+    parts = []
+    if f.xids:
+        parts.append("XID " + ",".join(str(x["code"]) for x in f.xids))
+    if f.missing_gpus:
+        parts.append(f"{f.missing_gpus} GPU missing")
+    if f.hung_check:
+        parts.append("hangs the check")
+    if f.garbage_output:
+        parts.append("garbage output")
+    if f.remap_pending:
+        parts.append("row remap pending")
+    if f.ecc_dbe:
+        parts.append("double-bit ECC")
+    return ", ".join(parts)
+
+
+def fleet_table(console: Console, kube: Kube, hist: History, cfg: Config) -> dict[str, dict[str, Any]]:
+    from sweeper.fleet import NodeView, gpu_pods_by_node
+
+    nodes = [NodeView.from_obj(n) for n in kube.list_nodes(cfg.gpu_node_selector)]
+    busy = gpu_pods_by_node(kube.active_pods(), cfg)
+    t = Table()
+    for col in ("node", "state", "last verdict", "sweeps", "reason"):
+        t.add_column(col)
+    summary: dict[str, dict[str, Any]] = {}
+    for v in sorted(nodes, key=lambda n: n.name):
+        h = hist.node_history(v.name)
+        last = h["sweeps"][0] if h["sweeps"] else None
+        state = "held" if v.sweep_taint(cfg.taint_key) else "busy" if v.name in busy else "in service"
+        verdict = (last or {}).get("verdict") or "-"
+        reason = v.annotations.get(f"{cfg.prefix}/reason", "") if state == "held" else ""
+        style = {"held": "red", "busy": "cyan"}.get(state, "green")
+        t.add_row(v.name, f"[{style}]{state}[/{style}]", verdict, str(len(h["sweeps"])), reason[:90])
+        summary[v.name] = {"state": state, "verdict": verdict, "sweeps": len(h["sweeps"])}
+    console.print(t)
+    return summary

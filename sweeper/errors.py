@@ -1,0 +1,74 @@
+"""One exception tree for the whole project; the CLI maps each branch to an exit code."""
+
+from __future__ import annotations
+
+
+class SweeperError(Exception):
+    """Base of every error Sweeper raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(SweeperError, ValueError):
+    """Bad configuration, arguments or input files."""
+
+    exit_code = 2
+
+
+class PlaybookError(SweeperError, ValueError):
+    """A playbook or template that cannot be loaded or rendered."""
+
+    exit_code = 2
+
+
+class StateError(SweeperError):
+    """The history database cannot be opened or is of an unknown schema."""
+
+    exit_code = 3
+
+
+class CheckError(SweeperError):
+    """A node-local check could not run at all."""
+
+    exit_code = 1
+
+
+class LockHeld(SweeperError):
+    """Another sweeper holds the sweep lock."""
+
+    exit_code = 4
+
+
+class KubeError(SweeperError):
+    """The Kubernetes API answered with an error or could not be reached."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, status: int | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
+class NotFound(KubeError):
+    pass
+
+
+class Conflict(KubeError):
+    pass
+
+
+class AlreadyExists(Conflict):
+    pass
+
+
+class Forbidden(KubeError):
+    pass
+
+
+class Invalid(KubeError):
+    pass
+
+
+class Transient(KubeError):
+    """429, 5xx, timeouts and dropped connections: worth a retry."""

@@ -1,0 +1,156 @@
+"""Which GPU nodes are idle and due, which are not and why, and how many may be taken."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from sweeper.clock import parse_iso
+from sweeper.config import Config
+
+# Taints that mean someone else is handling the node (never take it).
+FOREIGN_TAINTS = {
+    "karpenter.sh/disrupted": "Karpenter is disrupting the node",
+    "karpenter.sh/disruption": "Karpenter is disrupting the node",
+    "node.kubernetes.io/unschedulable": "the node is cordoned",
+    "node.kubernetes.io/not-ready": "the node is not ready",
+    "node.kubernetes.io/unreachable": "the node is unreachable",
+}
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    taints: tuple[dict[str, Any], ...]
+    ready: bool
+    unschedulable: bool
+    created: float
+    gpus: int
+    resource_version: str
+    provider_id: str = ""
+
+    @classmethod
+    def from_obj(cls, obj: dict[str, Any], gpu_resources: tuple[str, ...] = ("nvidia.com/gpu",)) -> NodeView:
+        meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+        alloc = status.get("allocatable") or {}
+        gpus = sum(int(alloc.get(r, 0) or 0) for r in gpu_resources)
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        return cls(name=meta["name"], labels=dict(meta.get("labels") or {}),
+                   annotations=dict(meta.get("annotations") or {}), taints=tuple(spec.get("taints") or ()),
+                   ready=ready, unschedulable=bool(spec.get("unschedulable")),
+                   created=parse_iso(meta["creationTimestamp"]) if meta.get("creationTimestamp") else 0.0,
+                   gpus=gpus, resource_version=meta.get("resourceVersion", ""),
+                   provider_id=spec.get("providerID", ""))
+
+    def sweep_taint(self, key: str) -> dict[str, Any] | None:
+        return next((t for t in self.taints if t.get("key") == key), None)
+
+
+@dataclass(frozen=True)
+class Decision:
+    node: NodeView
+    take: bool
+    reason: str
+    detail: str = ""
+
+
+@dataclass
+class Plan:
+    take: list[Decision] = field(default_factory=list)
+    skip: list[Decision] = field(default_factory=list)
+    gpu_nodes: int = 0
+    held: int = 0
+    budget: int = 0
+
+
+def requests_gpu(pod: dict[str, Any], cfg: Config) -> bool:
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        for section in ("requests", "limits"):
+            for name, value in (res.get(section) or {}).items():
+                gpu = name in cfg.gpu_resources or any(name.startswith(p) for p in cfg.gpu_resource_prefixes)
+                if gpu and str(value) not in ("0", ""):
+                    return True
+    return False
+
+
+def is_daemonset_pod(pod: dict[str, Any]) -> bool:
+    return any(o.get("kind") == "DaemonSet" for o in pod["metadata"].get("ownerReferences") or [])
+
+
+def gpu_pods_by_node(pods: list[dict[str, Any]], cfg: Config) -> dict[str, list[str]]:
+    """Node name to the non-DaemonSet pods on it that hold GPUs (workloads Sweeper must not disturb)."""
+    out: dict[str, list[str]] = {}
+    for p in pods:
+        node = (p.get("spec") or {}).get("nodeName")
+        if not node or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        if is_daemonset_pod(p) or not requests_gpu(p, cfg):
+            continue
+        out.setdefault(node, []).append(f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}")
+    return out
+
+
+def budget(cfg: Config, gpu_nodes: int, held: int) -> int:
+    """Nodes that may still be taken: the smaller of max_nodes and max_percent, less those already held."""
+    by_percent = math.floor(gpu_nodes * cfg.max_percent / 100.0)
+    return max(0, min(cfg.max_nodes, by_percent) - held)
+
+
+def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, last_swept: dict[str, float],
+         now: float) -> Plan:
+    """Classify every GPU node: take (idle and due, within budget) or skip with a reason."""
+    views = [NodeView.from_obj(n, cfg.gpu_resources) for n in nodes]
+    busy = gpu_pods_by_node(pods, cfg)
+    out = Plan(gpu_nodes=len(views))
+    eligible: list[NodeView] = []
+    for v in views:
+        reason, detail = _skip_reason(v, busy.get(v.name, []), cfg, last_swept, now)
+        if reason == "held":
+            out.held += 1
+        if reason:
+            out.skip.append(Decision(v, False, reason, detail))
+        else:
+            eligible.append(v)
+    out.budget = budget(cfg, out.gpu_nodes, out.held)
+    eligible.sort(key=lambda v: (v.name in last_swept, last_swept.get(v.name, 0.0), v.name))
+    for i, v in enumerate(eligible):
+        if i < out.budget:
+            last = last_swept.get(v.name)
+            out.take.append(Decision(v, True, "idle", "never swept" if last is None else
+                                     f"last swept {(now - last) / 3600:.1f}h ago"))
+        else:
+            out.skip.append(Decision(v, False, "over-budget",
+                                     f"budget allows {out.budget} more node(s) this run"))
+    return out
+
+
+def _skip_reason(v: NodeView, gpu_pods: list[str], cfg: Config, last_swept: dict[str, float],
+                 now: float) -> tuple[str, str]:
+    if v.sweep_taint(cfg.taint_key):
+        return "held", f"carries {cfg.taint_key}={v.sweep_taint(cfg.taint_key).get('value', '')}"  # type: ignore[union-attr]
+    if v.labels.get(cfg.opt_out_label, "").lower() in ("true", "1", "yes"):
+        return "opted-out", f"label {cfg.opt_out_label}"
+    if not v.ready:
+        return "not-ready", "node is not Ready"
+    if v.unschedulable:
+        return "cordoned", "spec.unschedulable is set (a person or another tool cordoned it)"
+    for t in v.taints:
+        key = t.get("key", "")
+        if key in FOREIGN_TAINTS:
+            return "handled-elsewhere", f"{key}: {FOREIGN_TAINTS[key]}"
+        if t.get("effect") in ("NoSchedule", "NoExecute") and key not in cfg.allowed_taint_keys:
+            return "foreign-taint", f"{key}:{t.get('effect')}"
+    if gpu_pods:
+        return "busy", f"{len(gpu_pods)} GPU pod(s): {', '.join(gpu_pods[:3])}"
+    if v.gpus <= 0:
+        return "no-gpus", "allocatable reports no GPUs"
+    if now - v.created < cfg.min_node_age:
+        return "too-young", f"joined {int(now - v.created)}s ago (minimum {int(cfg.min_node_age)}s)"
+    last = last_swept.get(v.name)
+    if last is not None and now - last < cfg.interval:
+        return "not-due", f"swept {(now - last) / 3600:.1f}h ago; due every {cfg.interval / 3600:.1f}h"
+    return "", ""

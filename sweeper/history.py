@@ -1,0 +1,163 @@
+"""The SQLite history: runs, node sweeps, checks, metrics, actions and the intent log.
+The only importer of `sqlite_utils`; the sweep sees it through the Recorder protocol."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sqlite_utils import Database
+from sqlite_utils.migrations import Migrations
+
+from sweeper.errors import StateError
+from sweeper.result import Result
+
+migrations = Migrations("sweeper")
+
+
+@migrations()
+def m001_initial(db: Database) -> None:
+    db["runs"].create({"id": str, "started": float, "finished": float, "status": str, "mode": str,
+                       "host": str, "taken": int, "summary": str}, pk="id")
+    db["node_sweeps"].create({"id": int, "run_id": str, "node": str, "started": float, "finished": float,
+                              "playbook": str, "profile": str, "verdict": str, "reasons": str, "dry_run": int},
+                             pk="id", foreign_keys=[("run_id", "runs", "id")])
+    db["checks"].create({"id": int, "sweep_id": int, "node": str, "ts": float, "source": str, "name": str,
+                         "status": str, "severity": str, "gpu": int, "code": str, "message": str},
+                        pk="id", foreign_keys=[("sweep_id", "node_sweeps", "id")])
+    db["metrics"].create({"id": int, "sweep_id": int, "node": str, "ts": float, "name": str, "gpu": int,
+                          "value": float, "unit": str}, pk="id", foreign_keys=[("sweep_id", "node_sweeps", "id")])
+    db["actions"].create({"id": int, "run_id": str, "node": str, "ts": float, "action": str, "detail": str,
+                          "dry_run": int}, pk="id")
+    db["intents"].create({"id": int, "run_id": str, "node": str, "ts": float, "op": str, "phase": str,
+                          "detail": str}, pk="id")
+    db["node_sweeps"].create_index(["node", "started"])
+    db["checks"].create_index(["node", "ts"])
+    db["checks"].create_index(["sweep_id"])
+    db["metrics"].create_index(["node", "name", "ts"])
+    db["metrics"].create_index(["name", "ts"])
+    db["actions"].create_index(["node", "ts"])
+    db["intents"].create_index(["run_id", "node"])
+
+
+KNOWN = [m.name for m in migrations._migrations]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _locked(fn: F) -> F:
+    """One connection is shared by the sweep's threads; each call holds it alone."""
+    def wrapper(self: History, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            try:
+                return fn(self, *args, **kwargs)
+            except sqlite3.Error as exc:
+                raise StateError(f"history {self.path}: {exc}") from exc
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper  # type: ignore[return-value]
+
+
+class History:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
+            self.db = Database(conn)
+            self.db.enable_wal()
+            applied = [m.name for m in migrations.applied(self.db)]
+        except (OSError, sqlite3.Error) as exc:
+            raise StateError(f"cannot open the history at {self.path}: {exc}") from exc
+        unknown = [n for n in applied if n not in KNOWN]
+        if unknown:
+            raise StateError(f"{self.path} was written by a newer Sweeper (migrations {unknown} are unknown "
+                             "to this version); upgrade Sweeper or point --state at another file")
+        try:
+            migrations.apply(self.db)
+        except sqlite3.Error as exc:
+            raise StateError(f"cannot migrate the history at {self.path}: {exc}") from exc
+
+    def close(self) -> None:
+        self.db.close()
+
+    # -- the Recorder protocol ----------------------------------------------------
+    @_locked
+    def run_started(self, run_id: str, started: float, mode: str) -> None:
+        self.db["runs"].insert({"id": run_id, "started": started, "finished": None, "status": "running",
+                                "mode": mode, "host": socket.gethostname(), "taken": 0, "summary": "{}"})
+
+    @_locked
+    def run_finished(self, run_id: str, finished: float, status: str, taken: int, summary: dict[str, Any]) -> None:
+        self.db["runs"].update(run_id, {"finished": finished, "status": status, "taken": taken,
+                                        "summary": json.dumps(summary)})
+
+    @_locked
+    def sweep_started(self, run_id: str, node: str, started: float, playbook: str, profile: str,
+                      dry_run: bool = False) -> int:
+        return int(self.db["node_sweeps"].insert({
+            "run_id": run_id, "node": node, "started": started, "finished": None, "playbook": playbook,
+            "profile": profile, "verdict": None, "reasons": "[]", "dry_run": int(dry_run)}).last_pk)
+
+    @_locked
+    def sweep_finished(self, sweep_id: int, finished: float, verdict: str, reasons: list[str]) -> None:
+        self.db["node_sweeps"].update(sweep_id, {"finished": finished, "verdict": verdict,
+                                                 "reasons": json.dumps(reasons)})
+
+    @_locked
+    def result(self, sweep_id: int | None, result: Result) -> None:
+        with self.db.conn:
+            self.db["checks"].insert_all(
+                ({"sweep_id": sweep_id, "node": result.node, "ts": result.finished, "source": result.source,
+                  "name": c.name, "status": c.status, "severity": c.severity, "gpu": c.gpu, "code": c.code,
+                  "message": c.message} for c in result.checks), batch_size=500)
+            self.db["metrics"].insert_all(
+                ({"sweep_id": sweep_id, "node": result.node, "ts": result.finished, "name": m.name, "gpu": m.gpu,
+                  "value": m.value, "unit": m.unit} for m in result.metrics), batch_size=500)
+
+    @_locked
+    def action(self, run_id: str, node: str, ts: float, action: str, detail: str, dry_run: bool = False) -> None:
+        self.db["actions"].insert({"run_id": run_id, "node": node, "ts": ts, "action": action, "detail": detail,
+                                   "dry_run": int(dry_run)})
+
+    @_locked
+    def intent(self, run_id: str, node: str, ts: float, op: str, phase: str, detail: str = "") -> None:
+        self.db["intents"].insert({"run_id": run_id, "node": node, "ts": ts, "op": op, "phase": phase,
+                                   "detail": detail})
+
+    @_locked
+    def last_swept(self) -> dict[str, float]:
+        """Node to the start of its latest finished, non-dry-run sweep."""
+        rows = self.db.query("select node, max(started) as last from node_sweeps "
+                             "where finished is not null and dry_run = 0 group by node")
+        return {r["node"]: r["last"] for r in rows}
+
+    # -- reading -----------------------------------------------------------------
+    @_locked
+    def node_history(self, node: str, since: float | None = None, limit: int = 50) -> dict[str, Any]:
+        since = since or 0.0
+        sweeps = list(self.db.query(
+            "select * from node_sweeps where node = ? and started >= ? order by started desc limit ?",
+            [node, since, limit]))
+        for s in sweeps:
+            s["reasons"] = json.loads(s["reasons"] or "[]")
+            s["problems"] = list(self.db.query(
+                "select source, name, status, severity, gpu, code, message from checks "
+                "where sweep_id = ? and status in ('fail', 'error', 'warn') order by id", [s["id"]]))
+        actions = list(self.db.query("select run_id, ts, action, detail, dry_run from actions "
+                                     "where node = ? and ts >= ? order by ts desc limit ?", [node, since, limit]))
+        metrics: dict[str, list[tuple[float, float]]] = {}
+        for r in self.db.query("select name, ts, case when unit = 'C' then max(value) else sum(value) end as value "
+                               "from metrics where node = ? and ts >= ? group by name, ts order by ts",
+                               [node, since]):
+            metrics.setdefault(r["name"], []).append((r["ts"], r["value"]))
+        return {"node": node, "sweeps": sweeps, "actions": actions, "metrics": metrics}
+
+    @_locked
+    def counts(self) -> dict[str, int]:
+        return {t: self.db[t].count for t in ("runs", "node_sweeps", "checks", "metrics", "actions", "intents")}

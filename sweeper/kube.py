@@ -1,0 +1,228 @@
+"""The Kubernetes API, behind one module: the only importer of the `kubernetes` client.
+
+Objects cross this boundary as plain dicts (the API's JSON), read without the client's
+model classes, which is several times faster on lists of tens of thousands of pods.
+Errors become the `KubeError` family; one retry policy covers every call.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from sweeper.clock import Clock, WallClock
+from sweeper.errors import (
+    AlreadyExists,
+    ConfigError,
+    Conflict,
+    Forbidden,
+    Invalid,
+    KubeError,
+    NotFound,
+    Transient,
+)
+
+T = TypeVar("T")
+JSON_PATCH = "application/json-patch+json"
+MERGE_PATCH = "application/merge-patch+json"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Backoff with full jitter; Retry-After wins on 429; only transient errors are retried."""
+
+    attempts: int = 6
+    base: float = 0.5
+    cap: float = 20.0
+
+    def delay(self, attempt: int, retry_after: float | None, rng: random.Random) -> float:
+        if retry_after is not None:
+            return min(self.cap, retry_after)
+        return rng.uniform(0, min(self.cap, self.base * 2 ** attempt))
+
+
+def _truncate(text: str, n: int = 300) -> str:
+    return text if len(text) <= n else text[:n] + "..."
+
+
+def translate(exc: ApiException, what: str) -> KubeError:
+    """An ApiException as one of ours, with the Status message and a bounded payload."""
+    status = exc.status or 0
+    reason, message = exc.reason or "", ""
+    try:
+        body = json.loads(exc.body or "{}")
+        message = body.get("message", "")
+        reason = body.get("reason", reason)
+    except (ValueError, TypeError, AttributeError):
+        message = _truncate(str(exc.body or ""))
+    text = f"{what}: {status} {reason}: {_truncate(message)}"
+    if status == 404:
+        return NotFound(text, status, reason)
+    if status == 409:
+        return (AlreadyExists if reason == "AlreadyExists" else Conflict)(text, status, reason)
+    if status == 422 and "Testing value" in message:
+        return Conflict(text, status, "TestFailed")  # a JSON patch `test` on resourceVersion failed
+    if status == 422:
+        return Invalid(text, status, reason)
+    if status in (401, 403):
+        return Forbidden(text, status, reason)
+    if status == 429 or status >= 500:
+        err = Transient(text, status, reason)
+        ra = (exc.headers or {}).get("Retry-After") if exc.headers else None
+        err.retry_after = float(ra) if ra and str(ra).isdigit() else None  # type: ignore[attr-defined]
+        return err
+    return KubeError(text, status, reason)
+
+
+class Kube:
+    """The calls Sweeper makes, each retried under one policy and counted."""
+
+    def __init__(self, api_client: client.ApiClient, clock: Clock | None = None,
+                 retry: RetryPolicy | None = None, seed: int | None = None) -> None:
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.batch = client.BatchV1Api(api_client)
+        self.coord = client.CoordinationV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.clock = clock or WallClock()
+        self.retry = retry or RetryPolicy()
+        self._rng = random.Random(seed)
+        self.requests = 0
+        self.errors = 0
+
+    @classmethod
+    def from_config(cls, kubeconfig: str | None = None, context: str | None = None,
+                    clock: Clock | None = None) -> Kube:
+        cfg = client.Configuration()
+        try:
+            if kubeconfig or not _in_cluster():
+                config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
+            else:
+                config.load_incluster_config(client_configuration=cfg)
+        except (ConfigException, OSError, TypeError) as exc:
+            raise ConfigError(f"cannot load the Kubernetes configuration: {exc}") from exc
+        cfg.retries = False  # our policy retries, not urllib3's
+        return cls(client.ApiClient(cfg), clock=clock)
+
+    def close(self) -> None:
+        self.api_client.close()
+
+    # -- the one retry loop ------------------------------------------------------
+    def _call(self, what: str, fn: Callable[[], Any], *, raw: bool = True) -> Any:
+        attempt = 0
+        while True:
+            self.requests += 1
+            try:
+                resp = fn()
+                if not raw:
+                    return resp
+                data = resp.data
+                return json.loads(data) if data else {}
+            except ApiException as exc:
+                err = translate(exc, what)
+            except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+                err = Transient(f"{what}: connection failed: {exc.__class__.__name__}: {_truncate(str(exc))}")
+                err.retry_after = None  # type: ignore[attr-defined]
+            self.errors += 1
+            if not isinstance(err, Transient) or attempt + 1 >= self.retry.attempts:
+                raise err
+            self.clock.sleep(self.retry.delay(attempt, getattr(err, "retry_after", None), self._rng))
+            attempt += 1
+
+    def _pages(self, what: str, fn: Callable[..., Any], page_size: int, **kw: Any) -> Iterator[dict[str, Any]]:
+        token = None
+        while True:
+            page = self._call(what, lambda: fn(limit=page_size, _continue=token, _preload_content=False, **kw))
+            yield from page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
+
+    # -- nodes -------------------------------------------------------------------
+    def list_nodes(self, label_selector: str = "", page_size: int = 500) -> list[dict[str, Any]]:
+        return list(self._pages("list nodes", self.core.list_node, page_size, label_selector=label_selector))
+
+    def get_node(self, name: str) -> dict[str, Any]:
+        return self._call(f"get node {name}", lambda: self.core.read_node(name, _preload_content=False))
+
+    def patch_node(self, name: str, body: Any, content_type: str = JSON_PATCH) -> dict[str, Any]:
+        return self._call(f"patch node {name}", lambda: self.core.patch_node(
+            name, body, _content_type=content_type, _preload_content=False))
+
+    def delete_node(self, name: str) -> dict[str, Any]:
+        return self._call(f"delete node {name}", lambda: self.core.delete_node(name, _preload_content=False))
+
+    # -- pods --------------------------------------------------------------------
+    def list_pods(self, field_selector: str = "", label_selector: str = "",
+                  page_size: int = 500) -> list[dict[str, Any]]:
+        return list(self._pages("list pods", self.core.list_pod_for_all_namespaces, page_size,
+                                field_selector=field_selector, label_selector=label_selector))
+
+    def active_pods(self, node: str | None = None, page_size: int = 500) -> list[dict[str, Any]]:
+        """Pods that have not finished, on one node or across the cluster."""
+        sel = "status.phase!=Succeeded,status.phase!=Failed"
+        if node:
+            sel = f"spec.nodeName={node}," + sel
+        return self.list_pods(field_selector=sel, page_size=page_size)
+
+    def namespaced_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return list(self._pages("list pods", lambda **kw: self.core.list_namespaced_pod(namespace, **kw), 500,
+                                label_selector=label_selector))
+
+    def pod_log(self, namespace: str, name: str, limit_bytes: int = 8 * 1024 * 1024) -> str:
+        resp = self._call(f"read log of pod {namespace}/{name}", lambda: self.core.read_namespaced_pod_log(
+            name, namespace, limit_bytes=limit_bytes, _preload_content=False), raw=False)
+        return resp.data.decode("utf-8", errors="replace")
+
+    # -- jobs --------------------------------------------------------------------
+    def create_job(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        name = body.get("metadata", {}).get("name", "")
+        try:
+            return self._call(f"create job {namespace}/{name}", lambda: self.batch.create_namespaced_job(
+                namespace, body, _preload_content=False))
+        except AlreadyExists:
+            # A retried create whose first attempt went through: the Job is ours.
+            return self.get_job(namespace, name)
+
+    def get_job(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._call(f"get job {namespace}/{name}", lambda: self.batch.read_namespaced_job(
+            name, namespace, _preload_content=False))
+
+    def list_jobs(self, namespace: str | None, label_selector: str) -> list[dict[str, Any]]:
+        if namespace:
+            fn = lambda **kw: self.batch.list_namespaced_job(namespace, **kw)  # noqa: E731
+        else:
+            fn = self.batch.list_job_for_all_namespaces
+        return list(self._pages("list jobs", fn, 500, label_selector=label_selector))
+
+    def delete_job(self, namespace: str, name: str) -> bool:
+        """Delete a Job and its pods (Background propagation; the REST default would orphan them)."""
+        try:
+            self._call(f"delete job {namespace}/{name}", lambda: self.batch.delete_namespaced_job(
+                name, namespace, propagation_policy="Background", _preload_content=False))
+            return True
+        except NotFound:
+            return False
+
+    # -- events ------------------------------------------------------------------
+    def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("create event", lambda: self.core.create_namespaced_event(
+            namespace, body, _preload_content=False))
+
+    def list_events(self, namespace: str, field_selector: str = "") -> list[dict[str, Any]]:
+        return list(self._pages("list events", lambda **kw: self.core.list_namespaced_event(namespace, **kw), 500,
+                                field_selector=field_selector))
+
+
+def _in_cluster() -> bool:
+    import os
+
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not os.environ.get("KUBECONFIG")

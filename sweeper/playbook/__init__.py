@@ -1,0 +1,1 @@
+"""The playbook language: a faithful small subset of Ansible's task semantics."""

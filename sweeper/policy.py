@@ -1,0 +1,62 @@
+"""From findings to a verdict: pass, warn, reboot, replace, quarantine, error or inconclusive."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sweeper.xid import lookup
+
+VERDICTS = ("pass", "warn", "reboot", "replace", "quarantine", "error", "inconclusive")
+_RANK = {"pass": 0, "warn": 1, "inconclusive": 2, "error": 3, "quarantine": 4, "reboot": 5, "replace": 6}
+HOLDING = ("reboot", "replace", "quarantine")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    verdict: str
+    reasons: tuple[str, ...]
+
+    @property
+    def holds(self) -> bool:
+        return self.verdict in HOLDING
+
+
+def _check_verdict(c: dict[str, Any]) -> str:
+    status, code, name = c.get("status"), c.get("code"), c.get("name", "")
+    if status == "warn":
+        return "warn"
+    if status == "error":
+        return "error"
+    if status != "fail":
+        return "pass"
+    if code == "REMAP_FAILURE":
+        return "replace"
+    if name == "xid" and code and str(code).isdigit():
+        action = lookup(int(code)).action
+        return {"replace": "replace", "reboot": "reboot", "reset_gpu": "reboot"}.get(action, "quarantine")
+    if code == "REMAP_PENDING" or name == "gpu.count":
+        return "reboot"
+    return "quarantine"
+
+
+def decide(results: list[dict[str, Any]]) -> Verdict:
+    """The worst verdict any finding implies, with every finding that reached it as a reason."""
+    if not results:
+        return Verdict("error", ("no check results to decide on",))
+    worst = "pass"
+    reasons: list[tuple[str, str]] = []
+    for r in results:
+        if r.get("status") == "inconclusive":
+            v, why = "inconclusive", r.get("msg", "check inconclusive")
+            reasons.append((v, why))
+            worst = max(worst, v, key=_RANK.__getitem__)
+            continue
+        for c in r.get("checks") or []:
+            v = _check_verdict(c)
+            if v == "pass":
+                continue
+            gpu = f" (GPU {c['gpu']})" if c.get("gpu") is not None else ""
+            reasons.append((v, f"{c.get('name')}{gpu}: {c.get('message', '')}"))
+            worst = max(worst, v, key=_RANK.__getitem__)
+    return Verdict(worst, tuple(why for v, why in reasons if v == worst) or ("all checks passed",))

@@ -1,0 +1,107 @@
+"""The common result document: what a check prints and what every parser returns."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+SCHEMA = "sweeper.dev/result/v1"
+STATUSES = ("pass", "warn", "fail", "error", "skip")
+SEVERITIES = ("info", "warning", "critical", "fatal")
+_RANK = {"skip": 0, "pass": 1, "warn": 2, "error": 3, "fail": 4}
+
+
+def worst(statuses: list[str]) -> str:
+    """Overall status of several: fail beats error beats warn beats pass; all skipped is skip."""
+    if not statuses:
+        return "error"
+    return max(statuses, key=lambda s: _RANK[s])
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    status: str
+    message: str = ""
+    severity: str = "info"
+    gpu: int | None = None
+    code: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name, "status": self.status, "severity": self.severity,
+                             "message": self.message}
+        if self.gpu is not None:
+            d["gpu"] = self.gpu
+        if self.code is not None:
+            d["code"] = self.code
+        return d
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    value: float
+    unit: str = ""
+    gpu: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name, "value": self.value, "unit": self.unit}
+        if self.gpu is not None:
+            d["gpu"] = self.gpu
+        return d
+
+
+@dataclass(frozen=True)
+class Result:
+    node: str
+    source: str
+    started: float
+    finished: float
+    checks: tuple[CheckResult, ...] = ()
+    metrics: tuple[Metric, ...] = ()
+    status: str = field(default="")
+
+    def __post_init__(self) -> None:
+        if not self.status:
+            object.__setattr__(self, "status", worst([c.status for c in self.checks]))
+
+    @property
+    def failed_checks(self) -> list[CheckResult]:
+        return [c for c in self.checks if c.status in ("fail", "error")]
+
+    def to_dict(self) -> dict[str, Any]:
+        from sweeper.clock import iso
+
+        return {
+            "schema": SCHEMA,
+            "node": self.node,
+            "source": self.source,
+            "started": iso(self.started),
+            "finished": iso(self.finished),
+            "status": self.status,
+            "checks": [c.to_dict() for c in self.checks],
+            "metrics": [m.to_dict() for m in self.metrics],
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+    def summary(self, limit: int = 3500) -> str:
+        """A compact verdict for the termination message (Kubernetes caps it at 4 KiB)."""
+        bad = [c.to_dict() for c in self.checks if c.status in ("fail", "error", "warn")]
+        doc = {"schema": SCHEMA, "node": self.node, "status": self.status,
+               "checks": len(self.checks), "problems": bad}
+        text = json.dumps(doc, separators=(",", ":"))
+        while len(text.encode()) > limit and doc["problems"]:
+            doc["problems"] = doc["problems"][:-1]
+            doc["truncated"] = True
+            text = json.dumps(doc, separators=(",", ":"))
+        return text
+
+
+def error_result(node: str, source: str, message: str, now: float, code: str | None = None) -> Result:
+    """A result that says the check itself could not be read or run: never a pass."""
+    return Result(node=node, source=source, started=now, finished=now,
+                  checks=(CheckResult(name=f"{source}.read", status="error", severity="critical",
+                                      message=message, code=code),))

@@ -1,0 +1,502 @@
+"""The simulated control plane and nodes: scheduler, job controller, kubelet, workload
+generator and fault model, all stepping on one shared clock."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import threading
+import uuid
+from typing import Any
+
+from sweeper.checks import run_node_checks
+from sweeper.checks.fake import FakeGpu, FakeNvml, bus_id, xid_line
+from sweeper.checks.options import CheckOptions
+from sweeper.clock import ScaledClock, iso, parse_iso
+from sweeper.sim.fleet import HARDWARE, Fleet, NodeSpec
+from sweeper.sim.store import Store
+
+GPU = "nvidia.com/gpu"
+RUN_SECONDS = "sim.sweeper.dev/run-seconds"
+TERMINAL = ("Succeeded", "Failed")
+TRAINING_NS = "training"
+
+
+def gpu_request(pod: dict[str, Any]) -> int:
+    total = 0
+    for c in pod.get("spec", {}).get("containers", []) or []:
+        res = c.get("resources") or {}
+        val = (res.get("requests") or {}).get(GPU) or (res.get("limits") or {}).get(GPU) or 0
+        total += int(val)
+    return total
+
+
+def tolerates(tolerations: list[dict[str, Any]] | None, taint: dict[str, Any]) -> bool:
+    for t in tolerations or []:
+        if t.get("effect") and t["effect"] != taint.get("effect"):
+            continue
+        op = t.get("operator", "Equal")
+        if not t.get("key") and op == "Exists":
+            return True
+        if t.get("key") != taint.get("key"):
+            continue
+        if op == "Exists" or t.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def _expr_matches(expr: dict[str, Any], value: str | None) -> bool:
+    op, vals = expr.get("operator"), expr.get("values") or []
+    if op == "In":
+        return value is not None and value in vals
+    if op == "NotIn":
+        return value is None or value not in vals
+    if op == "Exists":
+        return value is not None
+    if op == "DoesNotExist":
+        return value is None
+    if op in ("Gt", "Lt") and value is not None and vals:
+        try:
+            return int(value) > int(vals[0]) if op == "Gt" else int(value) < int(vals[0])
+        except ValueError:
+            return False
+    return False
+
+
+def node_affinity_matches(pod: dict[str, Any], node: dict[str, Any]) -> bool:
+    labels = node["metadata"].get("labels") or {}
+    for k, v in (pod["spec"].get("nodeSelector") or {}).items():
+        if labels.get(k) != v:
+            return False
+    required = (((pod["spec"].get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    if not required:
+        return True
+    for term in required.get("nodeSelectorTerms") or []:
+        exprs = term.get("matchExpressions") or []
+        fields = term.get("matchFields") or []
+        if not exprs and not fields:
+            continue
+        if all(_expr_matches(e, labels.get(e.get("key"))) for e in exprs) and all(
+                _expr_matches(f, node["metadata"]["name"] if f.get("key") == "metadata.name" else None)
+                for f in fields):
+            return True
+    return False
+
+
+def is_ready(node: dict[str, Any]) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in node.get("status", {}).get("conditions") or [])
+
+
+class SimCluster:
+    def __init__(self, fleet: Fleet, clock: ScaledClock | None = None) -> None:
+        self.fleet = fleet
+        self.clock = clock or ScaledClock(fleet.speed)
+        self.store = Store(self.clock)
+        self.rng = random.Random(fleet.seed)
+        self.specs: dict[str, NodeSpec] = {n.name: n for n in fleet.nodes}
+        self.started = self.clock.now()
+        self.logs: dict[tuple[str, str], str] = {}
+        self._finish: dict[tuple[str, str], float | None] = {}
+        self._last_step = self.started
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.store.on_delete.append(self._forget)
+        self._bootstrap()
+
+    # -- set-up ------------------------------------------------------------
+    def _bootstrap(self) -> None:
+        for ns in ("default", "kube-system", "kube-node-lease", TRAINING_NS, self.fleet.namespace):
+            self.store.create("namespaces", None, {"metadata": {"name": ns}, "spec": {"finalizers": ["kubernetes"]},
+                                                   "status": {"phase": "Active"}})
+        for spec in self.fleet.nodes:
+            self.add_node(spec)
+        for w in self.fleet.workloads:
+            self.start_training(w.gpus, w.duration, node=w.node)
+
+    def add_node(self, spec: NodeSpec) -> dict[str, Any]:
+        hw = HARDWARE[spec.instance_type]
+        gpus = max(0, hw["gpus"] - spec.faults.missing_gpus)
+        iid = "i-0" + hashlib.sha1(spec.name.encode()).hexdigest()[:16]
+        labels = {
+            "kubernetes.io/hostname": spec.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+            "node.kubernetes.io/instance-type": spec.instance_type,
+            "topology.kubernetes.io/zone": spec.zone, "topology.kubernetes.io/region": spec.zone[:-1],
+        }
+        if hw["gpus"]:
+            labels.update({"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": str(hw["gpus"]),
+                           "nvidia.com/gpu.product": hw["model"].replace(" ", "-")})
+        labels.update(spec.labels)
+        resources = {"cpu": hw["cpu"], "memory": hw["memory"], "pods": "110", "ephemeral-storage": "3500Gi"}
+        if hw["gpus"]:
+            resources[GPU] = str(gpus)
+        if hw["efa"]:
+            resources["vpc.amazonaws.com/efa"] = str(hw["efa"])
+        now = self.clock.now()
+        node = {
+            "metadata": {"name": spec.name, "labels": labels, "annotations": {},
+                         "creationTimestamp": iso(now - spec.age)},
+            "spec": {"providerID": f"aws:///{spec.zone}/{iid}"},
+            "status": {
+                "capacity": dict(resources), "allocatable": dict(resources),
+                "conditions": [{"type": "Ready", "status": "False" if spec.faults.not_ready else "True",
+                                "reason": "KubeletNotReady" if spec.faults.not_ready else "KubeletReady",
+                                "message": "kubelet is posting ready status",
+                                "lastHeartbeatTime": iso(now), "lastTransitionTime": iso(now - spec.age)}],
+                "addresses": [{"type": "InternalIP", "address": f"10.0.{len(self.specs) % 250}.{hash(spec.name) % 250}"},
+                              {"type": "Hostname", "address": spec.name}],
+                "nodeInfo": {"kubeletVersion": "v1.31.4", "kubeProxyVersion": "v1.31.4",
+                             "containerRuntimeVersion": "containerd://1.7.27", "osImage": "Amazon Linux 2023",
+                             "kernelVersion": "6.1.134", "operatingSystem": "linux", "architecture": "amd64",
+                             "machineID": iid, "systemUUID": iid, "bootID": str(uuid.uuid4())},
+            },
+        }
+        self.specs[spec.name] = spec
+        return self.store.create("nodes", None, node)
+
+    def start_training(self, gpus: int, duration: float | None, node: str | None = None,
+                       running: bool = False) -> dict[str, Any]:
+        ann = {} if duration is None else {RUN_SECONDS: str(int(duration))}
+        pod: dict[str, Any] = {
+            "metadata": {"generateName": "train-", "namespace": TRAINING_NS,
+                         "labels": {"app": "training", "sim.sweeper.dev/workload": "true"}, "annotations": ann},
+            "spec": {"restartPolicy": "Never", "schedulerName": "default-scheduler",
+                     "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"}],
+                     "containers": [{"name": "trainer", "image": "nvcr.io/nvidia/pytorch:25.01-py3",
+                                     "command": ["torchrun", "train.py"],
+                                     "resources": {"requests": {GPU: str(gpus)}, "limits": {GPU: str(gpus)}}}]},
+            "status": {"phase": "Pending"},
+        }
+        if node:
+            pod["spec"]["nodeName"] = node
+        created = self.store.create("pods", TRAINING_NS, pod)
+        if running:
+            with self.store.lock:
+                obj = self.store.peek("pods", TRAINING_NS, created["metadata"]["name"])
+                assert obj is not None
+                self._start_pod(obj, self.clock.now())
+        return created
+
+    # -- running -------------------------------------------------------------
+    def start(self, interval: float = 0.01) -> None:
+        if self._thread:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, args=(interval,), name="sim-controllers", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def _loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            self.step()
+
+    def step(self) -> None:
+        with self.store.lock:
+            now = self.clock.now()
+            self._arrivals(now)
+            self._schedule(now)
+            self._kubelet(now)
+            self._jobs(now)
+            self._last_step = now
+
+    # -- hooks from the API server --------------------------------------------
+    def before_node_write(self, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
+        """The race fault: a GPU pod is bound just as Sweeper's taint lands."""
+        spec = self.specs.get(name)
+        if not spec or spec.faults.pod_lands_on_taint <= 0:
+            return
+        old_keys = {t.get("key") for t in old.get("spec", {}).get("taints") or []}
+        added = [t for t in new.get("spec", {}).get("taints") or [] if t.get("key") not in old_keys]
+        if any(str(t.get("key", "")).endswith("/sweep") for t in added):
+            spec.faults.pod_lands_on_taint -= 1
+            free = self._free_gpus(old)
+            if free > 0:
+                self.start_training(free, 3600, node=name, running=True)
+
+    def _forget(self, plural: str, obj: dict[str, Any]) -> None:
+        if plural == "pods":
+            key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+            self._finish.pop(key, None)
+        if plural == "jobs":
+            pass
+
+    # -- controllers -------------------------------------------------------------
+    def _arrivals(self, now: float) -> None:
+        rate = self.fleet.arrivals_per_hour
+        dt = now - self._last_step
+        if rate <= 0 or dt <= 0:
+            return
+        n = 0
+        p = 1 - math.exp(-rate * dt / 3600.0)
+        while self.rng.random() < p and n < 5:
+            n += 1
+            p = rate * dt / 3600.0 / (n + 1)
+        for _ in range(n):
+            lo, hi = self.fleet.arrival_duration
+            self.start_training(self.fleet.arrival_gpus, self.rng.uniform(lo, hi))
+
+    def _used_gpus(self, node_name: str) -> int:
+        return sum(gpu_request(p) for p in self.store.iter("pods")
+                   if p["spec"].get("nodeName") == node_name and p["status"].get("phase") not in TERMINAL
+                   and p["status"].get("phase") is not None and not p["metadata"].get("_admission_pending"))
+
+    def _free_gpus(self, node: dict[str, Any]) -> int:
+        alloc = int(node["status"]["allocatable"].get(GPU, 0))
+        return alloc - self._used_gpus(node["metadata"]["name"])
+
+    def _feasible(self, pod: dict[str, Any], node: dict[str, Any], free: int) -> str:
+        """'' if the pod fits the node, else the scheduler's reason."""
+        if not is_ready(node):
+            return "node(s) were not ready"
+        tol = pod["spec"].get("tolerations")
+        if node["spec"].get("unschedulable") and not tolerates(
+                tol, {"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}):
+            return "node(s) were unschedulable"
+        for taint in node["spec"].get("taints") or []:
+            if taint.get("effect") in ("NoSchedule", "NoExecute") and not tolerates(tol, taint):
+                return "node(s) had untolerated taint(s)"
+        if not node_affinity_matches(pod, node):
+            return "node(s) didn't match Pod's node affinity/selector"
+        if gpu_request(pod) > free:
+            return f"Insufficient {GPU}"
+        return ""
+
+    def _schedule(self, now: float) -> None:
+        pending = [p for p in self.store.iter("pods")
+                   if not p["spec"].get("nodeName") and p["status"].get("phase", "Pending") == "Pending"]
+        if not pending:
+            return
+        nodes = list(self.store.iter("nodes"))
+        free = {n["metadata"]["name"]: self._free_gpus(n) for n in nodes}
+        for pod in sorted(pending, key=lambda p: p["metadata"]["creationTimestamp"]):
+            reasons: dict[str, int] = {}
+            fits = []
+            for n in nodes:
+                why = self._feasible(pod, n, free[n["metadata"]["name"]])
+                if why:
+                    reasons[why] = reasons.get(why, 0) + 1
+                else:
+                    fits.append(n)
+            ns, name = pod["metadata"]["namespace"], pod["metadata"]["name"]
+            if not fits:
+                msg = f"0/{len(nodes)} nodes are available: " + ", ".join(
+                    f"{c} {r}" for r, c in sorted(reasons.items())) + "."
+                cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": msg,
+                        "lastTransitionTime": iso(now)}
+                if (pod["status"].get("conditions") or [{}])[0].get("message") != msg:
+                    self.store.mutate("pods", ns, name, lambda o, c=cond: o["status"].__setitem__("conditions", [c]))
+                continue
+            choice = self.rng.choice(fits) if pod["metadata"].get("labels", {}).get("app") == "training" else fits[0]
+            target = choice["metadata"]["name"]
+            free[target] -= gpu_request(pod)
+
+            def bind(o: dict[str, Any], target: str = target) -> None:
+                o["spec"]["nodeName"] = target
+                o["status"]["conditions"] = [{"type": "PodScheduled", "status": "True",
+                                              "lastTransitionTime": iso(now)}]
+            self.store.mutate("pods", ns, name, bind)
+
+    def _kubelet(self, now: float) -> None:
+        for pod in self.store.iter("pods"):
+            node_name = pod["spec"].get("nodeName")
+            phase = pod["status"].get("phase", "Pending")
+            if not node_name or phase in TERMINAL:
+                continue
+            key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
+            node = self.store.peek("nodes", None, node_name)
+            if node is None:
+                self.store.mutate("pods", *key, lambda o: self._terminate(o, now, 137, "NodeLost",
+                                                                          "the node was deleted", ""))
+                continue
+            if phase == "Pending":
+                alloc = int(node["status"]["allocatable"].get(GPU, 0))
+                others = sum(gpu_request(p) for p in self.store.iter("pods")
+                             if p is not pod and p["spec"].get("nodeName") == node_name
+                             and p["status"].get("phase") == "Running")
+                if gpu_request(pod) > alloc - others:
+                    def reject(o: dict[str, Any]) -> None:
+                        o["status"].update({"phase": "Failed", "reason": "UnexpectedAdmissionError",
+                                            "message": f"Allocate failed due to requested number of devices "
+                                                       f"unavailable for {GPU}. Requested: {gpu_request(o)}, "
+                                                       f"Available: {alloc - others}"})
+                    self.store.mutate("pods", *key, reject)
+                    continue
+                self.store.mutate("pods", *key, lambda o: self._start_pod(o, now))
+                continue
+            finish = self._finish.get(key)
+            if finish is not None and now >= finish:
+                exit_code, log, message = self._run(pod, node_name, now)
+                self.logs[key] = log
+                self.store.mutate("pods", *key, lambda o: self._terminate(
+                    o, now, exit_code, "Completed" if exit_code == 0 else "Error", message, log))
+
+    def _start_pod(self, pod: dict[str, Any], now: float) -> None:
+        key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
+        containers = pod["spec"].get("containers") or [{}]
+        pod["status"].update({
+            "phase": "Running", "startTime": iso(now), "hostIP": "10.0.0.1",
+            "podIP": f"10.1.{self.rng.randint(0, 250)}.{self.rng.randint(1, 250)}",
+            "conditions": [{"type": t, "status": "True", "lastTransitionTime": iso(now)}
+                           for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
+            "containerStatuses": [{"name": c.get("name", "main"), "image": c.get("image", ""),
+                                   "imageID": "", "ready": True, "started": True, "restartCount": 0,
+                                   "containerID": "containerd://" + uuid.uuid4().hex,
+                                   "state": {"running": {"startedAt": iso(now)}}} for c in containers],
+        })
+        self._finish[key] = self._planned_finish(pod, now)
+        self.logs.setdefault(key, "")
+
+    def _planned_finish(self, pod: dict[str, Any], now: float) -> float | None:
+        if self._is_check(pod):
+            spec = self.specs.get(pod["spec"]["nodeName"])
+            if spec and spec.faults.hung_check:
+                return None
+            return now + self.fleet.check_seconds
+        run = (pod["metadata"].get("annotations") or {}).get(RUN_SECONDS)
+        return None if run is None else now + float(run)
+
+    @staticmethod
+    def _argv(pod: dict[str, Any]) -> list[str]:
+        c = (pod["spec"].get("containers") or [{}])[0]
+        return list(c.get("command") or []) + list(c.get("args") or [])
+
+    def _is_check(self, pod: dict[str, Any]) -> bool:
+        argv = self._argv(pod)
+        return len(argv) >= 2 and argv[0].endswith("sweeper") and "check" in argv[1:2]
+
+    def _terminate(self, pod: dict[str, Any], now: float, exit_code: int, reason: str, message: str,
+                   log: str) -> None:
+        policy = ((pod["spec"].get("containers") or [{}])[0]).get("terminationMessagePolicy", "File")
+        if not message and exit_code != 0 and policy == "FallbackToLogsOnError":
+            message = "\n".join(log.splitlines()[-80:])[-2048:]
+        started = pod["status"].get("startTime", iso(now))
+        pod["status"]["phase"] = "Succeeded" if exit_code == 0 else "Failed"
+        for cs in pod["status"].get("containerStatuses") or []:
+            cs["ready"] = False
+            cs["started"] = False
+            cs["state"] = {"terminated": {"exitCode": exit_code, "reason": reason, "message": message[:4096],
+                                          "startedAt": started, "finishedAt": iso(now),
+                                          "containerID": cs.get("containerID", "")}}
+        for cond in pod["status"].get("conditions") or []:
+            if cond["type"] in ("Ready", "ContainersReady"):
+                cond["status"] = "False"
+                cond["reason"] = "PodCompleted"
+        self._finish.pop((pod["metadata"]["namespace"], pod["metadata"]["name"]), None)
+
+    # -- the programs pods run ------------------------------------------------------
+    def _run(self, pod: dict[str, Any], node_name: str, now: float) -> tuple[int, str, str]:
+        """(exit code, log, termination message) of a pod's main container."""
+        if not self._is_check(pod):
+            return 0, "training finished\n", ""
+        spec = self.specs.get(node_name)
+        faults = spec.faults if spec else None
+        if faults and faults.garbage_output:
+            return 0, "NVRM: API mismatch\x1b[0m ]]} <<garbage>> 0xdeadbeef\n", ""
+        if faults and faults.check_crash:
+            return 139, "Segmentation fault (core dumped)\n", ""
+        argv = self._argv(pod)
+        opts = CheckOptions.from_argv(argv[2:])
+        if not opts.node:
+            opts = CheckOptions(**{**opts.__dict__, "node": node_name})
+        boot = self._boot(node_name)
+        result = run_node_checks(opts, self.fake_nvml(node_name), self.kernel_log(node_name, now),
+                                 now=now, uptime=now - boot)
+        exit_code = 0 if result.status in ("pass", "warn", "skip") else 1
+        return exit_code, result.to_json() + "\n", result.summary()
+
+    def _boot(self, node_name: str) -> float:
+        node = self.store.peek("nodes", None, node_name)
+        return parse_iso(node["metadata"]["creationTimestamp"]) if node else self.started
+
+    def fake_nvml(self, node_name: str) -> FakeNvml:
+        spec = self.specs[node_name]
+        hw = HARDWARE[spec.instance_type]
+        f = spec.faults
+        gpus = []
+        for i in range(max(0, hw["gpus"] - f.missing_gpus)):
+            gpus.append(FakeGpu(index=i, name=hw["model"], bus_id=bus_id(i), temperature=33 + (i * 7) % 9,
+                                volatile_uncorrected=f.ecc_dbe.get(i, 0), aggregate_uncorrected=f.ecc_dbe.get(i, 0),
+                                aggregate_corrected=3 * i, remap_pending=i in f.remap_pending,
+                                remap_failure=i in f.remap_failure,
+                                remapped_uncorrected=1 if (i in f.remap_pending or i in f.remap_failure) else 0))
+        return FakeNvml(gpus=gpus)
+
+    def kernel_log(self, node_name: str, now: float) -> str:
+        spec = self.specs[node_name]
+        boot = self._boot(node_name)
+        lines = [f"[{5.0:12.6f}] nvidia: loading out-of-tree module taints kernel.",
+                 f"[{6.2:12.6f}] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  570.133.20"]
+        for x in spec.faults.xids:
+            when = self.started + x["at"]
+            if when <= now:
+                lines.append(xid_line(when - boot, x["gpu"], x["code"], x["text"] or "simulated fault"))
+        return "\n".join(lines) + "\n"
+
+    def _jobs(self, now: float) -> None:
+        for job in self.store.iter("jobs"):
+            status = job.setdefault("status", {})
+            conds = status.get("conditions") or []
+            ns, name, uid = job["metadata"]["namespace"], job["metadata"]["name"], job["metadata"]["uid"]
+            finished = next((c for c in conds if c["type"] in ("Complete", "Failed") and c["status"] == "True"), None)
+            pods = [p for p in self.store.iter("pods")
+                    if (p["metadata"].get("labels") or {}).get("controller-uid") == uid]
+            if finished:
+                ttl = job["spec"].get("ttlSecondsAfterFinished")
+                done_at = parse_iso(status.get("completionTime") or finished["lastTransitionTime"])
+                if ttl is not None and now >= done_at + ttl:
+                    for p in pods:
+                        self.store.delete("pods", ns, p["metadata"]["name"])
+                    self.store.delete("jobs", ns, name)
+                continue
+            active = [p for p in pods if p["status"].get("phase") not in TERMINAL]
+            succeeded = sum(1 for p in pods if p["status"].get("phase") == "Succeeded")
+            failed = sum(1 for p in pods if p["status"].get("phase") == "Failed")
+            start = status.get("startTime")
+            new: dict[str, Any] = {"active": len(active), "succeeded": succeeded, "failed": failed,
+                                   "startTime": start or iso(now)}
+            deadline = job["spec"].get("activeDeadlineSeconds")
+            verdict = None
+            if succeeded >= int(job["spec"].get("completions") or 1):
+                verdict = ("Complete", "", "")
+            elif failed > int(job["spec"].get("backoffLimit", 6)):
+                verdict = ("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit")
+            elif deadline is not None and start and now >= parse_iso(start) + float(deadline):
+                verdict = ("Failed", "DeadlineExceeded", "Job was active longer than specified deadline")
+            if verdict:
+                kind, reason, message = verdict
+                for p in active:
+                    self.store.delete("pods", ns, p["metadata"]["name"])
+                new["active"] = 0
+                cond = {"type": kind, "status": "True", "lastProbeTime": iso(now), "lastTransitionTime": iso(now)}
+                if reason:
+                    cond.update({"reason": reason, "message": message})
+                    new["failed"] = failed + len(active)
+                else:
+                    new["completionTime"] = iso(now)
+                new["conditions"] = conds + [cond]
+            elif not active and not job["spec"].get("suspend"):
+                self._job_pod(job, now)
+                new["active"] = 1
+            if any(status.get(k) != v for k, v in new.items()):
+                self.store.mutate("jobs", ns, name, lambda o, new=new: o["status"].update(new))
+
+    def _job_pod(self, job: dict[str, Any], now: float) -> None:
+        tmpl = job["spec"]["template"]
+        meta = dict(tmpl.get("metadata") or {})
+        name, uid = job["metadata"]["name"], job["metadata"]["uid"]
+        labels = dict(meta.get("labels") or {})
+        labels.update({"job-name": name, "batch.kubernetes.io/job-name": name, "controller-uid": uid,
+                       "batch.kubernetes.io/controller-uid": uid})
+        pod = {"metadata": {"generateName": name + "-", "labels": labels,
+                            "annotations": dict(meta.get("annotations") or {}),
+                            "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid,
+                                                 "controller": True, "blockOwnerDeletion": True}]},
+               "spec": dict(tmpl.get("spec") or {}), "status": {"phase": "Pending"}}
+        self.store.create("pods", job["metadata"]["namespace"], pod)

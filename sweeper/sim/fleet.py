@@ -1,0 +1,163 @@
+"""The fleet file: nodes by instance type and labels, training pods that come and go, and
+per-node faults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sweeper.clock import parse_duration
+from sweeper.errors import ConfigError
+
+# What each instance type *is* (the simulated hardware), not what Sweeper expects of it.
+HARDWARE: dict[str, dict[str, Any]] = {
+    "p5.48xlarge": {"gpus": 8, "model": "NVIDIA H100 80GB HBM3", "efa": 32, "cpu": "192", "memory": "2097152Mi"},
+    "p5e.48xlarge": {"gpus": 8, "model": "NVIDIA H200", "efa": 32, "cpu": "192", "memory": "2097152Mi"},
+    "p5en.48xlarge": {"gpus": 8, "model": "NVIDIA H200", "efa": 16, "cpu": "192", "memory": "2097152Mi"},
+    "p4d.24xlarge": {"gpus": 8, "model": "NVIDIA A100-SXM4-40GB", "efa": 4, "cpu": "96", "memory": "1179648Mi"},
+    "p4de.24xlarge": {"gpus": 8, "model": "NVIDIA A100-SXM4-80GB", "efa": 4, "cpu": "96", "memory": "1179648Mi"},
+    "p6-b200.48xlarge": {"gpus": 8, "model": "NVIDIA B200", "efa": 8, "cpu": "192", "memory": "2097152Mi"},
+    "m7i.4xlarge": {"gpus": 0, "model": "", "efa": 0, "cpu": "16", "memory": "65536Mi"},
+}
+
+FAULT_KEYS = {"xids", "missing_gpus", "hung_check", "garbage_output", "ecc_dbe", "remap_pending",
+              "remap_failure", "pod_lands_on_taint", "check_crash", "not_ready"}
+
+
+@dataclass
+class Faults:
+    xids: list[dict[str, Any]] = field(default_factory=list)  # {code, gpu, at: seconds after start, text}
+    missing_gpus: int = 0
+    hung_check: bool = False
+    garbage_output: bool = False
+    check_crash: bool = False
+    ecc_dbe: dict[int, int] = field(default_factory=dict)
+    remap_pending: list[int] = field(default_factory=list)
+    remap_failure: list[int] = field(default_factory=list)
+    pod_lands_on_taint: int = 0  # times a GPU pod is bound just as Sweeper's taint lands
+    not_ready: bool = False
+
+    @classmethod
+    def from_dict(cls, node: str, raw: dict[str, Any]) -> Faults:
+        unknown = set(raw) - FAULT_KEYS
+        if unknown:
+            raise ConfigError(f"fleet: node {node}: unknown fault(s) {sorted(unknown)}; known: {sorted(FAULT_KEYS)}")
+        xids = []
+        for x in raw.get("xids", []):
+            if "code" not in x:
+                raise ConfigError(f"fleet: node {node}: each XID needs a code")
+            xids.append({"code": int(x["code"]), "gpu": int(x.get("gpu", 0)),
+                         "at": parse_duration(x.get("at", 0)), "text": str(x.get("text", ""))})
+        return cls(xids=xids, missing_gpus=int(raw.get("missing_gpus", 0)),
+                   hung_check=bool(raw.get("hung_check", False)),
+                   garbage_output=bool(raw.get("garbage_output", False)),
+                   check_crash=bool(raw.get("check_crash", False)),
+                   ecc_dbe={int(k): int(v) for k, v in (raw.get("ecc_dbe") or {}).items()},
+                   remap_pending=[int(g) for g in raw.get("remap_pending", [])],
+                   remap_failure=[int(g) for g in raw.get("remap_failure", [])],
+                   pod_lands_on_taint=int(raw.get("pod_lands_on_taint", 0)),
+                   not_ready=bool(raw.get("not_ready", False)))
+
+
+@dataclass
+class NodeSpec:
+    name: str
+    instance_type: str
+    zone: str
+    labels: dict[str, str]
+    age: float
+    faults: Faults
+
+
+@dataclass
+class Workload:
+    node: str | None  # None: let the scheduler choose
+    gpus: int
+    duration: float | None  # None: runs until deleted
+
+
+@dataclass
+class Fleet:
+    name: str = "fleet"
+    seed: int = 1
+    speed: float = 600.0
+    namespace: str = "sweeper"
+    nodes: list[NodeSpec] = field(default_factory=list)
+    workloads: list[Workload] = field(default_factory=list)
+    arrivals_per_hour: float = 0.0
+    arrival_gpus: int = 8
+    arrival_duration: tuple[float, float] = (3600.0, 6 * 3600.0)
+    check_seconds: float = 45.0
+    api_fault_rate: float = 0.0
+
+
+def load_fleet(path: Path) -> Fleet:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read fleet file {path}: {exc}") from exc
+    return parse_fleet(raw, str(path))
+
+
+def parse_fleet(raw: Any, origin: str = "fleet") -> Fleet:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{origin}: a fleet file is a mapping")
+    known = {"name", "seed", "speed", "namespace", "node_groups", "workloads", "arrivals", "faults",
+             "check_seconds", "api_faults"}
+    unknown = set(raw) - known
+    if unknown:
+        raise ConfigError(f"{origin}: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
+    fleet = Fleet(name=str(raw.get("name", "fleet")), seed=int(raw.get("seed", 1)),
+                  speed=float(raw.get("speed", 600)), namespace=str(raw.get("namespace", "sweeper")),
+                  check_seconds=parse_duration(raw.get("check_seconds", 45)),
+                  api_fault_rate=float((raw.get("api_faults") or {}).get("rate", 0.0)))
+    faults = raw.get("faults") or {}
+    for group in raw.get("node_groups") or []:
+        itype = group.get("instance_type", "p5.48xlarge")
+        if itype not in HARDWARE:
+            raise ConfigError(f"{origin}: unknown instance type {itype!r}; known: {sorted(HARDWARE)}")
+        prefix = group.get("name_prefix", itype.split(".")[0] + "-")
+        for i in range(int(group.get("count", 1))):
+            name = f"{prefix}{i:0{max(2, len(str(group.get('count', 1))))}d}"
+            fleet.nodes.append(NodeSpec(name=name, instance_type=itype, zone=group.get("zone", "us-east-1a"),
+                                        labels=dict(group.get("labels") or {}),
+                                        age=parse_duration(group.get("age", "2d")), faults=Faults()))
+    names = {n.name for n in fleet.nodes}
+    for node, spec in faults.items():
+        if node not in names:
+            raise ConfigError(f"{origin}: faults name node {node!r}, which the fleet does not have")
+        next(n for n in fleet.nodes if n.name == node).faults = Faults.from_dict(node, spec or {})
+    for w in raw.get("workloads") or []:
+        dur = w.get("duration")
+        for _ in range(int(w.get("count", 1))):
+            fleet.workloads.append(Workload(node=w.get("node"), gpus=int(w.get("gpus", 8)),
+                                            duration=None if dur is None else parse_duration(dur)))
+    arr = raw.get("arrivals") or {}
+    fleet.arrivals_per_hour = float(arr.get("per_hour", 0.0))
+    fleet.arrival_gpus = int(arr.get("gpus", 8))
+    if "duration" in arr:
+        lo, hi = arr["duration"]
+        fleet.arrival_duration = (parse_duration(lo), parse_duration(hi))
+    return fleet
+
+
+DEMO_FLEET: dict[str, Any] = {
+    "name": "demo",
+    "seed": 7,
+    "speed": 600,
+    "node_groups": [{"name_prefix": "gpu-p5-", "count": 16, "instance_type": "p5.48xlarge",
+                     "zone": "us-east-1a", "labels": {"karpenter.sh/nodepool": "gpu"}, "age": "3d"}],
+    "workloads": [{"node": "gpu-p5-02", "gpus": 8, "duration": None},
+                  {"node": "gpu-p5-06", "gpus": 8, "duration": "20h"},
+                  {"node": "gpu-p5-11", "gpus": 4, "duration": "2d"}],
+    "arrivals": {"per_hour": 0.15, "gpus": 8, "duration": ["2h", "8h"]},
+    "faults": {
+        "gpu-p5-04": {"xids": [{"code": 79, "gpu": 3, "text": "GPU has fallen off the bus."}]},
+        "gpu-p5-09": {"missing_gpus": 1},
+        "gpu-p5-13": {"hung_check": True},
+        "gpu-p5-14": {"remap_pending": [5]},
+    },
+}

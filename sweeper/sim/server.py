@@ -1,0 +1,322 @@
+"""The simulated cluster's HTTP API server: the REST paths Sweeper and kubectl use."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import yaml
+
+from sweeper.clock import iso
+from sweeper.sim.cluster import TERMINAL, SimCluster
+from sweeper.sim.errors import ApiError, bad_request, not_found
+from sweeper.sim.patch import apply_patch
+from sweeper.sim.store import RESOURCES, Resource
+from sweeper.sim.tables import table
+
+GROUPS = {"batch": "v1", "coordination.k8s.io": "v1", "karpenter.sh": "v1", "policy": "v1"}
+_PATH = re.compile(
+    r"^/(?:api/v1|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
+    r"(?:/namespaces/(?P<ns>[^/]+)(?=/))?"
+    r"/(?P<plural>[^/]+)(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?/?$")
+
+
+class ApiServer:
+    """Serves a SimCluster over HTTP on a loopback port."""
+
+    def __init__(self, cluster: SimCluster, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.cluster = cluster
+        self.fault_rng = random.Random(cluster.fleet.seed + 1)
+        self.fault_rate = cluster.fleet.api_fault_rate
+        handler = type("Handler", (_Handler,), {"api": self})
+        self.httpd = ThreadingHTTPServer((host, port), handler)
+        self.httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> ApiServer:
+        self.cluster.start()
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="sim-apiserver", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.cluster.stop()
+
+    def __enter__(self) -> ApiServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def write_kubeconfig(self, path: Path, namespace: str = "default") -> Path:
+        cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "sim",
+               "clusters": [{"name": "sim", "cluster": {"server": self.url}}],
+               "users": [{"name": "sim", "user": {"token": "sim-token"}}],
+               "contexts": [{"name": "sim", "context": {"cluster": "sim", "user": "sim", "namespace": namespace}}],
+               "preferences": {}}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        return path
+
+    # -- dispatch ----------------------------------------------------------------
+    def handle(self, method: str, raw_path: str, headers: dict[str, str], body: bytes) -> tuple[int, Any, str]:
+        url = urlparse(raw_path)
+        q = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        path = url.path
+        store = self.cluster.store
+        with store.lock:
+            store.requests.append((method, path))
+        discovery = self._discovery(path)
+        if discovery is not None:
+            return 200, discovery, "application/json"
+        if self.fault_rate and self.fault_rng.random() < self.fault_rate:
+            code = self.fault_rng.choice([500, 503, 429])
+            reason = {500: "InternalError", 503: "ServiceUnavailable", 429: "TooManyRequests"}[code]
+            raise ApiError(code, reason, f"simulated API fault ({code})", retry_after=1 if code == 429 else None)
+        m = _PATH.match(path)
+        if not m:
+            raise not_found("path", path)
+        group = m.group("group") or ""
+        plural = m.group("plural")
+        res = RESOURCES.get(plural)
+        if res is None or res.group != group:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        ns, name, sub = m.group("ns"), m.group("name"), m.group("sub")
+        if plural == "namespaces" and name and sub is None and ns is None:
+            pass
+        if res.namespaced is False and ns:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        if method == "GET" and name and sub == "log":
+            return 200, self._log(ns or "default", name, q), "text/plain"
+        if method == "POST" and name and sub == "eviction":
+            return self._evict(ns or "default", name)
+        if method == "GET":
+            if name:
+                return 200, store.get(plural, ns, name), "application/json"
+            listed = store.list(plural, ns if res.namespaced else None, label_selector=q.get("labelSelector"),
+                                field_selector=q.get("fieldSelector"),
+                                limit=int(q["limit"]) if q.get("limit") else None, continue_token=q.get("continue"))
+            if "as=Table" in headers.get("accept", ""):
+                return 200, table(plural, listed["items"], listed["metadata"], self.cluster.clock.now(),
+                                  q.get("includeObject", "Metadata")), "application/json"
+            return 200, listed, "application/json"
+        if method == "POST" and not name:
+            obj = _json(body)
+            if plural == "pods":
+                obj.setdefault("status", {})["phase"] = "Pending"
+            if plural == "jobs":
+                _default_job(obj)
+            if plural == "events":
+                obj.setdefault("firstTimestamp", iso(self.cluster.clock.now()))
+                obj.setdefault("lastTimestamp", obj["firstTimestamp"])
+                obj.setdefault("count", 1)
+            return 201, store.create(plural, ns, obj), "application/json"
+        if method in ("PUT", "PATCH") and name:
+            return 200, self._write(method, res, ns, name, sub, headers, body), "application/json"
+        if method == "DELETE" and name:
+            return 200, self._delete(res, ns, name, q, body), "application/json"
+        raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {path}")
+
+    def _write(self, method: str, res: Resource, ns: str | None, name: str, sub: str | None,
+               headers: dict[str, str], body: bytes) -> dict[str, Any]:
+        store = self.cluster.store
+        with store.lock:
+            current = store.get(res.plural, ns, name)
+            if method == "PUT":
+                new = _json(body)
+            else:
+                new = apply_patch(headers.get("content-type", ""), current, body)
+            if sub == "status":
+                new = {**current, "status": new.get("status", current.get("status"))}
+            elif sub is None and res.plural != "events" and "status" in current:
+                new["status"] = current["status"]  # the main resource ignores status changes
+            meta = new.get("metadata") or {}
+            for fixed in ("name", "uid"):
+                if meta.get(fixed, current["metadata"][fixed]) != current["metadata"][fixed]:
+                    raise ApiError(422, "Invalid", f'{res.kind} "{name}" is invalid: metadata.{fixed}: '
+                                   "Invalid value: field is immutable")
+            if res.plural == "nodes":
+                self.cluster.before_node_write(name, current, new)
+            return store.update(res.plural, ns, name, new)
+
+    def _delete(self, res: Resource, ns: str | None, name: str, q: dict[str, str], body: bytes) -> dict[str, Any]:
+        store = self.cluster.store
+        opts = _json(body) if body.strip() else {}
+        policy = q.get("propagationPolicy") or opts.get("propagationPolicy")
+        pre = opts.get("preconditions") or {}
+        with store.lock:
+            obj = store.delete(res.plural, ns, name, pre.get("uid"), pre.get("resourceVersion"))
+            uid = obj["metadata"]["uid"]
+            if res.plural == "jobs" and policy is None:
+                policy = "Orphan"  # the batch/v1 REST default, kept for backwards compatibility
+            for pod in list(store.iter("pods")):
+                owners = pod["metadata"].get("ownerReferences") or []
+                if not any(o.get("uid") == uid for o in owners):
+                    continue
+                if policy == "Orphan":
+                    store.mutate("pods", pod["metadata"]["namespace"], pod["metadata"]["name"],
+                                 lambda p: p["metadata"].__setitem__(
+                                     "ownerReferences", [o for o in owners if o.get("uid") != uid]))
+                else:
+                    store.delete("pods", pod["metadata"]["namespace"], pod["metadata"]["name"])
+            if res.plural == "nodes":
+                for pod in list(store.iter("pods")):
+                    if pod["spec"].get("nodeName") == name:
+                        store.delete("pods", pod["metadata"]["namespace"], pod["metadata"]["name"])
+        if res.plural in ("pods", "nodes", "jobs"):
+            obj["metadata"]["deletionTimestamp"] = iso(self.cluster.clock.now())
+            return obj
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                "details": {"name": name, "kind": res.plural, "uid": uid}}
+
+    def _evict(self, ns: str, name: str) -> tuple[int, Any, str]:
+        store = self.cluster.store
+        with store.lock:
+            store.get("pods", ns, name)
+            store.delete("pods", ns, name)
+        return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, \
+            "application/json"
+
+    def _log(self, ns: str, name: str, q: dict[str, str]) -> str:
+        store = self.cluster.store
+        with store.lock:
+            pod = store.get("pods", ns, name)
+            if not pod["spec"].get("nodeName") or pod["status"].get("phase") == "Pending":
+                raise bad_request(f'container "{_container(pod)}" in pod "{name}" is waiting to start: '
+                                  "ContainerCreating")
+            text = self.cluster.logs.get((ns, name), "")
+        if q.get("tailLines"):
+            text = "".join(text.splitlines(keepends=True)[-int(q["tailLines"]):])
+        return text
+
+    def _discovery(self, path: str) -> dict[str, Any] | None:
+        path = path.rstrip("/") or "/"
+        if path == "/version":
+            return {"major": "1", "minor": "31", "gitVersion": "v1.31.4-sweeper-sim", "platform": "linux/amd64",
+                    "goVersion": "go1.22", "compiler": "gc", "gitCommit": "", "gitTreeState": "clean",
+                    "buildDate": "2026-01-01T00:00:00Z"}
+        if path == "/api":
+            return {"kind": "APIVersions", "versions": ["v1"],
+                    "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": "127.0.0.1"}]}
+        if path == "/apis":
+            return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
+                {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
+                 "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v}} for g, v in GROUPS.items()]}
+        if path == "/api/v1":
+            return _resource_list("v1", "")
+        m = re.match(r"^/apis/([^/]+)/([^/]+)$", path)
+        if m and GROUPS.get(m.group(1)) == m.group(2):
+            return _resource_list(f"{m.group(1)}/{m.group(2)}", m.group(1))
+        return None
+
+
+def _resource_list(group_version: str, group: str) -> dict[str, Any]:
+    resources = []
+    for r in RESOURCES.values():
+        if r.group != group:
+            continue
+        resources.append({"name": r.plural, "singularName": r.kind.lower(), "namespaced": r.namespaced,
+                          "kind": r.kind, "verbs": list(r.verbs), "shortNames": list(r.short_names)})
+        if r.plural == "pods":
+            resources += [{"name": "pods/log", "singularName": "", "namespaced": True, "kind": "Pod", "verbs": ["get"]},
+                          {"name": "pods/eviction", "singularName": "", "namespaced": True, "group": "policy",
+                           "version": "v1", "kind": "Eviction", "verbs": ["create"]}]
+        if r.plural in ("nodes", "pods", "jobs"):
+            resources.append({"name": f"{r.plural}/status", "singularName": "", "namespaced": r.namespaced,
+                              "kind": r.kind, "verbs": ["get", "patch", "update"]})
+    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}
+
+
+def _container(pod: dict[str, Any]) -> str:
+    return ((pod["spec"].get("containers") or [{}])[0]).get("name", "")
+
+
+def _json(body: bytes) -> dict[str, Any]:
+    try:
+        obj = json.loads(body or b"{}")
+    except ValueError as exc:
+        raise bad_request(f"unable to decode the request body: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise bad_request("the request body must be an object")
+    return obj
+
+
+def _default_job(job: dict[str, Any]) -> None:
+    spec = job.setdefault("spec", {})
+    spec.setdefault("backoffLimit", 6)
+    spec.setdefault("completions", 1)
+    spec.setdefault("parallelism", 1)
+    tmpl = spec.setdefault("template", {})
+    tmpl.setdefault("spec", {}).setdefault("restartPolicy", "Never")
+    if tmpl["spec"]["restartPolicy"] not in ("Never", "OnFailure"):
+        raise ApiError(422, "Invalid", f'Job.batch "{job.get("metadata", {}).get("name", "")}" is invalid: '
+                       'spec.template.spec.restartPolicy: Required value: valid values: "OnFailure", "Never"')
+    job["status"] = {}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    api: ApiServer
+    protocol_version = "HTTP/1.1"
+    server_version = "sweeper-sim/1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence per-request logs
+        return None
+
+    def _serve(self, method: str) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        extra: dict[str, str] = {}
+        try:
+            code, payload, ctype = self.api.handle(method, self.path, headers, body)
+        except ApiError as exc:
+            code, payload, ctype = exc.code, exc.status(), "application/json"
+            if exc.retry_after is not None:
+                extra["Retry-After"] = str(exc.retry_after)
+        except Exception as exc:  # noqa: BLE001 - a simulated apiserver answers 500, like a real one
+            code, payload, ctype = 500, ApiError(500, "InternalError", f"internal error: {exc!r}").status(), \
+                "application/json"
+        data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(data)))
+        for k, v in extra.items():
+            self.send_header(k, v)
+        self.end_headers()
+        if method != "HEAD":
+            self.wfile.write(data)
+
+    def do_GET(self) -> None:  # noqa: N802
+        self._serve("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._serve("POST")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._serve("PUT")
+
+    def do_PATCH(self) -> None:  # noqa: N802
+        self._serve("PATCH")
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        self._serve("DELETE")
+
+
+def running_pods_on(cluster: SimCluster, node: str) -> list[dict[str, Any]]:
+    """Pods bound to a node that have not finished (for tests)."""
+    with cluster.store.lock:
+        return [p for p in cluster.store.iter("pods")
+                if p["spec"].get("nodeName") == node and p["status"].get("phase") not in TERMINAL]

@@ -1,0 +1,220 @@
+"""An in-memory object store with the apiserver's bookkeeping: uids, resourceVersions,
+generateName, optimistic concurrency and consistent paging."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from sweeper.clock import Clock, iso
+from sweeper.sim.errors import ApiError, already_exists, bad_request, conflict, invalid, not_found
+from sweeper.sim.selectors import labels_match, parse_field_selector, parse_label_selector
+
+
+@dataclass(frozen=True)
+class Resource:
+    plural: str
+    kind: str
+    group: str  # "" for core
+    version: str
+    namespaced: bool
+    short_names: tuple[str, ...] = ()
+    verbs: tuple[str, ...] = ("create", "delete", "get", "list", "patch", "update")
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+
+RESOURCES: dict[str, Resource] = {r.plural: r for r in (
+    Resource("nodes", "Node", "", "v1", False, ("no",)),
+    Resource("pods", "Pod", "", "v1", True, ("po",)),
+    Resource("events", "Event", "", "v1", True, ("ev",)),
+    Resource("namespaces", "Namespace", "", "v1", False, ("ns",)),
+    Resource("jobs", "Job", "batch", "v1", True),
+    Resource("leases", "Lease", "coordination.k8s.io", "v1", True),
+    Resource("nodeclaims", "NodeClaim", "karpenter.sh", "v1", False),
+    Resource("poddisruptionbudgets", "PodDisruptionBudget", "policy", "v1", True, ("pdb",)),
+)}
+
+
+class Store:
+    """Every object of the simulated cluster. One lock guards all of it."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.lock = threading.RLock()
+        self._rv = 1000
+        self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {p: {} for p in RESOURCES}
+        self.requests: list[tuple[str, str]] = []  # (verb, path) of every API request, for tests and benchmarks
+        self.on_delete: list[Callable[[str, dict[str, Any]], None]] = []
+
+    # -- bookkeeping -------------------------------------------------------
+    def next_rv(self) -> str:
+        self._rv += 1
+        return str(self._rv)
+
+    @property
+    def resource_version(self) -> str:
+        return str(self._rv)
+
+    def _key(self, res: Resource, namespace: str | None, name: str) -> tuple[str, str]:
+        return ((namespace or "") if res.namespaced else "", name)
+
+    # -- verbs -------------------------------------------------------------
+    def get(self, plural: str, namespace: str | None, name: str) -> dict[str, Any]:
+        res = RESOURCES[plural]
+        with self.lock:
+            obj = self._objects[plural].get(self._key(res, namespace, name))
+            if obj is None:
+                raise not_found(plural, name, res.group)
+            return copy.deepcopy(obj)
+
+    def peek(self, plural: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """The stored object itself (no copy), for controllers that hold the lock."""
+        res = RESOURCES[plural]
+        return self._objects[plural].get(self._key(res, namespace, name))
+
+    def iter(self, plural: str) -> Iterator[dict[str, Any]]:
+        """Stored objects without copies, for controllers that hold the lock."""
+        return iter(list(self._objects[plural].values()))
+
+    def create(self, plural: str, namespace: str | None, obj: dict[str, Any]) -> dict[str, Any]:
+        res = RESOURCES[plural]
+        with self.lock:
+            obj = copy.deepcopy(obj)
+            meta = obj.setdefault("metadata", {})
+            if res.namespaced:
+                ns = namespace or meta.get("namespace") or "default"
+                if meta.get("namespace") and namespace and meta["namespace"] != namespace:
+                    raise bad_request("the namespace of the provided object does not match the namespace "
+                                      "sent on the request")
+                if plural != "events" and ("", ns) not in self._objects["namespaces"]:
+                    raise not_found("namespaces", ns)
+                meta["namespace"] = ns
+            else:
+                meta.pop("namespace", None)
+            if not meta.get("name"):
+                if meta.get("generateName"):
+                    meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+                else:
+                    raise invalid(res.kind, "", "metadata.name: Required value: name or generateName is required")
+            key = self._key(res, meta.get("namespace"), meta["name"])
+            if key in self._objects[plural]:
+                raise already_exists(plural, meta["name"])
+            meta["uid"] = str(uuid.uuid4())
+            meta["resourceVersion"] = self.next_rv()
+            meta["creationTimestamp"] = meta.get("creationTimestamp") or iso(self.clock.now())
+            meta.setdefault("generation", 1)
+            obj["apiVersion"] = res.api_version
+            obj["kind"] = res.kind
+            self._objects[plural][key] = obj
+            return copy.deepcopy(obj)
+
+    def update(self, plural: str, namespace: str | None, name: str, obj: dict[str, Any],
+               *, check_rv: bool = True) -> dict[str, Any]:
+        res = RESOURCES[plural]
+        with self.lock:
+            key = self._key(res, namespace, name)
+            current = self._objects[plural].get(key)
+            if current is None:
+                raise not_found(plural, name, res.group)
+            obj = copy.deepcopy(obj)
+            meta = obj.setdefault("metadata", {})
+            if meta.get("name", name) != name:
+                raise bad_request("the name of the object does not match the name on the URL")
+            sent_rv = meta.get("resourceVersion")
+            if check_rv and sent_rv and sent_rv != current["metadata"]["resourceVersion"]:
+                raise conflict(plural, name)
+            for fixed in ("uid", "creationTimestamp", "namespace", "name"):
+                if fixed in current["metadata"]:
+                    meta[fixed] = current["metadata"][fixed]
+            if "deletionTimestamp" in current["metadata"]:
+                meta["deletionTimestamp"] = current["metadata"]["deletionTimestamp"]
+            if obj.get("spec") != current.get("spec"):
+                meta["generation"] = current["metadata"].get("generation", 1) + 1
+            meta["resourceVersion"] = self.next_rv()
+            obj["apiVersion"] = res.api_version
+            obj["kind"] = res.kind
+            self._objects[plural][key] = obj
+            return copy.deepcopy(obj)
+
+    def mutate(self, plural: str, namespace: str | None, name: str,
+               fn: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+        """Change a stored object in place under the lock (controllers) and bump its version."""
+        res = RESOURCES[plural]
+        with self.lock:
+            obj = self._objects[plural].get(self._key(res, namespace, name))
+            if obj is None:
+                raise not_found(plural, name, res.group)
+            fn(obj)
+            obj["metadata"]["resourceVersion"] = self.next_rv()
+            return obj
+
+    def delete(self, plural: str, namespace: str | None, name: str,
+               precondition_uid: str | None = None, precondition_rv: str | None = None) -> dict[str, Any]:
+        res = RESOURCES[plural]
+        with self.lock:
+            key = self._key(res, namespace, name)
+            obj = self._objects[plural].get(key)
+            if obj is None:
+                raise not_found(plural, name, res.group)
+            if precondition_uid and obj["metadata"]["uid"] != precondition_uid:
+                raise ApiError(409, "Conflict", f'Precondition failed: UID in precondition: {precondition_uid}, '
+                               f'UID in object meta: {obj["metadata"]["uid"]}', kind=plural, name=name)
+            if precondition_rv and obj["metadata"]["resourceVersion"] != precondition_rv:
+                raise conflict(plural, name)
+            del self._objects[plural][key]
+            obj["metadata"]["resourceVersion"] = self.next_rv()
+            for hook in self.on_delete:
+                hook(plural, obj)
+            return copy.deepcopy(obj)
+
+    def list(self, plural: str, namespace: str | None = None, *, label_selector: str | None = None,
+             field_selector: str | None = None, limit: int | None = None,
+             continue_token: str | None = None) -> dict[str, Any]:
+        res = RESOURCES[plural]
+        reqs = parse_label_selector(label_selector)
+        fmatch = parse_field_selector(field_selector, plural)
+        start: tuple[str, str] | None = None
+        list_rv = None
+        if continue_token:
+            try:
+                state = json.loads(base64.urlsafe_b64decode(continue_token.encode()))
+                start = (state["ns"], state["name"])
+                list_rv = state["rv"]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise bad_request("continue key is not valid: " + str(exc)) from exc
+        with self.lock:
+            keys = sorted(self._objects[plural])
+            items: list[dict[str, Any]] = []
+            next_token = None
+            remaining = 0
+            for key in keys:
+                if start is not None and key <= start:
+                    continue
+                if namespace and res.namespaced and key[0] != namespace:
+                    continue
+                obj = self._objects[plural][key]
+                if not labels_match(reqs, obj["metadata"].get("labels")) or not fmatch(obj):
+                    continue
+                if limit and len(items) >= limit:
+                    remaining += 1
+                    if next_token is None:
+                        last = items[-1]["metadata"]
+                        next_token = base64.urlsafe_b64encode(json.dumps(
+                            {"ns": last.get("namespace", "") if res.namespaced else "", "name": last["name"],
+                             "rv": list_rv or self.resource_version}).encode()).decode()
+                    continue
+                items.append(copy.deepcopy(obj))
+            meta: dict[str, Any] = {"resourceVersion": list_rv or self.resource_version}
+            if next_token:
+                meta["continue"] = next_token
+                meta["remainingItemCount"] = remaining
+            return {"kind": res.kind + "List", "apiVersion": res.api_version, "metadata": meta, "items": items}

@@ -1,0 +1,267 @@
+"""One rolling pass: discover, choose within the budget, hold each node, run its playbook,
+decide, hand back or keep held with a reason, and record every step."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from sweeper import profiles
+from sweeper.actions import ActionContext, load_all
+from sweeper.clock import Clock, WallClock, iso
+from sweeper.config import Config
+from sweeper.errors import Conflict, KubeError, NotFound, PlaybookError
+from sweeper.fleet import NodeView, Plan, gpu_pods_by_node, plan
+from sweeper.kube import Kube
+from sweeper.playbook.executor import Executor, TaskOutcome, load
+from sweeper.policy import HOLDING
+from sweeper.result import Result
+
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+
+
+class Recorder(Protocol):
+    """What the sweep writes to; the history implements it, a test may use a list."""
+
+    def run_started(self, run_id: str, started: float, mode: str) -> None: ...
+    def run_finished(self, run_id: str, finished: float, status: str, taken: int, summary: dict[str, Any]) -> None: ...
+    def sweep_started(self, run_id: str, node: str, started: float, playbook: str, profile: str,
+                      dry_run: bool = False) -> int: ...
+    def sweep_finished(self, sweep_id: int, finished: float, verdict: str, reasons: list[str]) -> None: ...
+    def result(self, sweep_id: int | None, result: Result) -> None: ...
+    def action(self, run_id: str, node: str, ts: float, action: str, detail: str, dry_run: bool = False) -> None: ...
+    def intent(self, run_id: str, node: str, ts: float, op: str, phase: str, detail: str = "") -> None: ...
+    def last_swept(self) -> dict[str, float]: ...
+
+
+@dataclass
+class NodeOutcome:
+    node: str
+    verdict: str
+    reasons: list[str]
+    action: str  # released, held, raced, skipped, would-take
+    seconds: float = 0.0
+
+
+@dataclass
+class RunReport:
+    run_id: str
+    started: float
+    finished: float
+    plan: Plan
+    outcomes: list[NodeOutcome] = field(default_factory=list)
+    dry_run: bool = False
+    api_requests: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id, "started": iso(self.started), "finished": iso(self.finished),
+            "dry_run": self.dry_run, "gpu_nodes": self.plan.gpu_nodes, "held_before": self.plan.held,
+            "budget": self.plan.budget, "api_requests": self.api_requests,
+            "nodes": [o.__dict__ for o in self.outcomes],
+            "skipped": [{"node": d.node.name, "reason": d.reason, "detail": d.detail} for d in self.plan.skip],
+        }
+
+
+def new_run_id(now: float) -> str:
+    return "sw-" + datetime.fromtimestamp(now, UTC).strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
+
+
+class Sweep:
+    def __init__(self, kube: Kube, config: Config, recorder: Recorder, clock: Clock | None = None,
+                 emit: Callable[[str, dict[str, Any]], None] | None = None, dry_run: bool = False) -> None:
+        self.kube = kube
+        self.cfg = config
+        self.rec = recorder
+        self.clock = clock or WallClock()
+        self.emit = emit or (lambda event, data: None)
+        self.dry_run = dry_run
+        self.actions = load_all()
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        self.profiles = profiles.load_profiles(config.path("profiles"))
+        self.playbook = load(str(config.path("playbooks") / config.playbook), self.actions)
+
+    # -- discovery ----------------------------------------------------------------
+    def discover(self) -> Plan:
+        nodes = self.kube.list_nodes(self.cfg.gpu_node_selector, page_size=self.cfg.page_size)
+        pods = self.kube.active_pods(page_size=self.cfg.page_size)
+        return plan(nodes, pods, self.cfg, self.rec.last_swept(), self.clock.now())
+
+    # -- a run --------------------------------------------------------------------
+    def run(self) -> RunReport:
+        start = self.clock.now()
+        requests_before = self.kube.requests
+        run_id = new_run_id(start)
+        self.rec.run_started(run_id, start, "dry-run" if self.dry_run else "sweep")
+        p = self.discover()
+        report = RunReport(run_id, start, start, p, dry_run=self.dry_run)
+        self.emit("plan", {"run_id": run_id, "take": [d.node.name for d in p.take], "gpu_nodes": p.gpu_nodes,
+                           "held": p.held, "budget": p.budget})
+        status = "done"
+        try:
+            if self.dry_run:
+                for d in p.take:
+                    self.rec.action(run_id, d.node.name, self.clock.now(), "would-sweep", d.detail, dry_run=True)
+                    report.outcomes.append(NodeOutcome(d.node.name, "", [d.detail], "would-take"))
+            elif p.take:
+                with ThreadPoolExecutor(max_workers=len(p.take), thread_name_prefix="sweep") as pool:
+                    futures = [pool.submit(self.sweep_node, run_id, d.node) for d in p.take]
+                    report.outcomes = [f.result() for f in futures]
+        except BaseException:
+            status = "failed"
+            raise
+        finally:
+            report.finished = self.clock.now()
+            report.api_requests = self.kube.requests - requests_before
+            taken = sum(1 for o in report.outcomes if o.action in ("released", "held"))
+            self.rec.run_finished(run_id, report.finished, status, taken, report.to_dict())
+        return report
+
+    # -- one node -----------------------------------------------------------------
+    def sweep_node(self, run_id: str, view: NodeView) -> NodeOutcome:
+        t0 = time.monotonic()
+        name = view.name
+        profile = profiles.match(self.profiles, view.labels)
+        try:
+            node = self.hold(run_id, view)
+        except (Conflict, NotFound) as exc:
+            self.emit("skip", {"node": name, "why": str(exc)})
+            return NodeOutcome(name, "", [f"could not hold: {exc}"], "skipped")
+        if node is None:
+            return NodeOutcome(name, "", ["a GPU pod landed before the taint; released untouched"], "raced")
+        sweep_id = self.rec.sweep_started(run_id, name, self.clock.now(), self.playbook.name, profile.name)
+        verdict, reasons = "error", ["the playbook did not reach a verdict"]
+        try:
+            verdict, reasons = self._play(run_id, sweep_id, node, profile)
+        except PlaybookError as exc:
+            verdict, reasons = "error", [f"playbook error: {exc}"]
+        except KubeError as exc:
+            verdict, reasons = "error", [f"cluster error during checks: {exc}"]
+        finally:
+            action = self.hand_back(run_id, name, verdict, reasons)
+            self.rec.sweep_finished(sweep_id, self.clock.now(), verdict, reasons)
+            self.emit("done", {"node": name, "verdict": verdict, "reasons": reasons, "action": action})
+        return NodeOutcome(name, verdict, reasons, action, time.monotonic() - t0)
+
+    def _play(self, run_id: str, sweep_id: int, node: NodeView, profile: profiles.Profile) -> tuple[str, list[str]]:
+        node_vars = {"name": node.name, "labels": node.labels, "annotations": node.annotations, "gpus": node.gpus,
+                     "profile": {"name": profile.name, "gpus": profile.gpus, "gpu_model": profile.gpu_model}}
+        ctx = ActionContext(
+            config=self.cfg, clock=self.clock, kube=self.kube, node=node_vars, run_id=run_id,
+            on_result=lambda r: self.rec.result(sweep_id, r),
+            intent=lambda op, phase, detail: self.rec.intent(run_id, node.name, self.clock.now(), op, phase, detail),
+            log=lambda msg: self.emit("log", {"node": node.name, "msg": msg}),
+            cancelled=self.stop.is_set)
+
+        def on_task(o: TaskOutcome) -> None:
+            self.emit("task", {"node": node.name, "task": o.name, "status": o.status, "msg": o.msg})
+
+        play = Executor(self.actions, ctx, on_task).run(self.playbook, {"node": node_vars, "run_id": run_id})
+        verdict = play.vars.get("verdict")
+        if verdict is None:
+            return "error", ["the playbook ended without a `decide` task" if not play.failed
+                             else "the playbook failed before its verdict"]
+        return str(verdict), [str(r) for r in play.vars.get("reasons", [])]
+
+    # -- holding and handing back --------------------------------------------------------
+    def _annotations(self, run_id: str) -> dict[str, str]:
+        return {f"{self.cfg.prefix}/held-by": run_id, f"{self.cfg.prefix}/held-since": iso(self.clock.now())}
+
+    def hold(self, run_id: str, view: NodeView) -> NodeView | None:
+        """Taint the node (conditional on the version we read), then look at its pods again.
+        None if a GPU pod got there first, in which case the taint is already gone."""
+        name = view.name
+        self.rec.intent(run_id, name, self.clock.now(), "taint", "before", view.resource_version)
+        taint = {"key": self.cfg.taint_key, "value": run_id, "effect": "NoSchedule"}
+        annotations = dict(view.annotations)
+        annotations.update(self._annotations(run_id))
+        if DO_NOT_DISRUPT not in view.annotations:
+            annotations[DO_NOT_DISRUPT] = "true"
+            annotations[f"{self.cfg.prefix}/added-do-not-disrupt"] = "true"
+        ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": view.resource_version},
+               {"op": "add", "path": "/spec/taints", "value": list(view.taints) + [taint]},
+               {"op": "add", "path": "/metadata/annotations", "value": annotations}]
+        updated = self.kube.patch_node(name, ops)
+        self.rec.intent(run_id, name, self.clock.now(), "taint", "after", updated["metadata"]["resourceVersion"])
+        self.rec.action(run_id, name, self.clock.now(), "hold", f"taint {self.cfg.taint_key}={run_id}:NoSchedule")
+        self.emit("hold", {"node": name})
+        pods = self.kube.active_pods(node=name)
+        landed = gpu_pods_by_node(pods, self.cfg).get(name)
+        if landed:
+            self.emit("raced", {"node": name, "pods": landed})
+            self.release(run_id, name, f"GPU pod(s) landed before the taint: {', '.join(landed)}")
+            return None
+        return NodeView.from_obj(updated, self.cfg.gpu_resources)
+
+    def hand_back(self, run_id: str, name: str, verdict: str, reasons: list[str]) -> str:
+        if verdict in HOLDING:
+            self.keep_held(run_id, name, verdict, reasons)
+            return "held"
+        self.release(run_id, name, f"verdict {verdict}")
+        return "released"
+
+    def _patch_with_retry(self, name: str, build: Callable[[dict[str, Any]], list[dict[str, Any]] | None]) -> None:
+        for _ in range(5):
+            try:
+                current = self.kube.get_node(name)
+            except NotFound:
+                return  # the node is gone (consolidated or replaced): nothing left to hand back
+            ops = build(current)
+            if not ops:
+                return
+            try:
+                self.kube.patch_node(name, [{"op": "test", "path": "/metadata/resourceVersion",
+                                             "value": current["metadata"]["resourceVersion"]}] + ops)
+                return
+            except Conflict:
+                continue
+            except NotFound:
+                return
+        raise Conflict(f"node {name}: gave up after 5 conflicting updates")
+
+    def release(self, run_id: str, name: str, why: str) -> None:
+        """Take Sweeper's taint and annotations off; leave everything else as found."""
+        self.rec.intent(run_id, name, self.clock.now(), "untaint", "before", why)
+        prefix = self.cfg.prefix
+
+        def build(node: dict[str, Any]) -> list[dict[str, Any]] | None:
+            taints = (node.get("spec") or {}).get("taints") or []
+            ann = dict(node["metadata"].get("annotations") or {})
+            keep = [t for t in taints if t.get("key") != self.cfg.taint_key]
+            if ann.pop(f"{prefix}/added-do-not-disrupt", None):
+                ann.pop(DO_NOT_DISRUPT, None)
+            for k in ("held-by", "held-since", "verdict", "reason"):
+                ann.pop(f"{prefix}/{k}", None)
+            if len(keep) == len(taints) and ann == (node["metadata"].get("annotations") or {}):
+                return None
+            return [{"op": "add", "path": "/spec/taints", "value": keep},
+                    {"op": "add", "path": "/metadata/annotations", "value": ann}]
+
+        self._patch_with_retry(name, build)
+        self.rec.intent(run_id, name, self.clock.now(), "untaint", "after", why)
+        self.rec.action(run_id, name, self.clock.now(), "release", why)
+
+    def keep_held(self, run_id: str, name: str, verdict: str, reasons: list[str]) -> None:
+        """Keep the taint, say why on the node, and stop protecting it from Karpenter."""
+        prefix = self.cfg.prefix
+        reason = "; ".join(reasons)[:1000]
+        self.rec.intent(run_id, name, self.clock.now(), "keep-held", "before", verdict)
+
+        def build(node: dict[str, Any]) -> list[dict[str, Any]] | None:
+            ann = dict(node["metadata"].get("annotations") or {})
+            if ann.pop(f"{prefix}/added-do-not-disrupt", None):
+                ann.pop(DO_NOT_DISRUPT, None)
+            ann[f"{prefix}/verdict"] = verdict
+            ann[f"{prefix}/reason"] = reason
+            return [{"op": "add", "path": "/metadata/annotations", "value": ann}]
+
+        self._patch_with_retry(name, build)
+        self.rec.intent(run_id, name, self.clock.now(), "keep-held", "after", verdict)
+        self.rec.action(run_id, name, self.clock.now(), "keep-held", f"{verdict}: {reason}")

@@ -1,0 +1,60 @@
+"""The XID catalogue as data: meaning, severity and action per code, overridable per cluster."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+
+import yaml
+
+from sweeper.errors import ConfigError
+
+ACTIONS = ("ignore", "restart_app", "reset_gpu", "reboot", "replace", "inspect", "follow_text")
+SEVERITIES = ("info", "warning", "critical", "fatal")
+
+
+@dataclass(frozen=True)
+class XidInfo:
+    code: int
+    meaning: str
+    action: str
+    severity: str
+
+
+UNKNOWN_ACTION = "reset_gpu"
+
+
+def _parse(raw: object, origin: str) -> dict[int, XidInfo]:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{origin}: the XID catalogue must be a mapping of code to entry")
+    out: dict[int, XidInfo] = {}
+    for code, entry in raw.items():
+        if not isinstance(code, int) or not isinstance(entry, dict):
+            raise ConfigError(f"{origin}: XID {code!r}: expected an integer code with a mapping")
+        action = entry.get("action", "")
+        severity = entry.get("severity", "")
+        if action not in ACTIONS or severity not in SEVERITIES:
+            raise ConfigError(f"{origin}: XID {code}: action must be one of {ACTIONS}, severity one of {SEVERITIES}")
+        out[code] = XidInfo(code, str(entry.get("meaning", "")), action, severity)
+    return out
+
+
+@lru_cache(maxsize=1)
+def default_catalogue() -> dict[int, XidInfo]:
+    text = resources.files("sweeper").joinpath("data/xid.yaml").read_text()
+    return _parse(yaml.safe_load(text), "sweeper/data/xid.yaml")
+
+
+def load_catalogue(override: Path | None = None) -> dict[int, XidInfo]:
+    cat = dict(default_catalogue())
+    if override is not None:
+        cat.update(_parse(yaml.safe_load(override.read_text()), str(override)))
+    return cat
+
+
+def lookup(code: int, catalogue: dict[int, XidInfo] | None = None) -> XidInfo:
+    """An XID missing from the catalogue is treated as needing a GPU reset, never ignored."""
+    cat = catalogue if catalogue is not None else default_catalogue()
+    return cat.get(code) or XidInfo(code, "unknown XID", UNKNOWN_ACTION, "critical")
