@@ -163,7 +163,8 @@ class Sweep:
         def on_task(o: TaskOutcome) -> None:
             self.emit("task", {"node": node.name, "task": o.name, "status": o.status, "msg": o.msg})
 
-        play = Executor(self.actions, ctx, on_task).run(self.playbook, {"node": node_vars, "run_id": run_id})
+        extra = {"node": node_vars, "run_id": run_id, "check_timeout": self.cfg.check_timeout}
+        play = Executor(self.actions, ctx, on_task).run(self.playbook, extra)
         verdict = play.vars.get("verdict")
         if verdict is None:
             return "error", ["the playbook ended without a `decide` task" if not play.failed

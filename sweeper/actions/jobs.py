@@ -77,14 +77,14 @@ def _read_result(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]],
     except KubeError as exc:
         log = ""
         ctx.log(f"cannot read the log of {pod['metadata']['name']}: {exc}")
-    result = sweeper_result.parse(log, node, now) if log.strip() else None
-    if result is None or (result.status == "error" and term.get("message")):
-        if term.get("message"):
-            result = sweeper_result.parse_summary(term["message"], node, now)
-        elif result is None:
-            why = f"the check exited {exit_code} with no output" if exit_code not in (None, 0) else \
-                "the check printed nothing"
-            result = error_result(node, "sweeper", why, now, code=None if exit_code is None else f"exit {exit_code}")
+    message = term.get("message") or ""
+    result = sweeper_result.parse(log, node, now)
+    if result.status == "error" and message.strip() and message.strip() not in log:
+        result = sweeper_result.parse_summary(message, node, now)  # no readable log: the short form
+    crashed = exit_code not in (None, 0, 1)  # 1 is the check's own "findings"
+    if crashed and result.status == "error":
+        return error_result(node, "sweeper", f"the check exited {exit_code} ({term.get('reason', '')}): "
+                            f"{result.checks[0].message}", now, code=f"exit {exit_code}")
     if exit_code not in (None, 0) and result.status in ("pass", "warn", "skip"):
         return error_result(node, "sweeper", f"the check exited {exit_code} but reported {result.status}", now,
                             code=f"exit {exit_code}")

@@ -359,6 +359,12 @@ class SimCluster:
             if spec and spec.faults.hung_check:
                 return None
             return now + self.fleet.check_seconds
+        argv = self._argv(pod)
+        prog = argv[0].rsplit("/", 1)[-1] if argv else ""
+        if prog in ("true", "false", "echo"):
+            return now + 1.0
+        if prog == "sleep" and len(argv) > 1:
+            return None if argv[1] in ("inf", "infinity") else now + float(argv[1])
         run = (pod["metadata"].get("annotations") or {}).get(RUN_SECONDS)
         return None if run is None else now + float(run)
 
@@ -394,7 +400,13 @@ class SimCluster:
     def _run(self, pod: dict[str, Any], node_name: str, now: float) -> tuple[int, str, str]:
         """(exit code, log, termination message) of a pod's main container."""
         if not self._is_check(pod):
-            return 0, "training finished\n", ""
+            argv = self._argv(pod)
+            prog = argv[0].rsplit("/", 1)[-1] if argv else ""
+            if prog == "false":
+                return 1, "", ""
+            if prog == "echo":
+                return 0, " ".join(argv[1:]) + "\n", ""
+            return 0, "" if prog in ("true", "sleep") else "training finished\n", ""
         spec = self.specs.get(node_name)
         faults = spec.faults if spec else None
         if faults and faults.garbage_output:

@@ -1,0 +1,106 @@
+"""The simulated cluster as a pytest fixture: a real HTTP server on a free loopback port,
+reached with the official `kubernetes` client exactly as in production."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+
+from sweeper.config import Config
+from sweeper.history import History
+from sweeper.kube import Kube, RetryPolicy
+from sweeper.sim.cluster import SimCluster
+from sweeper.sim.fleet import parse_fleet
+from sweeper.sim.server import ApiServer
+from sweeper.sweep import Sweep
+
+
+@dataclass
+class Sim:
+    cluster: SimCluster
+    server: ApiServer
+    kubeconfig: Path
+    kube: Kube
+    core: client.CoreV1Api
+    batch: client.BatchV1Api
+    api_client: client.ApiClient
+
+    def wait_for(self, predicate: Callable[[], Any], timeout: float = 10.0, what: str = "condition") -> Any:
+        """Poll in real time (the cluster steps in a background thread)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.01)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def writes_to(self, node: str) -> list[tuple[str, str]]:
+        return [(m, p) for m, p in self.cluster.store.requests
+                if m in ("PATCH", "PUT", "DELETE") and p == f"/api/v1/nodes/{node}"]
+
+
+def fleet_spec(nodes: int = 4, faults: dict[str, Any] | None = None, workloads: list[dict[str, Any]] | None = None,
+               **extra: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": "test", "seed": 3, "speed": 600,
+        "node_groups": [{"name_prefix": "gpu-", "count": nodes, "instance_type": "p5.48xlarge", "age": "2d"}],
+        "faults": faults or {}, "workloads": workloads or [],
+    }
+    spec.update(extra)
+    return spec
+
+
+@pytest.fixture
+def make_sim(tmp_path: Path) -> Iterator[Callable[..., Sim]]:
+    started: list[Sim] = []
+
+    def start(spec: dict[str, Any] | None = None, **kw: Any) -> Sim:
+        fleet = parse_fleet(spec or fleet_spec(**kw))
+        cluster = SimCluster(fleet)
+        server = ApiServer(cluster).start()
+        kc = server.write_kubeconfig(tmp_path / f"kubeconfig-{len(started)}")
+        kube = Kube.from_config(str(kc), clock=cluster.clock)
+        kube.retry = RetryPolicy(attempts=8, base=0.5)
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=str(kc), client_configuration=cfg)
+        api = client.ApiClient(cfg)
+        sim = Sim(cluster, server, kc, kube, client.CoreV1Api(api), client.BatchV1Api(api), api)
+        started.append(sim)
+        return sim
+
+    yield start
+    for s in started:
+        s.kube.close()
+        s.api_client.close()
+        s.server.stop()
+
+
+@pytest.fixture
+def sim(make_sim: Callable[..., Sim]) -> Sim:
+    return make_sim()
+
+
+TEST_CONFIG = Config(max_nodes=8, max_percent=100, min_node_age=600, interval=86400, poll_interval=5,
+                     check_timeout=300)
+
+
+@pytest.fixture
+def history(tmp_path: Path) -> Iterator[History]:
+    h = History(tmp_path / "history.db")
+    yield h
+    h.close()
+
+
+def run_sweep(sim: Sim, history: History, cfg: Config = TEST_CONFIG, **kw: Any) -> Any:
+    events: list[tuple[str, dict[str, Any]]] = []
+    sw = Sweep(sim.kube, cfg, history, clock=sim.cluster.clock, emit=lambda e, d: events.append((e, d)), **kw)
+    report = sw.run()
+    report.events = events  # type: ignore[attr-defined]
+    return report
