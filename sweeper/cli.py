@@ -63,10 +63,12 @@ def _config(path: str | None, **overrides: Any) -> Config:
     return load_config(path).with_overrides(**overrides)
 
 
-def _kube(kubeconfig: str | None, context: str | None) -> Any:
-    from sweeper.kube import Kube
+def _kube(kubeconfig: str | None, context: str | None, cfg: Config) -> Any:
+    from sweeper.kube import Kube, RetryPolicy
 
-    return Kube.from_config(kubeconfig, context)
+    kube = Kube.from_config(kubeconfig, context)
+    kube.retry = RetryPolicy(attempts=max(1, cfg.api_attempts))
+    return kube
 
 
 def _history(state: str) -> Any:
@@ -103,7 +105,7 @@ def sweep(config_path: str | None, kubeconfig: str | None, context: str | None, 
     from sweeper.sweep import Sweep
 
     cfg = _config(config_path, max_nodes=max_nodes)
-    kube = _kube(kubeconfig, context)
+    kube = _kube(kubeconfig, context, cfg)
     hist = _history(state)
     sw = Sweep(kube, cfg, hist, emit=None if as_json else _printer(err), dry_run=dry_run)
     signal.signal(signal.SIGTERM, lambda *_: sw.stop.set())
@@ -158,12 +160,12 @@ def plan_cmd(config_path: str | None, kubeconfig: str | None, context: str | Non
     from sweeper.fleet import plan as make_plan
 
     cfg = _config(config_path)
-    kube = _kube(kubeconfig, context)
+    kube = _kube(kubeconfig, context, cfg)
     hist = _history(state)
     nodes = kube.list_nodes(cfg.gpu_node_selector, page_size=cfg.page_size)
     pods = kube.active_pods(page_size=cfg.page_size)
     p = make_plan(nodes, pods, cfg, hist.last_swept(), time.time())
-    rows = [{"node": d.node.name, "take": d.take, "reason": d.reason, "detail": d.detail} for d in p.take + p.skip]
+    rows: list[dict[str, Any]] = [{"node": d.node.name, "take": d.take, "reason": d.reason, "detail": d.detail} for d in p.take + p.skip]
     if as_json:
         click.echo(json.dumps({"gpu_nodes": p.gpu_nodes, "held": p.held, "budget": p.budget, "nodes": rows},
                               indent=2))

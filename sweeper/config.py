@@ -38,6 +38,7 @@ class Config:
     poll_interval: float = 5.0
     job_ttl: float = 3600.0
     page_size: int = 500
+    api_attempts: int = 6
     playbook_dir: str = ""
     template_dir: str = ""
     profile_dir: str = ""

@@ -22,27 +22,27 @@ migrations = Migrations("sweeper")
 
 @migrations()
 def m001_initial(db: Database) -> None:
-    db["runs"].create({"id": str, "started": float, "finished": float, "status": str, "mode": str,
+    db.table("runs").create({"id": str, "started": float, "finished": float, "status": str, "mode": str,
                        "host": str, "taken": int, "summary": str}, pk="id")
-    db["node_sweeps"].create({"id": int, "run_id": str, "node": str, "started": float, "finished": float,
+    db.table("node_sweeps").create({"id": int, "run_id": str, "node": str, "started": float, "finished": float,
                               "playbook": str, "profile": str, "verdict": str, "reasons": str, "dry_run": int},
                              pk="id", foreign_keys=[("run_id", "runs", "id")])
-    db["checks"].create({"id": int, "sweep_id": int, "node": str, "ts": float, "source": str, "name": str,
+    db.table("checks").create({"id": int, "sweep_id": int, "node": str, "ts": float, "source": str, "name": str,
                          "status": str, "severity": str, "gpu": int, "code": str, "message": str},
                         pk="id", foreign_keys=[("sweep_id", "node_sweeps", "id")])
-    db["metrics"].create({"id": int, "sweep_id": int, "node": str, "ts": float, "name": str, "gpu": int,
+    db.table("metrics").create({"id": int, "sweep_id": int, "node": str, "ts": float, "name": str, "gpu": int,
                           "value": float, "unit": str}, pk="id", foreign_keys=[("sweep_id", "node_sweeps", "id")])
-    db["actions"].create({"id": int, "run_id": str, "node": str, "ts": float, "action": str, "detail": str,
+    db.table("actions").create({"id": int, "run_id": str, "node": str, "ts": float, "action": str, "detail": str,
                           "dry_run": int}, pk="id")
-    db["intents"].create({"id": int, "run_id": str, "node": str, "ts": float, "op": str, "phase": str,
+    db.table("intents").create({"id": int, "run_id": str, "node": str, "ts": float, "op": str, "phase": str,
                           "detail": str}, pk="id")
-    db["node_sweeps"].create_index(["node", "started"])
-    db["checks"].create_index(["node", "ts"])
-    db["checks"].create_index(["sweep_id"])
-    db["metrics"].create_index(["node", "name", "ts"])
-    db["metrics"].create_index(["name", "ts"])
-    db["actions"].create_index(["node", "ts"])
-    db["intents"].create_index(["run_id", "node"])
+    db.table("node_sweeps").create_index(["node", "started"])
+    db.table("checks").create_index(["node", "ts"])
+    db.table("checks").create_index(["sweep_id"])
+    db.table("metrics").create_index(["node", "name", "ts"])
+    db.table("metrics").create_index(["name", "ts"])
+    db.table("actions").create_index(["node", "ts"])
+    db.table("intents").create_index(["run_id", "node"])
 
 
 KNOWN = [m.name for m in migrations._migrations]
@@ -89,45 +89,46 @@ class History:
     # -- the Recorder protocol ----------------------------------------------------
     @_locked
     def run_started(self, run_id: str, started: float, mode: str) -> None:
-        self.db["runs"].insert({"id": run_id, "started": started, "finished": None, "status": "running",
+        self.db.table("runs").insert({"id": run_id, "started": started, "finished": None, "status": "running",
                                 "mode": mode, "host": socket.gethostname(), "taken": 0, "summary": "{}"})
 
     @_locked
     def run_finished(self, run_id: str, finished: float, status: str, taken: int, summary: dict[str, Any]) -> None:
-        self.db["runs"].update(run_id, {"finished": finished, "status": status, "taken": taken,
+        self.db.table("runs").update(run_id, {"finished": finished, "status": status, "taken": taken,
                                         "summary": json.dumps(summary)})
 
     @_locked
     def sweep_started(self, run_id: str, node: str, started: float, playbook: str, profile: str,
                       dry_run: bool = False) -> int:
-        return int(self.db["node_sweeps"].insert({
+        table = self.db.table("node_sweeps").insert({
             "run_id": run_id, "node": node, "started": started, "finished": None, "playbook": playbook,
-            "profile": profile, "verdict": None, "reasons": "[]", "dry_run": int(dry_run)}).last_pk)
+            "profile": profile, "verdict": None, "reasons": "[]", "dry_run": int(dry_run)})
+        return int(table.last_pk)  # type: ignore[arg-type]
 
     @_locked
     def sweep_finished(self, sweep_id: int, finished: float, verdict: str, reasons: list[str]) -> None:
-        self.db["node_sweeps"].update(sweep_id, {"finished": finished, "verdict": verdict,
+        self.db.table("node_sweeps").update(sweep_id, {"finished": finished, "verdict": verdict,
                                                  "reasons": json.dumps(reasons)})
 
     @_locked
     def result(self, sweep_id: int | None, result: Result) -> None:
         with self.db.conn:
-            self.db["checks"].insert_all(
+            self.db.table("checks").insert_all(
                 ({"sweep_id": sweep_id, "node": result.node, "ts": result.finished, "source": result.source,
                   "name": c.name, "status": c.status, "severity": c.severity, "gpu": c.gpu, "code": c.code,
                   "message": c.message} for c in result.checks), batch_size=500)
-            self.db["metrics"].insert_all(
+            self.db.table("metrics").insert_all(
                 ({"sweep_id": sweep_id, "node": result.node, "ts": result.finished, "name": m.name, "gpu": m.gpu,
                   "value": m.value, "unit": m.unit} for m in result.metrics), batch_size=500)
 
     @_locked
     def action(self, run_id: str, node: str, ts: float, action: str, detail: str, dry_run: bool = False) -> None:
-        self.db["actions"].insert({"run_id": run_id, "node": node, "ts": ts, "action": action, "detail": detail,
+        self.db.table("actions").insert({"run_id": run_id, "node": node, "ts": ts, "action": action, "detail": detail,
                                    "dry_run": int(dry_run)})
 
     @_locked
     def intent(self, run_id: str, node: str, ts: float, op: str, phase: str, detail: str = "") -> None:
-        self.db["intents"].insert({"run_id": run_id, "node": node, "ts": ts, "op": op, "phase": phase,
+        self.db.table("intents").insert({"run_id": run_id, "node": node, "ts": ts, "op": op, "phase": phase,
                                    "detail": detail})
 
     @_locked

@@ -137,11 +137,15 @@ class Kube:
             self.clock.sleep(self.retry.delay(attempt, getattr(err, "retry_after", None), self._rng))
             attempt += 1
 
-    def _pages(self, what: str, fn: Callable[..., Any], page_size: int, **kw: Any) -> Iterator[dict[str, Any]]:
+    def _pages(self, what: str, fn: Callable[..., Any], page_size: int,
+               keep: Callable[[dict[str, Any]], dict[str, Any]] | None = None, **kw: Any) -> Iterator[dict[str, Any]]:
         token = None
         while True:
-            page = self._call(what, lambda: fn(limit=page_size, _continue=token, _preload_content=False, **kw))
-            yield from page.get("items") or []
+            def fetch(t: str | None = token) -> Any:
+                return fn(limit=page_size, _continue=t, _preload_content=False, **kw)
+            page = self._call(what, fetch)
+            items = page.get("items") or []
+            yield from (map(keep, items) if keep else items)
             token = (page.get("metadata") or {}).get("continue")
             if not token:
                 return
@@ -167,11 +171,13 @@ class Kube:
                                 field_selector=field_selector, label_selector=label_selector))
 
     def active_pods(self, node: str | None = None, page_size: int = 500) -> list[dict[str, Any]]:
-        """Pods that have not finished, on one node or across the cluster."""
+        """Pods that have not finished, on one node or across the cluster, trimmed to the fields
+        that say who holds which GPUs (a fleet's pods are most of a discovery pass's memory)."""
         sel = "status.phase!=Succeeded,status.phase!=Failed"
         if node:
             sel = f"spec.nodeName={node}," + sel
-        return self.list_pods(field_selector=sel, page_size=page_size)
+        return list(self._pages("list pods", self.core.list_pod_for_all_namespaces, page_size, keep=slim_pod,
+                                field_selector=sel))
 
     def namespaced_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return list(self._pages("list pods", lambda **kw: self.core.list_namespaced_pod(namespace, **kw), 500,
@@ -220,6 +226,19 @@ class Kube:
     def list_events(self, namespace: str, field_selector: str = "") -> list[dict[str, Any]]:
         return list(self._pages("list events", lambda **kw: self.core.list_namespaced_event(namespace, **kw), 500,
                                 field_selector=field_selector))
+
+
+def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    return {
+        "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "labels": meta.get("labels") or {},
+                     "ownerReferences": [{"kind": o.get("kind"), "name": o.get("name")}
+                                         for o in meta.get("ownerReferences") or []]},
+        "spec": {"nodeName": spec.get("nodeName"),
+                 "containers": [{"name": c.get("name"), "resources": c.get("resources") or {}}
+                                for c in spec.get("containers") or []]},
+        "status": {"phase": (pod.get("status") or {}).get("phase")},
+    }
 
 
 def _in_cluster() -> bool:

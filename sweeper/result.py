@@ -90,7 +90,7 @@ class Result:
     def summary(self, limit: int = 3500) -> str:
         """A compact verdict for the termination message (Kubernetes caps it at 4 KiB)."""
         bad = [c.to_dict() for c in self.checks if c.status in ("fail", "error", "warn")]
-        doc = {"schema": SCHEMA, "node": self.node, "status": self.status,
+        doc: dict[str, Any] = {"schema": SCHEMA, "node": self.node, "status": self.status,
                "checks": len(self.checks), "problems": bad}
         text = json.dumps(doc, separators=(",", ":"))
         while len(text.encode()) > limit and doc["problems"]:

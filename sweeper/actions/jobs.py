@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -14,8 +13,8 @@ from sweeper.actions import ActionContext, Arg, action, ok
 from sweeper.clock import parse_duration
 from sweeper.errors import KubeError, NotFound, PlaybookError
 from sweeper.parsers import sweeper_result
-from sweeper.playbook.templating import render
 from sweeper.result import CheckResult, Result, error_result
+from sweeper.templating import render
 
 SCHEDULE_TIMEOUT = 300.0
 CLIENT_GRACE = 60.0

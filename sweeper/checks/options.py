@@ -17,7 +17,8 @@ class CheckOptions:
 
     @classmethod
     def from_argv(cls, argv: list[str]) -> CheckOptions:
-        parser = argparse.ArgumentParser(prog="sweeper check", add_help=False, exit_on_error=False)
+        parser = argparse.ArgumentParser(prog="sweeper check", add_help=False, exit_on_error=False,
+                                         allow_abbrev=False)
         for name, _type, _default, _help in OPTIONS:
             parser.add_argument("--" + name.replace("_", "-"), dest=name, type=_type, default=_default)
         parser.add_argument("--json", action="store_true")

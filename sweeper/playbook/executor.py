@@ -13,7 +13,7 @@ from typing import Any
 from sweeper.actions import Action, ActionContext
 from sweeper.errors import PlaybookError
 from sweeper.playbook.model import Playbook, Task
-from sweeper.playbook.templating import condition, render
+from sweeper.templating import condition, render
 
 
 @dataclass
@@ -60,7 +60,7 @@ class Executor:
 
     def _task(self, task: Task, variables: dict[str, Any], outcomes: list[TaskOutcome]) -> bool:
         """Run one task or block; True if it failed (and was not ignored or rescued)."""
-        for i, cond in enumerate(task.when):
+        for cond in task.when:
             if not condition(cond, variables, task.where):
                 res = {"changed": False, "failed": False, "skipped": True,
                        "skip_reason": f"Conditional result was False: {cond}"}

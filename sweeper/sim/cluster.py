@@ -3,11 +3,13 @@ generator and fault model, all stepping on one shared clock."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import math
 import random
 import threading
 import uuid
+from functools import partial
 from typing import Any
 
 from sweeper.checks import run_node_checks
@@ -83,6 +85,10 @@ def node_affinity_matches(pod: dict[str, Any], node: dict[str, Any]) -> bool:
                 for f in fields):
             return True
     return False
+
+
+def _update_status(obj: dict[str, Any], **values: Any) -> None:
+    obj.setdefault("status", {}).update(values)
 
 
 def is_ready(node: dict[str, Any]) -> bool:
@@ -242,14 +248,18 @@ class SimCluster:
             lo, hi = self.fleet.arrival_duration
             self.start_training(self.fleet.arrival_gpus, self.rng.uniform(lo, hi))
 
-    def _used_gpus(self, node_name: str) -> int:
-        return sum(gpu_request(p) for p in self.store.iter("pods")
-                   if p["spec"].get("nodeName") == node_name and p["status"].get("phase") not in TERMINAL
-                   and p["status"].get("phase") is not None and not p["metadata"].get("_admission_pending"))
+    def _used_by_node(self) -> dict[str, int]:
+        """GPUs requested by unfinished pods bound to each node, in one pass over the pods."""
+        used: dict[str, int] = {}
+        for p in self.store.iter("pods"):
+            node = p["spec"].get("nodeName")
+            if node and p["status"].get("phase") not in TERMINAL:
+                used[node] = used.get(node, 0) + gpu_request(p)
+        return used
 
     def _free_gpus(self, node: dict[str, Any]) -> int:
         alloc = int(node["status"]["allocatable"].get(GPU, 0))
-        return alloc - self._used_gpus(node["metadata"]["name"])
+        return alloc - self._used_by_node().get(node["metadata"]["name"], 0)
 
     def _feasible(self, pod: dict[str, Any], node: dict[str, Any], free: int) -> str:
         """'' if the pod fits the node, else the scheduler's reason."""
@@ -274,7 +284,9 @@ class SimCluster:
         if not pending:
             return
         nodes = list(self.store.iter("nodes"))
-        free = {n["metadata"]["name"]: self._free_gpus(n) for n in nodes}
+        used = self._used_by_node()
+        free = {n["metadata"]["name"]: int(n["status"]["allocatable"].get(GPU, 0)) - used.get(n["metadata"]["name"], 0)
+                for n in nodes}
         for pod in sorted(pending, key=lambda p: p["metadata"]["creationTimestamp"]):
             reasons: dict[str, int] = {}
             fits = []
@@ -291,7 +303,7 @@ class SimCluster:
                 cond = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": msg,
                         "lastTransitionTime": iso(now)}
                 if (pod["status"].get("conditions") or [{}])[0].get("message") != msg:
-                    self.store.mutate("pods", ns, name, lambda o, c=cond: o["status"].__setitem__("conditions", [c]))
+                    self.store.mutate("pods", ns, name, partial(_update_status, conditions=[cond]))
                 continue
             choice = self.rng.choice(fits) if pod["metadata"].get("labels", {}).get("app") == "training" else fits[0]
             target = choice["metadata"]["name"]
@@ -321,7 +333,7 @@ class SimCluster:
                              if p is not pod and p["spec"].get("nodeName") == node_name
                              and p["status"].get("phase") == "Running")
                 if gpu_request(pod) > alloc - others:
-                    def reject(o: dict[str, Any]) -> None:
+                    def reject(o: dict[str, Any], alloc: int = alloc, others: int = others) -> None:
                         o["status"].update({"phase": "Failed", "reason": "UnexpectedAdmissionError",
                                             "message": f"Allocate failed due to requested number of devices "
                                                        f"unavailable for {GPU}. Requested: {gpu_request(o)}, "
@@ -334,8 +346,9 @@ class SimCluster:
             if finish is not None and now >= finish:
                 exit_code, log, message = self._run(pod, node_name, now)
                 self.logs[key] = log
-                self.store.mutate("pods", *key, lambda o: self._terminate(
-                    o, now, exit_code, "Completed" if exit_code == 0 else "Error", message, log))
+                reason = "Completed" if exit_code == 0 else "Error"
+                self.store.mutate("pods", *key, partial(self._terminate, now=now, exit_code=exit_code, reason=reason,
+                                                        message=message, log=log))
 
     def _start_pod(self, pod: dict[str, Any], now: float) -> None:
         key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
@@ -414,7 +427,10 @@ class SimCluster:
         if faults and faults.check_crash:
             return 139, "Segmentation fault (core dumped)\n", ""
         argv = self._argv(pod)
-        opts = CheckOptions.from_argv(argv[2:])
+        try:
+            opts = CheckOptions.from_argv(argv[2:])
+        except (argparse.ArgumentError, ValueError) as exc:
+            return 2, f"sweeper check: error: {exc}\n", ""
         if not opts.node:
             opts = CheckOptions(**{**opts.__dict__, "node": node_name})
         boot = self._boot(node_name)
@@ -497,7 +513,7 @@ class SimCluster:
                 self._job_pod(job, now)
                 new["active"] = 1
             if any(status.get(k) != v for k, v in new.items()):
-                self.store.mutate("jobs", ns, name, lambda o, new=new: o["status"].update(new))
+                self.store.mutate("jobs", ns, name, partial(_update_status, **new))
 
     def _job_pod(self, job: dict[str, Any], now: float) -> None:
         tmpl = job["spec"]["template"]

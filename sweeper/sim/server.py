@@ -42,10 +42,11 @@ class ApiServer:
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
-        return f"http://{host}:{port}"
+        return f"http://{host.decode() if isinstance(host, bytes) else host}:{port}"
 
-    def start(self) -> ApiServer:
-        self.cluster.start()
+    def start(self, controllers: bool = True) -> ApiServer:
+        if controllers:
+            self.cluster.start()
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="sim-apiserver", daemon=True)
         self._thread.start()
         return self
@@ -56,7 +57,7 @@ class ApiServer:
         self.cluster.stop()
 
     def __enter__(self) -> ApiServer:
-        return self.start()
+        return self if self._thread else self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
@@ -119,6 +120,8 @@ class ApiServer:
                 obj.setdefault("status", {})["phase"] = "Pending"
             if plural == "jobs":
                 _default_job(obj)
+                created = store.create(plural, ns, obj)
+                return 201, store.mutate("jobs", ns, created["metadata"]["name"], _job_selector), "application/json"
             if plural == "events":
                 obj.setdefault("firstTimestamp", iso(self.cluster.clock.now()))
                 obj.setdefault("lastTimestamp", obj["firstTimestamp"])
@@ -167,9 +170,11 @@ class ApiServer:
                 if not any(o.get("uid") == uid for o in owners):
                     continue
                 if policy == "Orphan":
-                    store.mutate("pods", pod["metadata"]["namespace"], pod["metadata"]["name"],
-                                 lambda p: p["metadata"].__setitem__(
-                                     "ownerReferences", [o for o in owners if o.get("uid") != uid]))
+                    kept = [o for o in owners if o.get("uid") != uid]
+
+                    def orphan(p: dict[str, Any], kept: list[dict[str, Any]] = kept) -> None:
+                        p["metadata"]["ownerReferences"] = kept
+                    store.mutate("pods", pod["metadata"]["namespace"], pod["metadata"]["name"], orphan)
                 else:
                     store.delete("pods", pod["metadata"]["namespace"], pod["metadata"]["name"])
             if res.plural == "nodes":
@@ -265,6 +270,15 @@ def _default_job(job: dict[str, Any]) -> None:
         raise ApiError(422, "Invalid", f'Job.batch "{job.get("metadata", {}).get("name", "")}" is invalid: '
                        'spec.template.spec.restartPolicy: Required value: valid values: "OnFailure", "Never"')
     job["status"] = {}
+
+
+def _job_selector(job: dict[str, Any]) -> None:
+    """The selector and pod labels the apiserver generates for a Job."""
+    uid, name = job["metadata"]["uid"], job["metadata"]["name"]
+    job["spec"].setdefault("selector", {"matchLabels": {"batch.kubernetes.io/controller-uid": uid}})
+    labels = job["spec"]["template"].setdefault("metadata", {}).setdefault("labels", {})
+    labels.update({"batch.kubernetes.io/controller-uid": uid, "controller-uid": uid,
+                   "batch.kubernetes.io/job-name": name, "job-name": name})
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -4,7 +4,7 @@ generateName, optimistic concurrency and consistent paging."""
 from __future__ import annotations
 
 import base64
-import copy
+import bisect
 import json
 import threading
 import uuid
@@ -15,6 +15,11 @@ from typing import Any
 from sweeper.clock import Clock, iso
 from sweeper.sim.errors import ApiError, already_exists, bad_request, conflict, invalid, not_found
 from sweeper.sim.selectors import labels_match, parse_field_selector, parse_label_selector
+
+
+def _copy(obj: Any) -> Any:
+    """A deep copy of JSON data; several times faster than copy.deepcopy."""
+    return json.loads(json.dumps(obj))
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,7 @@ class Store:
         self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {p: {} for p in RESOURCES}
         self.requests: list[tuple[str, str]] = []  # (verb, path) of every API request, for tests and benchmarks
         self.on_delete: list[Callable[[str, dict[str, Any]], None]] = []
+        self._sorted: dict[str, list[tuple[str, str]]] = {}  # sorted keys per resource, dropped on create/delete
 
     # -- bookkeeping -------------------------------------------------------
     def next_rv(self) -> str:
@@ -74,7 +80,7 @@ class Store:
             obj = self._objects[plural].get(self._key(res, namespace, name))
             if obj is None:
                 raise not_found(plural, name, res.group)
-            return copy.deepcopy(obj)
+            return _copy(obj)
 
     def peek(self, plural: str, namespace: str | None, name: str) -> dict[str, Any] | None:
         """The stored object itself (no copy), for controllers that hold the lock."""
@@ -88,7 +94,7 @@ class Store:
     def create(self, plural: str, namespace: str | None, obj: dict[str, Any]) -> dict[str, Any]:
         res = RESOURCES[plural]
         with self.lock:
-            obj = copy.deepcopy(obj)
+            obj = _copy(obj)
             meta = obj.setdefault("metadata", {})
             if res.namespaced:
                 ns = namespace or meta.get("namespace") or "default"
@@ -115,7 +121,8 @@ class Store:
             obj["apiVersion"] = res.api_version
             obj["kind"] = res.kind
             self._objects[plural][key] = obj
-            return copy.deepcopy(obj)
+            self._sorted.pop(plural, None)
+            return _copy(obj)
 
     def update(self, plural: str, namespace: str | None, name: str, obj: dict[str, Any],
                *, check_rv: bool = True) -> dict[str, Any]:
@@ -125,7 +132,7 @@ class Store:
             current = self._objects[plural].get(key)
             if current is None:
                 raise not_found(plural, name, res.group)
-            obj = copy.deepcopy(obj)
+            obj = _copy(obj)
             meta = obj.setdefault("metadata", {})
             if meta.get("name", name) != name:
                 raise bad_request("the name of the object does not match the name on the URL")
@@ -143,7 +150,7 @@ class Store:
             obj["apiVersion"] = res.api_version
             obj["kind"] = res.kind
             self._objects[plural][key] = obj
-            return copy.deepcopy(obj)
+            return _copy(obj)
 
     def mutate(self, plural: str, namespace: str | None, name: str,
                fn: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
@@ -171,10 +178,11 @@ class Store:
             if precondition_rv and obj["metadata"]["resourceVersion"] != precondition_rv:
                 raise conflict(plural, name)
             del self._objects[plural][key]
+            self._sorted.pop(plural, None)
             obj["metadata"]["resourceVersion"] = self.next_rv()
             for hook in self.on_delete:
                 hook(plural, obj)
-            return copy.deepcopy(obj)
+            return _copy(obj)
 
     def list(self, plural: str, namespace: str | None = None, *, label_selector: str | None = None,
              field_selector: str | None = None, limit: int | None = None,
@@ -192,29 +200,33 @@ class Store:
             except (ValueError, KeyError, TypeError) as exc:
                 raise bad_request("continue key is not valid: " + str(exc)) from exc
         with self.lock:
-            keys = sorted(self._objects[plural])
+            keys = self._sorted.get(plural)
+            if keys is None:
+                keys = self._sorted[plural] = sorted(self._objects[plural])
+            if start is not None:
+                keys = keys[bisect.bisect_right(keys, start):]
             items: list[dict[str, Any]] = []
             next_token = None
             remaining = 0
-            for key in keys:
-                if start is not None and key <= start:
-                    continue
+            selective = bool(reqs or field_selector or (namespace and res.namespaced))
+            for i, key in enumerate(keys):
                 if namespace and res.namespaced and key[0] != namespace:
                     continue
                 obj = self._objects[plural][key]
                 if not labels_match(reqs, obj["metadata"].get("labels")) or not fmatch(obj):
                     continue
                 if limit and len(items) >= limit:
-                    remaining += 1
-                    if next_token is None:
-                        last = items[-1]["metadata"]
-                        next_token = base64.urlsafe_b64encode(json.dumps(
-                            {"ns": last.get("namespace", "") if res.namespaced else "", "name": last["name"],
-                             "rv": list_rv or self.resource_version}).encode()).decode()
-                    continue
-                items.append(copy.deepcopy(obj))
+                    last = items[-1]["metadata"]
+                    next_token = base64.urlsafe_b64encode(json.dumps(
+                        {"ns": last.get("namespace", "") if res.namespaced else "", "name": last["name"],
+                         "rv": list_rv or self.resource_version}).encode()).decode()
+                    # Like the apiserver, count what is left only when no selector makes that costly.
+                    remaining = len(keys) - i
+                    break
+                items.append(_copy(obj))
             meta: dict[str, Any] = {"resourceVersion": list_rv or self.resource_version}
             if next_token:
                 meta["continue"] = next_token
-                meta["remainingItemCount"] = remaining
+                if not selective:
+                    meta["remainingItemCount"] = remaining
             return {"kind": res.kind + "List", "apiVersion": res.api_version, "metadata": meta, "items": items}

@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateError, UndefinedError
+from jinja2 import StrictUndefined, TemplateError, Undefined, UndefinedError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from sweeper.clock import parse_duration
@@ -35,6 +35,13 @@ def _env() -> ImmutableSandboxedEnvironment:
 ENV = _env()
 
 
+def _defined(value: Any) -> Any:
+    """A bare expression yields an Undefined instead of raising; make it raise."""
+    if isinstance(value, Undefined):
+        value._fail_with_undefined_error()
+    return value
+
+
 def render(value: Any, variables: dict[str, Any], where: str = "") -> Any:
     """Render strings in a value recursively. A string that is one `{{ expr }}` keeps the
     expression's native type (a list stays a list), as Ansible does."""
@@ -44,7 +51,7 @@ def render(value: Any, variables: dict[str, Any], where: str = "") -> Any:
         try:
             m = _WHOLE.match(value)
             if m and "{{" not in m.group("expr") and "}}" not in m.group("expr"):
-                return ENV.compile_expression(m.group("expr"), undefined_to_none=False)(**variables)
+                return _defined(ENV.compile_expression(m.group("expr"), undefined_to_none=False)(**variables))
             return ENV.from_string(value).render(**variables)
         except UndefinedError as exc:
             raise PlaybookError(f"{where}: undefined variable: {exc.message}") from exc
@@ -62,7 +69,7 @@ def condition(expr: str | bool, variables: dict[str, Any], where: str = "") -> b
     if isinstance(expr, bool):
         return expr
     try:
-        value = ENV.compile_expression(str(expr), undefined_to_none=False)(**variables)
+        value = _defined(ENV.compile_expression(str(expr), undefined_to_none=False)(**variables))
     except UndefinedError as exc:
         raise PlaybookError(f"{where}: undefined variable in condition {expr!r}: {exc.message}") from exc
     except TemplateError as exc:
