@@ -116,7 +116,8 @@ class Kube:
         self.api_client.close()
 
     # -- the one retry loop ------------------------------------------------------
-    def _call(self, what: str, fn: Callable[[], Any], *, raw: bool = True) -> Any:
+    def _call(self, what: str, fn: Callable[[], Any], *, raw: bool = True, attempts: int | None = None) -> Any:
+        limit = attempts or self.retry.attempts
         attempt = 0
         while True:
             self.requests += 1
@@ -132,7 +133,7 @@ class Kube:
                 err = Transient(f"{what}: connection failed: {exc.__class__.__name__}: {_truncate(str(exc))}")
                 err.retry_after = None  # type: ignore[attr-defined]
             self.errors += 1
-            if not isinstance(err, Transient) or attempt + 1 >= self.retry.attempts:
+            if not isinstance(err, Transient) or attempt + 1 >= limit:
                 raise err
             self.clock.sleep(self.retry.delay(attempt, getattr(err, "retry_after", None), self._rng))
             attempt += 1
@@ -187,6 +188,13 @@ class Kube:
         resp = self._call(f"read log of pod {namespace}/{name}", lambda: self.core.read_namespaced_pod_log(
             name, namespace, limit_bytes=limit_bytes, _preload_content=False), raw=False)
         return resp.data.decode("utf-8", errors="replace")
+
+    def evict_pod(self, namespace: str, name: str) -> None:
+        """One eviction through the Eviction API; a 429 (a PodDisruptionBudget says no) is
+        raised to the caller, which waits on its own deadline, not retried here."""
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
+        self._call(f"evict pod {namespace}/{name}", lambda: self.core.create_namespaced_pod_eviction(
+            name, namespace, body, _preload_content=False), attempts=1)
 
     # -- jobs --------------------------------------------------------------------
     def create_job(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:

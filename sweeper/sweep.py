@@ -14,16 +14,15 @@ from typing import Any, Protocol
 
 from sweeper import profiles
 from sweeper.actions import ActionContext, load_all
+from sweeper.actions import node as node_actions
 from sweeper.clock import Clock, WallClock, iso
 from sweeper.config import Config
 from sweeper.errors import Conflict, KubeError, NotFound, PlaybookError
-from sweeper.fleet import NodeView, Plan, gpu_pods_by_node, plan
+from sweeper.fleet import NodeView, Plan, plan
 from sweeper.kube import Kube
 from sweeper.playbook.executor import Executor, TaskOutcome, load
 from sweeper.policy import HOLDING
-from sweeper.result import Result
-
-DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+from sweeper.result import Metric, Result
 
 
 class Recorder(Protocol):
@@ -137,20 +136,21 @@ class Sweep:
         if node is None:
             return NodeOutcome(name, "", ["a GPU pod landed before the taint; released untouched"], "raced")
         sweep_id = self.rec.sweep_started(run_id, name, self.clock.now(), self.playbook.name, profile.name)
-        verdict, reasons = "error", ["the playbook did not reach a verdict"]
+        verdict, reasons, done_by_play = "error", ["the playbook did not reach a verdict"], ""
         try:
-            verdict, reasons = self._play(run_id, sweep_id, node, profile)
+            verdict, reasons, done_by_play = self._play(run_id, sweep_id, node, profile)
         except PlaybookError as exc:
             verdict, reasons = "error", [f"playbook error: {exc}"]
         except KubeError as exc:
             verdict, reasons = "error", [f"cluster error during checks: {exc}"]
         finally:
-            action = self.hand_back(run_id, name, verdict, reasons)
+            action = self.hand_back(run_id, name, verdict, reasons, done_by_play)
             self.rec.sweep_finished(sweep_id, self.clock.now(), verdict, reasons)
             self.emit("done", {"node": name, "verdict": verdict, "reasons": reasons, "action": action})
         return NodeOutcome(name, verdict, reasons, action, time.monotonic() - t0)
 
-    def _play(self, run_id: str, sweep_id: int, node: NodeView, profile: profiles.Profile) -> tuple[str, list[str]]:
+    def _play(self, run_id: str, sweep_id: int, node: NodeView,
+              profile: profiles.Profile) -> tuple[str, list[str], str]:
         node_vars = {"name": node.name, "labels": node.labels, "annotations": node.annotations, "gpus": node.gpus,
                      "profile": {"name": profile.name, "gpus": profile.gpus, "gpu_model": profile.gpu_model}}
         ctx = ActionContext(
@@ -158,111 +158,76 @@ class Sweep:
             on_result=lambda r: self.rec.result(sweep_id, r),
             intent=lambda op, phase, detail: self.rec.intent(run_id, node.name, self.clock.now(), op, phase, detail),
             log=lambda msg: self.emit("log", {"node": node.name, "msg": msg}),
-            cancelled=self.stop.is_set)
+            cancelled=self.stop.is_set,
+            on_record=lambda kind, data: self._record(run_id, sweep_id, node.name, kind, data))
 
         def on_task(o: TaskOutcome) -> None:
             self.emit("task", {"node": node.name, "task": o.name, "status": o.status, "msg": o.msg})
 
-        extra = {"node": node_vars, "run_id": run_id, "check_timeout": self.cfg.check_timeout}
+        extra = {"node": node_vars, "run_id": run_id, "check_timeout": self.cfg.check_timeout,
+                 "taint_key": self.cfg.taint_key}
         play = Executor(self.actions, ctx, on_task).run(self.playbook, extra)
+        done = str(play.vars.get("handed_back", ""))
         verdict = play.vars.get("verdict")
+        if play.cancelled:
+            return "inconclusive", ["the sweep was stopped before the checks finished"], done
         if verdict is None:
             return "error", ["the playbook ended without a `decide` task" if not play.failed
-                             else "the playbook failed before its verdict"]
-        return str(verdict), [str(r) for r in play.vars.get("reasons", [])]
+                             else "the playbook failed before its verdict"], done
+        return str(verdict), [str(r) for r in play.vars.get("reasons", [])], done
+
+    def _record(self, run_id: str, sweep_id: int, node: str, kind: str, data: dict[str, Any]) -> None:
+        if kind == "metric":
+            self.rec.result(sweep_id, Result(node=node, source="playbook", started=self.clock.now(),
+                                             finished=self.clock.now(), checks=(), status="pass",
+                                             metrics=(Metric(data["name"], float(data["value"]), data["unit"],
+                                                             data["gpu"]),)))
+        else:
+            self.rec.action(run_id, node, self.clock.now(), "note", f"{data['name']}: {data['message']}")
 
     # -- holding and handing back --------------------------------------------------------
-    def _annotations(self, run_id: str) -> dict[str, str]:
-        return {f"{self.cfg.prefix}/held-by": run_id, f"{self.cfg.prefix}/held-since": iso(self.clock.now())}
-
     def hold(self, run_id: str, view: NodeView) -> NodeView | None:
         """Taint the node (conditional on the version we read), then look at its pods again.
         None if a GPU pod got there first, in which case the taint is already gone."""
         name = view.name
         self.rec.intent(run_id, name, self.clock.now(), "taint", "before", view.resource_version)
-        taint = {"key": self.cfg.taint_key, "value": run_id, "effect": "NoSchedule"}
-        annotations = dict(view.annotations)
-        annotations.update(self._annotations(run_id))
-        if DO_NOT_DISRUPT not in view.annotations:
-            annotations[DO_NOT_DISRUPT] = "true"
-            annotations[f"{self.cfg.prefix}/added-do-not-disrupt"] = "true"
-        ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": view.resource_version},
-               {"op": "add", "path": "/spec/taints", "value": list(view.taints) + [taint]},
-               {"op": "add", "path": "/metadata/annotations", "value": annotations}]
-        updated = self.kube.patch_node(name, ops)
+        updated = node_actions.hold(self.kube, self.cfg, self._raw(view), run_id, self.clock.now())
         self.rec.intent(run_id, name, self.clock.now(), "taint", "after", updated["metadata"]["resourceVersion"])
         self.rec.action(run_id, name, self.clock.now(), "hold", f"taint {self.cfg.taint_key}={run_id}:NoSchedule")
         self.emit("hold", {"node": name})
-        pods = self.kube.active_pods(node=name)
-        landed = gpu_pods_by_node(pods, self.cfg).get(name)
+        landed = node_actions.gpu_pods_on(self.kube, self.cfg, name)
         if landed:
             self.emit("raced", {"node": name, "pods": landed})
             self.release(run_id, name, f"GPU pod(s) landed before the taint: {', '.join(landed)}")
             return None
         return NodeView.from_obj(updated, self.cfg.gpu_resources)
 
-    def hand_back(self, run_id: str, name: str, verdict: str, reasons: list[str]) -> str:
-        if verdict in HOLDING:
-            self.keep_held(run_id, name, verdict, reasons)
+    @staticmethod
+    def _raw(view: NodeView) -> dict[str, Any]:
+        return {"metadata": {"name": view.name, "resourceVersion": view.resource_version,
+                             "annotations": view.annotations}, "spec": {"taints": list(view.taints)}}
+
+    def hand_back(self, run_id: str, name: str, verdict: str, reasons: list[str], done_by_play: str = "") -> str:
+        """Record what the playbook's `always` did; do it here if the playbook did not."""
+        reason = "; ".join(reasons)
+        holding = verdict in HOLDING
+        if done_by_play not in ("released", "held") or (done_by_play == "held") != holding:
+            if holding:
+                self.rec.intent(run_id, name, self.clock.now(), "keep-held", "before", verdict)
+                node_actions.keep_held(self.kube, self.cfg, name, verdict, reason)
+                self.rec.intent(run_id, name, self.clock.now(), "keep-held", "after", verdict)
+            else:
+                self.rec.intent(run_id, name, self.clock.now(), "untaint", "before", f"verdict {verdict}")
+                node_actions.release(self.kube, self.cfg, name)
+                self.rec.intent(run_id, name, self.clock.now(), "untaint", "after", f"verdict {verdict}")
+        if holding:
+            self.rec.action(run_id, name, self.clock.now(), "keep-held", f"{verdict}: {reason[:1000]}")
             return "held"
-        self.release(run_id, name, f"verdict {verdict}")
+        self.rec.action(run_id, name, self.clock.now(), "release", f"verdict {verdict}")
         return "released"
 
-    def _patch_with_retry(self, name: str, build: Callable[[dict[str, Any]], list[dict[str, Any]] | None]) -> None:
-        for _ in range(5):
-            try:
-                current = self.kube.get_node(name)
-            except NotFound:
-                return  # the node is gone (consolidated or replaced): nothing left to hand back
-            ops = build(current)
-            if not ops:
-                return
-            try:
-                self.kube.patch_node(name, [{"op": "test", "path": "/metadata/resourceVersion",
-                                             "value": current["metadata"]["resourceVersion"]}] + ops)
-                return
-            except Conflict:
-                continue
-            except NotFound:
-                return
-        raise Conflict(f"node {name}: gave up after 5 conflicting updates")
-
     def release(self, run_id: str, name: str, why: str) -> None:
-        """Take Sweeper's taint and annotations off; leave everything else as found."""
         self.rec.intent(run_id, name, self.clock.now(), "untaint", "before", why)
-        prefix = self.cfg.prefix
-
-        def build(node: dict[str, Any]) -> list[dict[str, Any]] | None:
-            taints = (node.get("spec") or {}).get("taints") or []
-            ann = dict(node["metadata"].get("annotations") or {})
-            keep = [t for t in taints if t.get("key") != self.cfg.taint_key]
-            if ann.pop(f"{prefix}/added-do-not-disrupt", None):
-                ann.pop(DO_NOT_DISRUPT, None)
-            for k in ("held-by", "held-since", "verdict", "reason"):
-                ann.pop(f"{prefix}/{k}", None)
-            if len(keep) == len(taints) and ann == (node["metadata"].get("annotations") or {}):
-                return None
-            return [{"op": "add", "path": "/spec/taints", "value": keep},
-                    {"op": "add", "path": "/metadata/annotations", "value": ann}]
-
-        self._patch_with_retry(name, build)
+        node_actions.release(self.kube, self.cfg, name)
         self.rec.intent(run_id, name, self.clock.now(), "untaint", "after", why)
         self.rec.action(run_id, name, self.clock.now(), "release", why)
-
-    def keep_held(self, run_id: str, name: str, verdict: str, reasons: list[str]) -> None:
-        """Keep the taint, say why on the node, and stop protecting it from Karpenter."""
-        prefix = self.cfg.prefix
-        reason = "; ".join(reasons)[:1000]
-        self.rec.intent(run_id, name, self.clock.now(), "keep-held", "before", verdict)
-
-        def build(node: dict[str, Any]) -> list[dict[str, Any]] | None:
-            ann = dict(node["metadata"].get("annotations") or {})
-            if ann.pop(f"{prefix}/added-do-not-disrupt", None):
-                ann.pop(DO_NOT_DISRUPT, None)
-            ann[f"{prefix}/verdict"] = verdict
-            ann[f"{prefix}/reason"] = reason
-            return [{"op": "add", "path": "/metadata/annotations", "value": ann}]
-
-        self._patch_with_retry(name, build)
-        self.rec.intent(run_id, name, self.clock.now(), "keep-held", "after", verdict)
-        self.rec.action(run_id, name, self.clock.now(), "keep-held", f"{verdict}: {reason}")

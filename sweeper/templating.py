@@ -64,6 +64,19 @@ def render(value: Any, variables: dict[str, Any], where: str = "") -> Any:
     return value
 
 
+def check_syntax(text: str, expression: bool = False) -> str:
+    """'' if the template (or bare expression) parses, else what is wrong."""
+    try:
+        if expression:
+            ENV.compile_expression(text)
+        else:
+            ENV.parse(text)
+    except TemplateError as exc:
+        kind = "expression" if expression else "template"
+        return f"{kind} syntax error in {text!r}: {exc}"
+    return ""
+
+
 def condition(expr: str | bool, variables: dict[str, Any], where: str = "") -> bool:
     """A bare `when` expression (no braces); it must yield a real boolean."""
     if isinstance(expr, bool):

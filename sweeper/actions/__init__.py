@@ -14,11 +14,21 @@ from sweeper.result import Result
 
 @dataclass(frozen=True)
 class Arg:
+    """One argument of an action, declared once: validation, `sweeper lint` and docs/actions.md."""
+
     name: str
     type: type | tuple[type, ...]
     required: bool = False
     default: Any = None
     help: str = ""
+    choices: tuple[Any, ...] = ()
+    raw: bool = False  # passed to the action unrendered (conditions the action evaluates itself)
+
+    @property
+    def type_name(self) -> str:
+        types = self.type if isinstance(self.type, tuple) else (self.type,)
+        names = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "mapping"}
+        return " or ".join(names.get(t, t.__name__) for t in types)
 
 
 @dataclass(frozen=True)
@@ -28,8 +38,12 @@ class Action:
     args: tuple[Arg, ...]
     help: str
     needs_node: bool = False
+    needs_cluster: bool = False
+    free_form: bool = False  # any keys (set_fact)
 
     def validate(self, args: dict[str, Any], where: str) -> dict[str, Any]:
+        if self.free_form:
+            return dict(args)
         known = {a.name for a in self.args}
         extra = set(args) - known
         if extra:
@@ -43,10 +57,12 @@ class Action:
                 out[a.name] = a.default
                 continue
             value = args[a.name]
-            if value is not None and not isinstance(value, a.type):
-                want = a.type.__name__ if isinstance(a.type, type) else "/".join(t.__name__ for t in a.type)
-                raise PlaybookError(f"{where}: {self.name}: argument {a.name!r} must be {want}, "
+            if value is not None and not a.raw and not isinstance(value, a.type):
+                raise PlaybookError(f"{where}: {self.name}: argument {a.name!r} must be {a.type_name}, "
                                     f"got {type(value).__name__}")
+            if a.choices and value not in a.choices:
+                raise PlaybookError(f"{where}: {self.name}: argument {a.name!r} must be one of {list(a.choices)}, "
+                                    f"got {value!r}")
             out[a.name] = value
         return out
 
@@ -65,14 +81,41 @@ class ActionContext:
     log: Callable[[str], None] = lambda msg: None
     facts: dict[str, Any] = field(default_factory=dict)
     cancelled: Callable[[], bool] = lambda: False
+    vars: dict[str, Any] = field(default_factory=dict)  # the variables the current task sees
+    deadline: float | None = None  # the task's timeout, on the injected clock
+    on_record: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
+
+    def remaining(self) -> float | None:
+        return None if self.deadline is None else self.deadline - self.clock.now()
+
+    def sleep(self, seconds: float) -> bool:
+        """Sleep within the task's deadline; False when the deadline cut it short."""
+        left = self.remaining()
+        if left is not None and left <= seconds:
+            self.clock.sleep(max(0.0, left))
+            return False
+        self.clock.sleep(seconds)
+        return True
+
+    @property
+    def node_name(self) -> str:
+        if not self.node:
+            raise PlaybookError("this action needs a target node (sweeper run --node NODE)")
+        return str(self.node["name"])
+
+    def cluster(self) -> Any:
+        if self.kube is None:
+            raise PlaybookError("this action needs a cluster (a kubeconfig or in-cluster config)")
+        return self.kube
 
 
 REGISTRY: dict[str, Action] = {}
 
 
-def action(name: str, *args: Arg, help: str, needs_node: bool = False) -> Callable[..., Any]:
+def action(name: str, *args: Arg, help: str, needs_node: bool = False, needs_cluster: bool = False,
+           free_form: bool = False) -> Callable[..., Any]:
     def register(fn: Callable[[ActionContext, dict[str, Any]], dict[str, Any]]) -> Any:
-        REGISTRY[name] = Action(name, fn, args, help, needs_node)
+        REGISTRY[name] = Action(name, fn, args, help, needs_node, needs_cluster or needs_node, free_form)
         return fn
     return register
 
@@ -86,6 +129,6 @@ def failed(msg: str, **data: Any) -> dict[str, Any]:
 
 
 def load_all() -> dict[str, Action]:
-    from sweeper.actions import decide, jobs, pure  # noqa: F401  (registration by import)
+    from sweeper.actions import decide, jobs, node, pure  # noqa: F401  (registration by import)
 
     return REGISTRY

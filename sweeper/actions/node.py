@@ -1,0 +1,296 @@
+"""Actions on the node under test, and the hold/hand-back steps the sweep itself uses.
+
+Every write to a node is a JSON patch that tests the resourceVersion it was computed
+from; on a conflict the node is read again and the change recomputed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sweeper.actions import ActionContext, Arg, action, failed, ok
+from sweeper.clock import iso
+from sweeper.config import Config
+from sweeper.errors import Conflict, NotFound, Transient
+from sweeper.fleet import gpu_pods_by_node, is_daemonset_pod, requests_gpu
+from sweeper.policy import HOLDING
+
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+MIRROR = "kubernetes.io/config.mirror"
+EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def patch_node(kube: Any, name: str, build: Callable[[dict[str, Any]], list[dict[str, Any]] | None],
+               tries: int = 5) -> dict[str, Any] | None:
+    """Read, compute a JSON patch, apply it conditional on the version read; again on conflict.
+    None when the node is gone or nothing needed changing."""
+    for _ in range(tries):
+        try:
+            current = kube.get_node(name)
+        except NotFound:
+            return None
+        ops = build(current)
+        if not ops:
+            return None
+        try:
+            return kube.patch_node(name, [{"op": "test", "path": "/metadata/resourceVersion",
+                                           "value": current["metadata"]["resourceVersion"]}] + ops)  # type: ignore[no-any-return]
+        except Conflict:
+            continue
+        except NotFound:
+            return None
+    raise Conflict(f"node {name}: gave up after {tries} conflicting updates")
+
+
+def _meta_op(node: dict[str, Any], field: str, values: dict[str, str | None]) -> list[dict[str, Any]] | None:
+    current = dict(node["metadata"].get(field) or {})
+    new = dict(current)
+    for k, v in values.items():
+        if v is None:
+            new.pop(k, None)
+        else:
+            new[k] = str(v)
+    return None if new == current else [{"op": "add", "path": f"/metadata/{field}", "value": new}]
+
+
+def release(kube: Any, cfg: Config, name: str) -> bool:
+    """Take Sweeper's taint and annotations off and leave everything else as found.
+    True if anything changed."""
+    prefix = cfg.prefix
+
+    def build(node: dict[str, Any]) -> list[dict[str, Any]] | None:
+        taints = (node.get("spec") or {}).get("taints") or []
+        keep = [t for t in taints if t.get("key") != cfg.taint_key]
+        ann = dict(node["metadata"].get("annotations") or {})
+        if ann.pop(f"{prefix}/added-do-not-disrupt", None):
+            ann.pop(DO_NOT_DISRUPT, None)
+        for k in ("held-by", "held-since", "verdict", "reason"):
+            ann.pop(f"{prefix}/{k}", None)
+        ops: list[dict[str, Any]] = []
+        if len(keep) != len(taints):
+            ops.append({"op": "add", "path": "/spec/taints", "value": keep})
+        if ann != (node["metadata"].get("annotations") or {}):
+            ops.append({"op": "add", "path": "/metadata/annotations", "value": ann})
+        return ops or None
+
+    return patch_node(kube, name, build) is not None
+
+
+def keep_held(kube: Any, cfg: Config, name: str, verdict: str, reason: str) -> None:
+    """Keep the taint, say why on the node, and stop shielding it from Karpenter."""
+    prefix = cfg.prefix
+
+    def build(node: dict[str, Any]) -> list[dict[str, Any]] | None:
+        ann = dict(node["metadata"].get("annotations") or {})
+        if ann.pop(f"{prefix}/added-do-not-disrupt", None):
+            ann.pop(DO_NOT_DISRUPT, None)
+        ann[f"{prefix}/verdict"] = verdict
+        ann[f"{prefix}/reason"] = reason[:1000]
+        return [{"op": "add", "path": "/metadata/annotations", "value": ann}]
+
+    patch_node(kube, name, build)
+
+
+def hold(kube: Any, cfg: Config, node: dict[str, Any], run_id: str, now: float) -> dict[str, Any]:
+    """Taint the node as read (a resourceVersion test, no retry: a conflict means the node changed
+    under us and must be looked at again) and shield it from consolidation while held."""
+    meta = node["metadata"]
+    taints = list((node.get("spec") or {}).get("taints") or [])
+    ann = dict(meta.get("annotations") or {})
+    ann.update({f"{cfg.prefix}/held-by": run_id, f"{cfg.prefix}/held-since": iso(now)})
+    if DO_NOT_DISRUPT not in (meta.get("annotations") or {}):
+        ann[DO_NOT_DISRUPT] = "true"
+        ann[f"{cfg.prefix}/added-do-not-disrupt"] = "true"
+    ops = [{"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]},
+           {"op": "add", "path": "/spec/taints", "value": taints + [
+               {"key": cfg.taint_key, "value": run_id, "effect": "NoSchedule"}]},
+           {"op": "add", "path": "/metadata/annotations", "value": ann}]
+    return kube.patch_node(meta["name"], ops)  # type: ignore[no-any-return]
+
+
+def gpu_pods_on(kube: Any, cfg: Config, name: str) -> list[str]:
+    return gpu_pods_by_node(kube.active_pods(node=name), cfg).get(name, [])
+
+
+# -- actions ------------------------------------------------------------------------------
+@action("taint", Arg("key", str, required=True), Arg("value", str, default=""),
+        Arg("effect", str, default="NoSchedule", choices=EFFECTS),
+        help="Add a taint to the node (no change if the same key and effect are there).", needs_node=True)
+def taint(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
+    new = {"key": args["key"], "value": args["value"], "effect": args["effect"]}
+
+    def build(node: dict[str, Any]) -> list[dict[str, Any]] | None:
+        taints = (node.get("spec") or {}).get("taints") or []
+        if any(t.get("key") == new["key"] and t.get("effect") == new["effect"] for t in taints):
+            return None
+        return [{"op": "add", "path": "/spec/taints", "value": taints + [new]}]
+
+    ctx.intent("taint", "before", f"{new['key']}={new['value']}:{new['effect']}")
+    changed = patch_node(ctx.cluster(), ctx.node_name, build) is not None
+    ctx.intent("taint", "after", f"{new['key']}:{new['effect']}")
+    return ok(f"tainted {new['key']}={new['value']}:{new['effect']}" if changed else "already tainted", changed)
+
+
+@action("untaint", Arg("key", str, required=True), Arg("effect", str, default=None, choices=EFFECTS + (None,)),
+        help="Remove the node's taints with this key (and effect, if given).", needs_node=True)
+def untaint(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
+    def build(node: dict[str, Any]) -> list[dict[str, Any]] | None:
+        taints = (node.get("spec") or {}).get("taints") or []
+        keep = [t for t in taints if not (t.get("key") == args["key"]
+                                          and args["effect"] in (None, t.get("effect")))]
+        return None if len(keep) == len(taints) else [{"op": "add", "path": "/spec/taints", "value": keep}]
+
+    ctx.intent("untaint", "before", args["key"])
+    changed = patch_node(ctx.cluster(), ctx.node_name, build) is not None
+    ctx.intent("untaint", "after", args["key"])
+    return ok(f"removed {args['key']}" if changed else "no such taint", changed)
+
+
+@action("cordon", help="Mark the node unschedulable, remembering that Sweeper did it.", needs_node=True)
+def cordon(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
+    mark = f"{ctx.config.prefix}/cordoned-by"
+
+    def build(node: dict[str, Any]) -> list[dict[str, Any]] | None:
+        if (node.get("spec") or {}).get("unschedulable"):
+            return None
+        ann = dict(node["metadata"].get("annotations") or {})
+        ann[mark] = ctx.run_id
+        return [{"op": "add", "path": "/spec/unschedulable", "value": True},
+                {"op": "add", "path": "/metadata/annotations", "value": ann}]
+
+    changed = patch_node(ctx.cluster(), ctx.node_name, build) is not None
+    return ok("cordoned" if changed else "already unschedulable", changed)
+
+
+@action("uncordon", Arg("only_own", bool, default=True, help="only undo a cordon Sweeper made"),
+        help="Make the node schedulable again; by default only if Sweeper cordoned it.", needs_node=True)
+def uncordon(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
+    mark = f"{ctx.config.prefix}/cordoned-by"
+
+    def build(node: dict[str, Any]) -> list[dict[str, Any]] | None:
+        ann = dict(node["metadata"].get("annotations") or {})
+        if not (node.get("spec") or {}).get("unschedulable"):
+            return None
+        if args["only_own"] and mark not in ann:
+            return None
+        ann.pop(mark, None)
+        return [{"op": "add", "path": "/spec/unschedulable", "value": False},
+                {"op": "add", "path": "/metadata/annotations", "value": ann}]
+
+    changed = patch_node(ctx.cluster(), ctx.node_name, build) is not None
+    return ok("uncordoned" if changed else "left as it was (not cordoned by Sweeper)", changed)
+
+
+@action("verify_idle", help="Fail if any pod other than a DaemonSet's holds a GPU on the node.", needs_node=True)
+def verify_idle(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
+    pods = gpu_pods_on(ctx.cluster(), ctx.config, ctx.node_name)
+    if pods:
+        return failed(f"{len(pods)} GPU pod(s) on the node: {', '.join(pods[:5])}", pods=pods)
+    return ok("no GPU pods on the node", pods=[])
+
+
+@action("drain", Arg("timeout", (int, float, str), default="10m", help="give up after this long"),
+        Arg("delay", (int, float, str), default="5s", help="wait between eviction rounds"),
+        Arg("gpu_pods_only", bool, default=False, help="evict only pods that hold GPUs"),
+        help="Evict the node's pods through the Eviction API, honouring PodDisruptionBudgets (a 429 is "
+             "waited on and retried); DaemonSet and mirror pods stay; the deadline ends it.", needs_node=True)
+def drain(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
+    from sweeper.clock import parse_duration
+
+    kube = ctx.cluster()
+    deadline = ctx.clock.now() + parse_duration(args["timeout"])
+    if ctx.deadline is not None:
+        deadline = min(deadline, ctx.deadline)
+    delay = parse_duration(args["delay"])
+    evicted: list[str] = []
+    blocked: list[str] = []
+    while True:
+        pods = [p for p in kube.active_pods(node=ctx.node_name)
+                if not is_daemonset_pod(p) and MIRROR not in (p["metadata"].get("annotations") or {})
+                and (not args["gpu_pods_only"] or requests_gpu(p, ctx.config))]
+        if not pods:
+            return ok(f"drained: {len(evicted)} pod(s) evicted", bool(evicted), evicted=evicted)
+        blocked = []
+        for p in pods:
+            ref = f"{p['metadata']['namespace']}/{p['metadata']['name']}"
+            try:
+                kube.evict_pod(p["metadata"]["namespace"], p["metadata"]["name"])
+                if ref not in evicted:
+                    evicted.append(ref)
+            except NotFound:
+                continue
+            except Transient as exc:
+                if exc.status != 429:
+                    raise
+                blocked.append(ref)
+        if ctx.clock.now() + delay > deadline:
+            return failed(f"drain did not finish before its deadline; still there: {', '.join(blocked or [])}"
+                          or "pods still terminating", evicted=evicted, blocked=blocked, timed_out=True)
+        ctx.clock.sleep(delay)
+
+
+def _meta_action(field: str) -> Callable[[ActionContext, dict[str, Any]], dict[str, Any]]:
+    def run(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
+        values = args["set"] or {}
+        for k in args["remove"] or []:
+            values[k] = None
+        changed = patch_node(ctx.cluster(), ctx.node_name, lambda n: _meta_op(n, field, values)) is not None
+        return ok(f"{field} updated" if changed else f"{field} already as asked", changed)
+    return run
+
+
+action("label", Arg("set", dict, default=None, help="labels to set"),
+       Arg("remove", list, default=None, help="label keys to remove"),
+       help="Set or remove node labels.", needs_node=True)(_meta_action("labels"))
+action("annotate", Arg("set", dict, default=None, help="annotations to set"),
+       Arg("remove", list, default=None, help="annotation keys to remove"),
+       help="Set or remove node annotations.", needs_node=True)(_meta_action("annotations"))
+
+
+@action("event", Arg("reason", str, required=True, help="CamelCase reason, e.g. SweepFailed"),
+        Arg("message", str, required=True), Arg("type", str, default="Normal", choices=("Normal", "Warning")),
+        help="Create a Kubernetes Event on the node (kubectl describe node shows it).", needs_node=True)
+def event(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
+    now = iso(ctx.clock.now())
+    node = ctx.node or {}
+    body = {"metadata": {"generateName": f"{ctx.node_name}.", "namespace": "default"},
+            "involvedObject": {"kind": "Node", "name": ctx.node_name, "uid": node.get("uid", ctx.node_name),
+                               "apiVersion": "v1"},
+            "reason": args["reason"], "message": args["message"][:1024], "type": args["type"],
+            "source": {"component": "sweeper"}, "reportingComponent": "sweeper", "reportingInstance": ctx.run_id,
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1}
+    created = ctx.cluster().create_event("default", body)
+    return ok(f"event {args['reason']}", True, event=created.get("metadata", {}).get("name"))
+
+
+@action("record", Arg("name", str, required=True, help="metric name, or a note's title"),
+        Arg("value", (int, float), default=None, help="a metric value (omit for a note)"),
+        Arg("unit", str, default=""), Arg("gpu", int, default=None), Arg("message", str, default=""),
+        help="Write a metric or a note into the history of this sweep.")
+def record(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
+    kind = "metric" if args["value"] is not None else "note"
+    ctx.on_record(kind, dict(args))
+    return ok(f"recorded {kind} {args['name']}", True)
+
+
+@action("hand_back", Arg("verdict", str, default=None, help="defaults to the `verdict` fact from decide"),
+        Arg("reason", str, default=None, help="defaults to the `reasons` fact from decide"),
+        help="Release the node (pass, warn, error, inconclusive) or keep it held with its verdict and reason "
+             "(reboot, replace, quarantine). Belongs in a playbook's `always`.", needs_node=True)
+def hand_back(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
+    verdict = args["verdict"] or str(ctx.vars.get("verdict") or "error")
+    reasons = ctx.vars.get("reasons") or []
+    reason = args["reason"] or ("; ".join(str(r) for r in reasons) if reasons else "no verdict was reached")
+    kube = ctx.cluster()
+    if verdict in HOLDING:
+        ctx.intent("keep-held", "before", verdict)
+        keep_held(kube, ctx.config, ctx.node_name, verdict, reason)
+        ctx.intent("keep-held", "after", verdict)
+        ctx.facts["handed_back"] = "held"
+        return ok(f"kept held: {verdict}: {reason[:200]}", True, action="held", verdict=verdict)
+    ctx.intent("untaint", "before", f"verdict {verdict}")
+    changed = release(kube, ctx.config, ctx.node_name)
+    ctx.intent("untaint", "after", f"verdict {verdict}")
+    ctx.facts["handed_back"] = "released"
+    return ok(f"released (verdict {verdict})", changed, action="released", verdict=verdict)
