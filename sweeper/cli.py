@@ -42,7 +42,7 @@ def run_cli(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except SweeperError as exc:
-            err.print(f"[red]error:[/red] {exc}")
+            click.echo(f"error: {exc}", err=True)  # one unwrapped line, so file:line stays greppable
             sys.exit(exc.exit_code)
     return wrapper
 
@@ -148,6 +148,104 @@ def _print_outcomes(report: Any) -> None:
         reasons[d.reason] = reasons.get(d.reason, 0) + 1
     if reasons:
         out.print("skipped: " + ", ".join(f"{n} {r}" for r, n in sorted(reasons.items())))
+
+
+# -- run -------------------------------------------------------------------------------
+def _extra_vars(pairs: tuple[str, ...]) -> dict[str, Any]:
+    import yaml
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if pair.startswith("@"):
+            try:
+                data = yaml.safe_load(Path(pair[1:]).read_text()) or {}
+            except (OSError, yaml.YAMLError) as exc:
+                raise ConfigError(f"-e {pair}: {exc}") from exc
+            if not isinstance(data, dict):
+                raise ConfigError(f"-e {pair}: the file must hold a mapping")
+            out.update(data)
+            continue
+        if "=" not in pair:
+            raise ConfigError(f"-e {pair!r}: expected key=value or @file.yaml")
+        key, value = pair.split("=", 1)
+        if not key.isidentifier():
+            raise ConfigError(f"-e {pair!r}: {key!r} is not a variable name")
+        try:
+            out[key] = yaml.safe_load(value) if value else ""
+        except yaml.YAMLError:
+            out[key] = value
+    return out
+
+
+@main.command("run")
+@click.argument("playbook", type=click.Path(dir_okay=False))
+@click.option("--node", help="Target node (node actions need one).")
+@click.option("-e", "--extra-vars", "extra", multiple=True, metavar="KEY=VALUE|@FILE",
+              help="Variables that override the playbook's (repeatable; values are YAML).")
+@click.option("--tags", help="Run only tasks with these tags (comma-separated).")
+@click.option("--skip-tags", help="Skip tasks with these tags (comma-separated).")
+@cluster_options
+@click.option("--json", "as_json", is_flag=True, help="Print the per-task outcomes as JSON on stdout.")
+@run_cli
+def run_cmd(playbook: str, node: str | None, extra: tuple[str, ...], tags: str | None, skip_tags: str | None,
+            config_path: str | None, kubeconfig: str | None, context: str | None, state: str, as_json: bool) -> None:
+    """Run one playbook, on one node (--node) or with no target (pure actions only).
+
+    Exit 0 when the play succeeds (a rescued failure counts as success), 1 when it fails,
+    2 when the playbook or its variables are invalid.
+    """
+    from sweeper.runner import run_playbook
+
+    cfg = _config(config_path)
+    path = Path(playbook)
+    if not path.exists() and (cfg.path("playbooks") / playbook).exists():
+        path = cfg.path("playbooks") / playbook
+    kube = _kube(kubeconfig, context, cfg) if node else None
+
+    def progress(o: Any) -> None:
+        if as_json:
+            return
+        style = {"ok": "green", "changed": "yellow", "failed": "red", "ignored": "magenta", "skipped": "dim",
+                 "rescued": "cyan"}.get(o.status, "")
+        label = f" ({o.item})" if o.is_item else ""
+        err.print(f"[{style}]{o.status:>8}[/{style}]  {o.name}{label}" + (f": {o.msg[:150]}" if o.msg else ""))
+
+    result = run_playbook(path, cfg, kube=kube, node_name=node, extra_vars=_extra_vars(extra),
+                          tags=tuple(t for t in (tags or "").split(",") if t),
+                          skip_tags=tuple(t for t in (skip_tags or "").split(",") if t),
+                          state=state if node else None, on_task=progress)
+    if as_json:
+        click.echo(json.dumps({"playbook": result.name, "failed": result.failed, "cancelled": result.cancelled,
+                               "tasks": [o.to_dict() for o in result.outcomes]}, indent=2, default=str))
+    else:
+        err.print(f"play {result.name!r}: " + ("[red]failed[/red]" if result.failed else "[green]ok[/green]"))
+    sys.exit(1 if result.failed else 0)
+
+
+# -- lint ------------------------------------------------------------------------------
+@main.command("lint")
+@click.argument("paths", nargs=-1, type=click.Path())
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Also check this config file.")
+@click.option("--json", "as_json", is_flag=True, help="Print the problems as JSON.")
+@run_cli
+def lint_cmd(paths: tuple[str, ...], config_path: str | None, as_json: bool) -> None:
+    """Check playbooks, job templates (rendered and validated as Kubernetes objects),
+    profiles and config. Every problem is printed as file:line: message; exit 1 if any.
+
+    Without PATHs: the shipped playbooks/, job-templates/ and profiles/.
+    """
+    from sweeper.lint import lint_paths
+
+    cfg = load_config(config_path) if config_path else Config()
+    targets = [Path(p) for p in paths] or [cfg.path("playbooks"), cfg.path("job-templates"), cfg.path("profiles")]
+    report = lint_paths(targets, cfg, Path(config_path) if config_path else None)
+    if as_json:
+        click.echo(json.dumps({"checked": report.checked, "problems": report.problems}, indent=2))
+    else:
+        for p in report.problems:
+            click.echo(p)
+        err.print(f"{len(report.checked)} file(s) checked, {len(report.problems)} problem(s)")
+    sys.exit(1 if report.problems else 0)
 
 
 # -- plan ------------------------------------------------------------------------------

@@ -24,14 +24,19 @@ class Profile:
     source: str = ""
 
 
+def load_profile(path: Path) -> Profile:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    return _profile(raw, path)
+
+
 def load_profiles(directory: Path) -> dict[str, Profile]:
     out: dict[str, Profile] = {}
     for path in sorted(directory.glob("*.yaml")):
-        try:
-            raw = yaml.safe_load(path.read_text())
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: {exc}") from exc
-        out[raw.get("name", path.stem)] = _profile(raw, path)
+        p = load_profile(path)
+        out[p.name] = p
     if DEFAULT not in out:
         out[DEFAULT] = Profile(DEFAULT, gpus=8, source="built-in")
     return out

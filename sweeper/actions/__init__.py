@@ -83,6 +83,7 @@ class ActionContext:
     cancelled: Callable[[], bool] = lambda: False
     vars: dict[str, Any] = field(default_factory=dict)  # the variables the current task sees
     deadline: float | None = None  # the task's timeout, on the injected clock
+    timed_out: bool = False  # set when a wait was cut short by the deadline
     on_record: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
 
     def remaining(self) -> float | None:
@@ -93,6 +94,7 @@ class ActionContext:
         left = self.remaining()
         if left is not None and left <= seconds:
             self.clock.sleep(max(0.0, left))
+            self.timed_out = True
             return False
         self.clock.sleep(seconds)
         return True

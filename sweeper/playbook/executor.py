@@ -217,12 +217,10 @@ class Executor:
             self._apply_when_flags(task, scope, result)
             if retries == 0 or result.get("timed_out"):
                 break
+            result["attempts"] = attempt
             view = {**scope, **({task.register: result} if task.register else {})}
             if task.until is not None:
-                try:
-                    done = condition(task.until, view, f"{task.where}: until")
-                except PlaybookError:
-                    raise
+                done = condition(task.until, view, f"{task.where}: until")
             else:
                 done = not result.get("failed")
             if done:
@@ -234,6 +232,8 @@ class Executor:
             self.ctx.clock.sleep(delay)
         if retries:
             result["attempts"] = attempt
+        else:
+            result.pop("attempts", None)
         return result
 
     def _once(self, task: Task, act: Action, scope: dict[str, Any]) -> dict[str, Any]:
@@ -255,13 +255,14 @@ class Executor:
         ctx.facts = {}
         start = ctx.clock.now()
         ctx.deadline = None if timeout is None else start + timeout
+        ctx.timed_out = False
         try:
             result = dict(act.fn(ctx, args))
         except KubeError as exc:
             result = failed(f"cluster error: {exc}")
         finally:
             ctx.deadline = None
-        if timeout is not None and ctx.clock.now() - start > timeout:
+        if timeout is not None and (ctx.timed_out or ctx.clock.now() - start > timeout):
             result = {**result, "failed": True, "timed_out": True,
                       "msg": f"the task timed out after {timeout:g}s: {result.get('msg', '')}".rstrip(": ")}
         self.vars.update(ctx.facts)

@@ -62,15 +62,18 @@ class Playbook:
         return [t for top in self.tasks for t in top.walk()]
 
 
-def load_playbook(path: Path, actions: dict[str, Action]) -> Playbook:
-    return _playbook(load_yaml(path), actions, str(path), (path.resolve(),))
+def load_playbook(path: Path, actions: dict[str, Action], problems: list[str] | None = None) -> Playbook:
+    """Load strictly. With `problems`, keep going past a broken top-level task and collect every
+    message (for `sweeper lint`); without, raise on the first."""
+    return _playbook(load_yaml(path), actions, str(path), (path.resolve(),), problems)
 
 
 def parse_playbook(text: str, actions: dict[str, Action], origin: str = "<playbook>") -> Playbook:
     return _playbook(parse_yaml(text, origin), actions, origin, ())
 
 
-def _playbook(raw: Any, actions: dict[str, Action], origin: str, stack: tuple[Path, ...]) -> Playbook:
+def _playbook(raw: Any, actions: dict[str, Action], origin: str, stack: tuple[Path, ...],
+              problems: list[str] | None = None) -> Playbook:
     if not isinstance(raw, dict):
         raise PlaybookError(f"{origin}:1: a playbook is a mapping with name, vars and tasks")
     unknown = sorted(set(raw) - {"name", "vars", "tasks"})
@@ -84,8 +87,16 @@ def _playbook(raw: Any, actions: dict[str, Action], origin: str, stack: tuple[Pa
     if not isinstance(pvars, dict):
         raise PlaybookError(f"{where(raw, 'vars', origin)}: vars must be a mapping")
     ctx = _Ctx(actions, origin, stack)
+    parsed = []
+    for t in tasks:
+        try:
+            parsed.append(ctx.task(t))
+        except PlaybookError as exc:
+            if problems is None:
+                raise
+            problems.append(str(exc))
     return Playbook(name=str(raw.get("name") or Path(origin).stem), vars=dict(pvars), source=origin,
-                    tasks=tuple(ctx.task(t) for t in tasks))
+                    tasks=tuple(parsed))
 
 
 class _Ctx:
@@ -193,9 +204,15 @@ class _Ctx:
             raise self.err(raw, key, problem)
 
     def _check_args(self, raw: Located, action: Action, args: dict[str, Any]) -> None:
+        raw_args = {a.name for a in action.args if a.raw}
         for k, v in args.items():
-            if isinstance(v, str) and ("{{" in v or "{%" in v):
-                self._syntax(args if isinstance(args, Located) else raw, k, v)
+            where_ = args if isinstance(args, Located) else raw
+            if k in raw_args:
+                for expr in (v if isinstance(v, list) else [v]):
+                    if isinstance(expr, str):
+                        self._syntax(where_, k, expr, expression=True)
+            elif isinstance(v, str) and ("{{" in v or "{%" in v):
+                self._syntax(where_, k, v)
         if action.free_form:
             return
         known = {a.name: a for a in action.args}

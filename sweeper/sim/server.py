@@ -190,7 +190,12 @@ class ApiServer:
     def _evict(self, ns: str, name: str) -> tuple[int, Any, str]:
         store = self.cluster.store
         with store.lock:
-            store.get("pods", ns, name)
+            pod = store.get("pods", ns, name)
+            for pdb in store.iter("poddisruptionbudgets"):
+                if pdb["metadata"]["namespace"] == ns and _pdb_blocks(store, pdb, pod):
+                    raise ApiError(429, "TooManyRequests",
+                                   "Cannot evict pod as it would violate the pod's disruption budget.",
+                                   retry_after=None)
             store.delete("pods", ns, name)
         return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, \
             "application/json"
@@ -270,6 +275,46 @@ def _default_job(job: dict[str, Any]) -> None:
         raise ApiError(422, "Invalid", f'Job.batch "{job.get("metadata", {}).get("name", "")}" is invalid: '
                        'spec.template.spec.restartPolicy: Required value: valid values: "OnFailure", "Never"')
     job["status"] = {}
+
+
+def _selector_matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for e in selector.get("matchExpressions") or []:
+        has, val, vals = e["key"] in labels, labels.get(e["key"]), e.get("values") or []
+        ok = {"In": has and val in vals, "NotIn": not has or val not in vals, "Exists": has,
+              "DoesNotExist": not has}.get(e.get("operator", ""), False)
+        if not ok:
+            return False
+    return True
+
+
+def _pdb_blocks(store: Any, pdb: dict[str, Any], pod: dict[str, Any]) -> bool:
+    """True when evicting the pod would take its PodDisruptionBudget below what it allows."""
+    spec = pdb.get("spec") or {}
+    selector = spec.get("selector") or {}
+    labels = pod["metadata"].get("labels") or {}
+    if not _selector_matches(selector, labels):
+        return False
+    ns = pdb["metadata"]["namespace"]
+    matching = [p for p in store.iter("pods") if p["metadata"]["namespace"] == ns
+                and _selector_matches(selector, p["metadata"].get("labels") or {})
+                and p["status"].get("phase") not in TERMINAL]
+    healthy = sum(1 for p in matching if p["status"].get("phase") == "Running")
+    expected = len(matching)
+
+    def amount(value: Any) -> int:
+        if isinstance(value, str) and value.endswith("%"):
+            return -(-expected * int(value[:-1]) // 100)
+        return int(value)
+
+    if "minAvailable" in spec:
+        allowed = healthy - amount(spec["minAvailable"])
+    elif "maxUnavailable" in spec:
+        allowed = amount(spec["maxUnavailable"]) - (expected - healthy)
+    else:
+        return False
+    return allowed < 1
 
 
 def _job_selector(job: dict[str, Any]) -> None:

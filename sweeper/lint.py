@@ -1,0 +1,143 @@
+"""`sweeper lint`: playbooks, job templates, profiles and config, every problem as file:line."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import yaml
+from jinja2 import TemplateSyntaxError
+
+from sweeper import profiles
+from sweeper.actions import ActionContext, load_all
+from sweeper.actions.jobs import render_job
+from sweeper.config import Config, load_config
+from sweeper.errors import ConfigError, PlaybookError
+from sweeper.playbook.model import load_playbook
+from sweeper.templating import ENV
+
+K8S_VERSION = "1.31"
+SAMPLE_NODE = {"name": "ip-10-0-12-34.ec2.internal", "gpus": 8, "uid": "00000000-0000-0000-0000-000000000000",
+               "labels": {"kubernetes.io/hostname": "ip-10-0-12-34", "node.kubernetes.io/instance-type": "p5.48xlarge"},
+               "annotations": {}, "profile": {"name": "p5.48xlarge", "gpus": 8, "gpu_model": "H100"}}
+
+
+@dataclass
+class Report:
+    checked: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def kind_of(path: Path, raw: Any) -> str:
+    if path.suffix == ".j2":
+        return "template"
+    if isinstance(raw, dict) and "tasks" in raw:
+        return "playbook"
+    if isinstance(raw, dict) and "gpus" in raw and path.parent.name == "profiles":
+        return "profile"
+    if path.parent.name == "profiles":
+        return "profile"
+    return "unknown"
+
+
+def lint_paths(paths: list[Path], cfg: Config, config_file: Path | None = None) -> Report:
+    report = Report()
+    files: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            files += sorted(f for f in p.rglob("*") if f.suffix in (".yaml", ".yml", ".j2") and f.is_file())
+        elif p.exists():
+            files.append(p)
+        else:
+            report.problems.append(f"{p}: no such file or directory")
+    if config_file is not None:
+        report.checked.append(str(config_file))
+        try:
+            load_config(config_file)
+        except ConfigError as exc:
+            report.problems.append(_with_line(str(exc), str(config_file)))
+    for f in files:
+        report.checked.append(str(f))
+        if f.suffix == ".j2":
+            report.problems += lint_template(f, cfg)
+            continue
+        try:
+            raw = yaml.safe_load(f.read_text())
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark
+            report.problems.append(f"{f}:{mark.line + 1 if mark else 1}: YAML syntax error: {exc.problem}")
+            continue
+        except (OSError, yaml.YAMLError) as exc:
+            report.problems.append(f"{f}:1: {exc}")
+            continue
+        kind = kind_of(f, raw)
+        if kind == "playbook":
+            report.problems += lint_playbook(f, cfg)
+        elif kind == "profile":
+            try:
+                profiles.load_profile(f)
+            except ConfigError as exc:
+                report.problems.append(_with_line(str(exc), str(f)))
+        else:
+            report.problems.append(f"{f}:1: not a playbook (no tasks), a profile or a job template")
+    return report
+
+
+def _with_line(message: str, path: str) -> str:
+    """Every problem starts with file:line; a message that names only the file gets line 1."""
+    if re.match(re.escape(path) + r":\d+", message):
+        return message
+    if message.startswith(path + ":"):
+        return f"{path}:1:{message[len(path) + 1:]}"
+    return f"{path}:1: {message}"
+
+
+def lint_playbook(path: Path, cfg: Config) -> list[str]:
+    problems: list[str] = []
+    try:
+        pb = load_playbook(path, load_all(), problems)
+    except PlaybookError as exc:
+        return problems + [_with_line(str(exc), str(path))]
+    templates = cfg.path("job-templates")
+    for t in pb.all_tasks():
+        if t.action == "run_job":
+            name = t.args.get("template")
+            if isinstance(name, str) and "{{" not in name and not (templates / name).exists():
+                problems.append(f"{t.where}: run_job: template {name!r} not found in {templates}")
+    return [_with_line(p, str(path)) for p in problems]
+
+
+def lint_template(path: Path, cfg: Config) -> list[str]:
+    text = path.read_text()
+    try:
+        ENV.parse(text)
+    except TemplateSyntaxError as exc:
+        return [f"{path}:{exc.lineno}: template syntax error: {exc.message}"]
+    ctx = ActionContext(config=Config(template_dir=str(path.parent), check_image=cfg.check_image,
+                                      namespace=cfg.namespace, prefix=cfg.prefix),
+                        node=SAMPLE_NODE, run_id="sw-lint-0000")
+    try:
+        job = render_job(ctx, path.name, 900, {})
+    except PlaybookError as exc:
+        return [_with_line(str(exc), str(path))]
+    try:
+        kubernetes_validate.validate(job, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        where = ".".join(str(p) for p in exc.path)
+        return [f"{path}:{_line_of(text, exc.path)}: {where or 'the Job'}: {exc.message}"]
+    except (kubernetes_validate.SchemaNotFoundError, kubernetes_validate.InvalidSchemaError) as exc:
+        return [f"{path}:1: cannot validate against Kubernetes {K8S_VERSION}: {exc}"]
+    return []
+
+
+def _line_of(text: str, path: Any) -> int:
+    """The template line that most likely holds the failing field: the last name in its path."""
+    names = [p for p in path if isinstance(p, str)]
+    for name in reversed(names):
+        for i, line in enumerate(text.splitlines(), 1):
+            if re.match(rf"\s*-?\s*{re.escape(name)}\s*:", line):
+                return i
+    return 1
