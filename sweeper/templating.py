@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 from typing import Any
 
 from jinja2 import StrictUndefined, TemplateError, Undefined, UndefinedError
@@ -35,6 +36,17 @@ def _env() -> ImmutableSandboxedEnvironment:
 ENV = _env()
 
 
+@lru_cache(maxsize=4096)
+def _expression(source: str) -> Any:
+    """Compiled once per distinct source: compiling dominates rendering."""
+    return ENV.compile_expression(source, undefined_to_none=False)
+
+
+@lru_cache(maxsize=4096)
+def _template(source: str) -> Any:
+    return ENV.from_string(source)
+
+
 def _defined(value: Any) -> Any:
     """A bare expression yields an Undefined instead of raising; make it raise."""
     if isinstance(value, Undefined):
@@ -51,8 +63,8 @@ def render(value: Any, variables: dict[str, Any], where: str = "") -> Any:
         try:
             m = _WHOLE.match(value)
             if m and "{{" not in m.group("expr") and "}}" not in m.group("expr"):
-                return _defined(ENV.compile_expression(m.group("expr"), undefined_to_none=False)(**variables))
-            return ENV.from_string(value).render(**variables)
+                return _defined(_expression(m.group("expr"))(**variables))
+            return _template(value).render(**variables)
         except UndefinedError as exc:
             raise PlaybookError(f"{where}: undefined variable: {exc.message}") from exc
         except TemplateError as exc:
@@ -82,7 +94,7 @@ def condition(expr: str | bool, variables: dict[str, Any], where: str = "") -> b
     if isinstance(expr, bool):
         return expr
     try:
-        value = _defined(ENV.compile_expression(str(expr), undefined_to_none=False)(**variables))
+        value = _defined(_expression(str(expr))(**variables))
     except UndefinedError as exc:
         raise PlaybookError(f"{where}: undefined variable in condition {expr!r}: {exc.message}") from exc
     except TemplateError as exc:
