@@ -1,0 +1,105 @@
+"""nccl-tests output (all_reduce_perf and friends): the table, the footer, and the bus
+bandwidth of the largest message, which is what a gate should use."""
+
+from __future__ import annotations
+
+import re
+
+from sweeper.result import CheckResult, Metric, Result, error_result
+
+_PREFIX = re.compile(r"^(?:\[\d+,\d+\]<std(?:out|err)>:|\d+:\s|\d{4}-\d\d-\d\dT[\d:.]+Z?\s+)")
+_OOB = re.compile(r"#\s*Out of bounds values\s*:\s*(\d+)\s*(OK|FAILED)?")
+_AVG = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([\d.eE+-]+)\s*(OK|FAILED)?")
+MAX_BYTES = 16 * 1024 * 1024
+
+
+def _clean(line: str) -> str:
+    for _ in range(3):
+        new = _PREFIX.sub("", line)
+        if new == line:
+            break
+        line = new
+    return line.strip()
+
+
+def parse(text: str, node: str, now: float, min_busbw: float | None = None, exit_code: int | None = None) -> Result:
+    if not text or not text.strip():
+        return error_result(node, "nccl", "nccl-tests printed nothing", now)
+    if len(text) > MAX_BYTES:
+        return error_result(node, "nccl", f"{len(text)} bytes of output is over the {MAX_BYTES} limit", now)
+    rows: list[tuple[int, float, float, str, float, str]] = []
+    oob = avg = None
+    errors: list[str] = []
+    for raw in text.splitlines():
+        line = _clean(raw)
+        if not line:
+            continue
+        if line.startswith("#"):
+            m = _OOB.match(line)
+            if m:
+                oob = (int(m.group(1)), m.group(2))
+            m = _AVG.match(line)
+            if m:
+                avg = float(m.group(1))
+            if line.startswith("# error:") or line.startswith("#  error:"):
+                errors.append(line[1:].strip())
+            continue
+        fields = line.split()
+        if len(fields) >= 12 and fields[0].isdigit():
+            # 13 fields since the root column came in; 12 before it.
+            f = fields if len(fields) >= 13 and _is_int(fields[4]) else fields[:4] + ["-1"] + fields[4:]
+            try:
+                rows.append((int(f[0]), float(f[6]), float(f[7]), f[8], float(f[11]), f[12]))
+            except (ValueError, IndexError):
+                return error_result(node, "nccl", f"unreadable data row: {line[:120]!r}", now)
+    if not rows:
+        return error_result(node, "nccl", "no result rows: the test did not run (or this is not nccl-tests output)",
+                            now)
+    checks: list[CheckResult] = []
+    size, algbw, busbw_oop, wrong_oop, busbw_ip, wrong_ip = max(rows, key=lambda r: r[0])
+    busbw = max(busbw_oop, busbw_ip)
+    peak = max(max(r[2], r[4]) for r in rows)
+    metrics = [Metric("nccl.busbw_largest", busbw, "GB/s"), Metric("nccl.algbw_largest", algbw, "GB/s"),
+               Metric("nccl.busbw_peak", peak, "GB/s"), Metric("nccl.largest_bytes", float(size), "B")]
+    if avg is not None:
+        metrics.append(Metric("nccl.busbw_avg", avg, "GB/s"))
+    wrong = [r for r in rows if _nonzero(r[3]) or _nonzero(r[5])]
+    checks.append(CheckResult("nccl.correctness", "fail" if wrong else "pass",
+                              f"{len(wrong)} message size(s) with wrong values" if wrong else "no wrong values",
+                              "critical" if wrong else "info", code="WRONG" if wrong else None))
+    if oob is None:
+        checks.append(CheckResult("nccl.complete", "fail", "no footer: the test did not finish", "critical",
+                                  code="TRUNCATED"))
+    elif oob[0] > 0 or oob[1] == "FAILED":
+        checks.append(CheckResult("nccl.complete", "fail", f"{oob[0]} out-of-bounds values", "critical", code="OOB"))
+    else:
+        checks.append(CheckResult("nccl.complete", "pass", "finished, no out-of-bounds values"))
+    for e in errors:
+        checks.append(CheckResult("nccl.error", "fail", e[:300], "critical"))
+    if min_busbw is not None:
+        ok = busbw >= min_busbw
+        checks.append(CheckResult("nccl.busbw", "pass" if ok else "fail",
+                                  f"bus bandwidth {busbw:g} GB/s at {size} B; floor {min_busbw:g}",
+                                  "info" if ok else "critical", code=None if ok else "LOW_BANDWIDTH"))
+    if exit_code not in (None, 0) and all(c.status == "pass" for c in checks):
+        return error_result(node, "nccl", f"nccl-tests exited {exit_code} but its output shows no failure", now,
+                            code=f"exit {exit_code}")
+    return Result(node, "nccl", now, now, tuple(checks), tuple(metrics))
+
+
+def _is_int(value: str) -> bool:
+    return value.lstrip("-").isdigit()
+
+
+def _nonzero(value: str) -> bool:
+    """#wrong is a count; before nccl-tests resynced with NCCL 2.13 the column was `error`, the
+    largest float error, where a tiny value is normal rounding."""
+    if value in ("N/A", "0"):
+        return False
+    try:
+        number = float(value)
+    except ValueError:
+        return True
+    if value.isdigit():
+        return number != 0
+    return abs(number) > 1e-3

@@ -1,0 +1,100 @@
+"""DCGM diag JSON (4.x and the 3.x layouts) and nccl-tests tables, one fixture per shape."""
+
+from pathlib import Path
+
+import pytest
+
+from sweeper.parsers import dcgm, nccl
+
+FIX = Path(__file__).parent / "fixtures"
+NOW = 1_800_000_000.0
+
+
+def read(name: str) -> str:
+    return (FIX / name).read_text()
+
+
+def test_dcgm_4x_pass() -> None:
+    r = dcgm.parse(read("dcgm-4x-l2-pass.json"), "n1", NOW, exit_code=0, expect_gpus=2)
+    assert r.status == "pass"
+    assert {(c.name, c.gpu) for c in r.checks} >= {("dcgm.software", 0), ("dcgm.pcie", 1), ("dcgm.memory", 1)}
+    bw = {(m.name, m.gpu): m.value for m in r.metrics}
+    assert bw[("dcgm.pcie.gpu_to_host_bandwidth", 0)] == 53.21
+
+
+def test_dcgm_4x_failure_and_the_pass_that_carries_an_isolate_error() -> None:
+    r = dcgm.parse(read("dcgm-4x-l2-pcie-fail.json"), "n1", NOW, exit_code=205)
+    fails = {(c.name, c.gpu, c.code, c.severity) for c in r.checks if c.status == "fail"}
+    assert ("dcgm.pcie", 1, "3", "critical") in fails
+    assert ("dcgm.memory", 0, "52", "critical") in fails, "decided on error_id, not only on status"
+    assert r.status == "fail"
+
+
+def test_dcgm_3x_layouts() -> None:
+    r = dcgm.parse(read("dcgm-3x-mixed.json"), "n1", NOW, exit_code=226, expect_gpus=2)
+    persist = next(c for c in r.checks if c.name == "dcgm.persistence_mode")
+    assert (persist.status, persist.gpu, persist.code) == ("fail", 0, "29")
+    assert "Persistence mode for GPU 0 is disabled." in persist.message
+    assert next(c for c in r.checks if c.name == "dcgm.pcie" and c.gpu == 1).status == "pass"
+    old = dcgm.parse(read("dcgm-31-string-warnings.json"), "n1", NOW)
+    mem = next(c for c in old.checks if c.gpu == 0)
+    assert mem.status == "fail" and "double-bit" in mem.message
+
+
+def test_dcgm_gpu_count_against_the_profile() -> None:
+    r = dcgm.parse(read("dcgm-4x-l2-pass.json"), "n1", NOW, expect_gpus=8)
+    assert next(c for c in r.checks if c.name == "dcgm.gpu_count").status == "fail"
+
+
+def test_dcgm_iterations_wrapper() -> None:
+    one = read("dcgm-4x-l2-pass.json")
+    r = dcgm.parse('{"iterations": [' + one + "," + read("dcgm-4x-l2-pcie-fail.json") + '], "Overall Result": "Fail"}',
+                   "n1", NOW)
+    assert r.status == "fail"
+    assert any(c.message.startswith("iteration 2:") and c.status == "fail" for c in r.checks)
+
+
+@pytest.mark.parametrize("text,exit_code,words", [
+    ("", None, "printed nothing"),
+    ("Error: unable to connect to host engine", 255, "no JSON object"),
+    ('{"something": "else"}', None, "neither"),
+    ('{"DCGM Diagnostic": {"test_categories": []}}', 0, "no results"),
+    ('{"DCGM Diagnostic": {"test_categories": [', None, "not JSON"),
+    ('{"DCGM Diagnostic": {"test_categories": "oops"}}', 0, "unexpected"),
+])
+def test_dcgm_bad_input_is_an_error(text: str, exit_code: int | None, words: str) -> None:
+    r = dcgm.parse(text, "n1", NOW, exit_code=exit_code)
+    assert r.status == "error" and words in r.checks[0].message
+
+
+def test_dcgm_runtime_error_and_exit_code_cross_checks() -> None:
+    r = dcgm.parse(read("dcgm-runtime-error.json"), "n1", NOW, exit_code=217)
+    assert r.status == "error" and "already running" in r.checks[0].message
+    lie = dcgm.parse(read("dcgm-4x-l2-pass.json"), "n1", NOW, exit_code=226)
+    assert lie.status == "error" and "exited 226" in lie.checks[0].message
+    crash = dcgm.parse(read("dcgm-4x-l2-pass.json"), "n1", NOW, exit_code=139)
+    assert crash.status == "error"
+
+
+def test_nccl_table_uses_the_largest_size() -> None:
+    r = nccl.parse(read("nccl-allreduce-h100.txt"), "n1", NOW, min_busbw=430)
+    m = {x.name: x.value for x in r.metrics}
+    assert m["nccl.busbw_largest"] == 453.20 and m["nccl.busbw_avg"] == 178.222
+    assert r.status == "pass"
+    low = nccl.parse(read("nccl-allreduce-h100.txt"), "n1", NOW, min_busbw=460)
+    assert low.status == "fail" and next(c for c in low.checks if c.name == "nccl.busbw").code == "LOW_BANDWIDTH"
+
+
+def test_nccl_prefixes_old_columns_and_failures() -> None:
+    assert nccl.parse(read("nccl-allreduce-mpi-prefix.txt"), "n1", NOW, min_busbw=430).status == "pass"
+    old = nccl.parse(read("nccl-old-error-column.txt"), "n1", NOW)
+    assert old.status == "pass" and {m.name: m.value for m in old.metrics}["nccl.busbw_largest"] == 197.83
+    truncated = nccl.parse(read("nccl-truncated.txt"), "n1", NOW)
+    assert truncated.status == "fail" and any(c.code == "TRUNCATED" for c in truncated.checks)
+    wrong = nccl.parse(read("nccl-wrong-values.txt"), "n1", NOW)
+    assert {c.code for c in wrong.checks if c.status == "fail"} == {"WRONG", "OOB"}
+
+
+@pytest.mark.parametrize("text", ["", "garbage\n\x00\x01", "# only comments\n#\n", "8 2 float sum -1 x y z 0 1 2 3 4\n"])
+def test_nccl_bad_input_is_an_error(text: str) -> None:
+    assert nccl.parse(text, "n1", NOW).status == "error"
