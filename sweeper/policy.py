@@ -22,6 +22,11 @@ class Verdict:
         return self.verdict in HOLDING
 
 
+# DCGM_FR_* error ids whose meaning settles the verdict; other DCGM failures quarantine.
+DCGM_VERDICTS = {"80": "replace", "84": "reboot", "85": "reboot", "6": "reboot", "4": "reboot", "120": "reboot",
+                 "125": "reboot", "126": "reboot", "128": "reboot", "29": "warn"}
+
+
 def _check_verdict(c: dict[str, Any]) -> str:
     status, code, name = c.get("status"), c.get("code"), c.get("name", "")
     if status == "warn":
@@ -35,8 +40,10 @@ def _check_verdict(c: dict[str, Any]) -> str:
     if name == "xid" and code and str(code).isdigit():
         action = lookup(int(code)).action
         return {"replace": "replace", "reboot": "reboot", "reset_gpu": "reboot"}.get(action, "quarantine")
-    if code == "REMAP_PENDING" or name == "gpu.count":
+    if code == "REMAP_PENDING" or name in ("gpu.count", "dcgm.gpu_count"):
         return "reboot"
+    if name.startswith("dcgm.") and code in DCGM_VERDICTS:
+        return DCGM_VERDICTS[str(code)]
     return "quarantine"
 
 

@@ -21,6 +21,7 @@ class Profile:
     gpu_model: str = ""
     instance_types: tuple[str, ...] = ()
     gpu_products: tuple[str, ...] = ()
+    nccl_busbw_min: float | None = None  # GB/s, all-reduce on one node at the largest message
     source: str = ""
 
 
@@ -45,7 +46,7 @@ def load_profiles(directory: Path) -> dict[str, Profile]:
 def _profile(raw: Any, path: Path) -> Profile:
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: a profile is a mapping")
-    known = {"name", "gpus", "gpu_model", "instance_types", "gpu_products", "description"}
+    known = {"name", "gpus", "gpu_model", "instance_types", "gpu_products", "description", "nccl_busbw_min"}
     unknown = set(raw) - known
     if unknown:
         raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)}")
@@ -53,7 +54,9 @@ def _profile(raw: Any, path: Path) -> Profile:
         raise ConfigError(f"{path}: gpus must be a positive integer")
     return Profile(name=str(raw.get("name", path.stem)), gpus=raw["gpus"], gpu_model=str(raw.get("gpu_model", "")),
                    instance_types=tuple(raw.get("instance_types") or ()),
-                   gpu_products=tuple(raw.get("gpu_products") or ()), source=str(path))
+                   gpu_products=tuple(raw.get("gpu_products") or ()),
+                   nccl_busbw_min=None if raw.get("nccl_busbw_min") is None else float(raw["nccl_busbw_min"]),
+                   source=str(path))
 
 
 def match(profiles: dict[str, Profile], labels: dict[str, str]) -> Profile:

@@ -152,7 +152,8 @@ class Sweep:
     def _play(self, run_id: str, sweep_id: int, node: NodeView,
               profile: profiles.Profile) -> tuple[str, list[str], str]:
         node_vars = {"name": node.name, "labels": node.labels, "annotations": node.annotations, "gpus": node.gpus,
-                     "profile": {"name": profile.name, "gpus": profile.gpus, "gpu_model": profile.gpu_model}}
+                     "profile": {"name": profile.name, "gpus": profile.gpus, "gpu_model": profile.gpu_model,
+                             "nccl_busbw_min": profile.nccl_busbw_min}}
         ctx = ActionContext(
             config=self.cfg, clock=self.clock, kube=self.kube, node=node_vars, run_id=run_id,
             on_result=lambda r: self.rec.result(sweep_id, r),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -12,7 +13,7 @@ import yaml
 from sweeper.actions import ActionContext, Arg, action, ok
 from sweeper.clock import parse_duration
 from sweeper.errors import KubeError, NotFound, PlaybookError
-from sweeper.parsers import sweeper_result
+from sweeper.parsers import dcgm, nccl, sweeper_result
 from sweeper.result import CheckResult, Result, error_result
 from sweeper.templating import render
 
@@ -34,9 +35,20 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
         raise PlaybookError(f"run_job: cannot read template {path}: {exc}") from exc
     node = ctx.node or {}
     name = job_name(node.get("name", "none"), ctx.run_id, template)
-    variables = {"node": node, "run_id": ctx.run_id, "job_name": name, "namespace": ctx.config.namespace,
-                 "image": ctx.config.check_image, "taint_key": ctx.config.taint_key, "prefix": ctx.config.prefix,
-                 "timeout": int(timeout), "ttl": int(ctx.config.job_ttl), **extra}
+    hostname = (node.get("labels") or {}).get("kubernetes.io/hostname", node.get("name", ""))
+    labels = {"app.kubernetes.io/managed-by": "sweeper", "app.kubernetes.io/component": "check",
+              f"{ctx.config.prefix}/run-id": ctx.run_id, f"{ctx.config.prefix}/node": node.get("name", "")}
+    variables = {
+        "node": node, "run_id": ctx.run_id, "job_name": name, "namespace": ctx.config.namespace,
+        "image": ctx.config.check_image, "taint_key": ctx.config.taint_key, "prefix": ctx.config.prefix,
+        "timeout": int(timeout), "ttl": int(ctx.config.job_ttl), "labels": labels,
+        # The parts that keep a check Job safe are built here, not left to each template.
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [hostname]}]}]}}},
+        "tolerations": [{"key": ctx.config.taint_key, "operator": "Exists", "effect": "NoSchedule"},
+                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "all_gpus": {"nvidia.com/gpu": str(node.get("gpus", 0))},
+        **extra}
     rendered = render(text, variables, where=str(path))
     try:
         job = yaml.safe_load(rendered)
@@ -44,7 +56,20 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
         raise PlaybookError(f"{path}: the rendered template is not YAML: {exc}") from exc
     if not isinstance(job, dict) or job.get("kind") != "Job":
         raise PlaybookError(f"{path}: the template must render a batch/v1 Job")
+    _check_safe(job, variables, path)
     return job
+
+
+def _check_safe(job: dict[str, Any], variables: dict[str, Any], path: Path) -> None:
+    """A check Job must go through the scheduler to this node and only this node."""
+    pod = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+    if "nodeName" in pod:
+        raise PlaybookError(f"{path}: nodeName bypasses taints and GPU accounting; use affinity: {{{{ affinity | tojson }}}}")
+    if pod.get("affinity") != variables["affinity"]:
+        raise PlaybookError(f"{path}: the pod must carry Sweeper's node affinity: affinity: {{{{ affinity | tojson }}}}")
+    tolerations = pod.get("tolerations") or []
+    if not any(t.get("key") == variables["taint_key"] for t in tolerations):
+        raise PlaybookError(f"{path}: the pod must tolerate {variables['taint_key']}")
 
 
 def _condition(job: dict[str, Any]) -> dict[str, Any] | None:
@@ -62,7 +87,8 @@ def _unscheduled(pods: list[dict[str, Any]]) -> str:
     return ""
 
 
-def _read_result(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]], node: str) -> Result:
+def _read_result(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]], node: str, parser: str,
+                 parser_args: dict[str, Any]) -> Result:
     now = ctx.clock.now()
     done = [p for p in pods if (p.get("status") or {}).get("phase") in ("Succeeded", "Failed")]
     if not done:
@@ -77,6 +103,14 @@ def _read_result(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]],
         log = ""
         ctx.log(f"cannot read the log of {pod['metadata']['name']}: {exc}")
     message = term.get("message") or ""
+    if parser == "dcgm":
+        expect = parser_args.get("expect_gpus")
+        return dcgm.parse(log or message, node, now, exit_code=exit_code,
+                          expect_gpus=None if expect in (None, "") else int(expect))
+    if parser == "nccl":
+        floor = parser_args.get("min_busbw")
+        return nccl.parse(log or message, node, now, min_busbw=None if floor in (None, "") else float(floor),
+                          exit_code=exit_code)
     result = sweeper_result.parse(log, node, now)
     if result.status == "error" and message.strip() and message.strip() not in log:
         result = sweeper_result.parse_summary(message, node, now)  # no readable log: the short form
@@ -94,6 +128,10 @@ def _read_result(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]],
         Arg("template", str, required=True, help="file name under job-templates/"),
         Arg("timeout", (int, float, str), default="15m", help="activeDeadlineSeconds, and the client deadline"),
         Arg("vars", dict, default=None, help="extra variables for the template"),
+        Arg("parser", str, default="sweeper", choices=("sweeper", "dcgm", "nccl"),
+            help="how to read the pod's output: Sweeper's result document, dcgmi diag JSON or nccl-tests"),
+        Arg("parser_args", dict, default=None,
+            help="for dcgm: expect_gpus; for nccl: min_busbw (GB/s at the largest message)"),
         help="Run a check Job on the node (affinity plus a toleration for Sweeper's taint, all its GPUs), "
              "wait for it, parse its result document, and delete it.", needs_node=True)
 def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
@@ -119,7 +157,7 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
                 if cond.get("reason") == "DeadlineExceeded":
                     result = _hung(node, ctx.clock.now(), timeout)
                 else:
-                    result = _read_result(ctx, namespace, pods, node)
+                    result = _read_result(ctx, namespace, pods, node, args["parser"], args["parser_args"] or {})
                 break
             elapsed = ctx.clock.now() - start
             if ctx.cancelled():

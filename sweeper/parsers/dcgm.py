@@ -42,9 +42,9 @@ def _parse_doc(doc: dict[str, Any], node: str, now: float, exit_code: int | None
         if not isinstance(runs, list) or not runs:
             return error_result(node, "dcgm", "an iterations wrapper with no iterations", now)
         results = [_parse_doc(r, node, now, None, expect_gpus) for r in runs]
-        checks = tuple(CheckResult(c.name, c.status, f"iteration {i + 1}: {c.message}", c.severity, c.gpu, c.code)
+        merged = tuple(CheckResult(c.name, c.status, f"iteration {i + 1}: {c.message}", c.severity, c.gpu, c.code)
                        for i, r in enumerate(results) for c in r.checks)
-        return _cross_check(Result(node, "dcgm", now, now, checks, tuple(m for r in results for m in r.metrics)),
+        return _cross_check(Result(node, "dcgm", now, now, merged, tuple(m for r in results for m in r.metrics)),
                             exit_code, now)
     root = doc.get("DCGM Diagnostic") or doc.get("DCGM GPU Diagnostic")
     if not isinstance(root, dict):

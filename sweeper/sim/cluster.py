@@ -16,6 +16,7 @@ from sweeper.checks import run_node_checks
 from sweeper.checks.fake import FakeGpu, FakeNvml, bus_id, xid_line
 from sweeper.checks.options import CheckOptions
 from sweeper.clock import ScaledClock, iso, parse_iso
+from sweeper.sim import tools
 from sweeper.sim.fleet import HARDWARE, Fleet, NodeSpec
 from sweeper.sim.store import Store
 
@@ -374,6 +375,10 @@ class SimCluster:
             return now + self.fleet.check_seconds
         argv = self._argv(pod)
         prog = argv[0].rsplit("/", 1)[-1] if argv else ""
+        if prog == "dcgmi":
+            return now + tools.DCGM_SECONDS[min(max(tools.dcgm_level(argv), 1), 4)]
+        if prog == "all_reduce_perf":
+            return now + tools.NCCL_SECONDS
         if prog in ("true", "false", "echo"):
             return now + 1.0
         if prog == "sleep" and len(argv) > 1:
@@ -415,6 +420,13 @@ class SimCluster:
         if not self._is_check(pod):
             argv = self._argv(pod)
             prog = argv[0].rsplit("/", 1)[-1] if argv else ""
+            spec = self.specs.get(node_name)
+            if prog == "dcgmi" and spec:
+                code, out = tools.dcgm_output(spec, tools.dcgm_level(argv))
+                return code, out + "\n", ""
+            if prog == "all_reduce_perf" and spec:
+                code, out = tools.nccl_output(spec, node_name)
+                return code, out, ""
             if prog == "false":
                 return 1, "", ""
             if prog == "echo":

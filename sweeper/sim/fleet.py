@@ -14,17 +14,25 @@ from sweeper.errors import ConfigError
 
 # What each instance type *is* (the simulated hardware), not what Sweeper expects of it.
 HARDWARE: dict[str, dict[str, Any]] = {
-    "p5.48xlarge": {"gpus": 8, "model": "NVIDIA H100 80GB HBM3", "efa": 32, "cpu": "192", "memory": "2097152Mi"},
-    "p5e.48xlarge": {"gpus": 8, "model": "NVIDIA H200", "efa": 32, "cpu": "192", "memory": "2097152Mi"},
-    "p5en.48xlarge": {"gpus": 8, "model": "NVIDIA H200", "efa": 16, "cpu": "192", "memory": "2097152Mi"},
-    "p4d.24xlarge": {"gpus": 8, "model": "NVIDIA A100-SXM4-40GB", "efa": 4, "cpu": "96", "memory": "1179648Mi"},
-    "p4de.24xlarge": {"gpus": 8, "model": "NVIDIA A100-SXM4-80GB", "efa": 4, "cpu": "96", "memory": "1179648Mi"},
-    "p6-b200.48xlarge": {"gpus": 8, "model": "NVIDIA B200", "efa": 8, "cpu": "192", "memory": "2097152Mi"},
-    "m7i.4xlarge": {"gpus": 0, "model": "", "efa": 0, "cpu": "16", "memory": "65536Mi"},
+    "p5.48xlarge": {"gpus": 8, "model": "NVIDIA H100 80GB HBM3", "efa": 32, "cpu": "192", "memory": "2097152Mi",
+                    "device_id": "2330", "nccl_peak": 480.0},
+    "p5e.48xlarge": {"gpus": 8, "model": "NVIDIA H200", "efa": 32, "cpu": "192", "memory": "2097152Mi",
+                     "device_id": "2335", "nccl_peak": 480.0},
+    "p5en.48xlarge": {"gpus": 8, "model": "NVIDIA H200", "efa": 16, "cpu": "192", "memory": "2097152Mi",
+                      "device_id": "2335", "nccl_peak": 480.0},
+    "p4d.24xlarge": {"gpus": 8, "model": "NVIDIA A100-SXM4-40GB", "efa": 4, "cpu": "96", "memory": "1179648Mi",
+                     "device_id": "20b0", "nccl_peak": 235.0},
+    "p4de.24xlarge": {"gpus": 8, "model": "NVIDIA A100-SXM4-80GB", "efa": 4, "cpu": "96", "memory": "1179648Mi",
+                      "device_id": "20b2", "nccl_peak": 235.0},
+    "p6-b200.48xlarge": {"gpus": 8, "model": "NVIDIA B200", "efa": 8, "cpu": "192", "memory": "2097152Mi",
+                         "device_id": "2901", "nccl_peak": 800.0},
+    "m7i.4xlarge": {"gpus": 0, "model": "", "efa": 0, "cpu": "16", "memory": "65536Mi", "device_id": "",
+                    "nccl_peak": 0.0},
 }
 
 FAULT_KEYS = {"xids", "missing_gpus", "hung_check", "garbage_output", "ecc_dbe", "remap_pending",
-              "remap_failure", "pod_lands_on_taint", "check_crash", "not_ready"}
+              "remap_failure", "pod_lands_on_taint", "check_crash", "not_ready", "pcie_replay", "nvlink_down",
+              "low_bandwidth", "dcgm_runtime_error"}
 
 
 @dataclass
@@ -39,6 +47,10 @@ class Faults:
     remap_failure: list[int] = field(default_factory=list)
     pod_lands_on_taint: int = 0  # times a GPU pod is bound just as Sweeper's taint lands
     not_ready: bool = False
+    pcie_replay: list[int] = field(default_factory=list)  # GPUs whose PCIe link replays too often
+    nvlink_down: list[int] = field(default_factory=list)  # GPUs with an NVLink link down
+    low_bandwidth: float = 1.0  # NCCL bus bandwidth as a share of the healthy figure
+    dcgm_runtime_error: bool = False  # dcgmi cannot run at all
 
     @classmethod
     def from_dict(cls, node: str, raw: dict[str, Any]) -> Faults:
@@ -59,7 +71,11 @@ class Faults:
                    remap_pending=[int(g) for g in raw.get("remap_pending", [])],
                    remap_failure=[int(g) for g in raw.get("remap_failure", [])],
                    pod_lands_on_taint=int(raw.get("pod_lands_on_taint", 0)),
-                   not_ready=bool(raw.get("not_ready", False)))
+                   not_ready=bool(raw.get("not_ready", False)),
+                   pcie_replay=[int(g) for g in raw.get("pcie_replay", [])],
+                   nvlink_down=[int(g) for g in raw.get("nvlink_down", [])],
+                   low_bandwidth=float(raw.get("low_bandwidth", 1.0)),
+                   dcgm_runtime_error=bool(raw.get("dcgm_runtime_error", False)))
 
 
 @dataclass
