@@ -130,6 +130,8 @@ def _printer(console: Console) -> Callable[[str, dict[str, Any]], None]:
             style = VERDICT_STYLE.get(d["verdict"], "")
             console.print(f"  {d['node']}: [{style}]{d['verdict']}[/{style}] -> {d['action']}"
                           + (f"  ({'; '.join(d['reasons'])[:160]})" if d["verdict"] != "pass" else ""))
+        elif event == "reconcile":
+            console.print(f"  {d['node']}: reconciled, {d['action']} ({d['why']})")
         elif event == "skip":
             console.print(f"  {d['node']}: skipped ({d['why']})")
     return emit

@@ -39,6 +39,9 @@ class Config:
     job_ttl: float = 3600.0
     page_size: int = 500
     api_attempts: int = 6
+    lock_name: str = "sweeper-lock"
+    lock_ttl: float = 300.0  # seconds without renewal after which a dead sweeper's lock may be taken
+    orphan_grace: float = 3600.0  # Sweeper's taint with no record in history is removed after this long
     playbook_dir: str = ""
     template_dir: str = ""
     profile_dir: str = ""
@@ -57,7 +60,7 @@ class Config:
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
 
 
-_DURATIONS = {"min_node_age", "interval", "check_timeout", "poll_interval", "job_ttl"}
+_DURATIONS = {"min_node_age", "interval", "check_timeout", "poll_interval", "job_ttl", "lock_ttl", "orphan_grace"}
 
 
 def load_config(path: str | Path | None) -> Config:

@@ -38,6 +38,10 @@ class LockHeld(SweeperError):
 
     exit_code = 4
 
+    def __init__(self, message: str, holder: str = "") -> None:
+        super().__init__(message)
+        self.holder = holder
+
 
 class KubeError(SweeperError):
     """The Kubernetes API answered with an error or could not be reached."""

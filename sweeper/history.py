@@ -7,6 +7,7 @@ import json
 import socket
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -69,19 +70,29 @@ class History:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
-            self.db = Database(conn)
-            self.db.enable_wal()
-            applied = [m.name for m in migrations.applied(self.db)]
         except (OSError, sqlite3.Error) as exc:
             raise StateError(f"cannot open the history at {self.path}: {exc}") from exc
+        self.db = Database(conn)
+        # Switching to WAL and migrating take locks that SQLite does not wait for through its busy
+        # timeout; a second process opening a new file at the same moment retries here.
+        for attempt in range(50):
+            try:
+                self._open()
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or attempt == 49:
+                    raise StateError(f"cannot open the history at {self.path}: {exc}") from exc
+                time.sleep(0.1)
+
+    def _open(self) -> None:
+        self.db.execute("PRAGMA busy_timeout = 30000")
+        self.db.enable_wal()
+        applied = [m.name for m in migrations.applied(self.db)]
         unknown = [n for n in applied if n not in KNOWN]
         if unknown:
             raise StateError(f"{self.path} was written by a newer Sweeper (migrations {unknown} are unknown "
                              "to this version); upgrade Sweeper or point --state at another file")
-        try:
-            migrations.apply(self.db)
-        except sqlite3.Error as exc:
-            raise StateError(f"cannot migrate the history at {self.path}: {exc}") from exc
+        migrations.apply(self.db)
 
     def close(self) -> None:
         self.db.close()
@@ -133,10 +144,23 @@ class History:
 
     @_locked
     def last_swept(self) -> dict[str, float]:
-        """Node to the start of its latest finished, non-dry-run sweep."""
-        rows = self.db.query("select node, max(started) as last from node_sweeps "
-                             "where finished is not null and dry_run = 0 group by node")
+        """Node to the start of its latest finished, conclusive, non-dry-run sweep."""
+        rows = self.db.query("select node, max(started) as last from node_sweeps where finished is not null "
+                             "and dry_run = 0 and verdict != 'inconclusive' group by node")
         return {r["node"]: r["last"] for r in rows}
+
+    @_locked
+    def story(self, run_id: str, node: str) -> dict[str, Any]:
+        """What a run recorded about a node: its latest sweep and its intents (for reconciling)."""
+        sweeps = list(self.db.query("select * from node_sweeps where run_id = ? and node = ? order by id desc limit 1",
+                                    [run_id, node]))
+        intents = list(self.db.query("select op, phase, ts, detail from intents where run_id = ? and node = ? "
+                                     "order by id", [run_id, node]))
+        return {"sweep": sweeps[0] if sweeps else None, "intents": intents}
+
+    @_locked
+    def unfinished_runs(self) -> list[str]:
+        return [r["id"] for r in self.db.query("select id from runs where finished is null")]
 
     # -- reading -----------------------------------------------------------------
     @_locked

@@ -226,6 +226,20 @@ class Kube:
         except NotFound:
             return False
 
+    # -- leases ------------------------------------------------------------------
+    def get_lease(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._call(f"get lease {namespace}/{name}", lambda: self.coord.read_namespaced_lease(
+            name, namespace, _preload_content=False))
+
+    def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("create lease", lambda: self.coord.create_namespaced_lease(
+            namespace, body, _preload_content=False))
+
+    def replace_lease(self, namespace: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Conditional on body.metadata.resourceVersion: a 409 means someone else wrote first."""
+        return self._call(f"update lease {namespace}/{name}", lambda: self.coord.replace_namespaced_lease(
+            name, namespace, body, _preload_content=False))
+
     # -- events ------------------------------------------------------------------
     def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("create event", lambda: self.core.create_namespaced_event(

@@ -3,6 +3,7 @@ decide, hand back or keep held with a reason, and record every step."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 import time
@@ -15,11 +16,12 @@ from typing import Any, Protocol
 from sweeper import profiles
 from sweeper.actions import ActionContext, load_all
 from sweeper.actions import node as node_actions
-from sweeper.clock import Clock, WallClock, iso
+from sweeper.clock import Clock, WallClock, iso, parse_iso
 from sweeper.config import Config
 from sweeper.errors import Conflict, KubeError, NotFound, PlaybookError
 from sweeper.fleet import NodeView, Plan, plan
 from sweeper.kube import Kube
+from sweeper.lock import SweepLock
 from sweeper.playbook.executor import Executor, TaskOutcome, load
 from sweeper.policy import HOLDING
 from sweeper.result import Metric, Result
@@ -37,6 +39,8 @@ class Recorder(Protocol):
     def action(self, run_id: str, node: str, ts: float, action: str, detail: str, dry_run: bool = False) -> None: ...
     def intent(self, run_id: str, node: str, ts: float, op: str, phase: str, detail: str = "") -> None: ...
     def last_swept(self) -> dict[str, float]: ...
+    def story(self, run_id: str, node: str) -> dict[str, Any]: ...
+    def unfinished_runs(self) -> list[str]: ...
 
 
 @dataclass
@@ -57,13 +61,14 @@ class RunReport:
     outcomes: list[NodeOutcome] = field(default_factory=list)
     dry_run: bool = False
     api_requests: int = 0
+    reconciled: list[dict[str, str]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id, "started": iso(self.started), "finished": iso(self.finished),
             "dry_run": self.dry_run, "gpu_nodes": self.plan.gpu_nodes, "held_before": self.plan.held,
             "budget": self.plan.budget, "api_requests": self.api_requests,
-            "nodes": [o.__dict__ for o in self.outcomes],
+            "nodes": [o.__dict__ for o in self.outcomes], "reconciled": self.reconciled,
             "skipped": [{"node": d.node.name, "reason": d.reason, "detail": d.detail} for d in self.plan.skip],
         }
 
@@ -83,6 +88,7 @@ class Sweep:
         self.dry_run = dry_run
         self.actions = load_all()
         self.stop = threading.Event()
+        self.lock_lost = threading.Event()
         self._lock = threading.Lock()
         self.profiles = profiles.load_profiles(config.path("profiles"))
         self.playbook = load(str(config.path("playbooks") / config.playbook), self.actions)
@@ -98,13 +104,27 @@ class Sweep:
         start = self.clock.now()
         requests_before = self.kube.requests
         run_id = new_run_id(start)
-        self.rec.run_started(run_id, start, "dry-run" if self.dry_run else "sweep")
-        p = self.discover()
-        report = RunReport(run_id, start, start, p, dry_run=self.dry_run)
-        self.emit("plan", {"run_id": run_id, "take": [d.node.name for d in p.take], "gpu_nodes": p.gpu_nodes,
-                           "held": p.held, "budget": p.budget})
-        status = "done"
+        lock = None
+        if not self.dry_run:
+            lock = SweepLock(self.kube, self.cfg.namespace, self.cfg.lock_name, run_id, self.cfg.lock_ttl, self.clock)
+            lock.acquire()  # LockHeld: another sweep is running
+            self.lock_lost = lock.lost
         try:
+            return self._run(run_id, start, requests_before)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _run(self, run_id: str, start: float, requests_before: int) -> RunReport:
+        self.rec.run_started(run_id, start, "dry-run" if self.dry_run else "sweep")
+        status = "done"
+        report = RunReport(run_id, start, start, Plan(), dry_run=self.dry_run)
+        try:
+            if not self.dry_run:
+                report.reconciled = self.reconcile(run_id)
+            p = report.plan = self.discover()
+            self.emit("plan", {"run_id": run_id, "take": [d.node.name for d in p.take], "gpu_nodes": p.gpu_nodes,
+                               "held": p.held, "budget": p.budget})
             if self.dry_run:
                 for d in p.take:
                     self.rec.action(run_id, d.node.name, self.clock.now(), "would-sweep", d.detail, dry_run=True)
@@ -122,6 +142,57 @@ class Sweep:
             taken = sum(1 for o in report.outcomes if o.action in ("released", "held"))
             self.rec.run_finished(run_id, report.finished, status, taken, report.to_dict())
         return report
+
+    # -- crash recovery -------------------------------------------------------------------
+    def reconcile(self, run_id: str) -> list[dict[str, str]]:
+        """Finish the story of earlier runs that died: their Jobs are deleted, the nodes they held
+        are handed back, or kept held where a failing verdict was already recorded."""
+        done: list[dict[str, str]] = []
+        now = self.clock.now()
+        for old in self.rec.unfinished_runs():
+            if old != run_id:
+                self.rec.run_finished(old, now, "crashed", 0, {"reconciled_by": run_id})
+        for job in self.kube.list_jobs(self.cfg.namespace, "app.kubernetes.io/managed-by=sweeper"):
+            owner = (job["metadata"].get("labels") or {}).get(f"{self.cfg.prefix}/run-id", "")
+            if owner != run_id:
+                self.kube.delete_job(self.cfg.namespace, job["metadata"]["name"])
+                done.append({"job": job["metadata"]["name"], "action": "deleted", "why": f"left by run {owner}"})
+        for obj in self.kube.list_nodes(self.cfg.gpu_node_selector, page_size=self.cfg.page_size):
+            view = NodeView.from_obj(obj, self.cfg.gpu_resources)
+            taint = view.sweep_taint(self.cfg.taint_key)
+            if not taint or taint.get("value") == run_id:
+                continue
+            done.append(self._reconcile_node(run_id, view, str(taint.get("value", "")), now))
+        for d in done:
+            if "node" in d:
+                self.emit("reconcile", d)
+        return done
+
+    def _reconcile_node(self, run_id: str, view: NodeView, old: str, now: float) -> dict[str, str]:
+        name = view.name
+        story = self.rec.story(old, name) if old else {"sweep": None, "intents": []}
+        sweep = story["sweep"]
+        if sweep and sweep["finished"] and sweep["verdict"] in HOLDING:
+            reasons = json.loads(sweep["reasons"] or "[]")
+            if f"{self.cfg.prefix}/verdict" not in view.annotations:
+                node_actions.keep_held(self.kube, self.cfg, name, sweep["verdict"], "; ".join(reasons))
+            self.rec.action(run_id, name, now, "reconcile-keep-held", f"{sweep['verdict']} recorded by run {old}")
+            return {"node": name, "action": "kept held", "why": f"verdict {sweep['verdict']} from run {old}"}
+        if sweep or story["intents"]:
+            why = (f"run {old} reached {sweep['verdict']} but stopped before handing the node back"
+                   if sweep and sweep["finished"] else f"run {old} stopped before its checks finished")
+            if sweep and not sweep["finished"]:
+                self.rec.sweep_finished(sweep["id"], now, "inconclusive", [why])
+            self.release(run_id, name, f"reconcile: {why}")
+            return {"node": name, "action": "released", "why": why}
+        since = view.annotations.get(f"{self.cfg.prefix}/held-since")
+        age = now - parse_iso(since) if since else float("inf")
+        if age >= self.cfg.orphan_grace:
+            why = f"Sweeper's taint from run {old or '?'} with no record in this history, {int(age)}s old"
+            self.release(run_id, name, f"reconcile: {why}")
+            return {"node": name, "action": "released", "why": why}
+        return {"node": name, "action": "left held",
+                "why": f"taint from run {old} has no record here; released after {int(self.cfg.orphan_grace)}s"}
 
     # -- one node -----------------------------------------------------------------
     def sweep_node(self, run_id: str, view: NodeView) -> NodeOutcome:
@@ -159,7 +230,7 @@ class Sweep:
             on_result=lambda r: self.rec.result(sweep_id, r),
             intent=lambda op, phase, detail: self.rec.intent(run_id, node.name, self.clock.now(), op, phase, detail),
             log=lambda msg: self.emit("log", {"node": node.name, "msg": msg}),
-            cancelled=self.stop.is_set,
+            cancelled=lambda: self.stop.is_set() or self.lock_lost.is_set(),
             on_record=lambda kind, data: self._record(run_id, sweep_id, node.name, kind, data))
 
         def on_task(o: TaskOutcome) -> None:

@@ -6,6 +6,7 @@ import json
 import random
 import re
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,9 @@ class ApiServer:
         self.httpd = ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
+        # Observers of every request, before it is served and after it succeeded: (stage, method, path).
+        # Tests use them to stop a client at an exact step.
+        self.hooks: list[Callable[[str, str, str], None]] = []
 
     @property
     def url(self) -> str:
@@ -74,6 +78,15 @@ class ApiServer:
 
     # -- dispatch ----------------------------------------------------------------
     def handle(self, method: str, raw_path: str, headers: dict[str, str], body: bytes) -> tuple[int, Any, str]:
+        path = urlparse(raw_path).path
+        for hook in self.hooks:
+            hook("before", method, path)
+        answer = self._handle(method, raw_path, headers, body)
+        for hook in self.hooks:
+            hook("after", method, path)
+        return answer
+
+    def _handle(self, method: str, raw_path: str, headers: dict[str, str], body: bytes) -> tuple[int, Any, str]:
         url = urlparse(raw_path)
         q = {k: v[-1] for k, v in parse_qs(url.query).items()}
         path = url.path

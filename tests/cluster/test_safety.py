@@ -1,0 +1,183 @@
+"""Safety under concurrency and crashes: the lock, reconciling after a dead run, and a
+sweeper killed with SIGKILL at every distinct step of a sweep."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sweeper.actions import node as node_actions
+from sweeper.clock import iso_micro
+from sweeper.errors import LockHeld
+from sweeper.history import History
+from sweeper.lock import SweepLock
+from sweeper.sweep import Sweep
+from tests.conftest import TEST_CONFIG, Sim, run_sweep
+
+TAINT = TEST_CONFIG.taint_key
+
+
+def sweep_taints(sim: Sim) -> dict[str, str]:
+    out = {}
+    for n in sim.core.list_node().items:
+        for t in n.spec.taints or []:
+            if t.key == TAINT:
+                out[n.metadata.name] = t.value
+    return out
+
+
+def test_the_lock_keeps_a_second_sweeper_out(sim: Sim, history: History) -> None:
+    other = SweepLock(sim.kube, "sweeper", TEST_CONFIG.lock_name, "sw-other", 300, sim.cluster.clock)
+    other.acquire()
+    with pytest.raises(LockHeld) as exc:
+        run_sweep(sim, history)
+    assert exc.value.holder == "sw-other"
+    assert sweep_taints(sim) == {}
+    other.release()
+    report = run_sweep(sim, history)
+    assert len(report.outcomes) == 4
+
+
+def test_an_expired_lock_is_taken_over(sim: Sim, history: History) -> None:
+    from kubernetes import client
+
+    coord = client.CoordinationV1Api(sim.api_client)
+    stale = sim.cluster.clock.now() - 3600
+    coord.create_namespaced_lease("sweeper", {"metadata": {"name": TEST_CONFIG.lock_name},
+                                              "spec": {"holderIdentity": "sw-dead", "leaseDurationSeconds": 300,
+                                                       "renewTime": iso_micro(stale)}})
+    report = run_sweep(sim, history)
+    assert len(report.outcomes) == 4
+    lease = coord.read_namespaced_lease(TEST_CONFIG.lock_name, "sweeper")
+    assert lease.spec.holder_identity == "" and lease.spec.lease_transitions == 1
+
+
+def test_two_sweepers_started_together(make_sim, tmp_path: Path) -> None:
+    sim: Sim = make_sim(nodes=10)
+    cfg = replace(TEST_CONFIG, max_nodes=3)
+    results: list[Any] = []
+
+    def go(i: int) -> None:
+        h = History(tmp_path / "shared.db")
+        try:
+            results.append(Sweep(sim.kube, cfg, h, clock=sim.cluster.clock).run())
+        except LockHeld as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    reports = [r for r in results if not isinstance(r, LockHeld)]
+    assert len(results) == 2 and len(reports) >= 1
+    swept = [o.node for r in reports for o in r.outcomes]
+    assert len(swept) == len(set(swept)), "no node swept twice"
+    holds = [(p, m) for m, p in sim.cluster.store.requests if m == "PATCH" and p.startswith("/api/v1/nodes/")]
+    assert len({p for p, _ in holds}) <= 3 * len(reports)
+
+
+def _record_dead_run(history: History, run: str, node: str, verdict: str | None) -> None:
+    history.run_started(run, 1.0, "sweep")
+    sid = history.sweep_started(run, node, 1.0, "light sweep", "p5.48xlarge")
+    history.intent(run, node, 1.0, "taint", "after", "")
+    if verdict:
+        history.sweep_finished(sid, 2.0, verdict, ["xid (GPU 3): XID 79"])
+
+
+def test_reconcile_finishes_the_story_of_a_dead_run(make_sim, history: History) -> None:
+    sim: Sim = make_sim(nodes=5)
+    now = sim.cluster.clock.now()
+    cfg = TEST_CONFIG
+    for node, run, since in (("gpu-00", "sw-dead-a", now), ("gpu-01", "sw-dead-a", now),
+                             ("gpu-02", "sw-lost", now - 60), ("gpu-03", "sw-lost", now - 7200)):
+        obj = sim.kube.get_node(node)
+        node_actions.hold(sim.kube, cfg, obj, run, since)
+    _record_dead_run(history, "sw-dead-a", "gpu-00", None)        # died mid-check
+    history.sweep_finished(history.sweep_started("sw-dead-a", "gpu-01", 1.0, "light sweep", "p5"), 2.0, "reboot",
+                           ["XID 79"])                             # verdict recorded, never acted on
+    sim.batch.create_namespaced_job("sweeper", {"metadata": {"name": "left-over", "labels": {
+        "app.kubernetes.io/managed-by": "sweeper", f"{cfg.prefix}/run-id": "sw-dead-a"}},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
+            {"name": "c", "image": "i", "command": ["sleep", "inf"]}]}}}})
+    report = run_sweep(sim, history, replace(cfg, interval=10**9))
+    actions = {d["node"]: d["action"] for d in report.reconciled if "node" in d}
+    assert actions == {"gpu-00": "released", "gpu-01": "kept held", "gpu-02": "left held", "gpu-03": "released"}
+    assert [d["job"] for d in report.reconciled if "job" in d] == ["left-over"]
+    taints = sweep_taints(sim)
+    assert taints.get("gpu-01") == "sw-dead-a" and taints.get("gpu-02") == "sw-lost"
+    assert "gpu-00" not in taints and "gpu-03" not in taints
+    ann = sim.core.read_node("gpu-01").metadata.annotations
+    assert ann[f"{cfg.prefix}/verdict"] == "reboot"
+    dead = next(history.db.query("select * from node_sweeps where run_id = 'sw-dead-a' and node = 'gpu-00'"))
+    assert dead["verdict"] == "inconclusive" and dead["finished"]
+    assert history.unfinished_runs() == []
+    assert next(history.db.query("select status from runs where id = 'sw-dead-a'"))["status"] == "crashed"
+    assert report.plan.held == 2, "nodes kept held count against the budget"
+
+
+# -- SIGKILL at every step ---------------------------------------------------------------------
+STEPS = [
+    ("after", "PUT", "/leases/", 1),       # lock taken, nothing else done
+    ("after", "PATCH", "/nodes/", 1),      # first node tainted
+    ("before", "POST", "/jobs", 1),        # tainted, Job not yet created
+    ("after", "POST", "/jobs", 1),         # Job created
+    ("after", "GET", "/jobs/", 3),         # mid-check, polling
+    ("after", "DELETE", "/jobs/", 1),      # Job deleted, verdict not acted on
+    ("after", "PATCH", "/nodes/", 3),      # some nodes handed back
+]
+
+
+def _sweep_cmd(kc: Path, state: Path, cfg: Path) -> list[str]:
+    return [sys.executable, "-m", "sweeper.cli", "sweep", "--kubeconfig", str(kc), "--state", str(state),
+            "--config", str(cfg), "--json"]
+
+
+@pytest.mark.parametrize("stage,method,fragment,nth", STEPS)
+def test_sigkill_at_every_step_then_run_again(make_sim, tmp_path: Path, stage: str, method: str, fragment: str,
+                                              nth: int) -> None:
+    sim: Sim = make_sim(nodes=3, faults={"gpu-02": {"xids": [{"code": 79, "gpu": 1}]}})
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump({"max_nodes": 3, "max_percent": 100, "poll_interval": 0.05,
+                                   "check_timeout": 300, "lock_ttl": 1, "api_attempts": 3}))
+    state = tmp_path / "h.db"
+    proc = subprocess.Popen(_sweep_cmd(sim.kubeconfig, state, cfg), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    seen = {"n": 0, "killed": False}
+
+    def hook(st: str, m: str, path: str) -> None:
+        if st == stage and m == method and fragment in path and not seen["killed"]:
+            seen["n"] += 1
+            if seen["n"] == nth:
+                seen["killed"] = True
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    sim.server.hooks.append(hook)
+    proc.wait(timeout=60)
+    sim.server.hooks.clear()
+    assert seen["killed"], f"the sweep never reached {stage} {method} {fragment} #{nth}"
+    time.sleep(1.2)  # the dead run's lock expires (lock_ttl 1s)
+    again = subprocess.run(_sweep_cmd(sim.kubeconfig, state, cfg), capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    taints = sweep_taints(sim)
+    assert set(taints) <= {"gpu-02"}, f"only the faulty node may stay held: {taints}"
+    assert sim.batch.list_namespaced_job("sweeper").items == []
+    h = History(state)
+    assert h.unfinished_runs() == []
+    open_sweeps = list(h.db.query("select node, run_id from node_sweeps where finished is null"))
+    assert open_sweeps == [], "every node's story is complete"
+    if "gpu-02" in taints:
+        last = h.node_history("gpu-02")["sweeps"][0]
+        assert last["verdict"] == "reboot", "a held node has its reason on record"
+    h.close()
