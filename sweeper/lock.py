@@ -37,7 +37,8 @@ class SweepLock:
                 self._lease = self.kube.create_lease(self.namespace, {
                     "metadata": {"name": self.name, "namespace": self.namespace}, "spec": self._spec(0)})
             except AlreadyExists as exc:
-                raise LockHeld("another sweeper took the lock at the same moment") from exc
+                if not self._mine():
+                    raise LockHeld("another sweeper took the lock at the same moment") from exc
             self._start()
             return
         spec = current.get("spec") or {}
@@ -52,8 +53,19 @@ class SweepLock:
         try:
             self._lease = self.kube.replace_lease(self.namespace, self.name, body)
         except Conflict as exc:
-            raise LockHeld("another sweeper took the lock at the same moment") from exc
+            if not self._mine():  # a write whose reply was lost looks like a conflict on the retry
+                raise LockHeld("another sweeper took the lock at the same moment") from exc
         self._start()
+
+    def _mine(self) -> bool:
+        try:
+            current = self.kube.get_lease(self.namespace, self.name)
+        except NotFound:
+            return False
+        if (current.get("spec") or {}).get("holderIdentity") == self.holder:
+            self._lease = current
+            return True
+        return False
 
     def _expired(self, spec: dict[str, Any]) -> bool:
         renew = spec.get("renewTime") or spec.get("acquireTime")
@@ -86,7 +98,8 @@ class SweepLock:
         try:
             self._lease = self.kube.replace_lease(self.namespace, self.name, body)
         except Conflict as exc:
-            raise LockHeld("the lock was taken by another sweeper") from exc
+            if not self._mine():
+                raise LockHeld("the lock was taken by another sweeper") from exc
 
     def release(self) -> None:
         self._stop.set()

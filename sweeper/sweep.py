@@ -18,7 +18,7 @@ from sweeper.actions import ActionContext, load_all
 from sweeper.actions import node as node_actions
 from sweeper.clock import Clock, WallClock, iso, parse_iso
 from sweeper.config import Config
-from sweeper.errors import Conflict, KubeError, NotFound, PlaybookError
+from sweeper.errors import Conflict, KubeError, NotFound, PlaybookError, Transient
 from sweeper.fleet import NodeView, Plan, plan
 from sweeper.kube import Kube
 from sweeper.lock import SweepLock
@@ -201,9 +201,11 @@ class Sweep:
         profile = profiles.match(self.profiles, view.labels)
         try:
             node = self.hold(run_id, view)
-        except (Conflict, NotFound) as exc:
-            self.emit("skip", {"node": name, "why": str(exc)})
-            return NodeOutcome(name, "", [f"could not hold: {exc}"], "skipped")
+        except (Conflict, NotFound, Transient) as exc:
+            if not self._holds(name, run_id):
+                self.emit("skip", {"node": name, "why": str(exc)})
+                return NodeOutcome(name, "", [f"could not hold: {exc}"], "skipped")
+            node = self._after_hold(run_id, name)  # our taint did land: the reply was lost
         if node is None:
             return NodeOutcome(name, "", ["a GPU pod landed before the taint; released untouched"], "raced")
         sweep_id = self.rec.sweep_started(run_id, name, self.clock.now(), self.playbook.name, profile.name)
@@ -265,6 +267,18 @@ class Sweep:
         self.rec.intent(run_id, name, self.clock.now(), "taint", "before", view.resource_version)
         updated = node_actions.hold(self.kube, self.cfg, self._raw(view), run_id, self.clock.now())
         self.rec.intent(run_id, name, self.clock.now(), "taint", "after", updated["metadata"]["resourceVersion"])
+        return self._after_hold(run_id, name, updated)
+
+    def _holds(self, name: str, run_id: str) -> bool:
+        try:
+            current = NodeView.from_obj(self.kube.get_node(name), self.cfg.gpu_resources)
+        except NotFound:
+            return False
+        taint = current.sweep_taint(self.cfg.taint_key)
+        return bool(taint and taint.get("value") == run_id)
+
+    def _after_hold(self, run_id: str, name: str, updated: dict[str, Any] | None = None) -> NodeView | None:
+        """The node carries our taint: record it, then look at its pods again."""
         self.rec.action(run_id, name, self.clock.now(), "hold", f"taint {self.cfg.taint_key}={run_id}:NoSchedule")
         self.emit("hold", {"node": name})
         landed = node_actions.gpu_pods_on(self.kube, self.cfg, name)
@@ -272,7 +286,7 @@ class Sweep:
             self.emit("raced", {"node": name, "pods": landed})
             self.release(run_id, name, f"GPU pod(s) landed before the taint: {', '.join(landed)}")
             return None
-        return NodeView.from_obj(updated, self.cfg.gpu_resources)
+        return NodeView.from_obj(updated or self.kube.get_node(name), self.cfg.gpu_resources)
 
     @staticmethod
     def _raw(view: NodeView) -> dict[str, Any]:

@@ -108,6 +108,7 @@ class Fleet:
     arrival_duration: tuple[float, float] = (3600.0, 6 * 3600.0)
     check_seconds: float = 45.0
     api_fault_rate: float = 0.0
+    api_lost_reply_rate: float = 0.0
 
 
 def load_fleet(path: Path) -> Fleet:
@@ -129,7 +130,8 @@ def parse_fleet(raw: Any, origin: str = "fleet") -> Fleet:
     fleet = Fleet(name=str(raw.get("name", "fleet")), seed=int(raw.get("seed", 1)),
                   speed=float(raw.get("speed", 600)), namespace=str(raw.get("namespace", "sweeper")),
                   check_seconds=parse_duration(raw.get("check_seconds", 45)),
-                  api_fault_rate=float((raw.get("api_faults") or {}).get("rate", 0.0)))
+                  api_fault_rate=float((raw.get("api_faults") or {}).get("rate", 0.0)),
+                  api_lost_reply_rate=float((raw.get("api_faults") or {}).get("lost_reply_rate", 0.0)))
     faults = raw.get("faults") or {}
     for group in raw.get("node_groups") or []:
         itype = group.get("instance_type", "p5.48xlarge")

@@ -35,6 +35,7 @@ class ApiServer:
         self.cluster = cluster
         self.fault_rng = random.Random(cluster.fleet.seed + 1)
         self.fault_rate = cluster.fleet.api_fault_rate
+        self.lost_reply_rate = cluster.fleet.api_lost_reply_rate
         handler = type("Handler", (_Handler,), {"api": self})
         self.httpd = ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
@@ -84,6 +85,10 @@ class ApiServer:
         answer = self._handle(method, raw_path, headers, body)
         for hook in self.hooks:
             hook("after", method, path)
+        if (self.lost_reply_rate and method != "GET" and not self._discovery(path)
+                and self.fault_rng.random() < self.lost_reply_rate):
+            # The write happened, but the client hears a 503: a retry must cope with its own success.
+            raise ApiError(503, "ServiceUnavailable", "simulated lost reply (the write was applied)")
         return answer
 
     def _handle(self, method: str, raw_path: str, headers: dict[str, str], body: bytes) -> tuple[int, Any, str]:

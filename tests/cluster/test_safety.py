@@ -181,3 +181,39 @@ def test_sigkill_at_every_step_then_run_again(make_sim, tmp_path: Path, stage: s
         last = h.node_history("gpu-02")["sweeps"][0]
         assert last["verdict"] == "reboot", "a held node has its reason on record"
     h.close()
+
+
+def test_api_faults_at_five_percent(make_sim, history: History) -> None:
+    from tests.conftest import fleet_spec
+
+    sim: Sim = make_sim(fleet_spec(nodes=12, faults={"gpu-03": {"remap_failure": [2]}},
+                                   api_faults={"rate": 0.05, "lost_reply_rate": 0.05}))
+    cfg = replace(TEST_CONFIG, max_nodes=6)
+    reports = [run_sweep(sim, history, cfg) for _ in range(3)]
+    outcomes = {o.node: o for r in reports for o in r.outcomes}
+    assert len(outcomes) == 12, "every node was swept once across the runs"
+    assert sim.kube.errors > 10, "faults were injected and retried"
+    taints = sweep_taints(sim)
+    passed = {n for n, o in outcomes.items() if o.action == "released"}
+    assert not passed & set(taints), "no Sweeper taint on a node that passed"
+    assert set(taints) <= {"gpu-03"}
+    assert sim.batch.list_namespaced_job("sweeper").items == []
+    assert outcomes["gpu-03"].verdict == "replace"
+    assert list(history.db.query("select * from node_sweeps where finished is null")) == []
+
+
+def test_a_hundred_races_disturb_no_pod(make_sim, history: History) -> None:
+    faults = {f"gpu-{i:03d}": {"pod_lands_on_taint": 1} for i in range(100)}
+    sim: Sim = make_sim(nodes=100, faults=faults)
+    cfg = replace(TEST_CONFIG, max_nodes=50)
+    raced = 0
+    for _ in range(2):
+        report = run_sweep(sim, history, cfg)
+        raced += sum(1 for o in report.outcomes if o.action == "raced")
+    assert raced == 100
+    pods = sim.core.list_namespaced_pod("training").items
+    assert len(pods) == 100 and all(p.status.phase == "Running" for p in pods), "every workload runs on"
+    assert not any(m == "POST" and "eviction" in p for m, p in sim.cluster.store.requests)
+    assert not any(m == "DELETE" and "/pods/" in p for m, p in sim.cluster.store.requests)
+    assert not any(m == "POST" and p.endswith("/jobs") for m, p in sim.cluster.store.requests), "no check started"
+    assert sweep_taints(sim) == {}
