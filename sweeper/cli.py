@@ -130,6 +130,9 @@ def _printer(console: Console) -> Callable[[str, dict[str, Any]], None]:
             style = VERDICT_STYLE.get(d["verdict"], "")
             console.print(f"  {d['node']}: [{style}]{d['verdict']}[/{style}] -> {d['action']}"
                           + (f"  ({'; '.join(d['reasons'])[:160]})" if d["verdict"] != "pass" else ""))
+        elif event == "breaker":
+            console.print(f"[red bold]circuit breaker open[/red bold]: {d['reason']}; no more nodes are taken "
+                          "until `sweeper breaker reset`")
         elif event == "reconcile":
             console.print(f"  {d['node']}: reconciled, {d['action']} ({d['why']})")
         elif event == "skip":
@@ -250,6 +253,73 @@ def lint_cmd(paths: tuple[str, ...], config_path: str | None, as_json: bool) -> 
     sys.exit(1 if report.problems else 0)
 
 
+# -- controls ----------------------------------------------------------------------------
+def _who() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "unknown"
+
+
+@main.group()
+def breaker() -> None:
+    """The circuit breaker: it opens when too many nodes fail within a window (a systemic fault
+    is not a node fault), stops all sweeping, and stays open until a person resets it."""
+
+
+@breaker.command("status")
+@click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db")
+@click.option("--json", "as_json", is_flag=True)
+@run_cli
+def breaker_status(state: str, as_json: bool) -> None:
+    """Whether the breaker is open, since when and why."""
+    b = _history(state).get_control("breaker") or {"state": "closed"}
+    if as_json:
+        click.echo(json.dumps(b, indent=2))
+    elif b.get("state") == "open":
+        out.print(f"[red]open[/red] since {iso(b['opened_at'])}: {b.get('reason', '')}")
+    else:
+        out.print("[green]closed[/green]" + (f" (reset by {b.get('closed_by')} at {iso(b['closed_at'])})"
+                                             if b.get("closed_at") else ""))
+
+
+@breaker.command("reset")
+@click.option("--reason", required=True, help="Why it is safe to sweep again (recorded).")
+@click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db")
+@run_cli
+def breaker_reset(reason: str, state: str) -> None:
+    """Close the breaker; sweeps take one node at a time for the cooldown that follows."""
+    h = _history(state)
+    now = time.time()
+    b = h.get_control("breaker") or {}
+    h.set_control("breaker", {**b, "state": "closed", "closed_at": now, "closed_by": _who(), "close_reason": reason},
+                  now)
+    h.action("manual", "*", now, "breaker-reset", f"{_who()}: {reason}")
+    out.print("breaker closed")
+
+
+@main.command()
+@click.option("--reason", required=True, help="Why (recorded and shown by plan).")
+@click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db")
+@run_cli
+def pause(reason: str, state: str) -> None:
+    """Stop sweeps from taking nodes until `sweeper resume` (held nodes stay held)."""
+    h = _history(state)
+    h.set_control("pause", {"by": _who(), "reason": reason}, time.time())
+    out.print("sweeping paused")
+
+
+@main.command()
+@click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db")
+@run_cli
+def resume(state: str) -> None:
+    """Undo `sweeper pause`."""
+    _history(state).set_control("pause", None, time.time())
+    out.print("sweeping resumed")
+
+
 # -- plan ------------------------------------------------------------------------------
 @main.command("plan")
 @cluster_options
@@ -264,7 +334,9 @@ def plan_cmd(config_path: str | None, kubeconfig: str | None, context: str | Non
     hist = _history(state)
     nodes = kube.list_nodes(cfg.gpu_node_selector, page_size=cfg.page_size)
     pods = kube.active_pods(page_size=cfg.page_size)
-    p = make_plan(nodes, pods, cfg, hist.last_swept(), time.time())
+    from sweeper.sweep import Sweep
+
+    p = make_plan(nodes, pods, cfg, hist.last_swept(), time.time(), Sweep(kube, cfg, hist).gates())
     rows: list[dict[str, Any]] = [{"node": d.node.name, "take": d.take, "reason": d.reason, "detail": d.detail} for d in p.take + p.skip]
     if as_json:
         click.echo(json.dumps({"gpu_nodes": p.gpu_nodes, "held": p.held, "budget": p.budget, "nodes": rows},

@@ -39,6 +39,14 @@ class Config:
     job_ttl: float = 3600.0
     page_size: int = 500
     api_attempts: int = 6
+    min_healthy_nodes: int = 0  # never take a node if fewer schedulable healthy GPU nodes would remain
+    min_healthy_percent: float = 0.0
+    max_attempts: int = 3  # a node that failed this often within attempt_window waits for a person
+    attempt_window: float = 7 * 86400.0
+    breaker_failures: int = 5  # this many failing verdicts within breaker_window...
+    breaker_percent: float = 20.0  # ...or this share of GPU nodes, whichever is larger, opens the breaker
+    breaker_window: float = 3600.0
+    breaker_cooldown: float = 3600.0  # after a reset, one node at a time for this long
     lock_name: str = "sweeper-lock"
     lock_ttl: float = 300.0  # seconds without renewal after which a dead sweeper's lock may be taken
     orphan_grace: float = 3600.0  # Sweeper's taint with no record in history is removed after this long
@@ -60,7 +68,8 @@ class Config:
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
 
 
-_DURATIONS = {"min_node_age", "interval", "check_timeout", "poll_interval", "job_ttl", "lock_ttl", "orphan_grace"}
+_DURATIONS = {"min_node_age", "interval", "check_timeout", "poll_interval", "job_ttl", "lock_ttl", "orphan_grace",
+              "attempt_window", "breaker_window", "breaker_cooldown"}
 
 
 def load_config(path: str | Path | None) -> Config:

@@ -100,15 +100,36 @@ def budget(cfg: Config, gpu_nodes: int, held: int) -> int:
     return max(0, min(cfg.max_nodes, by_percent) - held)
 
 
+@dataclass(frozen=True)
+class Gates:
+    """What stops or slows a whole sweep: a pause, an open breaker, a cooldown after one."""
+
+    paused: str = ""  # the reason, when paused
+    breaker: str = ""  # the reason, when the breaker is open
+    cooldown: bool = False
+    attempts: dict[str, int] = field(default_factory=dict)  # failures per node within the attempt window
+
+
+def healthy_schedulable(v: NodeView, cfg: Config) -> bool:
+    if not v.ready or v.unschedulable or v.sweep_taint(cfg.taint_key):
+        return False
+    return not any(t.get("effect") in ("NoSchedule", "NoExecute") and t.get("key") not in cfg.allowed_taint_keys
+                   for t in v.taints)
+
+
 def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, last_swept: dict[str, float],
-         now: float) -> Plan:
+         now: float, gates: Gates | None = None) -> Plan:
     """Classify every GPU node: take (idle and due, within budget) or skip with a reason."""
+    gates = gates or Gates()
     views = [NodeView.from_obj(n, cfg.gpu_resources) for n in nodes]
     busy = gpu_pods_by_node(pods, cfg)
     out = Plan(gpu_nodes=len(views))
     eligible: list[NodeView] = []
     for v in views:
         reason, detail = _skip_reason(v, busy.get(v.name, []), cfg, last_swept, now)
+        if not reason and gates.attempts.get(v.name, 0) >= cfg.max_attempts:
+            reason, detail = "attempts-exhausted", (f"failed {gates.attempts[v.name]} time(s) within "
+                                                    f"{cfg.attempt_window / 86400:g}d; a person should look")
         if reason == "held":
             out.held += 1
         if reason:
@@ -116,6 +137,16 @@ def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, l
         else:
             eligible.append(v)
     out.budget = budget(cfg, out.gpu_nodes, out.held)
+    healthy = sum(1 for v in views if healthy_schedulable(v, cfg))
+    floor = max(cfg.min_healthy_nodes, math.ceil(out.gpu_nodes * cfg.min_healthy_percent / 100.0))
+    out.budget = max(0, min(out.budget, healthy - floor))
+    if gates.cooldown:
+        out.budget = min(out.budget, 1)
+    stop = ("paused", gates.paused) if gates.paused else ("breaker-open", gates.breaker) if gates.breaker else None
+    if stop:
+        out.budget = 0
+        out.skip += [Decision(v, False, stop[0], stop[1]) for v in eligible]
+        eligible = []
     eligible.sort(key=lambda v: (v.name in last_swept, last_swept.get(v.name, 0.0), v.name))
     for i, v in enumerate(eligible):
         if i < out.budget:

@@ -46,6 +46,12 @@ def m001_initial(db: Database) -> None:
     db.table("intents").create_index(["run_id", "node"])
 
 
+@migrations()
+def m002_controls(db: Database) -> None:
+    db.table("controls").create({"key": str, "value": str, "ts": float}, pk="key")
+    db.table("node_sweeps").create_index(["verdict", "finished"])
+
+
 KNOWN = [m.name for m in migrations._migrations]
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -157,6 +163,27 @@ class History:
         intents = list(self.db.query("select op, phase, ts, detail from intents where run_id = ? and node = ? "
                                      "order by id", [run_id, node]))
         return {"sweep": sweeps[0] if sweeps else None, "intents": intents}
+
+    @_locked
+    def get_control(self, key: str) -> dict[str, Any] | None:
+        rows = list(self.db.query("select value, ts from controls where key = ?", [key]))
+        return {**json.loads(rows[0]["value"]), "ts": rows[0]["ts"]} if rows else None
+
+    @_locked
+    def set_control(self, key: str, value: dict[str, Any] | None, ts: float) -> None:
+        if value is None:
+            self.db.execute("delete from controls where key = ?", [key])
+            self.db.conn.commit()
+        else:
+            self.db.table("controls").upsert({"key": key, "value": json.dumps(value), "ts": ts}, pk="key")
+
+    @_locked
+    def failures_since(self, since: float, verdicts: tuple[str, ...]) -> dict[str, int]:
+        """Node to the number of its sweeps with one of these verdicts finished since `since`."""
+        marks = ",".join("?" * len(verdicts))
+        rows = self.db.query(f"select node, count(*) as n from node_sweeps where finished >= ? and dry_run = 0 "
+                             f"and verdict in ({marks}) group by node", [since, *verdicts])
+        return {r["node"]: r["n"] for r in rows}
 
     @_locked
     def unfinished_runs(self) -> list[str]:

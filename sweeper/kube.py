@@ -110,6 +110,7 @@ class Kube:
         except (ConfigException, OSError, TypeError) as exc:
             raise ConfigError(f"cannot load the Kubernetes configuration: {exc}") from exc
         cfg.retries = False  # our policy retries, not urllib3's
+        cfg.connection_pool_maxsize = 64  # nodes are swept in parallel
         return cls(client.ApiClient(cfg), clock=clock)
 
     def close(self) -> None:

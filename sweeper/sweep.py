@@ -4,6 +4,7 @@ decide, hand back or keep held with a reason, and record every step."""
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import threading
 import time
@@ -19,12 +20,14 @@ from sweeper.actions import node as node_actions
 from sweeper.clock import Clock, WallClock, iso, parse_iso
 from sweeper.config import Config
 from sweeper.errors import Conflict, KubeError, NotFound, PlaybookError, Transient
-from sweeper.fleet import NodeView, Plan, plan
+from sweeper.fleet import Gates, NodeView, Plan, plan
 from sweeper.kube import Kube
 from sweeper.lock import SweepLock
 from sweeper.playbook.executor import Executor, TaskOutcome, load
 from sweeper.policy import HOLDING
 from sweeper.result import Metric, Result
+
+ATTEMPT_VERDICTS = ("reboot", "replace", "quarantine", "error")
 
 
 class Recorder(Protocol):
@@ -40,6 +43,9 @@ class Recorder(Protocol):
     def intent(self, run_id: str, node: str, ts: float, op: str, phase: str, detail: str = "") -> None: ...
     def last_swept(self) -> dict[str, float]: ...
     def story(self, run_id: str, node: str) -> dict[str, Any]: ...
+    def get_control(self, key: str) -> dict[str, Any] | None: ...
+    def set_control(self, key: str, value: dict[str, Any] | None, ts: float) -> None: ...
+    def failures_since(self, since: float, verdicts: tuple[str, ...]) -> dict[str, int]: ...
     def unfinished_runs(self) -> list[str]: ...
 
 
@@ -97,7 +103,42 @@ class Sweep:
     def discover(self) -> Plan:
         nodes = self.kube.list_nodes(self.cfg.gpu_node_selector, page_size=self.cfg.page_size)
         pods = self.kube.active_pods(page_size=self.cfg.page_size)
-        return plan(nodes, pods, self.cfg, self.rec.last_swept(), self.clock.now())
+        if not self.dry_run:
+            self.trip_breaker(len(nodes))
+        return plan(nodes, pods, self.cfg, self.rec.last_swept(), self.clock.now(), self.gates())
+
+    def gates(self) -> Gates:
+        now = self.clock.now()
+        pause = self.rec.get_control("pause")
+        breaker = self.rec.get_control("breaker") or {}
+        is_open = breaker.get("state") == "open"
+        cooling = breaker.get("state") == "closed" and now - float(breaker.get("closed_at", 0)) < self.cfg.breaker_cooldown
+        return Gates(paused=(f"paused by {pause.get('by', '?')}: {pause.get('reason', '')}" if pause else ""),
+                     breaker=(f"breaker open since {iso(breaker['opened_at'])}: {breaker.get('reason', '')}; "
+                              "close it with `sweeper breaker reset`" if is_open else ""),
+                     cooldown=cooling,
+                     attempts=self.rec.failures_since(now - self.cfg.attempt_window, ATTEMPT_VERDICTS))
+
+    def trip_breaker(self, gpu_nodes: int) -> bool:
+        """Open the breaker when too many nodes failed within the window: a systemic fault (a bad
+        driver, a broken check image, a network outage) is not a node fault. It stays open until a
+        person resets it."""
+        now = self.clock.now()
+        current = self.rec.get_control("breaker") or {}
+        if current.get("state") == "open":
+            return True
+        since = max(now - self.cfg.breaker_window, float(current.get("closed_at", 0.0)))
+        failed = self.rec.failures_since(since, HOLDING)
+        threshold = max(self.cfg.breaker_failures, math.ceil(gpu_nodes * self.cfg.breaker_percent / 100.0))
+        total = sum(failed.values())
+        if total < threshold:
+            return False
+        reason = (f"{total} failing verdicts on {len(failed)} node(s) within {self.cfg.breaker_window / 60:g} min "
+                  f"(threshold {threshold})")
+        self.rec.set_control("breaker", {"state": "open", "opened_at": now, "reason": reason,
+                                         "nodes": sorted(failed)}, now)
+        self.emit("breaker", {"reason": reason})
+        return True
 
     # -- a run --------------------------------------------------------------------
     def run(self) -> RunReport:
@@ -133,6 +174,7 @@ class Sweep:
                 with ThreadPoolExecutor(max_workers=len(p.take), thread_name_prefix="sweep") as pool:
                     futures = [pool.submit(self.sweep_node, run_id, d.node) for d in p.take]
                     report.outcomes = [f.result() for f in futures]
+                self.trip_breaker(p.gpu_nodes)
         except BaseException:
             status = "failed"
             raise
