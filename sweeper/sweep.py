@@ -191,9 +191,9 @@ class Sweep:
         are handed back, or kept held where a failing verdict was already recorded."""
         done: list[dict[str, str]] = []
         now = self.clock.now()
-        for old in self.rec.unfinished_runs():
-            if old != run_id:
-                self.rec.run_finished(old, now, "crashed", 0, {"reconciled_by": run_id})
+        dead = [old for old in self.rec.unfinished_runs() if old != run_id]
+        for old in dead:
+            self.rec.run_finished(old, now, "crashed", 0, {"reconciled_by": run_id})
         for job in self.kube.list_jobs(self.cfg.namespace, "app.kubernetes.io/managed-by=sweeper"):
             owner = (job["metadata"].get("labels") or {}).get(f"{self.cfg.prefix}/run-id", "")
             if owner != run_id:
@@ -204,7 +204,10 @@ class Sweep:
             taint = view.sweep_taint(self.cfg.taint_key)
             if not taint or taint.get("value") == run_id:
                 continue
-            done.append(self._reconcile_node(run_id, view, str(taint.get("value", "")), now))
+            old = str(taint.get("value", ""))
+            if old not in dead and f"{self.cfg.prefix}/verdict" in view.annotations:
+                continue  # held on purpose by a run that finished: nothing to reconcile
+            done.append(self._reconcile_node(run_id, view, old, now))
         for d in done:
             if "node" in d:
                 self.emit("reconcile", d)

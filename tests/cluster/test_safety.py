@@ -3,6 +3,7 @@ sweeper killed with SIGKILL at every distinct step of a sweep."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -280,3 +281,32 @@ def test_pause_floor_and_attempts(make_sim, history: History, tmp_path: Path) ->
     p = run_sweep(sim, history, replace(TEST_CONFIG, breaker_failures=100))
     reasons = {d.node.name: d.reason for d in p.plan.skip}
     assert reasons.get("gpu-05") == "attempts-exhausted"
+
+
+def test_sigterm_hands_every_node_back_and_exits(make_sim, tmp_path: Path) -> None:
+    sim: Sim = make_sim(nodes=3, faults={f"gpu-0{i}": {"hung_check": True} for i in range(3)})
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump({"max_nodes": 3, "max_percent": 100, "poll_interval": 0.05,
+                                   "check_timeout": 86400, "lock_ttl": 5}))
+    state = tmp_path / "h.db"
+    proc = subprocess.Popen(_sweep_cmd(sim.kubeconfig, state, cfg), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    created = threading.Event()
+
+    def hook(st: str, m: str, path: str) -> None:
+        if st == "after" and m == "POST" and path.endswith("/jobs"):
+            created.set()
+
+    sim.server.hooks.append(hook)
+    assert created.wait(30), "no check Job was started"
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    report = json.loads(out)
+    assert {n["verdict"] for n in report["nodes"]} == {"inconclusive"}
+    assert {n["action"] for n in report["nodes"]} == {"released"}
+    assert sweep_taints(sim) == {} and jobs_left(sim) == []
+    h = History(state)
+    assert list(h.db.query("select * from node_sweeps where finished is null")) == []
+    assert h.last_swept() == {}, "an interrupted sweep does not count as a sweep"
+    h.close()
