@@ -253,6 +253,43 @@ def lint_cmd(paths: tuple[str, ...], config_path: str | None, as_json: bool) -> 
     sys.exit(1 if report.problems else 0)
 
 
+# -- release -----------------------------------------------------------------------------
+@main.command("release")
+@click.argument("nodes", nargs=-1)
+@click.option("--all", "everything", is_flag=True, help="Every node Sweeper holds.")
+@click.option("--reason", required=True, help="Why (recorded in the history when there is one).")
+@click.option("--dry-run", is_flag=True, help="Say what would be released; change nothing.")
+@cluster_options
+@click.option("--json", "as_json", is_flag=True, help="Print what was done as JSON.")
+@run_cli
+def release_cmd(nodes: tuple[str, ...], everything: bool, reason: str, dry_run: bool, config_path: str | None,
+                kubeconfig: str | None, context: str | None, state: str, as_json: bool) -> None:
+    """The panic button: hand back every node Sweeper holds (or those named): untaint, undo
+    its cordons, delete its Jobs. Works from the cluster alone when the history is lost."""
+    from sweeper.clock import WallClock
+    from sweeper.errors import StateError
+    from sweeper.release import release
+
+    cfg = _config(config_path)
+    kube = _kube(kubeconfig, context, cfg)
+    recorder = None
+    if Path(state).exists():
+        try:
+            recorder = _history(state)
+        except StateError as exc:
+            err.print(f"[yellow]history unavailable ({exc}); releasing from the cluster alone[/yellow]")
+    rows = release(kube, cfg, list(nodes), everything, reason, WallClock(), recorder, dry_run)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    t = Table(title="released" if not dry_run else "would release")
+    for col in ("node", "action", "detail"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["node"], r["action"], r["detail"])
+    out.print(t)
+
+
 # -- controls ----------------------------------------------------------------------------
 def _who() -> str:
     import getpass

@@ -47,6 +47,10 @@ class Config:
     breaker_percent: float = 20.0  # ...or this share of GPU nodes, whichever is larger, opens the breaker
     breaker_window: float = 3600.0
     breaker_cooldown: float = 3600.0  # after a reset, one node at a time for this long
+    yield_to_pending: bool = True  # take no node while GPU pods wait for capacity
+    check_priority_class: str = ""  # a low PriorityClass for check pods, so the scheduler prefers workloads
+    suspect_conditions: tuple[str, ...] = ("GpuXid", "GpuEcc", "GpuNvlink", "GpuCount")  # swept first when idle
+    handled_conditions: tuple[str, ...] = ()  # another remediator owns a node with one of these set
     lock_name: str = "sweeper-lock"
     lock_ttl: float = 300.0  # seconds without renewal after which a dead sweeper's lock may be taken
     orphan_grace: float = 3600.0  # Sweeper's taint with no record in history is removed after this long
@@ -94,7 +98,8 @@ def load_config(path: str | Path | None) -> Config:
             except ValueError as exc:
                 raise ConfigError(f"{p}: {key}: not a duration: {value!r}") from exc
         elif isinstance(getattr(Config, key, None), tuple) or key in ("gpu_resources", "allowed_taint_keys",
-                                                                      "gpu_resource_prefixes"):
+                                                                      "gpu_resource_prefixes", "suspect_conditions",
+                                                                      "handled_conditions"):
             if not isinstance(value, list):
                 raise ConfigError(f"{p}: {key}: expected a list")
             value = tuple(str(v) for v in value)

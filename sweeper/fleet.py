@@ -31,6 +31,7 @@ class NodeView:
     gpus: int
     resource_version: str
     provider_id: str = ""
+    conditions: tuple[str, ...] = ()  # types of the node's conditions whose status is True, Ready aside
 
     @classmethod
     def from_obj(cls, obj: dict[str, Any], gpu_resources: tuple[str, ...] = ("nvidia.com/gpu",)) -> NodeView:
@@ -43,7 +44,9 @@ class NodeView:
                    ready=ready, unschedulable=bool(spec.get("unschedulable")),
                    created=parse_iso(meta["creationTimestamp"]) if meta.get("creationTimestamp") else 0.0,
                    gpus=gpus, resource_version=meta.get("resourceVersion", ""),
-                   provider_id=spec.get("providerID", ""))
+                   provider_id=spec.get("providerID", ""),
+                   conditions=tuple(c.get("type", "") for c in status.get("conditions") or []
+                                    if c.get("status") == "True" and c.get("type") != "Ready"))
 
     def sweep_taint(self, key: str) -> dict[str, Any] | None:
         return next((t for t in self.taints if t.get("key") == key), None)
@@ -91,6 +94,18 @@ def gpu_pods_by_node(pods: list[dict[str, Any]], cfg: Config) -> dict[str, list[
         if is_daemonset_pod(p) or not requests_gpu(p, cfg):
             continue
         out.setdefault(node, []).append(f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}")
+    return out
+
+
+def pending_gpu_pods(pods: list[dict[str, Any]], cfg: Config) -> list[str]:
+    """Workload pods waiting for GPUs (not Sweeper's own check pods)."""
+    out = []
+    for p in pods:
+        labels = p["metadata"].get("labels") or {}
+        if (p.get("spec") or {}).get("nodeName") or labels.get("app.kubernetes.io/managed-by") == "sweeper":
+            continue
+        if (p.get("status") or {}).get("phase") == "Pending" and requests_gpu(p, cfg):
+            out.append(f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}")
     return out
 
 
@@ -142,17 +157,22 @@ def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, l
     out.budget = max(0, min(out.budget, healthy - floor))
     if gates.cooldown:
         out.budget = min(out.budget, 1)
-    stop = ("paused", gates.paused) if gates.paused else ("breaker-open", gates.breaker) if gates.breaker else None
+    waiting = pending_gpu_pods(pods, cfg) if cfg.yield_to_pending else []
+    stop = ("paused", gates.paused) if gates.paused else ("breaker-open", gates.breaker) if gates.breaker else \
+        ("demand", f"{len(waiting)} GPU pod(s) waiting for capacity: {', '.join(waiting[:3])}") if waiting else None
     if stop:
         out.budget = 0
         out.skip += [Decision(v, False, stop[0], stop[1]) for v in eligible]
         eligible = []
-    eligible.sort(key=lambda v: (v.name in last_swept, last_swept.get(v.name, 0.0), v.name))
+    suspects = {v.name: [c for c in v.conditions if c in cfg.suspect_conditions] for v in eligible}
+    eligible.sort(key=lambda v: (v.name in last_swept, not suspects[v.name], last_swept.get(v.name, 0.0), v.name))
     for i, v in enumerate(eligible):
         if i < out.budget:
             last = last_swept.get(v.name)
-            out.take.append(Decision(v, True, "idle", "never swept" if last is None else
-                                     f"last swept {(now - last) / 3600:.1f}h ago"))
+            why = "never swept" if last is None else f"last swept {(now - last) / 3600:.1f}h ago"
+            if suspects[v.name]:
+                why += f"; suspect: condition {', '.join(suspects[v.name])}"
+            out.take.append(Decision(v, True, "idle", why))
         else:
             out.skip.append(Decision(v, False, "over-budget",
                                      f"budget allows {out.budget} more node(s) this run"))
@@ -169,6 +189,9 @@ def _skip_reason(v: NodeView, gpu_pods: list[str], cfg: Config, last_swept: dict
         return "not-ready", "node is not Ready"
     if v.unschedulable:
         return "cordoned", "spec.unschedulable is set (a person or another tool cordoned it)"
+    handled = [c for c in v.conditions if c in cfg.handled_conditions]
+    if handled:
+        return "handled-elsewhere", f"condition {', '.join(handled)} is set: another remediator owns the node"
     for t in v.taints:
         key = t.get("key", "")
         if key in FOREIGN_TAINTS:
@@ -182,6 +205,6 @@ def _skip_reason(v: NodeView, gpu_pods: list[str], cfg: Config, last_swept: dict
     if now - v.created < cfg.min_node_age:
         return "too-young", f"joined {int(now - v.created)}s ago (minimum {int(cfg.min_node_age)}s)"
     last = last_swept.get(v.name)
-    if last is not None and now - last < cfg.interval:
+    if last is not None and now - last < cfg.interval and not any(c in cfg.suspect_conditions for c in v.conditions):
         return "not-due", f"swept {(now - last) / 3600:.1f}h ago; due every {cfg.interval / 3600:.1f}h"
     return "", ""

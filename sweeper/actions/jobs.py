@@ -49,6 +49,7 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
         "tolerations": [{"key": ctx.config.taint_key, "operator": "Exists", "effect": "NoSchedule"},
                         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "all_gpus": {"nvidia.com/gpu": str(node.get("gpus", 0))},
+        "priority_class": ctx.config.check_priority_class,
         **extra}
     rendered = render(text, variables, where=str(path))
     try:

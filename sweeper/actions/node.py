@@ -68,6 +68,8 @@ def release(kube: Any, cfg: Config, name: str) -> bool:
         for k in ("held-by", "held-since", "verdict", "reason"):
             ann.pop(f"{prefix}/{k}", None)
         ops: list[dict[str, Any]] = []
+        if ann.pop(f"{prefix}/cordoned-by", None) and (node.get("spec") or {}).get("unschedulable"):
+            ops.append({"op": "add", "path": "/spec/unschedulable", "value": False})
         if len(keep) != len(taints):
             ops.append({"op": "add", "path": "/spec/taints", "value": keep})
         if ann != (node["metadata"].get("annotations") or {}):

@@ -310,3 +310,54 @@ def test_sigterm_hands_every_node_back_and_exits(make_sim, tmp_path: Path) -> No
     assert list(h.db.query("select * from node_sweeps where finished is null")) == []
     assert h.last_swept() == {}, "an interrupted sweep does not count as a sweep"
     h.close()
+
+
+def test_release_is_a_panic_button_that_needs_no_history(make_sim, history: History, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from sweeper.cli import main
+    sim: Sim = make_sim(nodes=4, faults={"gpu-01": {"missing_gpus": 1}, "gpu-02": {"remap_failure": [0]}})
+    run_sweep(sim, history)
+    assert set(sweep_taints(sim)) == {"gpu-01", "gpu-02"}
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("api_attempts: 2\n")
+    base = ["--kubeconfig", str(sim.kubeconfig), "--config", str(cfg), "--reason", "incident 42", "--json"]
+    res = CliRunner().invoke(main, ["release", "gpu-01", "--state", str(tmp_path / "missing.db"), *base])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)[0]["action"] == "released"
+    assert set(sweep_taints(sim)) == {"gpu-02"}
+    res = CliRunner().invoke(main, ["release", "--all", "--dry-run", "--state", str(history.path), *base])
+    assert [r["action"] for r in json.loads(res.stdout)] == ["would release"]
+    assert set(sweep_taints(sim)) == {"gpu-02"}
+    res = CliRunner().invoke(main, ["release", "--all", "--state", str(history.path), *base])
+    assert res.exit_code == 0 and sweep_taints(sim) == {}
+    ann = sim.core.read_node("gpu-02").metadata.annotations or {}
+    assert not [k for k in ann if k.startswith("sweeper.dev/")] and "karpenter.sh/do-not-disrupt" not in ann
+    acts = [a["detail"] for a in history.db.query("select detail from actions where run_id = 'manual'")]
+    assert acts and "incident 42" in acts[0]
+    res = CliRunner().invoke(main, ["release", "--state", str(history.path), *base])
+    assert res.exit_code == 2
+
+
+def test_demand_and_suspects(make_sim, history: History) -> None:
+    from kubernetes import client
+
+    sim: Sim = make_sim(nodes=4)
+    for n in ("gpu-00", "gpu-01", "gpu-02"):
+        sim.core.patch_node(n, {"spec": {"taints": [{"key": "maint", "effect": "NoSchedule"}]}})
+    pod = client.V1Pod(metadata=client.V1ObjectMeta(name="big", namespace="training"),
+                       spec=client.V1PodSpec(containers=[client.V1Container(
+                           name="c", image="i", resources=client.V1ResourceRequirements(limits={"nvidia.com/gpu": "16"}))]))
+    sim.core.create_namespaced_pod("training", pod)
+    sim.wait_for(lambda: sim.core.read_namespaced_pod("big", "training").status.conditions, what="unschedulable")
+    waiting = run_sweep(sim, history, replace(TEST_CONFIG, allowed_taint_keys=("maint",)))
+    assert waiting.outcomes == [] and "demand" in {d.reason for d in waiting.plan.skip}
+    sim.core.delete_namespaced_pod("big", "training")
+    sim.core.patch_node_status("gpu-03", {"status": {"conditions": [
+        {"type": "Ready", "status": "True"}, {"type": "GpuXid", "status": "True", "reason": "XidFound"}]}})
+    first = run_sweep(sim, history, replace(TEST_CONFIG, allowed_taint_keys=("maint",), max_nodes=1))
+    assert [o.node for o in first.outcomes] == ["gpu-03"], "a suspect goes first"
+    assert "suspect: condition GpuXid" in first.plan.take[0].detail
+    again = run_sweep(sim, history, replace(TEST_CONFIG, allowed_taint_keys=("maint",), max_nodes=4,
+                                            handled_conditions=("GpuXid",)))
+    assert {d.node.name: d.reason for d in again.plan.skip}["gpu-03"] == "handled-elsewhere"

@@ -1,0 +1,53 @@
+"""`sweeper release`: the panic button. Hands back every node Sweeper holds (or the ones
+named), deletes its Jobs, and works from the cluster alone when the history is lost."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sweeper.actions import node as node_actions
+from sweeper.clock import Clock
+from sweeper.config import Config
+from sweeper.errors import ConfigError
+from sweeper.fleet import NodeView
+
+
+def held_nodes(kube: Any, cfg: Config) -> list[NodeView]:
+    """Every node carrying Sweeper's taint or a cordon Sweeper made (all nodes, not only GPU ones)."""
+    out = []
+    for obj in kube.list_nodes("", page_size=cfg.page_size):
+        v = NodeView.from_obj(obj, cfg.gpu_resources)
+        if v.sweep_taint(cfg.taint_key) or f"{cfg.prefix}/cordoned-by" in v.annotations:
+            out.append(v)
+    return out
+
+
+def release(kube: Any, cfg: Config, names: list[str], everything: bool, reason: str, clock: Clock,
+            recorder: Any = None, dry_run: bool = False) -> list[dict[str, str]]:
+    if not names and not everything:
+        raise ConfigError("name the nodes to release, or pass --all")
+    held = {v.name: v for v in held_nodes(kube, cfg)}
+    targets = sorted(held) if everything else names
+    rows: list[dict[str, str]] = []
+    for name in targets:
+        v = held.get(name)
+        if v is None:
+            rows.append({"node": name, "action": "not held", "detail": "no Sweeper taint or cordon on it"})
+            continue
+        taint = v.sweep_taint(cfg.taint_key) or {}
+        detail = f"held by run {taint.get('value', '?')}" + (
+            f", verdict {v.annotations[f'{cfg.prefix}/verdict']}" if f"{cfg.prefix}/verdict" in v.annotations else "")
+        if not dry_run:
+            node_actions.release(kube, cfg, name)
+            if recorder is not None:
+                recorder.action("manual", name, clock.now(), "release", f"sweeper release: {reason} ({detail})")
+        rows.append({"node": name, "action": "would release" if dry_run else "released", "detail": detail})
+    wanted = set(targets)
+    for job in kube.list_jobs(cfg.namespace, "app.kubernetes.io/managed-by=sweeper"):
+        node = (job["metadata"].get("labels") or {}).get(f"{cfg.prefix}/node", "")
+        if everything or node in wanted:
+            if not dry_run:
+                kube.delete_job(cfg.namespace, job["metadata"]["name"])
+            rows.append({"node": node, "action": "would delete job" if dry_run else "deleted job",
+                         "detail": job["metadata"]["name"]})
+    return rows
