@@ -204,12 +204,7 @@ class Executor:
             retries = task.retries
         else:
             retries = 0
-        delay = DEFAULT_DELAY
-        if task.delay is not None:
-            try:
-                delay = parse_duration(render(task.delay, scope, task.where))
-            except ValueError as exc:
-                raise PlaybookError(f"{task.where}: delay is not a duration: {task.delay!r}") from exc
+        delay = DEFAULT_DELAY if task.delay is None else _duration(task.delay, scope, task, "delay")
         attempt = 0
         while True:
             attempt += 1
@@ -243,10 +238,7 @@ class Executor:
             rendered[k] = v if k in raw_names else render(v, scope, f"{task.where}: {task.action}.{k}")
         timeout = None
         if task.timeout is not None:
-            try:
-                timeout = parse_duration(render(task.timeout, scope, task.where))
-            except ValueError as exc:
-                raise PlaybookError(f"{task.where}: timeout is not a duration: {task.timeout!r}") from exc
+            timeout = _duration(task.timeout, scope, task, "timeout")
             if "timeout" in {a.name for a in act.args} and "timeout" not in rendered:
                 rendered["timeout"] = timeout
         args = act.validate(rendered, task.where)
@@ -307,6 +299,13 @@ class Executor:
         self.outcomes.append(outcome)
         self.on_task(outcome)
         return outcome
+
+
+def _duration(value: Any, scope: dict[str, Any], task: Task, what: str) -> float:
+    try:
+        return parse_duration(render(value, scope, task.where))
+    except ValueError as exc:
+        raise PlaybookError(f"{task.where}: {what} is not a duration: {value!r}") from exc
 
 
 def load(path: str | Path, actions: dict[str, Action]) -> Playbook:
