@@ -37,7 +37,6 @@ def run_demo(console: Console, state: Path, *, cycles: int, hours_between: float
     with ApiServer(cluster) as server, tempfile.TemporaryDirectory() as tmp:
         kc = server.write_kubeconfig(Path(tmp) / "kubeconfig")
         kube = Kube.from_config(str(kc), clock=cluster.clock)
-        kube.clock = cluster.clock
         kube.retry = RetryPolicy(attempts=6, base=1.0)
         hist = History(state)
         for cycle in range(1, cycles + 1):
