@@ -151,16 +151,22 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     result: Result | None = None
     inconclusive = ""
     polls = 0
+    started = False
     try:
         while True:
             polls += 1
             current = ctx.kube.get_job(namespace, name)
             cond = _condition(current)
-            # The pod list is needed for the result, and now and then to see a pod that never schedules.
-            pods = ctx.kube.namespaced_pods(namespace, f"job-name={name}") if cond is not None or polls % 6 == 1 \
-                else []
+            # The pod list is needed for the result, until the pod starts (a check that never ran is no
+            # verdict), and now and then to see a pod that never schedules.
+            pods = ctx.kube.namespaced_pods(namespace, f"job-name={name}") \
+                if cond is not None or not started or polls % 6 == 1 else []
+            started = started or any((p.get("status") or {}).get("startTime") for p in pods)
             if cond is not None:
-                if cond.get("reason") == "DeadlineExceeded":
+                if cond.get("reason") == "DeadlineExceeded" and not started:
+                    inconclusive = "the check pod never started before its deadline" + (
+                        f" ({_unscheduled(pods)})" if _unscheduled(pods) else "") + _node_gone(ctx, node)
+                elif cond.get("reason") == "DeadlineExceeded":
                     result = _hung(node, ctx.clock.now(), timeout)
                 else:
                     result = _read_result(ctx, namespace, pods, node, args["parser"], args["parser_args"] or {})
@@ -170,8 +176,9 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
                 inconclusive = "the sweep was stopped before the check finished"
                 break
             why = _unscheduled(pods)
-            if why and elapsed > min(SCHEDULE_TIMEOUT, timeout):
-                inconclusive = f"the check pod never scheduled ({why}); someone else holds the GPUs"
+            if why and elapsed > min(SCHEDULE_TIMEOUT, timeout * 0.9):
+                inconclusive = f"the check pod never scheduled ({why})" + (_node_gone(ctx, node) or
+                                                                          "; someone or something else has the node")
                 break
             if elapsed > timeout + CLIENT_GRACE:
                 result = _hung(node, ctx.clock.now(), timeout)
@@ -193,6 +200,14 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     bad = [f"{c.name}: {c.message}" for c in result.failed_checks][:5]
     return ok(f"{result.status}" + (f": {'; '.join(bad)}" if bad else ""), changed=True, job=name,
               status=result.status, result=result.to_dict()) | {"failed": result.status in ("fail", "error")}
+
+
+def _node_gone(ctx: ActionContext, node: str) -> str:
+    try:
+        ctx.kube.get_node(node)
+    except NotFound:
+        return "; the node is gone (deleted while under test)"
+    return ""
 
 
 def _hung(node: str, now: float, timeout: float) -> Result:

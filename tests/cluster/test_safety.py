@@ -361,3 +361,41 @@ def test_demand_and_suspects(make_sim, history: History) -> None:
     again = run_sweep(sim, history, replace(TEST_CONFIG, allowed_taint_keys=("maint",), max_nodes=4,
                                             handled_conditions=("GpuXid",)))
     assert {d.node.name: d.reason for d in again.plan.skip}["gpu-03"] == "handled-elsewhere"
+
+
+def _on_first_job(sim: Sim, action: Any) -> None:
+    fired = {"done": False}
+
+    def hook(stage: str, method: str, path: str) -> None:
+        if stage == "after" and method == "POST" and path.endswith("/jobs") and not fired["done"]:
+            fired["done"] = True
+            action()
+
+    sim.server.hooks.append(hook)
+
+
+def test_a_node_deleted_mid_sweep(make_sim, history: History) -> None:
+    sim: Sim = make_sim(nodes=1)
+    _on_first_job(sim, lambda: sim.cluster.store.delete("nodes", None, "gpu-00"))  # consolidation took it
+    report = run_sweep(sim, history)
+    o = report.outcomes[0]
+    assert (o.verdict, o.action) == ("inconclusive", "released"), o.reasons
+    assert "the node is gone" in o.reasons[0]
+    assert jobs_left(sim) == []
+    assert list(history.db.query("select * from node_sweeps where finished is null")) == []
+
+
+def test_a_human_cordon_mid_sweep_is_left_in_place(make_sim, history: History) -> None:
+    sim: Sim = make_sim(nodes=1)
+
+    def cordon() -> None:
+        sim.cluster.store.mutate("nodes", None, "gpu-00", lambda n: n["spec"].__setitem__("unschedulable", True))
+
+    _on_first_job(sim, cordon)
+    report = run_sweep(sim, history)
+    o = report.outcomes[0]
+    assert o.verdict == "inconclusive" and "never scheduled" in o.reasons[0], "the check pod could not land"
+    node = sim.core.read_node("gpu-00")
+    assert node.spec.unschedulable is True, "the person's cordon stays"
+    assert sweep_taints(sim) == {} and jobs_left(sim) == []
+    assert history.last_swept() == {}, "an inconclusive check is no verdict on the node"
