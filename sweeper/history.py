@@ -186,6 +186,26 @@ class History:
         return {r["node"]: r["n"] for r in rows}
 
     @_locked
+    def released_by_people(self, nodes: list[str], holding: tuple[str, ...]) -> list[dict[str, Any]]:
+        """Nodes whose latest sweep held them, with no hand-back by Sweeper since: the given nodes no
+        longer carry the taint, so a person released them. Each with the findings of that sweep."""
+        out = []
+        for node in nodes:
+            last = list(self.db.query("select * from node_sweeps where node = ? and finished is not null "
+                                      "and dry_run = 0 order by finished desc limit 1", [node]))
+            if not last or last[0]["verdict"] not in holding:
+                continue
+            s = last[0]
+            after = list(self.db.query("select 1 from actions where node = ? and ts >= ? and action in "
+                                       "('release', 'false-positive') limit 1", [node, s["finished"]]))
+            if after:
+                continue
+            s["findings"] = list(self.db.query("select name, code, gpu from checks where sweep_id = ? "
+                                               "and status = 'fail'", [s["id"]]))
+            out.append(s)
+        return out
+
+    @_locked
     def unfinished_runs(self) -> list[str]:
         return [r["id"] for r in self.db.query("select id from runs where finished is null")]
 

@@ -47,8 +47,16 @@ def _check_verdict(c: dict[str, Any]) -> str:
     return "quarantine"
 
 
-def decide(results: list[dict[str, Any]]) -> Verdict:
-    """The worst verdict any finding implies, with every finding that reached it as a reason."""
+def finding_key(c: dict[str, Any]) -> str:
+    """What identifies a finding across sweeps: check, code and GPU."""
+    gpu = c.get("gpu")
+    return f"{c.get('name')}|{c.get('code') or ''}|{'' if gpu is None else gpu}"
+
+
+def decide(results: list[dict[str, Any]], dismissed: set[str] | None = None) -> Verdict:
+    """The worst verdict any finding implies, with every finding that reached it as a reason.
+    A finding a person dismissed as a false positive warns instead of holding the node again;
+    a new finding (another check, code or GPU) holds it as usual."""
     if not results:
         return Verdict("error", ("no check results to decide on",))
     worst = "pass"
@@ -64,6 +72,9 @@ def decide(results: list[dict[str, Any]]) -> Verdict:
             if v == "pass":
                 continue
             gpu = f" (GPU {c['gpu']})" if c.get("gpu") is not None else ""
-            reasons.append((v, f"{c.get('name')}{gpu}: {c.get('message', '')}"))
+            why = f"{c.get('name')}{gpu}: {c.get('message', '')}"
+            if v in HOLDING and dismissed and finding_key(c) in dismissed:
+                v, why = "warn", why + " (dismissed by a person as a false positive)"
+            reasons.append((v, why))
             worst = max(worst, v, key=_RANK.__getitem__)
     return Verdict(worst, tuple(why for v, why in reasons if v == worst) or ("all checks passed",))

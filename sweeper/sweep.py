@@ -24,7 +24,7 @@ from sweeper.fleet import Gates, NodeView, Plan, plan
 from sweeper.kube import Kube
 from sweeper.lock import SweepLock
 from sweeper.playbook.executor import Executor, TaskOutcome, load
-from sweeper.policy import HOLDING
+from sweeper.policy import HOLDING, finding_key
 from sweeper.result import Metric, Result
 
 ATTEMPT_VERDICTS = ("reboot", "replace", "quarantine", "error")
@@ -46,6 +46,7 @@ class Recorder(Protocol):
     def get_control(self, key: str) -> dict[str, Any] | None: ...
     def set_control(self, key: str, value: dict[str, Any] | None, ts: float) -> None: ...
     def failures_since(self, since: float, verdicts: tuple[str, ...]) -> dict[str, int]: ...
+    def released_by_people(self, nodes: list[str], holding: tuple[str, ...]) -> list[dict[str, Any]]: ...
     def unfinished_runs(self) -> list[str]: ...
 
 
@@ -199,15 +200,27 @@ class Sweep:
             if owner != run_id:
                 self.kube.delete_job(self.cfg.namespace, job["metadata"]["name"])
                 done.append({"job": job["metadata"]["name"], "action": "deleted", "why": f"left by run {owner}"})
+        untainted = []
         for obj in self.kube.list_nodes(self.cfg.gpu_node_selector, page_size=self.cfg.page_size):
             view = NodeView.from_obj(obj, self.cfg.gpu_resources)
             taint = view.sweep_taint(self.cfg.taint_key)
+            if not taint:
+                untainted.append(view.name)
             if not taint or taint.get("value") == run_id:
                 continue
             old = str(taint.get("value", ""))
             if old not in dead and f"{self.cfg.prefix}/verdict" in view.annotations:
                 continue  # held on purpose by a run that finished: nothing to reconcile
             done.append(self._reconcile_node(run_id, view, old, now))
+        for s in self.rec.released_by_people(untainted, HOLDING):
+            keys = sorted({finding_key(f) for f in s["findings"]})
+            self.rec.set_control(f"dismissed/{s['node']}", {"keys": keys, "verdict": s["verdict"],
+                                                            "sweep": s["id"], "at": now}, now)
+            self.rec.action(run_id, s["node"], now, "false-positive",
+                            f"a person released the node Sweeper held ({s['verdict']}); the same findings will "
+                            f"not hold it again: {', '.join(keys)}")
+            done.append({"node": s["node"], "action": "marked a false positive",
+                         "why": f"released by a person after verdict {s['verdict']}"})
         for d in done:
             if "node" in d:
                 self.emit("reconcile", d)
@@ -269,7 +282,9 @@ class Sweep:
 
     def _play(self, run_id: str, sweep_id: int, node: NodeView,
               profile: profiles.Profile) -> tuple[str, list[str], str]:
+        dismissed = (self.rec.get_control(f"dismissed/{node.name}") or {}).get("keys", [])
         node_vars = {"name": node.name, "labels": node.labels, "annotations": node.annotations, "gpus": node.gpus,
+                     "dismissed": dismissed,
                      "profile": {"name": profile.name, "gpus": profile.gpus, "gpu_model": profile.gpu_model,
                              "nccl_busbw_min": profile.nccl_busbw_min}}
         ctx = ActionContext(

@@ -20,7 +20,8 @@ def decide(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
             docs.append({"status": "inconclusive", "msg": r.get("msg", "")})
         else:
             docs.append(r.get("result") or {"checks": []})
-    v = policy_decide(docs)
+    dismissed = set(((ctx.node or {}).get("dismissed")) or [])
+    v = policy_decide(docs, dismissed)
     ctx.facts.update({"verdict": v.verdict, "reasons": list(v.reasons)})
     return ok(f"verdict {v.verdict}: {'; '.join(v.reasons)[:300]}", verdict=v.verdict, reasons=list(v.reasons),
               ansible_facts={"verdict": v.verdict, "reasons": list(v.reasons)})

@@ -275,6 +275,9 @@ class SimCluster:
                 return "node(s) had untolerated taint(s)"
         if not node_affinity_matches(pod, node):
             return "node(s) didn't match Pod's node affinity/selector"
+        spec = self.specs.get(node["metadata"]["name"])
+        if spec and spec.faults.checks_never_schedule and self._is_check_pod(pod):
+            return "node(s) had volume node affinity conflict"
         if gpu_request(pod) > free:
             return f"Insufficient {GPU}"
         return ""
@@ -343,6 +346,11 @@ class SimCluster:
                     continue
                 self.store.mutate("pods", *key, lambda o: self._start_pod(o, now))
                 continue
+            spec = self.specs.get(node_name)
+            if spec and spec.faults.lose_check_pod > 0 and self._is_check_pod(pod):
+                spec.faults.lose_check_pod -= 1
+                self.store.delete("pods", *key)  # the kubelet lost it: the pod is simply gone
+                continue
             finish = self._finish.get(key)
             if finish is not None and now >= finish:
                 exit_code, log, message = self._run(pod, node_name, now)
@@ -390,6 +398,10 @@ class SimCluster:
     def _argv(pod: dict[str, Any]) -> list[str]:
         c = (pod["spec"].get("containers") or [{}])[0]
         return list(c.get("command") or []) + list(c.get("args") or [])
+
+    @staticmethod
+    def _is_check_pod(pod: dict[str, Any]) -> bool:
+        return (pod["metadata"].get("labels") or {}).get("app.kubernetes.io/managed-by") == "sweeper"
 
     def _is_check(self, pod: dict[str, Any]) -> bool:
         argv = self._argv(pod)

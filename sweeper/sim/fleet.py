@@ -32,7 +32,7 @@ HARDWARE: dict[str, dict[str, Any]] = {
 
 FAULT_KEYS = {"xids", "missing_gpus", "hung_check", "garbage_output", "ecc_dbe", "remap_pending",
               "remap_failure", "pod_lands_on_taint", "check_crash", "not_ready", "pcie_replay", "nvlink_down",
-              "low_bandwidth", "dcgm_runtime_error"}
+              "low_bandwidth", "dcgm_runtime_error", "checks_never_schedule", "lose_check_pod"}
 
 
 @dataclass
@@ -51,6 +51,8 @@ class Faults:
     nvlink_down: list[int] = field(default_factory=list)  # GPUs with an NVLink link down
     low_bandwidth: float = 1.0  # NCCL bus bandwidth as a share of the healthy figure
     dcgm_runtime_error: bool = False  # dcgmi cannot run at all
+    checks_never_schedule: bool = False  # the scheduler never binds Sweeper's check pods here
+    lose_check_pod: int = 0  # times the kubelet loses a running check pod (it vanishes)
 
     @classmethod
     def from_dict(cls, node: str, raw: dict[str, Any]) -> Faults:
@@ -75,7 +77,9 @@ class Faults:
                    pcie_replay=[int(g) for g in raw.get("pcie_replay", [])],
                    nvlink_down=[int(g) for g in raw.get("nvlink_down", [])],
                    low_bandwidth=float(raw.get("low_bandwidth", 1.0)),
-                   dcgm_runtime_error=bool(raw.get("dcgm_runtime_error", False)))
+                   dcgm_runtime_error=bool(raw.get("dcgm_runtime_error", False)),
+                   checks_never_schedule=bool(raw.get("checks_never_schedule", False)),
+                   lose_check_pod=int(raw.get("lose_check_pod", 0)))
 
 
 @dataclass
@@ -109,6 +113,8 @@ class Fleet:
     check_seconds: float = 45.0
     api_fault_rate: float = 0.0
     api_lost_reply_rate: float = 0.0
+    api_latency: float = 0.0  # seconds of real time added to a share of requests (api_faults.slow_rate)
+    api_slow_rate: float = 0.0
 
 
 def load_fleet(path: Path) -> Fleet:
@@ -131,7 +137,9 @@ def parse_fleet(raw: Any, origin: str = "fleet") -> Fleet:
                   speed=float(raw.get("speed", 600)), namespace=str(raw.get("namespace", "sweeper")),
                   check_seconds=parse_duration(raw.get("check_seconds", 45)),
                   api_fault_rate=float((raw.get("api_faults") or {}).get("rate", 0.0)),
-                  api_lost_reply_rate=float((raw.get("api_faults") or {}).get("lost_reply_rate", 0.0)))
+                  api_lost_reply_rate=float((raw.get("api_faults") or {}).get("lost_reply_rate", 0.0)),
+                  api_latency=float((raw.get("api_faults") or {}).get("latency", 0.0)),
+                  api_slow_rate=float((raw.get("api_faults") or {}).get("slow_rate", 0.0)))
     faults = raw.get("faults") or {}
     for group in raw.get("node_groups") or []:
         itype = group.get("instance_type", "p5.48xlarge")

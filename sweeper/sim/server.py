@@ -6,6 +6,7 @@ import json
 import random
 import re
 import threading
+import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -101,6 +102,9 @@ class ApiServer:
         discovery = self._discovery(path)
         if discovery is not None:
             return 200, discovery, "application/json"
+        fleet = self.cluster.fleet
+        if fleet.api_slow_rate and self.fault_rng.random() < fleet.api_slow_rate:
+            time.sleep(fleet.api_latency)  # a slow apiserver, in real time
         if self.fault_rate and self.fault_rng.random() < self.fault_rate:
             code = self.fault_rng.choice([500, 503, 429])
             reason = {500: "InternalError", 503: "ServiceUnavailable", 429: "TooManyRequests"}[code]

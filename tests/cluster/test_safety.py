@@ -399,3 +399,38 @@ def test_a_human_cordon_mid_sweep_is_left_in_place(make_sim, history: History) -
     assert node.spec.unschedulable is True, "the person's cordon stays"
     assert sweep_taints(sim) == {} and jobs_left(sim) == []
     assert history.last_swept() == {}, "an inconclusive check is no verdict on the node"
+
+
+def test_simulated_faults_checks_never_schedule_lost_pods_slow_api(make_sim, history: History) -> None:
+    from tests.conftest import fleet_spec
+
+    sim: Sim = make_sim(fleet_spec(nodes=3, faults={"gpu-00": {"checks_never_schedule": True},
+                                                    "gpu-01": {"lose_check_pod": 1}},
+                                   api_faults={"slow_rate": 0.1, "latency": 0.02}))
+    report = run_sweep(sim, history)
+    got = {o.node: (o.verdict, o.action) for o in report.outcomes}
+    assert got == {"gpu-00": ("inconclusive", "released"), "gpu-01": ("pass", "released"),
+                   "gpu-02": ("pass", "released")}
+    assert sweep_taints(sim) == {} and jobs_left(sim) == []
+
+
+def test_a_person_releasing_a_held_node_marks_a_false_positive(make_sim, history: History) -> None:
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"xids": [{"code": 79, "gpu": 3}]}})
+    cfg = replace(TEST_CONFIG, interval=0)
+    first = run_sweep(sim, history, cfg)
+    assert {o.node: o.action for o in first.outcomes}["gpu-01"] == "held"
+    # A person looks, decides the node is fine, and takes Sweeper's taint off.
+    node = sim.core.read_node("gpu-01")
+    sim.core.patch_node("gpu-01", {"spec": {"taints": [t.to_dict() for t in node.spec.taints if t.key != TAINT]}})
+    second = run_sweep(sim, history, cfg)
+    assert any(d.get("action") == "marked a false positive" for d in second.reconciled)
+    o = {x.node: x for x in second.outcomes}["gpu-01"]
+    assert (o.verdict, o.action) == ("warn", "released"), "the same XID does not hold it again"
+    assert "dismissed by a person" in o.reasons[0]
+    acts = [a["action"] for a in history.node_history("gpu-01")["actions"]]
+    assert "false-positive" in acts
+    # New evidence: another fault on another GPU holds it as usual.
+    sim.cluster.specs["gpu-01"].faults.remap_failure = [5]
+    third = run_sweep(sim, history, cfg)
+    o = {x.node: x for x in third.outcomes}["gpu-01"]
+    assert (o.verdict, o.action) == ("replace", "held")
