@@ -133,6 +133,11 @@ def _printer(console: Console) -> Callable[[str, dict[str, Any]], None]:
         elif event == "breaker":
             console.print(f"[red bold]circuit breaker open[/red bold]: {d['reason']}; no more nodes are taken "
                           "until `sweeper breaker reset`")
+        elif event == "light":
+            style = VERDICT_STYLE.get(d["verdict"], "")
+            console.print(f"  {d['node']} (busy): light check [{style}]{d['verdict']}[/{style}]"
+                          + (f", now a suspect ({'; '.join(d['reasons'])[:120]})"
+                             if d["verdict"] in ("reboot", "replace", "quarantine") else ""))
         elif event == "reconcile":
             console.print(f"  {d['node']}: reconciled, {d['action']} ({d['why']})")
         elif event == "skip":

@@ -47,6 +47,9 @@ class Config:
     breaker_percent: float = 20.0  # ...or this share of GPU nodes, whichever is larger, opens the breaker
     breaker_window: float = 3600.0
     breaker_cooldown: float = 3600.0  # after a reset, one node at a time for this long
+    light_playbook: str = "light-busy.yaml"  # read-only checks on busy nodes ("" to turn off)
+    light_interval: float = 6 * 3600.0
+    light_max: int = 20  # light checks per run
     yield_to_pending: bool = True  # take no node while GPU pods wait for capacity
     check_priority_class: str = ""  # a low PriorityClass for check pods, so the scheduler prefers workloads
     suspect_conditions: tuple[str, ...] = ("GpuXid", "GpuEcc", "GpuNvlink", "GpuCount")  # swept first when idle
@@ -73,7 +76,7 @@ class Config:
 
 
 _DURATIONS = {"min_node_age", "interval", "check_timeout", "poll_interval", "job_ttl", "lock_ttl", "orphan_grace",
-              "attempt_window", "breaker_window", "breaker_cooldown"}
+              "attempt_window", "breaker_window", "breaker_cooldown", "light_interval"}
 
 
 def load_config(path: str | Path | None) -> Config:

@@ -125,6 +125,14 @@ class Gates:
     attempts: dict[str, int] = field(default_factory=dict)  # failures per node within the attempt window
 
 
+def suspect_signals(v: NodeView, cfg: Config) -> list[str]:
+    """Why a node is suspect: a condition another tool set, or a light check of Sweeper's that failed."""
+    out = [f"condition {c}" for c in v.conditions if c in cfg.suspect_conditions]
+    if v.labels.get(f"{cfg.prefix}/suspect") == "true":
+        out.append("a light check failed")
+    return out
+
+
 def healthy_schedulable(v: NodeView, cfg: Config) -> bool:
     if not v.ready or v.unschedulable or v.sweep_taint(cfg.taint_key):
         return False
@@ -164,14 +172,14 @@ def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, l
         out.budget = 0
         out.skip += [Decision(v, False, stop[0], stop[1]) for v in eligible]
         eligible = []
-    suspects = {v.name: [c for c in v.conditions if c in cfg.suspect_conditions] for v in eligible}
+    suspects = {v.name: suspect_signals(v, cfg) for v in eligible}
     eligible.sort(key=lambda v: (v.name in last_swept, not suspects[v.name], last_swept.get(v.name, 0.0), v.name))
     for i, v in enumerate(eligible):
         if i < out.budget:
             last = last_swept.get(v.name)
             why = "never swept" if last is None else f"last swept {(now - last) / 3600:.1f}h ago"
             if suspects[v.name]:
-                why += f"; suspect: condition {', '.join(suspects[v.name])}"
+                why += f"; suspect: {', '.join(suspects[v.name])}"
             out.take.append(Decision(v, True, "idle", why))
         else:
             out.skip.append(Decision(v, False, "over-budget",
@@ -205,6 +213,6 @@ def _skip_reason(v: NodeView, gpu_pods: list[str], cfg: Config, last_swept: dict
     if now - v.created < cfg.min_node_age:
         return "too-young", f"joined {int(now - v.created)}s ago (minimum {int(cfg.min_node_age)}s)"
     last = last_swept.get(v.name)
-    if last is not None and now - last < cfg.interval and not any(c in cfg.suspect_conditions for c in v.conditions):
+    if last is not None and now - last < cfg.interval and not suspect_signals(v, cfg):
         return "not-due", f"swept {(now - last) / 3600:.1f}h ago; due every {cfg.interval / 3600:.1f}h"
     return "", ""

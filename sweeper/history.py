@@ -52,6 +52,12 @@ def m002_controls(db: Database) -> None:
     db.table("node_sweeps").create_index(["verdict", "finished"])
 
 
+@migrations()
+def m003_sweep_kind(db: Database) -> None:
+    # 'sweep': the node was held and checked; 'light': read-only checks on a busy node, never held.
+    db.table("node_sweeps").add_column("kind", str, not_null_default="sweep")
+
+
 KNOWN = [m.name for m in migrations._migrations]
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -116,10 +122,10 @@ class History:
 
     @_locked
     def sweep_started(self, run_id: str, node: str, started: float, playbook: str, profile: str,
-                      dry_run: bool = False) -> int:
+                      dry_run: bool = False, kind: str = "sweep") -> int:
         table = self.db.table("node_sweeps").insert({
             "run_id": run_id, "node": node, "started": started, "finished": None, "playbook": playbook,
-            "profile": profile, "verdict": None, "reasons": "[]", "dry_run": int(dry_run)})
+            "profile": profile, "verdict": None, "reasons": "[]", "dry_run": int(dry_run), "kind": kind})
         return int(table.last_pk)  # type: ignore[arg-type]
 
     @_locked
@@ -152,7 +158,13 @@ class History:
     def last_swept(self) -> dict[str, float]:
         """Node to the start of its latest finished, conclusive, non-dry-run sweep."""
         rows = self.db.query("select node, max(started) as last from node_sweeps where finished is not null "
-                             "and dry_run = 0 and verdict != 'inconclusive' group by node")
+                             "and dry_run = 0 and kind = 'sweep' and verdict != 'inconclusive' group by node")
+        return {r["node"]: r["last"] for r in rows}
+
+    @_locked
+    def last_light(self) -> dict[str, float]:
+        """Node to the start of its latest light (read-only, busy-node) check."""
+        rows = self.db.query("select node, max(started) as last from node_sweeps where kind = 'light' group by node")
         return {r["node"]: r["last"] for r in rows}
 
     @_locked
@@ -182,7 +194,7 @@ class History:
         """Node to the number of its sweeps with one of these verdicts finished since `since`."""
         marks = ",".join("?" * len(verdicts))
         rows = self.db.query(f"select node, count(*) as n from node_sweeps where finished >= ? and dry_run = 0 "
-                             f"and verdict in ({marks}) group by node", [since, *verdicts])
+                             f"and kind = 'sweep' and verdict in ({marks}) group by node", [since, *verdicts])
         return {r["node"]: r["n"] for r in rows}
 
     @_locked
@@ -192,7 +204,7 @@ class History:
         out = []
         for node in nodes:
             last = list(self.db.query("select * from node_sweeps where node = ? and finished is not null "
-                                      "and dry_run = 0 order by finished desc limit 1", [node]))
+                                      "and dry_run = 0 and kind = 'sweep' order by finished desc limit 1", [node]))
             if not last or last[0]["verdict"] not in holding:
                 continue
             s = last[0]

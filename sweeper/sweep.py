@@ -24,6 +24,7 @@ from sweeper.fleet import Gates, NodeView, Plan, plan
 from sweeper.kube import Kube
 from sweeper.lock import SweepLock
 from sweeper.playbook.executor import Executor, TaskOutcome, load
+from sweeper.playbook.model import Playbook
 from sweeper.policy import HOLDING, finding_key
 from sweeper.result import Metric, Result
 
@@ -36,12 +37,13 @@ class Recorder(Protocol):
     def run_started(self, run_id: str, started: float, mode: str) -> None: ...
     def run_finished(self, run_id: str, finished: float, status: str, taken: int, summary: dict[str, Any]) -> None: ...
     def sweep_started(self, run_id: str, node: str, started: float, playbook: str, profile: str,
-                      dry_run: bool = False) -> int: ...
+                      dry_run: bool = False, kind: str = "sweep") -> int: ...
     def sweep_finished(self, sweep_id: int, finished: float, verdict: str, reasons: list[str]) -> None: ...
     def result(self, sweep_id: int | None, result: Result) -> None: ...
     def action(self, run_id: str, node: str, ts: float, action: str, detail: str, dry_run: bool = False) -> None: ...
     def intent(self, run_id: str, node: str, ts: float, op: str, phase: str, detail: str = "") -> None: ...
     def last_swept(self) -> dict[str, float]: ...
+    def last_light(self) -> dict[str, float]: ...
     def story(self, run_id: str, node: str) -> dict[str, Any]: ...
     def get_control(self, key: str) -> dict[str, Any] | None: ...
     def set_control(self, key: str, value: dict[str, Any] | None, ts: float) -> None: ...
@@ -99,6 +101,8 @@ class Sweep:
         self._lock = threading.Lock()
         self.profiles = profiles.load_profiles(config.path("profiles"))
         self.playbook = load(str(config.path("playbooks") / config.playbook), self.actions)
+        self.light_playbook = (load(str(config.path("playbooks") / config.light_playbook), self.actions)
+                               if config.light_playbook else None)
 
     # -- discovery ----------------------------------------------------------------
     def discover(self) -> Plan:
@@ -171,11 +175,14 @@ class Sweep:
                 for d in p.take:
                     self.rec.action(run_id, d.node.name, self.clock.now(), "would-sweep", d.detail, dry_run=True)
                     report.outcomes.append(NodeOutcome(d.node.name, "", [d.detail], "would-take"))
-            elif p.take:
-                with ThreadPoolExecutor(max_workers=len(p.take), thread_name_prefix="sweep") as pool:
-                    futures = [pool.submit(self.sweep_node, run_id, d.node) for d in p.take]
-                    report.outcomes = [f.result() for f in futures]
-                self.trip_breaker(p.gpu_nodes)
+            else:
+                light = self.light_candidates(p)
+                if p.take or light:
+                    with ThreadPoolExecutor(max_workers=len(p.take) + len(light), thread_name_prefix="sweep") as pool:
+                        futures = [pool.submit(self.sweep_node, run_id, d.node) for d in p.take]
+                        futures += [pool.submit(self.light_check, run_id, v) for v in light]
+                        report.outcomes = [f.result() for f in futures]
+                    self.trip_breaker(p.gpu_nodes)
         except BaseException:
             status = "failed"
             raise
@@ -280,8 +287,37 @@ class Sweep:
             self.emit("done", {"node": name, "verdict": verdict, "reasons": reasons, "action": action})
         return NodeOutcome(name, verdict, reasons, action, time.monotonic() - t0)
 
-    def _play(self, run_id: str, sweep_id: int, node: NodeView,
-              profile: profiles.Profile) -> tuple[str, list[str], str]:
+    # -- light checks on busy nodes --------------------------------------------------------
+    def light_candidates(self, p: Plan) -> list[NodeView]:
+        """Busy nodes due a read-only check (oldest first), when a light playbook is configured."""
+        if self.light_playbook is None or self.stop.is_set():
+            return []
+        last = self.rec.last_light()
+        now = self.clock.now()
+        due = [d.node for d in p.skip if d.reason == "busy" and now - last.get(d.node.name, 0.0) >= self.cfg.light_interval]
+        due.sort(key=lambda v: (last.get(v.name, 0.0), v.name))
+        return due[: self.cfg.light_max]
+
+    def light_check(self, run_id: str, view: NodeView) -> NodeOutcome:
+        """Run the light playbook on a busy node: no taint, no GPU requested; a failure makes the
+        node a suspect (labelled and evented by the playbook), swept first when it goes idle."""
+        t0 = time.monotonic()
+        assert self.light_playbook is not None
+        profile = profiles.match(self.profiles, view.labels)
+        sweep_id = self.rec.sweep_started(run_id, view.name, self.clock.now(), self.light_playbook.name,
+                                          profile.name, kind="light")
+        verdict, reasons = "error", ["the light playbook did not reach a verdict"]
+        try:
+            verdict, reasons, _ = self._play(run_id, sweep_id, view, profile, self.light_playbook)
+        except (PlaybookError, KubeError) as exc:
+            verdict, reasons = "error", [f"light check failed to run: {exc}"]
+        finally:
+            self.rec.sweep_finished(sweep_id, self.clock.now(), verdict, reasons)
+            self.emit("light", {"node": view.name, "verdict": verdict, "reasons": reasons})
+        return NodeOutcome(view.name, verdict, reasons, "light", time.monotonic() - t0)
+
+    def _play(self, run_id: str, sweep_id: int, node: NodeView, profile: profiles.Profile,
+              playbook: Playbook | None = None) -> tuple[str, list[str], str]:
         dismissed = (self.rec.get_control(f"dismissed/{node.name}") or {}).get("keys", [])
         node_vars = {"name": node.name, "labels": node.labels, "annotations": node.annotations, "gpus": node.gpus,
                      "dismissed": dismissed,
@@ -299,8 +335,8 @@ class Sweep:
             self.emit("task", {"node": node.name, "task": o.name, "status": o.status, "msg": o.msg})
 
         extra = {"node": node_vars, "run_id": run_id, "check_timeout": self.cfg.check_timeout,
-                 "taint_key": self.cfg.taint_key}
-        play = Executor(self.actions, ctx, on_task).run(self.playbook, extra)
+                 "taint_key": self.cfg.taint_key, "prefix": self.cfg.prefix}
+        play = Executor(self.actions, ctx, on_task).run(playbook or self.playbook, extra)
         done = str(play.vars.get("handed_back", ""))
         verdict = play.vars.get("verdict")
         if play.cancelled:
@@ -364,7 +400,7 @@ class Sweep:
                 self.rec.intent(run_id, name, self.clock.now(), "keep-held", "after", verdict)
             else:
                 self.rec.intent(run_id, name, self.clock.now(), "untaint", "before", f"verdict {verdict}")
-                node_actions.release(self.kube, self.cfg, name)
+                node_actions.release(self.kube, self.cfg, name, clear_suspect=verdict in ("pass", "warn"))
                 self.rec.intent(run_id, name, self.clock.now(), "untaint", "after", f"verdict {verdict}")
         if holding:
             self.rec.action(run_id, name, self.clock.now(), "keep-held", f"{verdict}: {reason[:1000]}")

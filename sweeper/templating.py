@@ -72,7 +72,8 @@ def render(value: Any, variables: dict[str, Any], where: str = "") -> Any:
     if isinstance(value, list):
         return [render(v, variables, where) for v in value]
     if isinstance(value, dict):
-        return {k: render(v, variables, where) for k, v in value.items()}
+        return {(render(k, variables, where) if isinstance(k, str) else k): render(v, variables, where)
+                for k, v in value.items()}
     return value
 
 

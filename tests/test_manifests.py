@@ -43,5 +43,9 @@ def test_job_templates_render_valid_jobs(template: str) -> None:
     term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
     assert term["matchExpressions"][0]["values"] == ["ip-10-0-1-2"]
     assert {"key": Config().taint_key, "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
-    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    limits = pod["containers"][0]["resources"]["limits"]
+    if template == "sweeper-light.yaml.j2":
+        assert "nvidia.com/gpu" not in limits, "the light check on a busy node takes no GPU"
+    else:
+        assert limits["nvidia.com/gpu"] == "8", "a check takes all of the node's GPUs"
     assert job["spec"]["activeDeadlineSeconds"] == 900

@@ -54,9 +54,9 @@ def _meta_op(node: dict[str, Any], field: str, values: dict[str, str | None]) ->
     return None if new == current else [{"op": "add", "path": f"/metadata/{field}", "value": new}]
 
 
-def release(kube: Any, cfg: Config, name: str) -> bool:
-    """Take Sweeper's taint and annotations off and leave everything else as found.
-    True if anything changed."""
+def release(kube: Any, cfg: Config, name: str, clear_suspect: bool = False) -> bool:
+    """Take Sweeper's taint and annotations off and leave everything else as found; after a
+    conclusive good verdict, also the suspect label. True if anything changed."""
     prefix = cfg.prefix
 
     def build(node: dict[str, Any]) -> list[dict[str, Any]] | None:
@@ -72,6 +72,9 @@ def release(kube: Any, cfg: Config, name: str) -> bool:
             ops.append({"op": "add", "path": "/spec/unschedulable", "value": False})
         if len(keep) != len(taints):
             ops.append({"op": "add", "path": "/spec/taints", "value": keep})
+        labels = dict(node["metadata"].get("labels") or {})
+        if clear_suspect and labels.pop(f"{prefix}/suspect", None) is not None:
+            ops.append({"op": "add", "path": "/metadata/labels", "value": labels})  # checked and handed back
         if ann != (node["metadata"].get("annotations") or {}):
             ops.append({"op": "add", "path": "/metadata/annotations", "value": ann})
         return ops or None
@@ -292,7 +295,7 @@ def hand_back(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
         ctx.facts["handed_back"] = "held"
         return ok(f"kept held: {verdict}: {reason[:200]}", True, action="held", verdict=verdict)
     ctx.intent("untaint", "before", f"verdict {verdict}")
-    changed = release(kube, ctx.config, ctx.node_name)
+    changed = release(kube, ctx.config, ctx.node_name, clear_suspect=verdict in ("pass", "warn"))
     ctx.intent("untaint", "after", f"verdict {verdict}")
     ctx.facts["handed_back"] = "released"
     return ok(f"released (verdict {verdict})", changed, action="released", verdict=verdict)

@@ -213,7 +213,7 @@ def test_api_faults_at_five_percent(make_sim, history: History) -> None:
 def test_a_hundred_races_disturb_no_pod(make_sim, history: History) -> None:
     faults = {f"gpu-{i:03d}": {"pod_lands_on_taint": 1} for i in range(100)}
     sim: Sim = make_sim(nodes=100, faults=faults)
-    cfg = replace(TEST_CONFIG, max_nodes=50)
+    cfg = replace(TEST_CONFIG, max_nodes=50, light_playbook="")
     raced = 0
     for _ in range(2):
         report = run_sweep(sim, history, cfg)
@@ -434,3 +434,29 @@ def test_a_person_releasing_a_held_node_marks_a_false_positive(make_sim, history
     third = run_sweep(sim, history, cfg)
     o = {x.node: x for x in third.outcomes}["gpu-01"]
     assert (o.verdict, o.action) == ("replace", "held")
+
+
+def test_light_checks_on_busy_nodes_make_suspects(make_sim, history: History) -> None:
+    sim: Sim = make_sim(nodes=3, faults={"gpu-01": {"xids": [{"code": 79, "gpu": 2}]}},
+                        workloads=[{"node": "gpu-01", "gpus": 8, "duration": None},
+                                   {"node": "gpu-02", "gpus": 8, "duration": None}])
+    sim.wait_for(lambda: len(sim.core.list_namespaced_pod("training").items) == 2, what="workloads")
+    first = run_sweep(sim, history)
+    got = {o.node: (o.verdict, o.action) for o in first.outcomes}
+    assert got == {"gpu-00": ("pass", "released"), "gpu-01": ("reboot", "light"), "gpu-02": ("pass", "light")}
+    node = sim.core.read_node("gpu-01")
+    assert node.metadata.labels.get("sweeper.dev/suspect") == "true" and not node.spec.taints
+    events = sim.core.list_namespaced_event("default", field_selector="involvedObject.name=gpu-01").items
+    assert [e.reason for e in events] == ["SweeperSuspect"] and "XID 79" in events[0].message
+    assert all(p.status.phase == "Running" for p in sim.core.list_namespaced_pod("training").items)
+    assert history.last_swept().keys() == {"gpu-00"}, "a light check is not a sweep"
+    light_jobs = [p for m, p in sim.cluster.store.requests if m == "POST" and p.endswith("/jobs")]
+    assert len(light_jobs) == 3
+    again = run_sweep(sim, history)
+    assert [o.node for o in again.outcomes] == [], "light checks wait for light_interval"
+    for pod in sim.core.list_namespaced_pod("training").items:  # the jobs end
+        sim.core.delete_namespaced_pod(pod.metadata.name, "training")
+    later = run_sweep(sim, history, replace(TEST_CONFIG, max_nodes=1))
+    assert [d.node.name for d in later.plan.take] == ["gpu-01"]
+    assert "suspect: a light check failed" in later.plan.take[0].detail
+    assert (later.outcomes[0].verdict, later.outcomes[0].action) == ("reboot", "held")
