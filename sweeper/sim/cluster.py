@@ -225,7 +225,7 @@ class SimCluster:
             spec.faults.pod_lands_on_taint -= 1
             free = self._free_gpus(old)
             if free > 0:
-                self.start_training(free, 3600, node=name, running=True)
+                self.start_training(free, None, node=name, running=True)
 
     def _forget(self, plural: str, obj: dict[str, Any]) -> None:
         if plural == "pods":
