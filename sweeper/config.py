@@ -51,6 +51,8 @@ class Config:
     light_interval: float = 6 * 3600.0
     light_max: int = 20  # light checks per run
     yield_to_pending: bool = True  # take no node while GPU pods wait for capacity
+    abort_on_demand: bool = False  # also stop running checks (abortable ones) and hand their nodes back
+    max_replacements_per_hour: int = 2  # beyond this, a `replace` verdict becomes `quarantine` (a person decides)
     check_priority_class: str = ""  # a low PriorityClass for check pods, so the scheduler prefers workloads
     suspect_conditions: tuple[str, ...] = ("GpuXid", "GpuEcc", "GpuNvlink", "GpuCount")  # swept first when idle
     handled_conditions: tuple[str, ...] = ()  # another remediator owns a node with one of these set

@@ -181,6 +181,11 @@ class Kube:
         return list(self._pages("list pods", self.core.list_pod_for_all_namespaces, page_size, keep=slim_pod,
                                 field_selector=sel))
 
+    def pending_pods(self) -> list[dict[str, Any]]:
+        """Pods waiting to be scheduled, across the cluster (trimmed like active_pods)."""
+        return list(self._pages("list pods", self.core.list_pod_for_all_namespaces, 500, keep=slim_pod,
+                                field_selector="status.phase=Pending,spec.nodeName="))
+
     def namespaced_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return list(self._pages("list pods", lambda **kw: self.core.list_namespaced_pod(namespace, **kw), 500,
                                 label_selector=label_selector))

@@ -98,6 +98,7 @@ class Sweep:
         self.actions = load_all()
         self.stop = threading.Event()
         self.lock_lost = threading.Event()
+        self._replacing = 0  # replace verdicts of this run not yet recorded
         self._lock = threading.Lock()
         self.profiles = profiles.load_profiles(config.path("profiles"))
         self.playbook = load(str(config.path("playbooks") / config.playbook), self.actions)
@@ -277,6 +278,7 @@ class Sweep:
         verdict, reasons, done_by_play = "error", ["the playbook did not reach a verdict"], ""
         try:
             verdict, reasons, done_by_play = self._play(run_id, sweep_id, node, profile)
+            verdict, reasons = self._cap_replacements(verdict, reasons)
         except PlaybookError as exc:
             verdict, reasons = "error", [f"playbook error: {exc}"]
         except KubeError as exc:
@@ -286,6 +288,18 @@ class Sweep:
             self.rec.sweep_finished(sweep_id, self.clock.now(), verdict, reasons)
             self.emit("done", {"node": name, "verdict": verdict, "reasons": reasons, "action": action})
         return NodeOutcome(name, verdict, reasons, action, time.monotonic() - t0)
+
+    def _cap_replacements(self, verdict: str, reasons: list[str]) -> tuple[str, list[str]]:
+        """Beyond max_replacements_per_hour, a node that should be replaced is held for a person."""
+        if verdict != "replace":
+            return verdict, reasons
+        with self._lock:
+            recent = sum(self.rec.failures_since(self.clock.now() - 3600, ("replace",)).values())
+            if recent + self._replacing < self.cfg.max_replacements_per_hour:
+                self._replacing += 1
+                return verdict, reasons
+        return "quarantine", reasons + [f"replacement cap reached ({self.cfg.max_replacements_per_hour} per hour): "
+                                        "held for a person instead"]
 
     # -- light checks on busy nodes --------------------------------------------------------
     def light_candidates(self, p: Plan) -> list[NodeView]:

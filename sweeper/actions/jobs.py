@@ -13,6 +13,7 @@ import yaml
 from sweeper.actions import ActionContext, Arg, action, ok
 from sweeper.clock import parse_duration
 from sweeper.errors import KubeError, NotFound, PlaybookError
+from sweeper.fleet import pending_gpu_pods
 from sweeper.parsers import dcgm, nccl, sweeper_result
 from sweeper.result import CheckResult, Result, error_result
 from sweeper.templating import render
@@ -134,6 +135,8 @@ def _read_result(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]],
             help="how to read the pod's output: Sweeper's result document, dcgmi diag JSON or nccl-tests"),
         Arg("parser_args", dict, default=None,
             help="for dcgm: expect_gpus; for nccl: min_busbw (GB/s at the largest message)"),
+        Arg("abortable", bool, default=True,
+            help="may be stopped to make room for pending GPU work (with abort_on_demand); the result is inconclusive"),
         help="Run a check Job on the node (affinity plus a toleration for Sweeper's taint, all its GPUs), "
              "wait for it, parse its result document, and delete it.", needs_node=True)
 def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
@@ -175,6 +178,12 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
             if ctx.cancelled():
                 inconclusive = "the sweep was stopped before the check finished"
                 break
+            if args["abortable"] and ctx.config.abort_on_demand and polls % 6 == 1:
+                waiting = pending_gpu_pods(ctx.kube.pending_pods(), ctx.config)
+                if waiting:
+                    inconclusive = (f"aborted to make room for {len(waiting)} pending GPU pod(s) "
+                                    f"({', '.join(waiting[:3])})")
+                    break
             why = _unscheduled(pods)
             if why and elapsed > min(SCHEDULE_TIMEOUT, timeout * 0.9):
                 inconclusive = f"the check pod never scheduled ({why})" + (_node_gone(ctx, node) or

@@ -460,3 +460,26 @@ def test_light_checks_on_busy_nodes_make_suspects(make_sim, history: History) ->
     assert [d.node.name for d in later.plan.take] == ["gpu-01"]
     assert "suspect: a light check failed" in later.plan.take[0].detail
     assert (later.outcomes[0].verdict, later.outcomes[0].action) == ("reboot", "held")
+
+
+def test_abort_on_demand_and_the_replacement_cap(make_sim, history: History) -> None:
+    from kubernetes import client
+
+    sim: Sim = make_sim(nodes=4, faults={"gpu-01": {"remap_failure": [1]}, "gpu-02": {"remap_failure": [2]},
+                                         "gpu-03": {"hung_check": True}})
+    cfg = replace(TEST_CONFIG, max_replacements_per_hour=1, check_timeout=3000, abort_on_demand=True)
+
+    def demand() -> None:  # a job too big for any free node arrives mid-check
+        pod = client.V1Pod(metadata=client.V1ObjectMeta(name="big", namespace="training"),
+                           spec=client.V1PodSpec(containers=[client.V1Container(
+                               name="c", image="i", resources=client.V1ResourceRequirements(limits={"nvidia.com/gpu": "16"}))]))
+        threading.Timer(0.3, lambda: sim.core.create_namespaced_pod("training", pod)).start()
+
+    _on_first_job(sim, demand)
+    report = run_sweep(sim, history, cfg)
+    got = {o.node: o for o in report.outcomes}
+    assert got["gpu-03"].verdict == "inconclusive" and "pending GPU pod" in got["gpu-03"].reasons[0]
+    replaced = [o for o in report.outcomes if o.verdict == "replace"]
+    capped = [o for o in report.outcomes if o.verdict == "quarantine"]
+    assert len(replaced) == 1 and len(capped) == 1, [(o.node, o.verdict) for o in report.outcomes]
+    assert "replacement cap reached" in capped[0].reasons[-1]
