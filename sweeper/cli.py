@@ -500,7 +500,7 @@ def check(as_json: bool, termination_log: str, **kw: Any) -> None:
             t.add_row(c.name, "" if c.gpu is None else str(c.gpu), c.status, c.message[:100])
         out.print(t)
     try:
-        if Path(termination_log).parent.exists():
+        if Path(termination_log).exists():  # Kubernetes creates it in the container; elsewhere, leave /dev alone
             Path(termination_log).write_text(result.summary())
     except OSError:
         pass
