@@ -56,6 +56,7 @@ class Config:
     check_priority_class: str = ""  # a low PriorityClass for check pods, so the scheduler prefers workloads
     suspect_conditions: tuple[str, ...] = ("GpuXid", "GpuEcc", "GpuNvlink", "GpuCount")  # swept first when idle
     handled_conditions: tuple[str, ...] = ()  # another remediator owns a node with one of these set
+    suspect_sources: tuple[dict[str, Any], ...] = ()  # [{type: prometheus|loki, url, query, node_label, window}]
     lock_name: str = "sweeper-lock"
     lock_ttl: float = 300.0  # seconds without renewal after which a dead sweeper's lock may be taken
     orphan_grace: float = 3600.0  # Sweeper's taint with no record in history is removed after this long
@@ -102,6 +103,10 @@ def load_config(path: str | Path | None) -> Config:
                 value = parse_duration(value)
             except ValueError as exc:
                 raise ConfigError(f"{p}: {key}: not a duration: {value!r}") from exc
+        elif key == "suspect_sources":
+            if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+                raise ConfigError(f"{p}: suspect_sources: expected a list of mappings")
+            value = tuple(value)
         elif isinstance(getattr(Config, key, None), tuple) or key in ("gpu_resources", "allowed_taint_keys",
                                                                       "gpu_resource_prefixes", "suspect_conditions",
                                                                       "handled_conditions"):

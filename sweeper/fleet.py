@@ -123,13 +123,17 @@ class Gates:
     breaker: str = ""  # the reason, when the breaker is open
     cooldown: bool = False
     attempts: dict[str, int] = field(default_factory=dict)  # failures per node within the attempt window
+    suspects: dict[str, str] = field(default_factory=dict)  # node to why an outside signal names it
 
 
-def suspect_signals(v: NodeView, cfg: Config) -> list[str]:
-    """Why a node is suspect: a condition another tool set, or a light check of Sweeper's that failed."""
+def suspect_signals(v: NodeView, cfg: Config, outside: dict[str, str] | None = None) -> list[str]:
+    """Why a node is suspect: a condition another tool set, a signal from Prometheus or Loki,
+    or Sweeper's own suspect label (a light check or an outside signal put it there)."""
     out = [f"condition {c}" for c in v.conditions if c in cfg.suspect_conditions]
-    if v.labels.get(f"{cfg.prefix}/suspect") == "true":
-        out.append("a light check failed")
+    if outside and v.name in outside:
+        out.append(outside[v.name])
+    elif v.labels.get(f"{cfg.prefix}/suspect") == "true":
+        out.append(v.annotations.get(f"{cfg.prefix}/suspect-reason") or "a light check failed")
     return out
 
 
@@ -149,7 +153,7 @@ def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, l
     out = Plan(gpu_nodes=len(views))
     eligible: list[NodeView] = []
     for v in views:
-        reason, detail = _skip_reason(v, busy.get(v.name, []), cfg, last_swept, now)
+        reason, detail = _skip_reason(v, busy.get(v.name, []), cfg, last_swept, now, gates.suspects)
         if not reason and gates.attempts.get(v.name, 0) >= cfg.max_attempts:
             reason, detail = "attempts-exhausted", (f"failed {gates.attempts[v.name]} time(s) within "
                                                     f"{cfg.attempt_window / 86400:g}d; a person should look")
@@ -172,7 +176,7 @@ def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, l
         out.budget = 0
         out.skip += [Decision(v, False, stop[0], stop[1]) for v in eligible]
         eligible = []
-    suspects = {v.name: suspect_signals(v, cfg) for v in eligible}
+    suspects = {v.name: suspect_signals(v, cfg, gates.suspects) for v in eligible}
     eligible.sort(key=lambda v: (v.name in last_swept, not suspects[v.name], last_swept.get(v.name, 0.0), v.name))
     for i, v in enumerate(eligible):
         if i < out.budget:
@@ -188,7 +192,7 @@ def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, l
 
 
 def _skip_reason(v: NodeView, gpu_pods: list[str], cfg: Config, last_swept: dict[str, float],
-                 now: float) -> tuple[str, str]:
+                 now: float, outside: dict[str, str] | None = None) -> tuple[str, str]:
     if v.sweep_taint(cfg.taint_key):
         return "held", f"carries {cfg.taint_key}={v.sweep_taint(cfg.taint_key).get('value', '')}"  # type: ignore[union-attr]
     if v.labels.get(cfg.opt_out_label, "").lower() in ("true", "1", "yes"):
@@ -213,6 +217,6 @@ def _skip_reason(v: NodeView, gpu_pods: list[str], cfg: Config, last_swept: dict
     if now - v.created < cfg.min_node_age:
         return "too-young", f"joined {int(now - v.created)}s ago (minimum {int(cfg.min_node_age)}s)"
     last = last_swept.get(v.name)
-    if last is not None and now - last < cfg.interval and not suspect_signals(v, cfg):
+    if last is not None and now - last < cfg.interval and not suspect_signals(v, cfg, outside):
         return "not-due", f"swept {(now - last) / 3600:.1f}h ago; due every {cfg.interval / 3600:.1f}h"
     return "", ""

@@ -10,11 +10,11 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from sweeper import profiles
+from sweeper import profiles, signals
 from sweeper.actions import ActionContext, load_all
 from sweeper.actions import node as node_actions
 from sweeper.clock import Clock, WallClock, iso, parse_iso
@@ -102,6 +102,7 @@ class Sweep:
         self._lock = threading.Lock()
         self.profiles = profiles.load_profiles(config.path("profiles"))
         self.playbook = load(str(config.path("playbooks") / config.playbook), self.actions)
+        self.sources = [signals.Source.from_dict(s) for s in config.suspect_sources]  # a bad one fails here
         self.light_playbook = (load(str(config.path("playbooks") / config.light_playbook), self.actions)
                                if config.light_playbook else None)
 
@@ -111,7 +112,36 @@ class Sweep:
         pods = self.kube.active_pods(page_size=self.cfg.page_size)
         if not self.dry_run:
             self.trip_breaker(len(nodes))
-        return plan(nodes, pods, self.cfg, self.rec.last_swept(), self.clock.now(), self.gates())
+        gates = self.gates()
+        if self.cfg.suspect_sources:
+            found, problems = signals.suspects(self.sources)
+            for problem in problems:
+                self.emit("log", {"node": "-", "msg": f"suspect source unavailable: {problem}"})
+            gates = replace(gates, suspects=found)
+            if not self.dry_run:
+                nodes = self.mark_suspects(nodes, found)
+        return plan(nodes, pods, self.cfg, self.rec.last_swept(), self.clock.now(), gates)
+
+    def mark_suspects(self, nodes: list[dict[str, Any]], found: dict[str, str]) -> list[dict[str, Any]]:
+        """Label and event each node an outside signal names, once; the nodes as they are after."""
+        label, note = f"{self.cfg.prefix}/suspect", f"{self.cfg.prefix}/suspect-reason"
+        out = []
+        for obj in nodes:
+            name = obj["metadata"]["name"]
+            if name not in found or (obj["metadata"].get("labels") or {}).get(label) == "true":
+                out.append(obj)
+                continue
+            def mark(n: dict[str, Any], why: str = found[name]) -> list[dict[str, Any]] | None:
+                ops = (node_actions.meta_op(n, "labels", {label: "true"}) or []) + \
+                    (node_actions.meta_op(n, "annotations", {note: why[:500]}) or [])
+                return ops or None
+
+            out.append(node_actions.patch_node(self.kube, name, mark) or obj)
+            node_actions.node_event(self.kube, name, obj["metadata"].get("uid", name), "SweeperSuspect",
+                                    f"named by an outside signal: {found[name]}", "Warning", "sweeper",
+                                    self.clock.now())
+            self.rec.action("signals", name, self.clock.now(), "suspect", found[name])
+        return out
 
     def gates(self) -> Gates:
         now = self.clock.now()

@@ -43,7 +43,7 @@ def patch_node(kube: Any, name: str, build: Callable[[dict[str, Any]], list[dict
     raise Conflict(f"node {name}: gave up after {tries} conflicting updates")
 
 
-def _meta_op(node: dict[str, Any], field: str, values: dict[str, str | None]) -> list[dict[str, Any]] | None:
+def meta_op(node: dict[str, Any], field: str, values: dict[str, str | None]) -> list[dict[str, Any]] | None:
     current = dict(node["metadata"].get(field) or {})
     new = dict(current)
     for k, v in values.items():
@@ -73,6 +73,8 @@ def release(kube: Any, cfg: Config, name: str, clear_suspect: bool = False) -> b
         if len(keep) != len(taints):
             ops.append({"op": "add", "path": "/spec/taints", "value": keep})
         labels = dict(node["metadata"].get("labels") or {})
+        if clear_suspect:
+            ann.pop(f"{prefix}/suspect-reason", None)
         if clear_suspect and labels.pop(f"{prefix}/suspect", None) is not None:
             ops.append({"op": "add", "path": "/metadata/labels", "value": labels})  # checked and handed back
         if ann != (node["metadata"].get("annotations") or {}):
@@ -240,7 +242,7 @@ def _meta_action(field: str) -> Callable[[ActionContext, dict[str, Any]], dict[s
         values = args["set"] or {}
         for k in args["remove"] or []:
             values[k] = None
-        changed = patch_node(ctx.cluster(), ctx.node_name, lambda n: _meta_op(n, field, values)) is not None
+        changed = patch_node(ctx.cluster(), ctx.node_name, lambda n: meta_op(n, field, values)) is not None
         return ok(f"{field} updated" if changed else f"{field} already as asked", changed)
     return run
 
@@ -253,19 +255,25 @@ action("annotate", Arg("set", dict, default=None, help="annotations to set"),
        help="Set or remove node annotations.", needs_node=True)(_meta_action("annotations"))
 
 
+def node_event(kube: Any, node: str, uid: str, reason: str, message: str, kind: str, instance: str,
+               now: float) -> dict[str, Any]:
+    """A core/v1 Event on a node, in the default namespace as the kubelet's own."""
+    ts = iso(now)
+    body = {"metadata": {"generateName": f"{node}.", "namespace": "default"},
+            "involvedObject": {"kind": "Node", "name": node, "uid": uid, "apiVersion": "v1"},
+            "reason": reason, "message": message[:1024], "type": kind,
+            "source": {"component": "sweeper"}, "reportingComponent": "sweeper", "reportingInstance": instance,
+            "firstTimestamp": ts, "lastTimestamp": ts, "count": 1}
+    return kube.create_event("default", body)  # type: ignore[no-any-return]
+
+
 @action("event", Arg("reason", str, required=True, help="CamelCase reason, e.g. SweepFailed"),
         Arg("message", str, required=True), Arg("type", str, default="Normal", choices=("Normal", "Warning")),
         help="Create a Kubernetes Event on the node (kubectl describe node shows it).", needs_node=True)
 def event(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
-    now = iso(ctx.clock.now())
     node = ctx.node or {}
-    body = {"metadata": {"generateName": f"{ctx.node_name}.", "namespace": "default"},
-            "involvedObject": {"kind": "Node", "name": ctx.node_name, "uid": node.get("uid", ctx.node_name),
-                               "apiVersion": "v1"},
-            "reason": args["reason"], "message": args["message"][:1024], "type": args["type"],
-            "source": {"component": "sweeper"}, "reportingComponent": "sweeper", "reportingInstance": ctx.run_id,
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1}
-    created = ctx.cluster().create_event("default", body)
+    created = node_event(ctx.cluster(), ctx.node_name, node.get("uid", ctx.node_name), args["reason"],
+                         args["message"], args["type"], ctx.run_id, ctx.clock.now())
     return ok(f"event {args['reason']}", True, event=created.get("metadata", {}).get("name"))
 
 

@@ -115,6 +115,7 @@ class Fleet:
     api_lost_reply_rate: float = 0.0
     api_latency: float = 0.0  # seconds of real time added to a share of requests (api_faults.slow_rate)
     api_slow_rate: float = 0.0
+    api_drop_rate: float = 0.0  # share of requests whose connection is dropped without an answer
 
 
 def load_fleet(path: Path) -> Fleet:
@@ -139,7 +140,8 @@ def parse_fleet(raw: Any, origin: str = "fleet") -> Fleet:
                   api_fault_rate=float((raw.get("api_faults") or {}).get("rate", 0.0)),
                   api_lost_reply_rate=float((raw.get("api_faults") or {}).get("lost_reply_rate", 0.0)),
                   api_latency=float((raw.get("api_faults") or {}).get("latency", 0.0)),
-                  api_slow_rate=float((raw.get("api_faults") or {}).get("slow_rate", 0.0)))
+                  api_slow_rate=float((raw.get("api_faults") or {}).get("slow_rate", 0.0)),
+                  api_drop_rate=float((raw.get("api_faults") or {}).get("drop_rate", 0.0)))
     faults = raw.get("faults") or {}
     for group in raw.get("node_groups") or []:
         itype = group.get("instance_type", "p5.48xlarge")

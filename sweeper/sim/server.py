@@ -105,6 +105,8 @@ class ApiServer:
         fleet = self.cluster.fleet
         if fleet.api_slow_rate and self.fault_rng.random() < fleet.api_slow_rate:
             time.sleep(fleet.api_latency)  # a slow apiserver, in real time
+        if fleet.api_drop_rate and self.fault_rng.random() < fleet.api_drop_rate:
+            raise DroppedConnection()
         if self.fault_rate and self.fault_rng.random() < self.fault_rate:
             code = self.fault_rng.choice([500, 503, 429])
             reason = {500: "InternalError", 503: "ServiceUnavailable", 429: "TooManyRequests"}[code]
@@ -339,6 +341,10 @@ def _pdb_blocks(store: Any, pdb: dict[str, Any], pod: dict[str, Any]) -> bool:
     return allowed < 1
 
 
+class DroppedConnection(Exception):
+    """The simulated apiserver hangs up without answering."""
+
+
 def _job_selector(job: dict[str, Any]) -> None:
     """The selector and pod labels the apiserver generates for a Job."""
     uid, name = job["metadata"]["uid"], job["metadata"]["name"]
@@ -363,6 +369,10 @@ class _Handler(BaseHTTPRequestHandler):
         extra: dict[str, str] = {}
         try:
             code, payload, ctype = self.api.handle(method, self.path, headers, body)
+        except DroppedConnection:
+            self.close_connection = True
+            self.connection.shutdown(2)  # no status line, no body: the client sees the connection drop
+            return
         except ApiError as exc:
             code, payload, ctype = exc.code, exc.status(), "application/json"
             if exc.retry_after is not None:

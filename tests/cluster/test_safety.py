@@ -195,7 +195,7 @@ def test_api_faults_at_five_percent(make_sim, history: History) -> None:
     from tests.conftest import fleet_spec
 
     sim: Sim = make_sim(fleet_spec(nodes=12, faults={"gpu-03": {"remap_failure": [2]}},
-                                   api_faults={"rate": 0.05, "lost_reply_rate": 0.05}))
+                                   api_faults={"rate": 0.05, "lost_reply_rate": 0.05, "drop_rate": 0.02}))
     cfg = replace(TEST_CONFIG, max_nodes=6)
     reports = [run_sweep(sim, history, cfg) for _ in range(3)]
     outcomes = {o.node: o for r in reports for o in r.outcomes}
@@ -483,3 +483,63 @@ def test_abort_on_demand_and_the_replacement_cap(make_sim, history: History) -> 
     capped = [o for o in report.outcomes if o.verdict == "quarantine"]
     assert len(replaced) == 1 and len(capped) == 1, [(o.node, o.verdict) for o in report.outcomes]
     assert "replacement cap reached" in capped[0].reasons[-1]
+
+
+class _Signals:
+    """A stand-in Prometheus and Loki on a loopback port, answering canned documents."""
+
+    def __init__(self, prom: dict[str, Any], loki: dict[str, Any]) -> None:
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        docs = {"/api/v1/query": prom, "/loki/api/v1/query_range": loki}
+        self.seen: list[str] = []
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a: Any) -> None:
+                return None
+
+            def do_GET(self) -> None:  # noqa: N802
+                outer.seen.append(self.path)
+                body = json.dumps(docs[self.path.split("?")[0]]).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_prometheus_and_loki_name_suspects(make_sim, history: History) -> None:
+    sim: Sim = make_sim(nodes=4)
+    run_sweep(sim, history)  # every node swept: none is due for a day
+    prom = {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"Hostname": "gpu-02", "gpu": "3"}, "value": [0, "79"]}]}}
+    line79 = "NVRM: Xid (PCI:0000:5d:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    line43 = "NVRM: Xid (PCI:0000:18:00): 43, pid=1, name=python, Ch 00000010"
+    loki = {"status": "success", "data": {"resultType": "streams", "result": [
+        {"stream": {"node": "gpu-03"}, "values": [["1", line79]]},
+        {"stream": {"node": "gpu-01"}, "values": [["1", line43]]}]}}
+    signals = _Signals(prom, loki)
+    try:
+        sources = ({"type": "prometheus", "url": signals.url}, {"type": "loki", "url": signals.url},
+                   {"type": "prometheus", "url": "http://127.0.0.1:9"})
+        report = run_sweep(sim, history, replace(TEST_CONFIG, suspect_sources=sources))
+    finally:
+        signals.close()
+    assert {o.node: o.action for o in report.outcomes} == {"gpu-02": "released", "gpu-03": "released"}, \
+        "suspects are due at once"
+    details = {d.node.name: d.detail for d in report.plan.take}
+    assert "Prometheus" in details["gpu-02"] and "Loki: XID 79" in details["gpu-03"]
+    assert any("suspect source unavailable" in d.get("msg", "") for e, d in report.events if e == "log")
+    for n in ("gpu-02", "gpu-03"):
+        events = sim.core.list_namespaced_event("default", field_selector=f"involvedObject.name={n}").items
+        assert [e.reason for e in events] == ["SweeperSuspect"]
+        assert "sweeper.dev/suspect" not in (sim.core.read_node(n).metadata.labels or {}), "a pass clears it"
+    assert "sweeper.dev/suspect" not in (sim.core.read_node("gpu-01").metadata.labels or {}), "XID 43 is no signal"
