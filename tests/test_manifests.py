@@ -18,7 +18,7 @@ def test_cronjob_manifest_validates_and_its_config_loads(tmp_path: Path) -> None
     docs = [d for d in yaml.safe_load_all((ROOT / "deploy" / "cronjob.yaml").read_text()) if d]
     kinds = [d["kind"] for d in docs]
     assert kinds == ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-                     "PersistentVolumeClaim", "ConfigMap", "CronJob"]
+                     "Role", "RoleBinding", "PersistentVolumeClaim", "ConfigMap", "CronJob"]
     for d in docs:
         kubernetes_validate.validate(d, K8S, strict=True)
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
