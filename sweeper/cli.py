@@ -21,12 +21,18 @@ from sweeper.checks.options import OPTIONS, CheckOptions
 from sweeper.clock import iso, parse_duration
 from sweeper.config import Config, load_config
 from sweeper.errors import ConfigError, SweeperError
+from sweeper.policy import HOLDING
 
 out = Console(highlight=False)
 err = Console(stderr=True, highlight=False)
 
 VERDICT_STYLE = {"pass": "green", "warn": "yellow", "reboot": "magenta", "replace": "red bold",
                  "quarantine": "red", "error": "bright_red", "inconclusive": "cyan", "": "dim"}
+
+
+def styled(verdict: str | None) -> str:
+    style = VERDICT_STYLE.get(verdict or "", "")
+    return f"[{style}]{verdict or '-'}[/{style}]"
 
 
 def default_state() -> str:
@@ -127,17 +133,14 @@ def _printer(console: Console) -> Callable[[str, dict[str, Any]], None]:
             console.print(f"  {d['node']}: [yellow]a GPU pod landed first[/yellow] ({', '.join(d['pods'])}); "
                           "released untouched")
         elif event == "done":
-            style = VERDICT_STYLE.get(d["verdict"], "")
-            console.print(f"  {d['node']}: [{style}]{d['verdict']}[/{style}] -> {d['action']}"
+            console.print(f"  {d['node']}: {styled(d['verdict'])} -> {d['action']}"
                           + (f"  ({'; '.join(d['reasons'])[:160]})" if d["verdict"] != "pass" else ""))
         elif event == "breaker":
             console.print(f"[red bold]circuit breaker open[/red bold]: {d['reason']}; no more nodes are taken "
                           "until `sweeper breaker reset`")
         elif event == "light":
-            style = VERDICT_STYLE.get(d["verdict"], "")
-            console.print(f"  {d['node']} (busy): light check [{style}]{d['verdict']}[/{style}]"
-                          + (f", now a suspect ({'; '.join(d['reasons'])[:120]})"
-                             if d["verdict"] in ("reboot", "replace", "quarantine") else ""))
+            console.print(f"  {d['node']} (busy): light check {styled(d['verdict'])}"
+                          + (f", now a suspect ({'; '.join(d['reasons'])[:120]})" if d["verdict"] in HOLDING else ""))
         elif event == "reconcile":
             console.print(f"  {d['node']}: reconciled, {d['action']} ({d['why']})")
         elif event == "skip":
@@ -150,8 +153,7 @@ def _print_outcomes(report: Any) -> None:
     for col in ("node", "verdict", "action", "reasons"):
         t.add_column(col)
     for o in report.outcomes:
-        style = VERDICT_STYLE.get(o.verdict, "")
-        t.add_row(o.node, f"[{style}]{o.verdict or '-'}[/{style}]", o.action, "; ".join(o.reasons)[:120])
+        t.add_row(o.node, styled(o.verdict), o.action, "; ".join(o.reasons)[:120])
     out.print(t)
     reasons: dict[str, int] = {}
     for d in report.plan.skip:
@@ -435,9 +437,8 @@ def print_history(console: Console, h: dict[str, Any]) -> None:
     for col in ("started", "run", "verdict", "why"):
         t.add_column(col)
     for s in h["sweeps"]:
-        style = VERDICT_STYLE.get(s["verdict"] or "", "")
         why = "; ".join(s["reasons"]) if s["verdict"] != "pass" else ""
-        t.add_row(iso(s["started"]), s["run_id"], f"[{style}]{s['verdict'] or 'unfinished'}[/{style}]", why[:150])
+        t.add_row(iso(s["started"]), s["run_id"], styled(s["verdict"] or "unfinished"), why[:150])
     console.print(t)
     problems = [(s, p) for s in h["sweeps"] for p in s["problems"]]
     if problems:
