@@ -260,6 +260,96 @@ def lint_cmd(paths: tuple[str, ...], config_path: str | None, as_json: bool) -> 
     sys.exit(1 if report.problems else 0)
 
 
+# -- ingest and profiles ---------------------------------------------------------------
+@main.command("ingest")
+@click.argument("node")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--format", "fmt", default="auto", show_default=True,
+              type=click.Choice(["auto", "dcgm", "nccl", "kernel-log", "sweeper"]),
+              help="What the file holds; auto detects it.")
+@click.option("--exit-code", type=int, help="The tool's exit code, as a cross-check (dcgm, nccl).")
+@click.option("--expect-gpus", type=int, help="GPU count the node should have (dcgm).")
+@click.option("--min-busbw", type=float, help="Bus bandwidth floor in GB/s at the largest size (nccl).")
+@click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
+              help="SQLite history file.")
+@click.option("--no-record", is_flag=True, help="Parse and print only.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result document as JSON.")
+@run_cli
+def ingest_cmd(node: str, file: str, fmt: str, exit_code: int | None, expect_gpus: int | None,
+               min_busbw: float | None, state: str, no_record: bool, as_json: bool) -> None:
+    """Parse a tool's output produced outside Sweeper (a Slurm prolog, a manual DCGM run) into the
+    common result, print it, and record it in the node's history. Exit 1 when it holds a failure."""
+    from sweeper.ingest import ingest
+    from sweeper.sweep import new_run_id
+
+    try:
+        text = sys.stdin.read() if file == "-" else Path(file).read_text(errors="replace")
+    except OSError as exc:
+        raise ConfigError(f"cannot read {file}: {exc}") from exc
+    found, result = ingest(text, node, fmt, exit_code=exit_code, expect_gpus=expect_gpus, min_busbw=min_busbw)
+    if not no_record:
+        h = _history(state)
+        run_id = new_run_id(time.time())
+        h.run_started(run_id, time.time(), "ingest")
+        sid = h.sweep_started(run_id, node, result.started, f"ingest:{found}", "", kind="ingest")
+        h.result(sid, result)
+        h.sweep_finished(sid, time.time(), result.status, [f"{c.name}: {c.message}" for c in result.failed_checks])
+        h.run_finished(run_id, time.time(), "done", 0, {"ingested": file, "format": found})
+    if as_json:
+        click.echo(result.to_json())
+    else:
+        t = Table(title=f"{node}: {found} -> {result.status}")
+        for col in ("check", "gpu", "status", "code", "message"):
+            t.add_column(col)
+        for c in result.checks:
+            t.add_row(c.name, "" if c.gpu is None else str(c.gpu), c.status, c.code or "", c.message[:90])
+        out.print(t)
+    sys.exit(0 if result.status in ("pass", "warn", "skip") else 1)
+
+
+@main.command("profiles")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Sweeper config YAML.")
+@click.option("--nodes", "with_nodes", is_flag=True, help="Also show which profile each GPU node gets.")
+@click.option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig file (with --nodes).")
+@click.option("--context", help="kubeconfig context (with --nodes).")
+@click.option("--json", "as_json", is_flag=True)
+@run_cli
+def profiles_cmd(config_path: str | None, with_nodes: bool, kubeconfig: str | None, context: str | None,
+                 as_json: bool) -> None:
+    """The hardware profiles, and with --nodes which one each GPU node of the cluster gets
+    (by instance type, then GPU product label, then the conservative default)."""
+    from sweeper import profiles as prof
+
+    cfg = _config(config_path)
+    catalogue = prof.load_profiles(cfg.path("profiles"))
+    rows = [{"profile": p.name, "gpus": p.gpus, "gpu_model": p.gpu_model, "instance_types": list(p.instance_types),
+             "nccl_busbw_min": p.nccl_busbw_min} for p in catalogue.values()]
+    nodes: list[dict[str, str]] = []
+    if with_nodes:
+        kube = _kube(kubeconfig, context, cfg)
+        for obj in kube.list_nodes(cfg.gpu_node_selector, page_size=cfg.page_size):
+            labels = obj["metadata"].get("labels") or {}
+            nodes.append({"node": obj["metadata"]["name"], "profile": prof.match(catalogue, labels).name,
+                          "instance_type": labels.get("node.kubernetes.io/instance-type", "")})
+    if as_json:
+        click.echo(json.dumps({"profiles": rows, "nodes": nodes}, indent=2))
+        return
+    t = Table(title="profiles")
+    for col in ("profile", "gpus", "model", "instance types", "NCCL floor GB/s"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["profile"], str(r["gpus"]), r["gpu_model"] or "any", ", ".join(r["instance_types"]) or "-",
+                  "-" if r["nccl_busbw_min"] is None else f"{r['nccl_busbw_min']:g}")
+    out.print(t)
+    if nodes:
+        nt = Table(title="nodes")
+        for col in ("node", "instance type", "profile"):
+            nt.add_column(col)
+        for n in nodes:
+            nt.add_row(n["node"], n["instance_type"], n["profile"])
+        out.print(nt)
+
+
 # -- release -----------------------------------------------------------------------------
 @main.command("release")
 @click.argument("nodes", nargs=-1)
