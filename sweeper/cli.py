@@ -322,7 +322,8 @@ def profiles_cmd(config_path: str | None, with_nodes: bool, kubeconfig: str | No
 
     cfg = _config(config_path)
     catalogue = prof.load_profiles(cfg.path("profiles"))
-    rows = [{"profile": p.name, "gpus": p.gpus, "gpu_model": p.gpu_model, "instance_types": list(p.instance_types),
+    rows: list[dict[str, Any]] = [{"profile": p.name, "gpus": p.gpus, "gpu_model": p.gpu_model,
+             "instance_types": list(p.instance_types),
              "nccl_busbw_min": p.nccl_busbw_min} for p in catalogue.values()]
     nodes: list[dict[str, str]] = []
     if with_nodes:
