@@ -578,10 +578,12 @@ def check(as_json: bool, termination_log: str, **kw: Any) -> None:
     import pynvml
 
     from sweeper.checks import read_kernel_log, run_node_checks, system_uptime
+    from sweeper.checks.host import RealHost
 
     opts = CheckOptions(**{**kw, "node": kw.get("node") or os.environ.get("NODE_NAME", "")})
     klog, why = read_kernel_log(opts)
-    result = run_node_checks(opts, pynvml, klog, now=time.time(), uptime=system_uptime(), kernel_log_error=why)
+    result = run_node_checks(opts, pynvml, klog, now=time.time(), uptime=system_uptime(), kernel_log_error=why,
+                             host=RealHost(opts.host_root))
     if as_json:
         click.echo(result.to_json())
     else:

@@ -22,7 +22,8 @@ from sweeper.templating import ENV
 K8S_VERSION = "1.31"
 SAMPLE_NODE = {"name": "ip-10-0-12-34.ec2.internal", "gpus": 8, "uid": "00000000-0000-0000-0000-000000000000",
                "labels": {"kubernetes.io/hostname": "ip-10-0-12-34", "node.kubernetes.io/instance-type": "p5.48xlarge"},
-               "annotations": {}, "profile": {"name": "p5.48xlarge", "gpus": 8, "gpu_model": "H100"}}
+               "annotations": {}, "profile": profiles.Profile("p5.48xlarge", gpus=8, gpu_model="H100", nvlinks=18, nic="efa",
+                                                 nics=32, nccl_busbw_min=460.0).as_vars()}
 
 
 @dataclass

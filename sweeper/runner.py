@@ -19,8 +19,7 @@ from sweeper.sweep import new_run_id
 def node_vars(view: NodeView, cfg: Config, uid: str = "") -> dict[str, Any]:
     profile = profiles.match(profiles.load_profiles(cfg.path("profiles")), view.labels)
     return {"name": view.name, "labels": view.labels, "annotations": view.annotations, "gpus": view.gpus,
-            "uid": uid, "profile": {"name": profile.name, "gpus": profile.gpus, "gpu_model": profile.gpu_model,
-                             "nccl_busbw_min": profile.nccl_busbw_min}}
+            "uid": uid, "profile": profile.as_vars()}
 
 
 def run_playbook(path: Path, cfg: Config, *, kube: Any = None, node_name: str | None = None,

@@ -365,8 +365,7 @@ class Sweep:
         dismissed = (self.rec.get_control(f"dismissed/{node.name}") or {}).get("keys", [])
         node_vars = {"name": node.name, "labels": node.labels, "annotations": node.annotations, "gpus": node.gpus,
                      "dismissed": dismissed,
-                     "profile": {"name": profile.name, "gpus": profile.gpus, "gpu_model": profile.gpu_model,
-                             "nccl_busbw_min": profile.nccl_busbw_min}}
+                     "profile": profile.as_vars()}
         ctx = ActionContext(
             config=self.cfg, clock=self.clock, kube=self.kube, node=node_vars, run_id=run_id,
             on_result=lambda r: self.rec.result(sweep_id, r),

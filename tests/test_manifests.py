@@ -9,6 +9,7 @@ import yaml
 from sweeper.actions import ActionContext
 from sweeper.actions.jobs import render_job
 from sweeper.config import Config, load_config
+from sweeper.profiles import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = "1.31"
@@ -35,7 +36,7 @@ def test_job_templates_render_valid_jobs(template: str) -> None:
     ctx = ActionContext(config=Config(), node={
         "name": "ip-10-0-1-2.ec2.internal", "gpus": 8,
         "labels": {"kubernetes.io/hostname": "ip-10-0-1-2", "evil": "{{ 7*7 }}: [x]"},
-        "annotations": {}, "profile": {"name": "p5.48xlarge", "gpus": 8, "gpu_model": "H100"}}, run_id="sw-1")
+        "annotations": {}, "profile": load_profile(ROOT / "profiles" / "p5.48xlarge.yaml").as_vars()}, run_id="sw-1")
     job = render_job(ctx, template, 900, {})
     kubernetes_validate.validate(job, K8S, strict=True)
     pod = job["spec"]["template"]["spec"]

@@ -1,5 +1,6 @@
-"""A fake NVML with the pynvml API and the exceptions of the real bindings, built from a
-simulated node's hardware state. The simulated kubelet hands it to the real checks."""
+"""A fake NVML with the pynvml API and the exceptions of the real bindings, and a fake host
+(sysfs files, commands, environment), both built from a simulated node's hardware state.
+The simulated kubelet hands them to the real checks; the tests build them directly."""
 
 from __future__ import annotations
 
@@ -28,6 +29,24 @@ class FakeGpu:
     remapped_uncorrected: int = 0
     remap_pending: bool = False
     remap_failure: bool = False
+    retired_pages: int = 0  # pre-Ampere only: read when row remapping is not supported
+    retired_pending: bool = False
+    nvlinks: int = 18
+    nvlink_down: list[int] = field(default_factory=list)
+    nvlink_replay: int = 0
+    nvlink_recovery: int = 0
+    nvlink_crc: int = 0
+    pcie_gen: int = 1  # a link at idle runs at a low generation
+    pcie_max_gen: int = 5
+    pcie_width: int = 16
+    pcie_max_width: int = 16
+    pcie_replays: int = 0
+    clock_reasons: int = 0x1  # GpuIdle
+    margin: int = 40  # degrees C to the slowdown limit
+    power_mw: int = 70_000
+    power_limit_mw: int = 700_000
+    recovery_action: int | None = 0  # None: the driver does not report it
+    lost: bool = False
 
 
 @dataclass
@@ -38,13 +57,12 @@ class FakeNvml:
     driver: str = "570.133.20"
     library_present: bool = True
 
-    NVML_MEMORY_ERROR_TYPE_CORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
-    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-    NVML_VOLATILE_ECC = pynvml.NVML_VOLATILE_ECC
-    NVML_AGGREGATE_ECC = pynvml.NVML_AGGREGATE_ECC
-    NVML_TEMPERATURE_GPU = pynvml.NVML_TEMPERATURE_GPU
-    NVMLError = pynvml.NVMLError
-    NVMLError_NotSupported = pynvml.NVMLError_NotSupported
+    def __getattr__(self, name: str) -> Any:
+        # The constants and exception classes are the real bindings' own; functions are not,
+        # so a check calling something this fake lacks fails loudly instead of touching a GPU.
+        if name.startswith("NVML"):
+            return getattr(pynvml, name)
+        raise AttributeError(name)
 
     def nvmlInit(self) -> None:
         if not self.library_present:
@@ -64,8 +82,13 @@ class FakeNvml:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return self.gpus[index]
 
+    def _alive(self, h: FakeGpu) -> FakeGpu:
+        if h.lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
+        return h
+
     def nvmlDeviceGetName(self, h: FakeGpu) -> str:
-        return h.name
+        return self._alive(h).name
 
     def nvmlDeviceGetUUID(self, h: FakeGpu) -> str:
         return h.uuid or f"GPU-{h.index:08x}-0000-0000-0000-000000000000"
@@ -80,7 +103,7 @@ class FakeNvml:
         return 1 if h.persistence else 0
 
     def nvmlDeviceGetTotalEccErrors(self, h: FakeGpu, error_type: int, counter_type: int) -> int:
-        if not h.ecc_supported:
+        if not self._alive(h).ecc_supported:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         corrected = error_type == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
         if counter_type == pynvml.NVML_VOLATILE_ECC:
@@ -91,6 +114,65 @@ class FakeNvml:
         if not h.remap_supported:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
         return (h.remapped_corrected, h.remapped_uncorrected, int(h.remap_pending), int(h.remap_failure))
+
+    def nvmlDeviceGetRetiredPages(self, h: FakeGpu, cause: int) -> list[int]:
+        if h.remap_supported:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        half = h.retired_pages // 2
+        return list(range(half if cause == 0 else h.retired_pages - half))
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: FakeGpu) -> int:
+        return int(h.retired_pending)
+
+    def nvmlDeviceGetNvLinkState(self, h: FakeGpu, link: int) -> int:
+        if h.nvlinks == 0:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if not 0 <= link < h.nvlinks:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return pynvml.NVML_FEATURE_DISABLED if link in h.nvlink_down else pynvml.NVML_FEATURE_ENABLED
+
+    def nvmlDeviceGetNvLinkErrorCounter(self, h: FakeGpu, link: int, counter: int) -> int:
+        if link != 0:
+            return 0
+        return {pynvml.NVML_NVLINK_ERROR_DL_REPLAY: h.nvlink_replay,
+                pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: h.nvlink_recovery,
+                pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: h.nvlink_crc}.get(counter, 0)
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: FakeGpu) -> int:
+        return self._alive(h).pcie_width
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: FakeGpu) -> int:
+        return h.pcie_max_width
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: FakeGpu) -> int:
+        return h.pcie_gen
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: FakeGpu) -> int:
+        return h.pcie_max_gen
+
+    def nvmlDeviceGetPcieReplayCounter(self, h: FakeGpu) -> int:
+        return h.pcie_replays
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: FakeGpu) -> int:
+        return h.clock_reasons
+
+    def nvmlDeviceGetMarginTemperature(self, h: FakeGpu) -> int:
+        return h.margin
+
+    def nvmlDeviceGetPowerUsage(self, h: FakeGpu) -> int:
+        return h.power_mw
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: FakeGpu) -> int:
+        return h.power_limit_mw
+
+    def nvmlDeviceGetFieldValues(self, h: FakeGpu, field_ids: list[int]) -> list[Any]:
+        out = []
+        for fid in field_ids:
+            known = fid == pynvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and h.recovery_action is not None
+            out.append(SimpleNamespace(fieldId=fid, nvmlReturn=0 if known else pynvml.NVML_ERROR_NOT_SUPPORTED,
+                                       valueType=pynvml.NVML_VALUE_TYPE_UNSIGNED_INT,
+                                       value=SimpleNamespace(uiVal=h.recovery_action or 0)))
+        return out
 
 
 H100_BUS_IDS = ["18", "2a", "3a", "5d", "9a", "ab", "ba", "db"]
@@ -104,3 +186,117 @@ def bus_id(index: int) -> str:
 def xid_line(uptime: float, index: int, code: int, text: str) -> str:
     bus = bus_id(index).split(":")[1].lower()
     return f"[{uptime:12.6f}] NVRM: Xid (PCI:0000:{bus}:00): {code}, pid='<unknown>', name=<unknown>, {text}"
+
+
+@dataclass
+class FakeHost:
+    """A node's files and commands from a table: `files` maps absolute paths to contents (the
+    directories follow from them), `commands` maps a program name to (exit code, stdout,
+    stderr); a program not in the table is not installed."""
+
+    files: dict[str, str] = field(default_factory=dict)
+    commands: dict[str, tuple[int, str, str]] = field(default_factory=dict)
+    environ: dict[str, str] = field(default_factory=dict)
+    arch: str = "x86_64"
+
+    def read(self, path: str) -> str | None:
+        return self.files.get(path)
+
+    def listdir(self, path: str) -> list[str] | None:
+        prefix = path.rstrip("/") + "/"
+        names = {p[len(prefix):].split("/")[0] for p in self.files if p.startswith(prefix)}
+        return sorted(names) if names else None
+
+    def exists(self, path: str) -> bool:
+        return path in self.files or self.listdir(path) is not None
+
+    def run(self, argv: list[str], timeout: float = 60.0) -> tuple[int, str, str]:
+        if argv[0] not in self.commands:
+            raise FileNotFoundError(argv[0])
+        return self.commands[argv[0]]
+
+    def env(self) -> dict[str, str]:
+        return dict(self.environ)
+
+    def machine(self) -> str:
+        return self.arch
+
+
+def efa_sysfs(count: int, *, down: tuple[int, ...] = (), rate: int = 100, gpudirect: bool = True,
+              counters: dict[str, int] | None = None) -> dict[str, str]:
+    """/sys/class/infiniband for `count` EFA devices, as the EFA driver lays it out."""
+    files: dict[str, str] = {}
+    for i in range(count):
+        dev = f"rdmap{16 + i * 16 if count <= 8 else 16 + i}s{27 if i % 2 == 0 else 0}"
+        base = f"/sys/class/infiniband/{dev}"
+        files[f"{base}/device/vendor"] = "0x1d0f\n"
+        files[f"{base}/device/p2p"] = "NVIDIA\n" if gpudirect else "\n"
+        files[f"{base}/ports/1/state"] = "1: DOWN\n" if i in down else "4: ACTIVE\n"
+        files[f"{base}/ports/1/phys_state"] = "5: LinkUp\n"
+        files[f"{base}/ports/1/rate"] = f"{rate} Gb/sec (4X EDR)\n"
+        files[f"{base}/ports/1/link_layer"] = "Unspecified\n"
+        for name in ("rx_drops", "rdma_read_wr_err", "rdma_write_wr_err", "retrans_timeout_events",
+                     "unresponsive_remote_events", "impaired_remote_conn_events", "tx_bytes", "rx_bytes"):
+            files[f"{base}/ports/1/hw_counters/{name}"] = f"{(counters or {}).get(name, 0)}\n"
+    return files
+
+
+def ib_sysfs(count: int, *, down: tuple[int, ...] = (), rate: int = 400) -> dict[str, str]:
+    """/sys/class/infiniband for `count` ConnectX HCAs (mlx5_N)."""
+    files: dict[str, str] = {}
+    for i in range(count):
+        base = f"/sys/class/infiniband/mlx5_{i}"
+        files[f"{base}/device/vendor"] = "0x15b3\n"
+        files[f"{base}/ports/1/state"] = "1: DOWN\n" if i in down else "4: ACTIVE\n"
+        files[f"{base}/ports/1/rate"] = f"{rate} Gb/sec (4X NDR)\n"
+        files[f"{base}/ports/1/link_layer"] = "InfiniBand\n"
+        for name in ("symbol_error", "link_downed", "link_error_recovery", "port_rcv_errors"):
+            files[f"{base}/ports/1/counters/{name}"] = "0\n"
+    return files
+
+
+def netdev(name: str, driver: str, mtu: int, up: bool = True) -> dict[str, str]:
+    base = f"/sys/class/net/{name}"
+    return {f"{base}/mtu": f"{mtu}\n", f"{base}/operstate": "up\n" if up else "down\n",
+            f"{base}/device/uevent": f"DRIVER={driver}\nPCI_SLOT_NAME=0000:00:05.0\n"}
+
+
+def fi_info_output(devices: list[str]) -> str:
+    """`fi_info -p efa -t FI_EP_RDM` for these devices, libfabric 1.x layout."""
+    if not devices:
+        return "fi_getinfo: -61 (No data available)\n"
+    blocks = [f"provider: efa\n    fabric: efa\n    domain: {d}-rdm\n    version: 120.0\n"
+              f"    type: FI_EP_RDM\n    protocol: FI_PROTO_EFA\n" for d in devices]
+    return "".join(blocks)
+
+
+def topo_output(gpus: int, nvlinks: int, nics: int, nic_path: str = "PXB", far: bool = False) -> str:
+    """`nvidia-smi topo -m` for `gpus` GPUs joined by `nvlinks` NVLinks each and `nics` NICs
+    spread over the PCIe switches; `far` puts every NIC across the CPU socket (SYS)."""
+    cols = [f"GPU{i}" for i in range(gpus)] + [f"NIC{k}" for k in range(nics)]
+    head = "\t" + "\t".join(cols) + "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID"
+    per_switch = max(1, gpus // max(1, nics)) if nics else 1
+
+    def gpu_nic(g: int, k: int) -> str:
+        if far:
+            return "SYS"
+        if g // per_switch == k:
+            return nic_path
+        return "NODE" if (g < gpus // 2) == (k < nics // 2) else "SYS"
+
+    lines = [head]
+    for g in range(gpus):
+        cells = [" X " if g == h else (f"NV{nvlinks}" if nvlinks else "SYS") for h in range(gpus)]
+        cells += [gpu_nic(g, k) for k in range(nics)]
+        cpus = "0-47,96-143" if g < gpus // 2 else "48-95,144-191"
+        lines.append(f"GPU{g}\t" + "\t".join(cells) + f"\t{cpus}\t{0 if g < gpus // 2 else 1}\t\tN/A")
+    for k in range(nics):
+        cells = [gpu_nic(g, k) for g in range(gpus)]
+        cells += [" X " if k == j else "SYS" for j in range(nics)]
+        lines.append(f"NIC{k}\t" + "\t".join(cells))
+    legend = ["", "Legend:", "", "  X    = Self", "  SYS  = Connection traversing PCIe as well as the SMP "
+              "interconnect between NUMA nodes (e.g., QPI/UPI)", "  PXB  = Connection traversing multiple PCIe "
+              "bridges (without traversing the PCIe Host Bridge)", "  NV#  = Connection traversing a bonded set "
+              "of # NVLinks", "", "NIC Legend:", ""]
+    legend += [f"  NIC{k}: mlx5_{k}" for k in range(nics)]
+    return "\n".join(lines + legend) + "\n"

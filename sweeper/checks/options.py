@@ -14,6 +14,20 @@ class CheckOptions:
     gpu_model: str = ""
     kernel_log: str = ""
     xid_window: float = 86400.0
+    expect_nvlinks: int = -1
+    pcie_gen: int = 0
+    pcie_width: int = 0
+    pcie_replay_per_min: float = 8.0
+    thermal_margin_min: float = -2.0
+    power_limit_w: float = 0.0
+    nic: str = ""
+    expect_nics: int = -1
+    nic_rate_gbps: float = 0.0
+    mtu: int = 0
+    mtu_driver: str = ""
+    nic_affinity: str = ""
+    uccl: str = ""
+    host_root: str = "/"
 
     @classmethod
     def from_argv(cls, argv: list[str]) -> CheckOptions:
@@ -32,4 +46,18 @@ OPTIONS: list[tuple[str, type, object, str]] = [
     ("gpu_model", str, "", "substring the GPU model name must contain (empty: any)"),
     ("kernel_log", str, "", "file with the kernel log (default: read `dmesg`)"),
     ("xid_window", float, 86400.0, "seconds of kernel log to consider for XIDs"),
+    ("expect_nvlinks", int, -1, "NVLink links per GPU the profile expects (0: none, -1: whatever answers)"),
+    ("pcie_gen", int, 0, "PCIe generation the GPUs' links must reach (0: the GPU's own maximum)"),
+    ("pcie_width", int, 0, "PCIe lanes per GPU link (0: the GPU's own maximum)"),
+    ("pcie_replay_per_min", float, 8.0, "PCIe replays per minute of uptime above which a GPU fails"),
+    ("thermal_margin_min", float, -2.0, "degrees C to the slowdown limit below which a GPU fails"),
+    ("power_limit_w", float, 0.0, "enforced power limit expected per GPU in W (0: not checked)"),
+    ("nic", str, "", "fabric NICs to check: efa, ib, gve, ena (empty: none)"),
+    ("expect_nics", int, -1, "number of fabric NICs the profile expects (-1: any)"),
+    ("nic_rate_gbps", float, 0.0, "link rate each RDMA port must reach in Gb/s (0: not checked)"),
+    ("mtu", int, 0, "minimum MTU of the physical interfaces (0: not checked)"),
+    ("mtu_driver", str, "", "check the MTU only of interfaces with this driver (e.g. ena)"),
+    ("nic_affinity", str, "", "farthest path from a GPU to its nearest NIC: PIX, PXB, PHB, NODE or SYS"),
+    ("uccl", str, "", "comma list of UCCL APIs the node must be ready for"),
+    ("host_root", str, "/", "where the host's /sys and /opt are mounted in the check container"),
 ]

@@ -13,7 +13,18 @@ from functools import partial
 from typing import Any
 
 from sweeper.checks import run_node_checks
-from sweeper.checks.fake import FakeGpu, FakeNvml, bus_id, xid_line
+from sweeper.checks.fake import (
+    FakeGpu,
+    FakeHost,
+    FakeNvml,
+    bus_id,
+    efa_sysfs,
+    fi_info_output,
+    ib_sysfs,
+    netdev,
+    topo_output,
+    xid_line,
+)
 from sweeper.checks.options import CheckOptions
 from sweeper.clock import ScaledClock, iso, parse_iso
 from sweeper.sim import tools
@@ -139,8 +150,8 @@ class SimCluster:
         resources = {"cpu": hw["cpu"], "memory": hw["memory"], "pods": "110", "ephemeral-storage": "3500Gi"}
         if hw["gpus"]:
             resources[GPU] = str(gpus)
-        if hw["efa"]:
-            resources["vpc.amazonaws.com/efa"] = str(hw["efa"])
+        if hw["nic"] == "efa":
+            resources["vpc.amazonaws.com/efa"] = str(hw["nics"])
         now = self.clock.now()
         node = {
             "metadata": {"name": spec.name, "labels": labels, "annotations": {},
@@ -458,8 +469,8 @@ class SimCluster:
         if not opts.node:
             opts = CheckOptions(**{**opts.__dict__, "node": node_name})
         boot = self._boot(node_name)
-        result = run_node_checks(opts, self.fake_nvml(node_name), self.kernel_log(node_name, now),
-                                 now=now, uptime=now - boot)
+        result = run_node_checks(opts, self.fake_nvml(node_name, now), self.kernel_log(node_name, now),
+                                 now=now, uptime=now - boot, host=self.fake_host(node_name))
         exit_code = 0 if result.status in ("pass", "warn", "skip") else 1
         return exit_code, result.to_json() + "\n", result.summary()
 
@@ -467,18 +478,57 @@ class SimCluster:
         node = self.store.peek("nodes", None, node_name)
         return parse_iso(node["metadata"]["creationTimestamp"]) if node else self.started
 
-    def fake_nvml(self, node_name: str) -> FakeNvml:
+    def fake_nvml(self, node_name: str, now: float) -> FakeNvml:
         spec = self.specs[node_name]
         hw = HARDWARE[spec.instance_type]
         f = spec.faults
+        days = max(0.0, now - self.started) / 86400.0
         gpus = []
         for i in range(max(0, hw["gpus"] - f.missing_gpus)):
-            gpus.append(FakeGpu(index=i, name=hw["model"], bus_id=bus_id(i), temperature=33 + (i * 7) % 9,
-                                volatile_uncorrected=f.ecc_dbe.get(i, 0), aggregate_uncorrected=f.ecc_dbe.get(i, 0),
-                                aggregate_corrected=3 * i, remap_pending=i in f.remap_pending,
-                                remap_failure=i in f.remap_failure,
-                                remapped_uncorrected=1 if (i in f.remap_pending or i in f.remap_failure) else 0))
+            corrected = 3 * i + int(f.ecc_growth.get(i, 0.0) * days)
+            gpus.append(FakeGpu(
+                index=i, name=hw["model"], bus_id=bus_id(i), temperature=33 + (i * 7) % 9,
+                persistence=not f.persistence_off,
+                volatile_uncorrected=f.ecc_dbe.get(i, 0), aggregate_uncorrected=f.ecc_dbe.get(i, 0),
+                volatile_corrected=int(f.ecc_growth.get(i, 0.0) * days), aggregate_corrected=corrected,
+                remap_pending=i in f.remap_pending, remap_failure=i in f.remap_failure,
+                remapped_corrected=int(f.remap_growth.get(i, 0.0) * days),
+                remapped_uncorrected=1 if (i in f.remap_pending or i in f.remap_failure) else 0,
+                nvlinks=hw["nvlinks"], nvlink_down=[3] if i in f.nvlink_down else [],
+                pcie_max_gen=hw["pcie_gen"], pcie_width=8 if i in f.pcie_downtrained else 16,
+                pcie_replays=100_000 if i in f.pcie_replay else 0,
+                clock_reasons=0x1 | (0x40 if i in f.thermal else 0) | (0x8 if i in f.throttle else 0),
+                margin=-5 if i in f.thermal else 38 - i, recovery_action=f.recovery_action.get(i, 0),
+                lost=i in f.gpu_lost))
         return FakeNvml(gpus=gpus)
+
+    def fake_host(self, node_name: str) -> FakeHost:
+        """The node's sysfs and tools, as its hardware and faults make them."""
+        spec = self.specs[node_name]
+        hw = HARDWARE[spec.instance_type]
+        f = spec.faults
+        count = max(0, hw["nics"] - f.nics_missing)
+        files: dict[str, str] = {}
+        nic_names: list[str] = []
+        if hw["nic"] == "efa":
+            files.update(efa_sysfs(count, down=tuple(f.nic_port_down), rate=hw["nic_rate"]))
+            nic_names = sorted({p.split("/")[4] for p in files if p.startswith("/sys/class/infiniband/")})
+            files.update(netdev("ens32", "ena", f.mtu or 9001))
+        elif hw["nic"] == "ib":
+            files.update(ib_sysfs(count, down=tuple(f.nic_port_down), rate=hw["nic_rate"]))
+            files.update(netdev("eth0", "hv_netvsc", f.mtu or 1500))
+        elif hw["nic"] in ("gve", "ena"):
+            for k in range(count):
+                files.update(netdev(f"eth{k}", hw["nic"], f.mtu or 8244, up=k not in f.nic_port_down))
+        files.update(netdev("lo", "", 65536))
+        del files["/sys/class/net/lo/device/uevent"]  # a loopback has no device behind it
+        gpus = max(0, hw["gpus"] - f.missing_gpus)
+        topo_nics = count if hw["nic"] == "ib" else 0  # EFA devices are not listed by topo -m on p5
+        commands = {"nvidia-smi": (0, topo_output(gpus, hw["nvlinks"], topo_nics, "PXB", far=f.poor_affinity), "")}
+        if hw["nic"] == "efa":
+            commands["fi_info"] = (0 if nic_names else 1, fi_info_output(nic_names), "")
+        return FakeHost(files=files, commands=commands, arch=hw["arch"],
+                        environ={"NODE_NAME": node_name, "UCCL_SOCKET_IFNAME": "ens32", "UCCL_IB_GID_INDEX": "3"})
 
     def kernel_log(self, node_name: str, now: float) -> str:
         spec = self.specs[node_name]
@@ -489,6 +539,11 @@ class SimCluster:
             when = self.started + x["at"]
             if when <= now:
                 lines.append(xid_line(when - boot, x["gpu"], x["code"], x["text"] or "simulated fault"))
+        storm = spec.faults.xid_storm
+        if storm and self.started + storm["at"] <= now:
+            t0 = self.started + storm["at"] - boot
+            for k in range(storm["count"]):
+                lines.append(xid_line(t0 + k * 0.01, storm["gpu"], storm["code"], "simulated storm"))
         return "\n".join(lines) + "\n"
 
     def _jobs(self, now: float) -> None:

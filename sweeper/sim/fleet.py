@@ -13,26 +13,32 @@ from sweeper.clock import parse_duration
 from sweeper.errors import ConfigError
 
 # What each instance type *is* (the simulated hardware), not what Sweeper expects of it.
+_H100 = {"gpus": 8, "model": "NVIDIA H100 80GB HBM3", "cpu": "192", "memory": "2097152Mi", "device_id": "2330",
+         "nccl_peak": 480.0, "nvlinks": 18, "pcie_gen": 5, "arch": "x86_64"}
 HARDWARE: dict[str, dict[str, Any]] = {
-    "p5.48xlarge": {"gpus": 8, "model": "NVIDIA H100 80GB HBM3", "efa": 32, "cpu": "192", "memory": "2097152Mi",
-                    "device_id": "2330", "nccl_peak": 480.0},
-    "p5e.48xlarge": {"gpus": 8, "model": "NVIDIA H200", "efa": 32, "cpu": "192", "memory": "2097152Mi",
-                     "device_id": "2335", "nccl_peak": 480.0},
-    "p5en.48xlarge": {"gpus": 8, "model": "NVIDIA H200", "efa": 16, "cpu": "192", "memory": "2097152Mi",
-                      "device_id": "2335", "nccl_peak": 480.0},
-    "p4d.24xlarge": {"gpus": 8, "model": "NVIDIA A100-SXM4-40GB", "efa": 4, "cpu": "96", "memory": "1179648Mi",
-                     "device_id": "20b0", "nccl_peak": 235.0},
-    "p4de.24xlarge": {"gpus": 8, "model": "NVIDIA A100-SXM4-80GB", "efa": 4, "cpu": "96", "memory": "1179648Mi",
-                      "device_id": "20b2", "nccl_peak": 235.0},
-    "p6-b200.48xlarge": {"gpus": 8, "model": "NVIDIA B200", "efa": 8, "cpu": "192", "memory": "2097152Mi",
-                         "device_id": "2901", "nccl_peak": 800.0},
-    "m7i.4xlarge": {"gpus": 0, "model": "", "efa": 0, "cpu": "16", "memory": "65536Mi", "device_id": "",
-                    "nccl_peak": 0.0},
+    "p5.48xlarge": {**_H100, "nic": "efa", "nics": 32, "nic_rate": 100},
+    "p5e.48xlarge": {**_H100, "model": "NVIDIA H200", "device_id": "2335", "nic": "efa", "nics": 32, "nic_rate": 100},
+    "p5en.48xlarge": {**_H100, "model": "NVIDIA H200", "device_id": "2335", "nic": "efa", "nics": 16,
+                      "nic_rate": 200},
+    "p4d.24xlarge": {**_H100, "model": "NVIDIA A100-SXM4-40GB", "cpu": "96", "memory": "1179648Mi",
+                     "device_id": "20b0", "nccl_peak": 235.0, "nvlinks": 12, "pcie_gen": 4, "nic": "efa", "nics": 4,
+                     "nic_rate": 100},
+    "p4de.24xlarge": {**_H100, "model": "NVIDIA A100-SXM4-80GB", "cpu": "96", "memory": "1179648Mi",
+                      "device_id": "20b2", "nccl_peak": 235.0, "nvlinks": 12, "pcie_gen": 4, "nic": "efa", "nics": 4,
+                      "nic_rate": 100},
+    "p6-b200.48xlarge": {**_H100, "model": "NVIDIA B200", "device_id": "2901", "nccl_peak": 800.0, "nic": "efa",
+                         "nics": 8, "nic_rate": 400},
+    "Standard_ND96isr_H100_v5": {**_H100, "cpu": "96", "memory": "1900Gi", "nic": "ib", "nics": 8, "nic_rate": 400},
+    "a3-highgpu-8g": {**_H100, "cpu": "208", "memory": "1872Gi", "nic": "gve", "nics": 5, "nic_rate": 200},
+    "m7i.4xlarge": {"gpus": 0, "model": "", "cpu": "16", "memory": "65536Mi", "device_id": "", "nccl_peak": 0.0,
+                    "nvlinks": 0, "pcie_gen": 0, "nic": "ena", "nics": 1, "nic_rate": 0, "arch": "x86_64"},
 }
 
 FAULT_KEYS = {"xids", "missing_gpus", "hung_check", "garbage_output", "ecc_dbe", "remap_pending",
               "remap_failure", "pod_lands_on_taint", "check_crash", "not_ready", "pcie_replay", "nvlink_down",
-              "low_bandwidth", "dcgm_runtime_error", "checks_never_schedule", "lose_check_pod"}
+              "low_bandwidth", "dcgm_runtime_error", "checks_never_schedule", "lose_check_pod", "ecc_growth",
+              "remap_growth", "pcie_downtrained", "nic_port_down", "nics_missing", "mtu", "poor_affinity",
+              "xid_storm", "thermal", "throttle", "recovery_action", "gpu_lost", "persistence_off", "dcgm_fail"}
 
 
 @dataclass
@@ -53,6 +59,20 @@ class Faults:
     dcgm_runtime_error: bool = False  # dcgmi cannot run at all
     checks_never_schedule: bool = False  # the scheduler never binds Sweeper's check pods here
     lose_check_pod: int = 0  # times the kubelet loses a running check pod (it vanishes)
+    ecc_growth: dict[int, float] = field(default_factory=dict)  # GPU -> corrected ECC errors per simulated day
+    remap_growth: dict[int, float] = field(default_factory=dict)  # GPU -> remapped rows per simulated day
+    pcie_downtrained: list[int] = field(default_factory=list)  # GPUs whose link trained at x8
+    nic_port_down: list[int] = field(default_factory=list)  # fabric devices (by index) whose port is down
+    nics_missing: int = 0
+    mtu: int = 0  # the ENA/primary interface MTU (0: the healthy 9001)
+    poor_affinity: bool = False  # every NIC across the CPU socket from every GPU
+    xid_storm: dict[str, Any] = field(default_factory=dict)  # {code, gpu, count, at}
+    thermal: list[int] = field(default_factory=list)  # GPUs past their thermal limit
+    throttle: list[int] = field(default_factory=list)  # GPUs held down by HW slowdown
+    recovery_action: dict[int, int] = field(default_factory=dict)  # GPU -> NVML recovery action
+    gpu_lost: list[int] = field(default_factory=list)
+    persistence_off: bool = False
+    dcgm_fail: dict[int, str] = field(default_factory=dict)  # GPU -> DCGM test that fails on it
 
     @classmethod
     def from_dict(cls, node: str, raw: dict[str, Any]) -> Faults:
@@ -79,7 +99,29 @@ class Faults:
                    low_bandwidth=float(raw.get("low_bandwidth", 1.0)),
                    dcgm_runtime_error=bool(raw.get("dcgm_runtime_error", False)),
                    checks_never_schedule=bool(raw.get("checks_never_schedule", False)),
-                   lose_check_pod=int(raw.get("lose_check_pod", 0)))
+                   lose_check_pod=int(raw.get("lose_check_pod", 0)),
+                   ecc_growth={int(k): float(v) for k, v in (raw.get("ecc_growth") or {}).items()},
+                   remap_growth={int(k): float(v) for k, v in (raw.get("remap_growth") or {}).items()},
+                   pcie_downtrained=[int(g) for g in raw.get("pcie_downtrained", [])],
+                   nic_port_down=[int(g) for g in raw.get("nic_port_down", [])],
+                   nics_missing=int(raw.get("nics_missing", 0)), mtu=int(raw.get("mtu", 0)),
+                   poor_affinity=bool(raw.get("poor_affinity", False)),
+                   xid_storm=_storm(node, raw.get("xid_storm")),
+                   thermal=[int(g) for g in raw.get("thermal", [])],
+                   throttle=[int(g) for g in raw.get("throttle", [])],
+                   recovery_action={int(k): int(v) for k, v in (raw.get("recovery_action") or {}).items()},
+                   gpu_lost=[int(g) for g in raw.get("gpu_lost", [])],
+                   persistence_off=bool(raw.get("persistence_off", False)),
+                   dcgm_fail={int(k): str(v) for k, v in (raw.get("dcgm_fail") or {}).items()})
+
+
+def _storm(node: str, raw: Any) -> dict[str, Any]:
+    if not raw:
+        return {}
+    if not isinstance(raw, dict) or "code" not in raw:
+        raise ConfigError(f"fleet: node {node}: xid_storm needs a code (and gpu, count, at)")
+    return {"code": int(raw["code"]), "gpu": int(raw.get("gpu", 0)), "count": int(raw.get("count", 1000)),
+            "at": parse_duration(raw.get("at", 0))}
 
 
 @dataclass

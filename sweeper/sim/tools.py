@@ -55,6 +55,12 @@ def dcgm_output(spec: NodeSpec, level: int) -> tuple[int, str]:
         problems[("pcie", g)] = _warning(3, 2, 13, f"Detected more than 8 PCIe replays per minute for GPU {g} : 57")
     for g in f.nvlink_down:
         problems[("pcie", g)] = _warning(14, 4, 11, f"GPU {g}'s NvLink link 3 is currently down")
+    for g in f.pcie_downtrained:
+        problems[("pcie", g)] = _warning(46, 4, 13, f"GPU {g} is running at PCI link width 8X, which is below the "
+                                         "minimum allowed link width of 16 (parameter 'min_pci_width')")
+    for g, test in f.dcgm_fail.items():
+        problems[(test, g)] = _warning(52, 2, 10, f"Found 3 faulty memory elements on GPU {g}") if "mem" in test \
+            else _warning(50, 4, 1, f"Max stress level of 11250 did not reach desired stress level of 29250 for GPU {g}")
     categories: dict[str, list[dict[str, Any]]] = {}
     worst = 0
     for category, test in LEVEL_TESTS[min(max(level, 1), 4)]:

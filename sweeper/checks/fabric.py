@@ -1,0 +1,196 @@
+"""The node's fabric: EFA or InfiniBand devices from sysfs (count, port state, rate, error
+counters), libfabric's view (`fi_info -p efa`), interface MTU, and how close each GPU sits to a
+NIC (`nvidia-smi topo -m`)."""
+
+from __future__ import annotations
+
+import re
+
+from sweeper.checks.collect import Collector
+from sweeper.checks.host import Host
+from sweeper.checks.options import CheckOptions
+from sweeper.parsers import fi_info, topo
+
+IB = "/sys/class/infiniband"
+NET = "/sys/class/net"
+EFA_VENDOR = "0x1d0f"
+# Counters whose growth means trouble; recorded as metrics so the policy can judge rates.
+EFA_COUNTERS = ("rx_drops", "rdma_read_wr_err", "rdma_write_wr_err", "retrans_timeout_events",
+                "unresponsive_remote_events", "impaired_remote_conn_events")
+IB_COUNTERS = ("symbol_error", "link_downed", "link_error_recovery", "port_rcv_errors")
+_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*Gb/sec")
+
+
+def read_file(host: Host, path: str) -> tuple[str | None, str]:
+    try:
+        return host.read(path), ""
+    except OSError as exc:
+        return None, str(exc)
+
+
+def rdma_devices(host: Host) -> tuple[list[str] | None, str]:
+    try:
+        names = host.listdir(IB)
+    except OSError as exc:
+        return None, f"cannot list {IB}: {exc}"
+    return names or [], ""
+
+
+def device_kind(host: Host, dev: str) -> str:
+    vendor, _ = read_file(host, f"{IB}/{dev}/device/vendor")
+    if (vendor or "").strip().lower() == EFA_VENDOR or dev.startswith("rdmap"):
+        return "efa"
+    return "ib"
+
+
+def nic_checks(opts: CheckOptions, host: Host, c: Collector) -> None:
+    if opts.nic in ("efa", "ib"):
+        _rdma(opts, host, c)
+    if opts.nic == "efa":
+        _fi_info(opts, host, c)
+    if opts.nic == "gve" or opts.nic == "ena":
+        _netdevs(opts, host, c)
+    if opts.mtu:
+        _mtu(opts, host, c)
+    if opts.nic_affinity or opts.expect_nvlinks > 0:
+        _topology(opts, host, c)
+
+
+def _rdma(opts: CheckOptions, host: Host, c: Collector) -> None:
+    names, why = rdma_devices(host)
+    if names is None:
+        c.check("nic.devices", "error", why, "warning")
+        return
+    devs = [d for d in names if device_kind(host, d) == opts.nic]
+    c.metric(f"{opts.nic}.devices", len(devs), "devices")
+    if opts.expect_nics >= 0 and len(devs) != opts.expect_nics:
+        c.check("nic.devices", "fail", f"{len(devs)} {opts.nic.upper()} devices in {IB}, the profile expects "
+                f"{opts.expect_nics}", "critical", code="NIC_COUNT")
+    elif not devs:
+        c.check("nic.devices", "fail", f"no {opts.nic.upper()} device in {IB}", "critical", code="NIC_COUNT")
+    else:
+        c.check("nic.devices", "pass", f"{len(devs)} {opts.nic.upper()} devices")
+    totals = dict.fromkeys(EFA_COUNTERS if opts.nic == "efa" else IB_COUNTERS, 0)
+    down: list[str] = []
+    slow: list[str] = []
+    unreadable: list[str] = []
+    no_gdr: list[str] = []
+    for dev in devs:
+        port = f"{IB}/{dev}/ports/1"
+        state, err = read_file(host, f"{port}/state")
+        if state is None:
+            unreadable.append(f"{dev}: {err or 'no port state file'}")
+            continue
+        if "ACTIVE" not in state.upper() or "ACTIVE_DEFER" in state.upper():
+            down.append(f"{dev} ({state.strip()})")
+        rate, _ = read_file(host, f"{port}/rate")
+        m = _RATE.match(rate or "")
+        if m and opts.nic_rate_gbps and float(m.group(1)) < opts.nic_rate_gbps:
+            slow.append(f"{dev} at {m.group(1)} Gb/s")
+        base = f"{port}/hw_counters" if opts.nic == "efa" else f"{port}/counters"
+        for name in totals:
+            value, _ = read_file(host, f"{base}/{name}")
+            if value is not None and value.strip().isdigit():
+                totals[name] += int(value.strip())
+        if opts.nic == "efa":
+            p2p, _ = read_file(host, f"{IB}/{dev}/device/p2p")
+            if p2p is not None and "NVIDIA" not in p2p:
+                no_gdr.append(dev)
+    if unreadable:
+        c.check("nic.port", "error", f"{len(unreadable)} port(s) unreadable: {unreadable[0]}", "warning")
+    if down:
+        c.check("nic.port", "fail", f"{len(down)} port(s) not active: {', '.join(down[:4])}", "critical",
+                code="NIC_PORT_DOWN")
+    elif devs and not unreadable:
+        c.check("nic.port", "pass", f"{len(devs)} ports active")
+    if slow:
+        c.check("nic.rate", "fail", f"{len(slow)} link(s) below {opts.nic_rate_gbps:g} Gb/s: {', '.join(slow[:4])}",
+                "critical", code="NIC_RATE")
+    if no_gdr:
+        c.check("nic.gpudirect", "fail", f"GPUDirect RDMA unavailable on {len(no_gdr)} device(s) "
+                f"(no NVIDIA peer in device/p2p): {', '.join(no_gdr[:4])}", "critical", code="NO_GPUDIRECT")
+    for name, value in totals.items():
+        c.metric(f"{opts.nic}.{name}", value, "count")
+
+
+def _fi_info(opts: CheckOptions, host: Host, c: Collector) -> None:
+    try:
+        code, out, err = host.run(["fi_info", "-p", "efa", "-t", "FI_EP_RDM"], timeout=30)
+    except FileNotFoundError:
+        c.check("efa.fi_info", "error", "fi_info is not installed in the check image", "warning")
+        return
+    if code != 0 and "fi_getinfo" not in out + err:
+        c.check("efa.fi_info", "error", f"fi_info exited {code}: {(err or out).strip()[:160]}", "warning")
+        return
+    result = fi_info.parse(out + err, opts.node, 0.0, expect=opts.expect_nics if opts.expect_nics >= 0 else None)
+    c.checks.extend(result.checks)
+    c.metrics.extend(result.metrics)
+
+
+def _netdevs(opts: CheckOptions, host: Host, c: Collector) -> None:
+    """Ethernet NICs that carry GPU traffic (gVNIC on GCP A3): how many, and up."""
+    found = [(n, d) for n, d in physical_interfaces(host) if d == opts.nic]
+    up = [n for n, _ in found if (read_file(host, f"{NET}/{n}/operstate")[0] or "").strip() == "up"]
+    if opts.expect_nics >= 0 and len(found) < opts.expect_nics:
+        c.check("nic.devices", "fail", f"{len(found)} {opts.nic} interfaces, the profile expects {opts.expect_nics}",
+                "critical", code="NIC_COUNT")
+    elif len(up) < len(found):
+        c.check("nic.port", "fail", f"{len(found) - len(up)} {opts.nic} interface(s) not up", "critical",
+                code="NIC_PORT_DOWN")
+    else:
+        c.check("nic.devices", "pass", f"{len(found)} {opts.nic} interfaces up")
+
+
+def physical_interfaces(host: Host) -> list[tuple[str, str]]:
+    """(name, driver) of interfaces backed by a device (not lo, bridges or veths)."""
+    out = []
+    for name in host.listdir(NET) or []:
+        if not host.exists(f"{NET}/{name}/device"):
+            continue
+        uevent, _ = read_file(host, f"{NET}/{name}/device/uevent")
+        driver = next((ln.split("=", 1)[1].strip() for ln in (uevent or "").splitlines()
+                       if ln.startswith("DRIVER=")), "")
+        out.append((name, driver))
+    return out
+
+
+def _mtu(opts: CheckOptions, host: Host, c: Collector) -> None:
+    try:
+        ifaces = physical_interfaces(host)
+    except OSError as exc:
+        c.check("net.mtu", "error", f"cannot list {NET}: {exc}", "warning")
+        return
+    ifaces = [(n, d) for n, d in ifaces if not opts.mtu_driver or d == opts.mtu_driver]
+    if not ifaces:
+        c.check("net.mtu", "error", f"no {opts.mtu_driver or 'physical'} interface in {NET}", "warning")
+        return
+    low = []
+    for name, _driver in ifaces:
+        raw, _ = read_file(host, f"{NET}/{name}/mtu")
+        if raw is None or not raw.strip().isdigit():
+            c.check("net.mtu", "error", f"cannot read the MTU of {name}", "warning")
+            return
+        mtu = int(raw.strip())
+        c.metric(f"net.mtu.{name}", mtu, "bytes")
+        if mtu < opts.mtu:
+            low.append(f"{name} {mtu}")
+    if low:
+        c.check("net.mtu", "fail", f"MTU below {opts.mtu}: {', '.join(low)}", "warning", code="MTU")
+    else:
+        c.check("net.mtu", "pass", f"{len(ifaces)} interface(s) at MTU {opts.mtu} or more")
+
+
+def _topology(opts: CheckOptions, host: Host, c: Collector) -> None:
+    try:
+        code, out, err = host.run(["nvidia-smi", "topo", "-m"], timeout=60)
+    except FileNotFoundError:
+        c.check("topology", "error", "nvidia-smi is not installed in the check image", "warning")
+        return
+    if code != 0:
+        c.check("topology", "error", f"nvidia-smi topo -m exited {code}: {(err or out).strip()[:160]}", "warning")
+        return
+    matrix = topo.parse_matrix(out)
+    if matrix is None:
+        c.check("topology", "error", "no complete topology matrix in nvidia-smi topo -m", "warning")
+        return
+    c.checks.extend(topo.judge(matrix, opts.expect_nvlinks if opts.expect_nvlinks > 0 else None, opts.nic_affinity))

@@ -1,0 +1,66 @@
+"""What the node-local checks read besides NVML: sysfs files, commands, the environment.
+
+`RealHost` reads the machine the check runs on (under a root, so a check Job can mount the
+host's /sys elsewhere); `checks.fake.FakeHost` answers from a table for tests and the
+simulated kubelet. Missing is not the same as unreadable: `read` returns None for a file that
+does not exist and raises OSError for one that cannot be read."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Protocol
+
+
+class Host(Protocol):
+    def read(self, path: str) -> str | None: ...
+
+    def listdir(self, path: str) -> list[str] | None: ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def run(self, argv: list[str], timeout: float = 60.0) -> tuple[int, str, str]:
+        """(exit code, stdout, stderr); raises FileNotFoundError when the program is missing."""
+        ...
+
+    def env(self) -> dict[str, str]: ...
+
+    def machine(self) -> str: ...
+
+
+class RealHost:
+    def __init__(self, root: str = "/") -> None:
+        self.root = Path(root)
+
+    def _p(self, path: str) -> Path:
+        return self.root / path.lstrip("/")
+
+    def read(self, path: str) -> str | None:
+        try:
+            return self._p(path).read_text(errors="replace")
+        except FileNotFoundError:
+            return None
+
+    def listdir(self, path: str) -> list[str] | None:
+        try:
+            return sorted(os.listdir(self._p(path)))
+        except FileNotFoundError:
+            return None
+
+    def exists(self, path: str) -> bool:
+        return self._p(path).exists()
+
+    def run(self, argv: list[str], timeout: float = 60.0) -> tuple[int, str, str]:
+        try:
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        except subprocess.TimeoutExpired as exc:
+            return 124, str(exc.stdout or ""), f"timed out after {timeout:g}s"
+        return proc.returncode, proc.stdout, proc.stderr
+
+    def env(self) -> dict[str, str]:
+        return dict(os.environ)
+
+    def machine(self) -> str:
+        return platform.machine()

@@ -1,0 +1,64 @@
+"""`fi_info -p efa` output: the EFA devices libfabric can open.
+
+Devices are counted as the distinct domain prefixes (`rdmap16s27` of `rdmap16s27-rdm`) over
+the `FI_EP_RDM` blocks; counting `provider: efa` lines over-counts, since each device shows up
+once per endpoint type and fabric."""
+
+from __future__ import annotations
+
+import re
+
+from sweeper.result import CheckResult, Metric, Result, error_result
+
+_KV = re.compile(r"^\s*(provider|fabric|domain|version|type|protocol):\s*(\S+)\s*$")
+MAX_BYTES = 4 * 1024 * 1024
+
+
+def efa_devices(text: str) -> list[str] | None:
+    """The EFA device names, sorted; None when the text is not fi_info output at all."""
+    blocks: list[dict[str, str]] = []
+    for line in text.splitlines():
+        m = _KV.match(line)
+        if not m:
+            continue
+        key, value = m.groups()
+        if key == "provider":
+            blocks.append({"provider": value})
+        elif blocks:
+            blocks[-1][key] = value
+    if not blocks:
+        return None
+    devices = set()
+    for b in blocks:
+        if b.get("provider") != "efa" or "domain" not in b:
+            continue
+        if b.get("type", "FI_EP_RDM") != "FI_EP_RDM" and not b["domain"].endswith("-rdm"):
+            continue
+        devices.add(re.sub(r"-(rdm|dgrm)$", "", b["domain"]))
+    return sorted(devices)
+
+
+def parse(text: str, node: str, now: float, expect: int | None = None, exit_code: int | None = None) -> Result:
+    if not text or not text.strip():
+        return error_result(node, "fi_info", "fi_info printed nothing", now)
+    if len(text) > MAX_BYTES:
+        return error_result(node, "fi_info", f"{len(text)} bytes of output is over the {MAX_BYTES} limit", now)
+    if "fi_getinfo" in text and "provider:" not in text:
+        return Result(node=node, source="fi_info", started=now, finished=now,
+                      checks=(CheckResult("efa.fi_info", "fail", f"libfabric finds no EFA device: "
+                                          f"{text.strip().splitlines()[-1][:120]}", "critical", code="EFA_NONE"),))
+    devices = efa_devices(text)
+    if devices is None:
+        return error_result(node, "fi_info", "no provider block in the output: not fi_info output", now)
+    metric = Metric("efa.fi_info_devices", len(devices), "devices")
+    if exit_code not in (None, 0):
+        check = CheckResult("efa.fi_info", "error", f"fi_info exited {exit_code}", "warning")
+    elif expect is not None and len(devices) != expect:
+        check = CheckResult("efa.fi_info", "fail", f"libfabric opens {len(devices)} EFA devices, "
+                            f"the profile expects {expect}", "critical", code="EFA_COUNT")
+    elif not devices:
+        check = CheckResult("efa.fi_info", "fail", "libfabric lists no EFA RDM endpoint", "critical", code="EFA_NONE")
+    else:
+        check = CheckResult("efa.fi_info", "pass", f"{len(devices)} EFA devices: {', '.join(devices[:4])}"
+                            + (" ..." if len(devices) > 4 else ""))
+    return Result(node=node, source="fi_info", started=now, finished=now, checks=(check,), metrics=(metric,))
