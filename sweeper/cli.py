@@ -265,18 +265,24 @@ def lint_cmd(paths: tuple[str, ...], config_path: str | None, as_json: bool) -> 
 @click.argument("node")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--format", "fmt", default="auto", show_default=True,
-              type=click.Choice(["auto", "dcgm", "nccl", "kernel-log", "sweeper"]),
-              help="What the file holds; auto detects it.")
-@click.option("--exit-code", type=int, help="The tool's exit code, as a cross-check (dcgm, nccl).")
-@click.option("--expect-gpus", type=int, help="GPU count the node should have (dcgm).")
+              type=click.Choice(["auto", "dcgm", "nccl", "kernel-log", "sweeper", "nvidia-smi", "ibv-devinfo", "topo",
+                                 "fi-info"]),
+              help="What the file holds; auto detects it. nvidia-smi takes both -q and --query-gpu CSV.")
+@click.option("--profile", "profile_name", help="Judge against this hardware profile (GPU count and model, "
+              "NVLinks, NICs, NCCL floor); the flags below override it.")
+@click.option("--exit-code", type=int, help="The tool's exit code, as a cross-check (dcgm, nccl, fi-info).")
+@click.option("--expect-gpus", type=int, help="GPU count the node should have (dcgm, nvidia-smi).")
+@click.option("--expect-nics", type=int, help="EFA or InfiniBand device count (ibv-devinfo, fi-info).")
 @click.option("--min-busbw", type=float, help="Bus bandwidth floor in GB/s at the largest size (nccl).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file (for --profile).")
 @click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
               help="SQLite history file.")
 @click.option("--no-record", is_flag=True, help="Parse and print only.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result document as JSON.")
 @run_cli
-def ingest_cmd(node: str, file: str, fmt: str, exit_code: int | None, expect_gpus: int | None,
-               min_busbw: float | None, state: str, no_record: bool, as_json: bool) -> None:
+def ingest_cmd(node: str, file: str, fmt: str, profile_name: str | None, exit_code: int | None,
+               expect_gpus: int | None, expect_nics: int | None, min_busbw: float | None, config_path: str | None,
+               state: str, no_record: bool, as_json: bool) -> None:
     """Parse a tool's output produced outside Sweeper (a Slurm prolog, a manual DCGM run) into the
     common result, print it, and record it in the node's history. Exit 1 when it holds a failure."""
     from sweeper.ingest import ingest
@@ -286,7 +292,21 @@ def ingest_cmd(node: str, file: str, fmt: str, exit_code: int | None, expect_gpu
         text = sys.stdin.read() if file == "-" else Path(file).read_text(errors="replace")
     except OSError as exc:
         raise ConfigError(f"cannot read {file}: {exc}") from exc
-    found, result = ingest(text, node, fmt, exit_code=exit_code, expect_gpus=expect_gpus, min_busbw=min_busbw)
+    expect: dict[str, Any] = {}
+    if profile_name:
+        from sweeper import profiles as prof
+
+        catalogue = prof.load_profiles(load_config(config_path).path("profiles"))
+        if profile_name not in catalogue:
+            raise ConfigError(f"no profile {profile_name!r}; known: {', '.join(sorted(catalogue))}")
+        p = catalogue[profile_name]
+        expect = {"expect_gpus": p.gpus, "gpu_model": p.gpu_model, "nvlinks": p.nvlinks, "nic": p.nic,
+                  "expect_nics": p.nics if p.nic in ("efa", "ib") else None, "nic_affinity": p.nic_affinity,
+                  "min_busbw": p.nccl_busbw_min}
+    for key, value in (("expect_gpus", expect_gpus), ("expect_nics", expect_nics), ("min_busbw", min_busbw)):
+        if value is not None:
+            expect[key] = value
+    found, result = ingest(text, node, fmt, exit_code=exit_code, **expect)
     if not no_record:
         h = _history(state)
         run_id = new_run_id(time.time())
@@ -322,9 +342,7 @@ def profiles_cmd(config_path: str | None, with_nodes: bool, kubeconfig: str | No
 
     cfg = _config(config_path)
     catalogue = prof.load_profiles(cfg.path("profiles"))
-    rows: list[dict[str, Any]] = [{"profile": p.name, "gpus": p.gpus, "gpu_model": p.gpu_model,
-             "instance_types": list(p.instance_types),
-             "nccl_busbw_min": p.nccl_busbw_min} for p in catalogue.values()]
+    rows: list[dict[str, Any]] = [{"profile": p.name, **p.as_vars()} for p in catalogue.values()]
     nodes: list[dict[str, str]] = []
     if with_nodes:
         kube = _kube(kubeconfig, context, cfg)
@@ -336,11 +354,18 @@ def profiles_cmd(config_path: str | None, with_nodes: bool, kubeconfig: str | No
         click.echo(json.dumps({"profiles": rows, "nodes": nodes}, indent=2))
         return
     t = Table(title="profiles")
-    for col in ("profile", "gpus", "model", "instance types", "NCCL floor GB/s"):
+    for col in ("profile", "GPUs", "NVLinks", "PCIe", "fabric", "MTU", "NCCL floor GB/s", "instance types"):
         t.add_column(col)
+
+    def opt(value: Any, fmt: str = "{}") -> str:
+        return "-" if value is None else fmt.format(value)
+
     for r in rows:
-        t.add_row(r["profile"], str(r["gpus"]), r["gpu_model"] or "any", ", ".join(r["instance_types"]) or "-",
-                  "-" if r["nccl_busbw_min"] is None else f"{r['nccl_busbw_min']:g}")
+        fabric = "-" if r["nic"] == "none" else f"{opt(r['nics'])} x {r['nic']}" + opt(r["nic_rate_gbps"], " {:g} Gb/s")
+        t.add_row(r["profile"], f"{r['gpus']} x {r['gpu_model'] or 'any'}", opt(r["nvlinks"]),
+                  " ".join(x for x in (opt(r["pcie_gen"], "gen{}"), opt(r["pcie_width"], "x{}")) if x != "-") or "-",
+                  fabric, opt(r["mtu"]),
+                  opt(r["nccl_busbw_min"], "{:g}"), ", ".join(r["instance_types"]) or "-")
     out.print(t)
     if nodes:
         nt = Table(title="nodes")

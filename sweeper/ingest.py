@@ -7,12 +7,12 @@ import time
 from typing import Any
 
 from sweeper.errors import ConfigError
-from sweeper.parsers import dcgm, nccl, sweeper_result
+from sweeper.parsers import dcgm, fi_info, ibv_devinfo, nccl, nvidia_smi, sweeper_result, topo
 from sweeper.parsers.kernel_log import parse_xids
 from sweeper.result import CheckResult, Result
 from sweeper.xid import lookup
 
-FORMATS = ("auto", "dcgm", "nccl", "kernel-log", "sweeper")
+FORMATS = ("auto", "dcgm", "nccl", "kernel-log", "sweeper", "nvidia-smi", "ibv-devinfo", "topo", "fi-info")
 
 
 def detect(text: str) -> str:
@@ -25,6 +25,17 @@ def detect(text: str) -> str:
         return "nccl"
     if "NVRM: Xid" in head or "SXid" in head or "kernel:" in head:
         return "kernel-log"
+    if "NVSMI LOG" in head or ("Product Name" in head and "GPU 0" in head):
+        return "nvidia-smi"
+    first = head.lstrip().split("\n", 1)[0].lower()
+    if "," in first and ("pci.bus_id" in first or "name" in first or "index" in first):
+        return "nvidia-smi"
+    if "hca_id:" in head or "No IB devices found" in head:
+        return "ibv-devinfo"
+    if "provider: efa" in head or "fi_getinfo" in head:
+        return "fi-info"
+    if "GPU0" in head and ("NV#" in head or "CPU Affinity" in head or "Legend" in head):
+        return "topo"
     raise ConfigError("cannot tell the format of this file; pass --format "
                       + "|".join(f for f in FORMATS if f != "auto"))
 
@@ -59,4 +70,16 @@ def ingest(text: str, node: str, fmt: str, now: float | None = None, **options: 
         return fmt, nccl.parse(text, node, now, min_busbw=options.get("min_busbw"), exit_code=options.get("exit_code"))
     if fmt == "kernel-log":
         return fmt, kernel_log(text, node, now)
+    if fmt == "nvidia-smi":
+        return fmt, nvidia_smi.parse(text, node, now, expect_gpus=options.get("expect_gpus"),
+                                     gpu_model=options.get("gpu_model") or "")
+    if fmt == "ibv-devinfo":
+        return fmt, ibv_devinfo.parse(text, node, now, expect=options.get("expect_nics"),
+                                      kind=options.get("nic") or "")
+    if fmt == "fi-info":
+        return fmt, fi_info.parse(text, node, now, expect=options.get("expect_nics"),
+                                  exit_code=options.get("exit_code"))
+    if fmt == "topo":
+        return fmt, topo.parse(text, node, now, nvlinks=options.get("nvlinks"),
+                               nic_affinity=options.get("nic_affinity") or "")
     return fmt, sweeper_result.parse(text, node, now)

@@ -23,8 +23,18 @@ class Verdict:
 
 
 # DCGM_FR_* error ids whose meaning settles the verdict; other DCGM failures quarantine.
-DCGM_VERDICTS = {"80": "replace", "84": "reboot", "85": "reboot", "6": "reboot", "4": "reboot", "120": "reboot",
+DCGM_VERDICTS = {"80": "replace", "84": "reboot", "85": "reboot", "6": "reboot", "4": "reboot", "120": "reboot", "14": "reboot",
                  "125": "reboot", "126": "reboot", "128": "reboot", "29": "warn"}
+
+
+# Finding codes of the node checks and what they call for; other failures quarantine.
+CODE_VERDICTS = {
+    "REMAP_FAILURE": "replace", "RETIRED_PAGES": "replace",
+    "REMAP_PENDING": "reboot", "RETIRE_PENDING": "reboot", "GPU_LOST": "reboot", "RESET_REQUIRED": "reboot",
+    "RECOVERY_RESET": "reboot", "RECOVERY_REBOOT": "reboot", "NVLINK_DOWN": "reboot", "PCIE_DOWNTRAINED": "reboot",
+    "NIC_PORT_DOWN": "reboot", "NIC_COUNT": "reboot", "EFA_COUNT": "reboot", "EFA_NONE": "reboot",
+    "NIC_AFFINITY": "warn",
+}
 
 
 def _check_verdict(c: dict[str, Any]) -> str:
@@ -35,12 +45,12 @@ def _check_verdict(c: dict[str, Any]) -> str:
         return "error"
     if status != "fail":
         return "pass"
-    if code == "REMAP_FAILURE":
-        return "replace"
+    if code in CODE_VERDICTS and name != "xid" and not name.startswith("dcgm."):
+        return CODE_VERDICTS[str(code)]
     if name == "xid" and code and str(code).isdigit():
         action = lookup(int(code)).action
         return {"replace": "replace", "reboot": "reboot", "reset_gpu": "reboot"}.get(action, "quarantine")
-    if code == "REMAP_PENDING" or name in ("gpu.count", "dcgm.gpu_count"):
+    if name in ("gpu.count", "dcgm.gpu_count"):
         return "reboot"
     if name.startswith("dcgm.") and code in DCGM_VERDICTS:
         return DCGM_VERDICTS[str(code)]

@@ -1,7 +1,18 @@
 """The node-local checks against the fake NVML (the same backend the simulated kubelet uses)."""
 
 from sweeper.checks import run_node_checks
-from sweeper.checks.fake import FakeGpu, FakeNvml, bus_id, xid_line
+from sweeper.checks.fake import (
+    FakeGpu,
+    FakeHost,
+    FakeNvml,
+    bus_id,
+    efa_sysfs,
+    fi_info_output,
+    ib_sysfs,
+    netdev,
+    topo_output,
+    xid_line,
+)
 from sweeper.checks.options import CheckOptions
 
 NOW = 1_790_000_000.0
@@ -76,3 +87,164 @@ def test_xids_map_to_gpus_and_catalogue_actions_within_the_window() -> None:
 def test_check_options_read_a_pods_arguments() -> None:
     o = CheckOptions.from_argv(["--node", "gpu-1", "--expect-gpus", "4", "--gpu-model", "B200", "--json", "--x", "y"])
     assert (o.node, o.expect_gpus, o.gpu_model) == ("gpu-1", 4, "B200")
+
+
+# -- NVML beyond ECC: NVLink, PCIe, clocks, thermal, power, recovery action -----------------
+
+FULL = CheckOptions(node="n1", expect_gpus=8, gpu_model="H100", expect_nvlinks=18, pcie_gen=5, pcie_width=16,
+                    power_limit_w=700)
+
+
+def statuses(r, name):
+    return {c.status for c in by_name(r, name)}
+
+
+def test_every_nvml_reading_of_a_healthy_gpu_passes() -> None:
+    r = run_node_checks(FULL, FakeNvml(gpus()), "", now=NOW, uptime=3600)
+    assert r.status == "pass"
+    for name in ("nvlink.state", "nvlink.errors", "pcie.link", "pcie.replay", "clocks.events", "thermal.margin",
+                 "power.limit", "gpu.recovery_action", "gpu.persistence"):
+        assert statuses(r, name) == {"pass"}, name
+    assert by_name(r, "pcie.link")[0].message.startswith("x16, gen 1 now (max 5)"), "idle gen is not a downtrain"
+
+
+def test_a_gpu_without_nvlink_or_the_newer_calls_is_skipped_with_a_reason() -> None:
+    g = gpus(nvlinks=0, recovery_action=None)
+    r = run_node_checks(CheckOptions(node="n1", expect_gpus=8), FakeNvml(g), "", now=NOW)
+    assert statuses(r, "nvlink.state") == {"skip"} and "no NVLink" in by_name(r, "nvlink.state")[0].message
+    assert statuses(r, "gpu.recovery_action") == {"skip"}
+    assert r.status == "pass"
+    r = run_node_checks(FULL, FakeNvml(gpus(nvlinks=0)), "", now=NOW)
+    assert statuses(r, "nvlink.state") == {"fail"}, "the profile expects NVLink: its absence fails"
+
+
+def test_nvlink_errors_warn_and_inactive_links_fail() -> None:
+    g = gpus()
+    g[1].nvlink_replay = 7
+    g[2].nvlink_down = [0, 17]
+    g[3].nvlinks = 12  # six links missing against a profile of 18
+    r = run_node_checks(FULL, FakeNvml(g), "", now=NOW)
+    assert {(c.gpu, c.status) for c in by_name(r, "nvlink.errors") if c.status != "pass"} == {(1, "warn")}
+    down = {c.gpu: c.message for c in by_name(r, "nvlink.state") if c.status == "fail"}
+    assert set(down) == {2, 3} and "2 NVLink link(s) inactive" in down[2] and "6 NVLink" in down[3]
+
+
+def test_pcie_width_gen_and_replay_rate() -> None:
+    g = gpus()
+    g[0].pcie_width = 8
+    g[1].pcie_max_gen = 4
+    g[2].pcie_replays = 1000  # over 10 minutes of uptime: 100 a minute
+    r = run_node_checks(FULL, FakeNvml(g), "", now=NOW, uptime=600)
+    fails = {(c.name, c.gpu, c.code) for c in r.checks if c.status == "fail"}
+    assert fails == {("pcie.link", 0, "PCIE_DOWNTRAINED"), ("pcie.link", 1, "PCIE_DOWNTRAINED"),
+                     ("pcie.replay", 2, "PCIE_REPLAY")}
+    r = run_node_checks(FULL, FakeNvml(gpus(pcie_replays=1000)), "", now=NOW, uptime=30 * 86400)
+    assert statuses(r, "pcie.replay") == {"pass"}, "the same count over a month is under 8 a minute"
+
+
+def test_clock_events_thermal_power_and_recovery() -> None:
+    g = gpus()
+    g[0].clock_reasons = 0x1 | 0x4  # idle and SW power cap: normal
+    g[1].clock_reasons = 0x40
+    g[2].margin = -3
+    g[3].power_limit_mw = 500_000
+    g[4].recovery_action = 1
+    g[5].recovery_action = 3
+    r = run_node_checks(FULL, FakeNvml(g), "", now=NOW)
+    got = {(c.name, c.gpu, c.status, c.code) for c in r.checks if c.status not in ("pass", "skip")}
+    assert got == {("clocks.events", 1, "warn", None), ("thermal.margin", 2, "fail", "THERMAL"),
+                   ("power.limit", 3, "warn", None), ("gpu.recovery_action", 4, "fail", "RECOVERY_RESET"),
+                   ("gpu.recovery_action", 5, "warn", "RECOVERY_DRAIN_P2P")}
+    assert "HW thermal slowdown" in by_name(r, "clocks.events")[1].message
+
+
+def test_a_lost_gpu_fails_and_the_others_are_still_read() -> None:
+    g = gpus()
+    g[6].lost = True
+    r = run_node_checks(FULL, FakeNvml(g), "", now=NOW)
+    lost = by_name(r, "gpu.lost")
+    assert [(c.gpu, c.code) for c in lost] == [(6, "GPU_LOST")]
+    assert len(by_name(r, "row_remap")) == 7
+
+
+def test_retired_pages_on_a_gpu_without_row_remapping() -> None:
+    g = gpus(remap_supported=False)
+    g[0].retired_pages = 64
+    g[1].retired_pending = True
+    r = run_node_checks(CheckOptions(node="n1", expect_gpus=8), FakeNvml(g), "", now=NOW)
+    fails = {(c.gpu, c.code) for c in by_name(r, "retired_pages") if c.status == "fail"}
+    assert fails == {(0, "RETIRED_PAGES"), (1, "RETIRE_PENDING")}
+
+
+# -- the host: EFA, InfiniBand, MTU, topology, UCCL -------------------------------------------
+
+def efa_host(count: int = 4, **kw) -> FakeHost:
+    files = {**efa_sysfs(count, **kw), **netdev("ens32", "ena", 9001)}
+    devs = sorted({p.split("/")[4] for p in files if p.startswith("/sys/class/infiniband/")})
+    return FakeHost(files=files, commands={"fi_info": (0, fi_info_output(devs), ""),
+                                           "nvidia-smi": (0, topo_output(8, 18, 0), "")})
+
+
+EFA = CheckOptions(node="n1", expect_gpus=8, nic="efa", expect_nics=4, nic_rate_gbps=100, mtu=9001,
+                   mtu_driver="ena", expect_nvlinks=18)
+
+
+def test_a_healthy_efa_host_passes() -> None:
+    r = run_node_checks(EFA, FakeNvml(gpus()), "", now=NOW, host=efa_host())
+    assert r.status == "pass", [(c.name, c.message) for c in r.checks if c.status != "pass"]
+    assert {"nic.devices", "nic.port", "efa.fi_info", "net.mtu", "topology.gpu_gpu"} <= {c.name for c in r.checks}
+
+
+def test_efa_faults() -> None:
+    host = efa_host(down=(1,), rate=50, gpudirect=False)
+    host.files["/sys/class/net/ens32/mtu"] = "1500\n"
+    r = run_node_checks(EFA, FakeNvml(gpus()), "", now=NOW, host=host)
+    fails = {(c.name, c.code) for c in r.checks if c.status == "fail"}
+    assert fails == {("nic.port", "NIC_PORT_DOWN"), ("nic.rate", "NIC_RATE"), ("nic.gpudirect", "NO_GPUDIRECT"),
+                     ("net.mtu", "MTU")}
+
+
+def test_missing_tools_and_files_are_errors_never_passes() -> None:
+    host = efa_host()
+    host.commands.clear()
+    for p in [p for p in host.files if p.endswith("/ports/1/state")][:1]:
+        del host.files[p]
+    r = run_node_checks(EFA, FakeNvml(gpus()), "", now=NOW, host=host)
+    errors = {c.name for c in r.checks if c.status == "error"}
+    assert {"efa.fi_info", "topology", "nic.port"} <= errors
+    assert "nic.port" not in {c.name for c in r.checks if c.status == "pass"}
+    r = run_node_checks(EFA, FakeNvml(gpus()), "", now=NOW, host=FakeHost())
+    assert statuses(r, "nic.devices") == {"fail"}, "no /sys/class/infiniband at all: no device"
+    assert statuses(r, "net.mtu") == {"error"}, "no interface to read: not a pass"
+
+
+def test_unknown_uccl_api_is_an_error() -> None:
+    opts = CheckOptions(node="n1", expect_gpus=8, uccl="collective_efa,warp_drive")
+    r = run_node_checks(opts, FakeNvml(gpus()), "", now=NOW, host=efa_host())
+    assert statuses(r, "uccl") == {"error"}
+
+
+def test_uccl_readiness_per_api() -> None:
+    opts = CheckOptions(node="n1", expect_gpus=8, uccl="collective_efa,ep,collective_rdma")
+    host = efa_host()
+    r = run_node_checks(opts, FakeNvml(gpus()), "", now=NOW, host=host)
+    ready = {m.name: m.value for m in r.metrics if m.name.startswith("uccl.")}
+    assert ready == {"uccl.collective_efa.ready": 1, "uccl.ep.ready": 1, "uccl.p2p.ready": 1,
+                     "uccl.collective_afxdp.ready": 1, "uccl.collective_rdma.ready": 0}
+    assert statuses(r, "uccl.collective_efa") == {"pass"}
+    assert [c.message for c in by_name(r, "uccl.collective_rdma")] == ["no active ConnectX or Thor port"]
+    assert statuses(r, "uccl.env") == {"warn"}, "UCCL_SOCKET_IFNAME and UCCL_IB_GID_INDEX are unset"
+
+
+def test_uccl_ep_on_amd_needs_rocm_7_and_not_arm() -> None:
+    amd = {f"/sys/class/drm/card{i}/device/vendor": "0x1002\n" for i in range(8)}
+    files = {**amd, **ib_sysfs(8), "/opt/rocm/.info/version": "6.4.1-120\n"}
+    opts = CheckOptions(node="n1", expect_gpus=0, uccl="ep")
+    env = {"UCCL_SOCKET_IFNAME": "eth0", "UCCL_IB_GID_INDEX": "3"}
+    r = run_node_checks(opts, FakeNvml([]), "", now=NOW, host=FakeHost(files=files, environ=env))
+    assert "ROCm 7" in by_name(r, "uccl.ep")[0].message
+    files["/opt/rocm/.info/version"] = "7.1.0\n"
+    r = run_node_checks(opts, FakeNvml([]), "", now=NOW, host=FakeHost(files=files, environ=env))
+    assert statuses(r, "uccl.ep") == {"pass"} and statuses(r, "uccl.env") == {"pass"}
+    r = run_node_checks(opts, FakeNvml([]), "", now=NOW, host=FakeHost(files=files, environ=env, arch="aarch64"))
+    assert "ARM64" in by_name(r, "uccl.ep")[0].message

@@ -17,6 +17,10 @@ FIX = Path(__file__).parent / "parsers" / "fixtures"
 @pytest.mark.parametrize("fixture,found,status", [
     ("dcgm-4x-l2-pcie-fail.json", "dcgm", "fail"), ("dcgm-4x-l2-pass.json", "dcgm", "pass"),
     ("nccl-allreduce-h100.txt", "nccl", "pass"), ("dmesg-xid79.txt", "kernel-log", "fail"),
+    ("nvidia-smi-q-h100-healthy.txt", "nvidia-smi", "pass"), ("nvidia-smi-q-h100-faulty.txt", "nvidia-smi", "fail"),
+    ("nvidia-smi-csv-h100.txt", "nvidia-smi", "fail"), ("ibv-devinfo-efa.txt", "ibv-devinfo", "pass"),
+    ("ibv-devinfo-efa-port-down.txt", "ibv-devinfo", "fail"), ("fi-info-libfabric2-p5en.txt", "fi-info", "pass"),
+    ("fi-info-none.txt", "fi-info", "fail"), ("topo-p5-h100.txt", "topo", "pass"),
 ])
 def test_ingest_detects_parses_and_records(tmp_path: Path, fixture: str, found: str, status: str) -> None:
     state = tmp_path / "h.db"
@@ -37,15 +41,35 @@ def test_ingest_bad_input(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "cannot tell the format" in res.stderr
     res = CliRunner().invoke(main, ["ingest", "n", str(garbage), "--format", "dcgm", "--no-record", "--json"])
     assert res.exit_code == 1 and json.loads(res.stdout)["status"] == "error"
-    res = CliRunner().invoke(main, ["ingest", "n", str(garbage), "--format", "nvidia-smi"])
+    res = CliRunner().invoke(main, ["ingest", "n", str(garbage), "--format", "nvidia-smi", "--no-record", "--json"])
+    assert res.exit_code == 1 and json.loads(res.stdout)["status"] == "error"
+    res = CliRunner().invoke(main, ["ingest", "n", str(garbage), "--format", "smi"])
     assert res.exit_code == 2
 
 
 def test_profiles_and_which_node_gets_which(make_sim) -> None:
     sim = make_sim(node_groups=[{"name_prefix": "p5-", "count": 1, "instance_type": "p5.48xlarge"},
-                                {"name_prefix": "b2-", "count": 1, "instance_type": "p6-b200.48xlarge"}])
+                                {"name_prefix": "b2-", "count": 1, "instance_type": "p6-b200.48xlarge"},
+                                {"name_prefix": "cpu-", "count": 1, "instance_type": "m7i.4xlarge",
+                                 "labels": {"nvidia.com/gpu.present": "true"}}])
     res = CliRunner().invoke(main, ["profiles", "--nodes", "--kubeconfig", str(sim.kubeconfig), "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert {p["profile"] for p in doc["profiles"]} >= {"p5.48xlarge", "default"}
-    assert {n["node"]: n["profile"] for n in doc["nodes"]} == {"p5-00": "p5.48xlarge", "b2-00": "default"}
+    assert {n["node"]: n["profile"] for n in doc["nodes"]} == {"p5-00": "p5.48xlarge", "b2-00": "p6-b200.48xlarge",
+                                                                  "cpu-00": "default"}
+
+
+def test_ingest_judges_against_a_profile(tmp_path: Path) -> None:
+    args = ["ingest", "gpu-9", "--no-record", "--json"]
+    res = CliRunner().invoke(main, args[:2] + [str(FIX / "fi-info-libfabric2-p5en.txt")] + args[2:]
+                             + ["--profile", "p5.48xlarge"])
+    assert res.exit_code == 1 and "the profile expects 32" in res.stdout, "p5 has 32 EFA devices, this capture 16"
+    res = CliRunner().invoke(main, args[:2] + [str(FIX / "fi-info-libfabric2-p5en.txt")] + args[2:]
+                             + ["--profile", "p5en.48xlarge"])
+    assert res.exit_code == 0, res.output
+    res = CliRunner().invoke(main, args[:2] + [str(FIX / "topo-poor-affinity.txt")] + args[2:]
+                             + ["--profile", "azure-nd-h100-v5"])
+    assert res.exit_code == 1 and "NIC_AFFINITY" in res.stdout
+    res = CliRunner().invoke(main, args[:2] + [str(FIX / "topo-p5-h100.txt")] + args[2:] + ["--profile", "nope"])
+    assert res.exit_code == 2 and "no profile 'nope'" in res.stderr

@@ -72,7 +72,7 @@ def _xid_checks(opts: CheckOptions, kernel_log: str | None, why: str, uptime: fl
         return
     events = parse_xids(kernel_log)
     if uptime is not None:
-        events = [e for e in events if e.uptime is None or e.uptime >= uptime - opts.xid_window]
+        events = [e for e in events if e.last_uptime is None or e.last_uptime >= uptime - opts.xid_window]
     if not events:
         c.check("xid", "pass", "no XID in the kernel log window")
         return
@@ -89,9 +89,10 @@ def _xid_checks(opts: CheckOptions, kernel_log: str | None, why: str, uptime: fl
             action = recovery
             status = "pass" if recovery.lower() == "none" else "fail"
         detail = _PIDNAME.sub("", same[-1].message).strip().rstrip(".")
-        times = f" x{len(same)}" if len(same) > 1 else ""
+        n = sum(e.count for e in same)
+        times = f" x{n}" if n > 1 else ""
         gpu = bus_to_gpu.get(pci)
         c.check("xid", status, f"XID {code} ({info.meaning}) on {pci}{times}"
                 + (f": {detail[:160]}" if detail else "") + f"; action: {action}",
                 info.severity, gpu=gpu, code=str(code))
-        c.metric(f"xid.{code}", len(same), "events", gpu=gpu)
+        c.metric(f"xid.{code}", n, "events", gpu=gpu)

@@ -109,8 +109,8 @@ def _rdma(opts: CheckOptions, host: Host, c: Collector) -> None:
     if no_gdr:
         c.check("nic.gpudirect", "fail", f"GPUDirect RDMA unavailable on {len(no_gdr)} device(s) "
                 f"(no NVIDIA peer in device/p2p): {', '.join(no_gdr[:4])}", "critical", code="NO_GPUDIRECT")
-    for name, value in totals.items():
-        c.metric(f"{opts.nic}.{name}", value, "count")
+    for name, total in totals.items():
+        c.metric(f"{opts.nic}.{name}", total, "count")
 
 
 def _fi_info(opts: CheckOptions, host: Host, c: Collector) -> None:

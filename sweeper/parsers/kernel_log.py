@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # NVRM: Xid (PCI:0000:4e:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus.
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<code>\d+),\s*(?P<rest>.*)$")
@@ -20,6 +20,8 @@ class XidEvent:
     switch: bool = False
     uptime: float | None = None
     recovery_action: str | None = None  # XID 154: the driver's own verdict
+    count: int = 1  # lines that repeated this one (same code, device and message)
+    last_uptime: float | None = None  # when the last of them was logged
 
 
 def normalise_pci(pci: str) -> str:
@@ -36,8 +38,9 @@ def normalise_pci(pci: str) -> str:
 
 
 def parse_xids(text: str) -> list[XidEvent]:
-    """Every XID and SXID line, in order, deduplicated on (code, device, message)."""
-    seen: set[tuple[int, str, str]] = set()
+    """Every XID and SXID, in order of first appearance; lines repeating the same code, device
+    and message fold into one event with a count and the time of the last."""
+    index: dict[tuple[int, str, str], int] = {}
     out: list[XidEvent] = []
     for line in text.splitlines():
         m = _XID.search(line)
@@ -50,14 +53,17 @@ def parse_xids(text: str) -> list[XidEvent]:
         code = int(m.group("code"))
         pci = normalise_pci(m.group("pci"))
         rest = m.group("rest").strip()
-        key = (code, pci, rest)
-        if key in seen:
-            continue
-        seen.add(key)
         stamp = _STAMP.match(line)
+        when = float(stamp.group("secs")) if stamp else None
+        key = (code, pci, rest)
+        if key in index:
+            e = out[index[key]]
+            out[index[key]] = replace(e, count=e.count + 1, last_uptime=when if when is not None else e.last_uptime)
+            continue
+        index[key] = len(out)
         recovery = None
         if code == 154:
             r = _RECOVERY.search(rest)
             recovery = r.group("new") if r else None
-        out.append(XidEvent(code, pci, rest, switch, float(stamp.group("secs")) if stamp else None, recovery))
+        out.append(XidEvent(code, pci, rest, switch, when, recovery, last_uptime=when))
     return out

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,7 +197,7 @@ def _flatten(d: dict[str, Any]) -> dict[str, Any]:
 
 # -- nvidia-smi --query-gpu=... --format=csv -------------------------------------------
 
-_CSV_FIELDS = {
+_CSV_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "name": ("name", str), "pci.bus_id": ("bus_id", str), "index": ("index", int),
     "persistence_mode": ("persistence", _yes),
     "ecc.errors.uncorrected.volatile.total": ("volatile_uncorrected", _int),

@@ -104,15 +104,18 @@ def parse(text: str, node: str, now: float, nvlinks: int | None = None, nic_affi
 def judge(topo: Topology, nvlinks: int | None, nic_affinity: str) -> list[CheckResult]:
     out: list[CheckResult] = []
     gpus = topo.gpus
-    if nvlinks:
+    kinds = sorted({topo.link(a, b) for a in gpus for b in gpus if a != b})
+    if not nvlinks:
+        out.append(CheckResult("topology.gpu_gpu", "pass", f"{len(gpus)} GPUs; GPU pairs over {', '.join(kinds)} "
+                               "(nothing expected of them)"))
+    else:
         bad = [(a, b, topo.link(a, b)) for a in gpus for b in gpus if a < b and not topo.link(a, b).startswith("NV")]
         if bad:
             a, b, p = bad[0]
             out.append(CheckResult("topology.gpu_gpu", "fail", f"{len(bad)} GPU pairs without NVLink, e.g. {a}-{b} "
                                    f"over {p}", "critical", code="NVLINK_TOPOLOGY"))
         else:
-            widths = sorted({topo.link(a, b) for a in gpus for b in gpus if a != b})
-            out.append(CheckResult("topology.gpu_gpu", "pass", f"every GPU pair over NVLink ({', '.join(widths)})"))
+            out.append(CheckResult("topology.gpu_gpu", "pass", f"every GPU pair over NVLink ({', '.join(kinds)})"))
     nics = [c for c in topo.columns if not c.startswith("GPU")]
     if not nic_affinity:
         return out

@@ -22,7 +22,7 @@ def test_dcgm_sweep_finds_what_dcgm_finds(make_sim, history: History) -> None:
     report = run_sweep(sim, history, replace(TEST_CONFIG, playbook="sweep-dcgm.yaml"))
     got = {o.node: (o.verdict, o.action) for o in report.outcomes}
     assert got == {"gpu-00": ("pass", "released"), "gpu-01": ("quarantine", "held"),
-                   "gpu-02": ("replace", "held"), "gpu-03": ("quarantine", "held"),
+                   "gpu-02": ("replace", "held"), "gpu-03": ("reboot", "held"),
                    "gpu-04": ("error", "released")}
     reasons = {o.node: " ".join(o.reasons) for o in report.outcomes}
     assert "PCIe replays" in reasons["gpu-01"] and "NvLink link 3 is currently down" in reasons["gpu-03"]
