@@ -528,21 +528,188 @@ def sparkline(values: list[float]) -> str:
 @click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
               help="SQLite history file.")
 @click.option("--since", help="Only what happened within this long (e.g. 7d, 12h).")
+@click.option("--check", "check", default="", help="Only findings and metrics whose name starts with this "
+              "(e.g. ecc, nvlink, xid, nccl).")
 @click.option("--json", "as_json", is_flag=True, help="Print the history as JSON.")
 @run_cli
-def history(node: str, state: str, since: str | None, as_json: bool) -> None:
-    """A node's sweeps, verdicts, failed checks, actions and metric trends."""
-    if not Path(state).exists():
-        raise ConfigError(f"no history at {state} (set --state or SWEEPER_STATE)")
-    try:
-        cutoff = time.time() - parse_duration(since) if since else None
-    except ValueError as exc:
-        raise ConfigError(f"--since: not a duration: {since!r}") from exc
-    h = _history(state).node_history(node, cutoff)
+def history(node: str, state: str, since: str | None, check: str, as_json: bool) -> None:
+    """A node's sweeps, verdicts and the rules behind them, failed checks, actions and metric
+    trends (sparklines)."""
+    _need_state(state)
+    cutoff = _since(since)
+    h = _history(state).node_history(node, cutoff, check=check)
     if as_json:
         click.echo(json.dumps(h, indent=2, default=str))
         return
     print_history(out, h)
+
+
+def _need_state(state: str) -> None:
+    if not Path(state).exists():
+        raise ConfigError(f"no history at {state} (set --state or SWEEPER_STATE)")
+
+
+def _since(since: str | None, default: float | None = None) -> float | None:
+    try:
+        if since:
+            return time.time() - parse_duration(since)
+    except ValueError as exc:
+        raise ConfigError(f"--since: not a duration: {since!r}") from exc
+    return None if default is None else time.time() - default
+
+
+def _policy(cfg: Config, name: str | None) -> Any:
+    from sweeper.policy import load_policy
+
+    name = name or cfg.policy
+    path = Path(name) if ("/" in name or Path(name).exists()) else cfg.path("policies") / name
+    return load_policy(path)
+
+
+@main.command("nodes")
+@cluster_options
+@click.option("--offline", is_flag=True, help="From the history alone, without asking the cluster.")
+@click.option("--json", "as_json", is_flag=True, help="Print the table as JSON.")
+@run_cli
+def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | None, state: str, offline: bool,
+              as_json: bool) -> None:
+    """The fleet as a table: each GPU node's last sweep and verdict, when it is due, whether it is a
+    suspect and whether Sweeper holds it."""
+    from sweeper.fleet import NodeView, suspect_signals
+
+    cfg = _config(config_path)
+    hist = _history(state)
+    latest = {r["node"]: r for r in hist.fleet()}
+    now = time.time()
+    rows: list[dict[str, Any]] = []
+    views: list[Any] = []
+    if not offline:
+        kube = _kube(kubeconfig, context, cfg)
+        views = [NodeView.from_obj(o, cfg.gpu_resources)
+                 for o in kube.list_nodes(cfg.gpu_node_selector, page_size=cfg.page_size)]
+    names = [v.name for v in views] if views else sorted(latest)
+    by_name = {v.name: v for v in views}
+    for name in names:
+        last = latest.get(name)
+        v = by_name.get(name)
+        due = (last["started"] + cfg.interval) if last else now
+        taint = v.sweep_taint(cfg.taint_key) if v else None
+        rows.append({
+            "node": name, "profile": last["profile"] if last else "",
+            "last_sweep": last["started"] if last else None, "verdict": last["verdict"] if last else "",
+            "rules": last.get("rules", []) if last else [], "due": max(due, now) if v or last else None,
+            "overdue": last is not None and now - last["started"] > cfg.interval,
+            "suspect": "; ".join(suspect_signals(v, cfg)) if v else "",
+            "held": bool(taint) or (v is not None and f"{cfg.prefix}/cordoned-by" in v.annotations),
+            "in_cluster": v is not None})
+    if as_json:
+        click.echo(json.dumps({"nodes": rows}, indent=2))
+        return
+    t = Table(title=f"{len(rows)} GPU nodes" + (" (from the history alone)" if offline else ""))
+    for col in ("node", "profile", "last sweep", "verdict", "due", "suspect", "held"):
+        t.add_column(col)
+    for r in rows:
+        due = "now" if r["due"] is not None and r["due"] <= now else (iso(r["due"]) if r["due"] else "-")
+        t.add_row(r["node"], r["profile"] or "-", iso(r["last_sweep"]) if r["last_sweep"] else "never",
+                  styled(r["verdict"]) + (f" ({', '.join(r['rules'])})" if r["rules"] else ""), due,
+                  r["suspect"][:60] or "", "[red]held[/red]" if r["held"] else "")
+    out.print(t)
+
+
+@main.command("report")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Sweeper config YAML.")
+@click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
+              help="SQLite history file.")
+@click.option("--since", default="30d", show_default=True, help="How far back the report looks.")
+@click.option("--policy", "policy_name", help="Policy whose trend rules the report charts (default: the config's).")
+@click.option("-o", "--output", default="sweeper-report.html", show_default=True, type=click.Path(dir_okay=False),
+              help="Where to write the HTML file ('-' for stdout).")
+@run_cli
+def report_cmd(config_path: str | None, state: str, since: str, policy_name: str | None, output: str) -> None:
+    """The fleet at a glance as one self-contained HTML file (opens with no network): a heatmap of
+    nodes by sweeps, the nodes held and why, trends behind decisions, per-profile NCCL bandwidth,
+    and coverage."""
+    from sweeper import profiles as prof
+    from sweeper.report import gather, render
+
+    _need_state(state)
+    cfg = _config(config_path)
+    cutoff = _since(since) or 0.0
+    floors = {p.name: p.nccl_busbw_min for p in prof.load_profiles(cfg.path("profiles")).values()
+              if p.nccl_busbw_min}
+    data = gather(_history(state), _policy(cfg, policy_name), cutoff, time.time(), cfg.interval, floors)
+    page = render(data)
+    if output == "-":
+        click.echo(page, nl=False)
+        return
+    try:
+        Path(output).write_text(page)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {output}: {exc}") from exc
+    err.print(f"wrote {output} ({len(page) / 1024:.0f} KiB, {len(data.fleet)} nodes)")
+
+
+@main.command("backtest")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Sweeper config YAML.")
+@click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
+              help="SQLite history file.")
+@click.option("--policy", "policy_name", required=True, help="The policy to try: a file, or a name in policies/.")
+@click.option("--since", default="90d", show_default=True, help="How much history to replay.")
+@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@run_cli
+def backtest_cmd(config_path: str | None, state: str, policy_name: str, since: str, as_json: bool) -> None:
+    """Replay the recorded history under another policy: which nodes it would have held, rebooted
+    or replaced, and when, next to what actually happened. Changes nothing."""
+    from sweeper.backtest import backtest
+
+    _need_state(state)
+    cfg = _config(config_path)
+    cutoff = _since(since) or 0.0
+    bt = backtest(_history(state), _policy(cfg, policy_name), cutoff)
+    if as_json:
+        click.echo(json.dumps(bt.to_dict(), indent=2))
+        return
+    rec, rep = bt.first_holds("recorded"), bt.first_holds("replayed")
+    t = Table(title=f"policy {bt.policy} on {len(bt.decisions)} recorded sweeps: "
+                    f"{sum(d.differs for d in bt.decisions)} decisions differ")
+    for col in ("node", "would have", "when", "rule", "actually", "when "):
+        t.add_column(col)
+    for node in sorted(set(rec) | set(rep)):
+        a, b = rep.get(node), rec.get(node)
+        t.add_row(node, styled(a.replayed) if a else "never held", iso(a.at) if a else "",
+                  ", ".join(a.rules) if a else "", styled(b.recorded) if b else "never held", iso(b.at) if b else "")
+    out.print(t)
+    for which in ("recorded", "replayed"):
+        c = bt.counts(which)
+        out.print(f"{which}: " + ", ".join(f"{n} {v}" for v, n in sorted(c.items())))
+
+
+@main.group("state")
+def state_group() -> None:
+    """The history database: retention."""
+
+
+@state_group.command("prune")
+@click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
+              help="SQLite history file.")
+@click.option("--older-than", required=True, help="Delete sweeps older than this (e.g. 180d); a daily summary "
+              "per node is kept.")
+@click.option("--dry-run", is_flag=True, help="Count what would go, delete nothing.")
+@click.option("--json", "as_json", is_flag=True)
+@run_cli
+def state_prune(state: str, older_than: str, dry_run: bool, as_json: bool) -> None:
+    """Delete old sweeps, checks, metrics, actions and intents, keeping one summary row per node
+    per day (sweeps, verdict counts, min/max/last of each metric)."""
+    _need_state(state)
+    before = _since(older_than)
+    assert before is not None
+    counts = _history(state).prune(before, dry_run=dry_run)
+    if as_json:
+        click.echo(json.dumps({"dry_run": dry_run, "before": before, **counts}))
+        return
+    verb = "would delete" if dry_run else "deleted"
+    out.print(f"{verb} {counts['node_sweeps']} sweeps, {counts['checks']} checks, {counts['metrics']} metrics "
+              f"older than {iso(before)}; {counts['summaries']} daily summaries kept")
 
 
 def print_history(console: Console, h: dict[str, Any]) -> None:
@@ -550,12 +717,18 @@ def print_history(console: Console, h: dict[str, Any]) -> None:
         console.print(f"no history for node {h['node']}")
         return
     t = Table(title=f"history of {h['node']}")
-    for col in ("started", "run", "verdict", "why"):
+    for col in ("started", "run", "verdict", "rule", "why"):
         t.add_column(col)
     for s in h["sweeps"]:
         why = "; ".join(s["reasons"]) if s["verdict"] != "pass" else ""
-        t.add_row(iso(s["started"]), s["run_id"], styled(s["verdict"] or "unfinished"), why[:150])
+        t.add_row(iso(s["started"]), s["run_id"], styled(s["verdict"] or "unfinished"),
+                  ", ".join(s.get("rules") or []) or ("findings" if s["verdict"] not in ("pass", None) else ""),
+                  why[:150])
     console.print(t)
+    if h.get("pruned_days"):
+        days = h["pruned_days"]
+        console.print(f"[dim]{sum(d['sweeps'] for d in days)} older sweeps over {len(days)} days were pruned "
+                      f"({days[0]['day']} to {days[-1]['day']}); their daily summaries are kept.[/dim]")
     problems = [(s, p) for s in h["sweeps"] for p in s["problems"]]
     if problems:
         pt = Table(title="findings")

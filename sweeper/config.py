@@ -47,6 +47,7 @@ class Config:
     breaker_percent: float = 20.0  # ...or this share of GPU nodes, whichever is larger, opens the breaker
     breaker_window: float = 3600.0
     breaker_cooldown: float = 3600.0  # after a reset, one node at a time for this long
+    policy: str = "default.yaml"  # in policies/: how findings and history become a verdict
     light_playbook: str = "light-busy.yaml"  # read-only checks on busy nodes ("" to turn off)
     light_interval: float = 6 * 3600.0
     light_max: int = 20  # light checks per run
@@ -63,6 +64,7 @@ class Config:
     playbook_dir: str = ""
     template_dir: str = ""
     profile_dir: str = ""
+    policy_dir: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -71,7 +73,7 @@ class Config:
 
     def path(self, kind: str) -> Path:
         explicit = {"playbooks": self.playbook_dir, "job-templates": self.template_dir,
-                    "profiles": self.profile_dir}[kind]
+                    "profiles": self.profile_dir, "policies": self.policy_dir}[kind]
         return Path(explicit) if explicit else home() / kind
 
     def with_overrides(self, **kw: Any) -> Config:

@@ -58,6 +58,22 @@ def m003_sweep_kind(db: Database) -> None:
     db.table("node_sweeps").add_column("kind", str, not_null_default="sweep")
 
 
+@migrations()
+def m004_policy(db: Database) -> None:
+    # What the policy decided on: the causes (check|code) behind the verdict, the history rules
+    # that raised it, and when it was decided (what a backtest replays up to).
+    db.table("node_sweeps").add_column("causes", str, not_null_default="[]")
+    db.table("node_sweeps").add_column("rules", str, not_null_default="[]")
+    db.table("node_sweeps").add_column("decided", float)
+    db.table("node_sweeps").add_column("policy", str)
+    db.table("node_sweeps").add_column("policy_verdict", str)  # before the safety caps (replacements per hour)
+    # What `sweeper state prune` keeps of the sweeps it deletes: one row a node a day.
+    db.table("summaries").create({"node": str, "day": str, "sweeps": int, "verdicts": str, "metrics": str},
+                                 pk=("node", "day"))
+    db.table("metrics").create_index(["sweep_id"])
+    db.table("node_sweeps").create_index(["profile", "finished"])
+
+
 KNOWN = [m.name for m in migrations._migrations]
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -129,9 +145,16 @@ class History:
         return int(table.last_pk)  # type: ignore[arg-type]
 
     @_locked
-    def sweep_finished(self, sweep_id: int, finished: float, verdict: str, reasons: list[str]) -> None:
-        self.db.table("node_sweeps").update(sweep_id, {"finished": finished, "verdict": verdict,
-                                                 "reasons": json.dumps(reasons)})
+    def sweep_finished(self, sweep_id: int, finished: float, verdict: str, reasons: list[str],
+                       decision: dict[str, Any] | None = None) -> None:
+        """`decision`: what the policy decided on (causes, rules, decided, policy), when it ran."""
+        row: dict[str, Any] = {"finished": finished, "verdict": verdict, "reasons": json.dumps(reasons)}
+        if decision:
+            row.update({"causes": json.dumps(list(decision.get("causes") or [])),
+                        "rules": json.dumps(list(decision.get("rules") or [])),
+                        "decided": decision.get("decided"), "policy": decision.get("policy"),
+                        "policy_verdict": decision.get("verdict")})
+        self.db.table("node_sweeps").update(sweep_id, row)
 
     @_locked
     def result(self, sweep_id: int | None, result: Result) -> None:
@@ -223,25 +246,182 @@ class History:
 
     # -- reading -----------------------------------------------------------------
     @_locked
-    def node_history(self, node: str, since: float | None = None, limit: int = 50) -> dict[str, Any]:
+    def node_history(self, node: str, since: float | None = None, limit: int = 50,
+                     check: str = "") -> dict[str, Any]:
+        """`check`: only findings and metrics whose name starts with it (e.g. `ecc`, `nvlink`)."""
         since = since or 0.0
         sweeps = list(self.db.query(
             "select * from node_sweeps where node = ? and started >= ? order by started desc limit ?",
             [node, since, limit]))
         for s in sweeps:
             s["reasons"] = json.loads(s["reasons"] or "[]")
+            s["rules"] = json.loads(s.get("rules") or "[]")
+            s["causes"] = json.loads(s.get("causes") or "[]")
             s["problems"] = list(self.db.query(
                 "select source, name, status, severity, gpu, code, message from checks "
-                "where sweep_id = ? and status in ('fail', 'error', 'warn') order by id", [s["id"]]))
+                "where sweep_id = ? and status in ('fail', 'error', 'warn') and name like ? order by id",
+                [s["id"], check + "%"]))
         actions = list(self.db.query("select run_id, ts, action, detail, dry_run from actions "
                                      "where node = ? and ts >= ? order by ts desc limit ?", [node, since, limit]))
         metrics: dict[str, list[tuple[float, float]]] = {}
         for r in self.db.query("select name, ts, case when unit = 'C' then max(value) else sum(value) end as value "
-                               "from metrics where node = ? and ts >= ? group by name, ts order by ts",
-                               [node, since]):
+                               "from metrics where node = ? and ts >= ? and name like ? group by name, ts order by ts",
+                               [node, since, check + "%"]):
             metrics.setdefault(r["name"], []).append((r["ts"], r["value"]))
-        return {"node": node, "sweeps": sweeps, "actions": actions, "metrics": metrics}
+        summaries = list(self.db.query("select day, sweeps, verdicts from summaries where node = ? order by day",
+                                       [node]))
+        return {"node": node, "sweeps": sweeps, "actions": actions, "metrics": metrics, "pruned_days": summaries}
 
     @_locked
     def counts(self) -> dict[str, int]:
-        return {t: self.db[t].count for t in ("runs", "node_sweeps", "checks", "metrics", "actions", "intents")}
+        return {t: self.db[t].count for t in ("runs", "node_sweeps", "checks", "metrics", "actions", "intents",
+                                              "summaries")}
+
+    # -- the Past protocol of the policy ---------------------------------------------------
+    @_locked
+    def sweeps(self, node: str, since: float, until: float) -> list[dict[str, Any]]:
+        rows = self.db.query(
+            "select started, verdict, causes from node_sweeps where node = ? and started >= ? and started <= ? "
+            "and finished is not null and dry_run = 0 and kind in ('sweep', 'light') "
+            "and verdict not in ('inconclusive', 'error') order by started", [node, since, until])
+        return [{"started": r["started"], "verdict": r["verdict"], "causes": json.loads(r["causes"] or "[]")}
+                for r in rows]
+
+    @_locked
+    def series(self, node: str, metric: str, since: float, until: float) -> list[tuple[float, int | None, float]]:
+        rows = self.db.execute("select ts, gpu, value from metrics where node = ? and name = ? and ts >= ? "
+                               "and ts <= ? order by ts", [node, metric, since, until]).fetchall()
+        return [(r[0], r[1], r[2]) for r in rows]
+
+    @_locked
+    def peer_values(self, profile: str, metric: str, since: float, until: float, exclude: str) -> dict[str, float]:
+        """Each other node of the profile: its latest reading of the metric in the window (the
+        lowest GPU where the metric is per GPU)."""
+        rows = self.db.execute(
+            "select m.node, m.ts, min(m.value) from metrics m join node_sweeps s on s.id = m.sweep_id "
+            "where m.name = ? and m.ts >= ? and m.ts <= ? and s.profile = ? and m.node != ? "
+            "group by m.node, m.ts order by m.ts", [metric, since, until, profile, exclude]).fetchall()
+        latest: dict[str, float] = {}
+        for node, _ts, value in rows:
+            latest[node] = value
+        return latest
+
+    # -- the fleet ---------------------------------------------------------------------------
+    @_locked
+    def fleet(self) -> list[dict[str, Any]]:
+        """Every node's latest conclusive sweep: node, profile, started, verdict, reasons, kind."""
+        rows = self.db.query(
+            "select s.* from node_sweeps s join (select node, max(started) as last from node_sweeps "
+            "where finished is not null and dry_run = 0 and kind in ('sweep', 'light') group by node) l "
+            "on s.node = l.node and s.started = l.last order by s.node")
+        out = []
+        for r in rows:
+            r["reasons"] = json.loads(r["reasons"] or "[]")
+            r["rules"] = json.loads(r.get("rules") or "[]")
+            out.append(r)
+        return out
+
+    @_locked
+    def verdict_matrix(self, since: float) -> dict[str, list[tuple[float, str]]]:
+        """Node to its conclusive sweeps since `since`: (started, verdict), oldest first."""
+        out: dict[str, list[tuple[float, str]]] = {}
+        for node, started, verdict in self.db.execute(
+                "select node, started, verdict from node_sweeps where started >= ? and finished is not null "
+                "and dry_run = 0 and kind in ('sweep', 'light') order by started", [since]).fetchall():
+            out.setdefault(node, []).append((started, verdict))
+        return out
+
+    @_locked
+    def metric_latest(self, metric: str, since: float) -> list[dict[str, Any]]:
+        """Each node's latest reading of a metric (lowest over GPUs), with its profile."""
+        rows = self.db.execute(
+            "select m.node, s.profile, m.ts, min(m.value) from metrics m join node_sweeps s on s.id = m.sweep_id "
+            "where m.name = ? and m.ts >= ? group by m.node, m.ts order by m.ts", [metric, since]).fetchall()
+        latest: dict[str, dict[str, Any]] = {}
+        for node, profile, ts, value in rows:
+            latest[node] = {"node": node, "profile": profile, "ts": ts, "value": value}
+        return list(latest.values())
+
+    @_locked
+    def replay_rows(self, since: float) -> list[dict[str, Any]]:
+        """Every conclusive sweep since `since` with what its policy decided on, oldest first."""
+        rows = list(self.db.query(
+            "select id, node, profile, started, finished, decided, verdict, policy_verdict, reasons, causes, rules, "
+            "policy, kind "
+            "from node_sweeps where started >= ? and finished is not null and dry_run = 0 "
+            "and kind in ('sweep', 'light') and verdict not in ('inconclusive') order by started", [since]))
+        for r in rows:
+            for k in ("reasons", "causes", "rules"):
+                r[k] = json.loads(r[k] or "[]")
+        return rows
+
+    @_locked
+    def sweep_documents(self, sweep_id: int) -> list[dict[str, Any]]:
+        """A sweep's recorded results, one document per source, as the policy reads them."""
+        docs: dict[str, dict[str, Any]] = {}
+        for r in self.db.query("select source, name, status, severity, gpu, code, message from checks "
+                               "where sweep_id = ? order by id", [sweep_id]):
+            d = docs.setdefault(r["source"], {"source": r["source"], "checks": [], "metrics": []})
+            d["checks"].append({k: r[k] for k in ("name", "status", "severity", "gpu", "code", "message")})
+        for r in self.db.query("select name, gpu, value, unit from metrics where sweep_id = ? order by id",
+                               [sweep_id]):
+            if docs:
+                next(iter(docs.values()))["metrics"].append(dict(r))
+        return list(docs.values())
+
+    # -- retention -----------------------------------------------------------------------------
+    @_locked
+    def prune(self, before: float, dry_run: bool = False) -> dict[str, int]:
+        """Delete sweeps (with their checks and metrics), actions, intents and runs older than
+        `before`, keeping one summary row a node a day: sweeps, verdict counts, and per metric
+        the min, max and last value."""
+        old = [r[0] for r in self.db.execute("select id from node_sweeps where started < ? and finished is not null",
+                                             [before]).fetchall()]
+        counts = {"node_sweeps": len(old)}
+        if not old:
+            return {**counts, "checks": 0, "metrics": 0, "summaries": 0}
+        marks = "select id from node_sweeps where started < ? and finished is not null"
+        counts["checks"] = self.db.execute(f"select count(*) from checks where sweep_id in ({marks})",
+                                           [before]).fetchone()[0]
+        counts["metrics"] = self.db.execute(f"select count(*) from metrics where sweep_id in ({marks})",
+                                            [before]).fetchone()[0]
+        summaries: dict[tuple[str, str], dict[str, Any]] = {}
+        for node, started, verdict in self.db.execute(
+                "select node, started, verdict from node_sweeps where started < ? and finished is not null",
+                [before]).fetchall():
+            day = time.strftime("%Y-%m-%d", time.gmtime(started))
+            s = summaries.setdefault((node, day), {"sweeps": 0, "verdicts": {}, "metrics": {}})
+            s["sweeps"] += 1
+            s["verdicts"][verdict] = s["verdicts"].get(verdict, 0) + 1
+        for node, ts, name, value in self.db.execute(
+                f"select node, ts, name, value from metrics where sweep_id in ({marks}) order by ts", [before]):
+            day = time.strftime("%Y-%m-%d", time.gmtime(ts))
+            s = summaries.setdefault((node, day), {"sweeps": 0, "verdicts": {}, "metrics": {}})
+            m = s["metrics"].setdefault(name, {"min": value, "max": value, "last": value})
+            m["min"], m["max"], m["last"] = min(m["min"], value), max(m["max"], value), value
+        counts["summaries"] = len(summaries)
+        if dry_run:
+            return counts
+        with self.db.conn:
+            for (node, day), s in summaries.items():
+                prior = list(self.db.query("select * from summaries where node = ? and day = ?", [node, day]))
+                if prior:  # merge with what an earlier prune kept of the same day
+                    p = prior[0]
+                    s["sweeps"] += p["sweeps"]
+                    for v, n in json.loads(p["verdicts"]).items():
+                        s["verdicts"][v] = s["verdicts"].get(v, 0) + n
+                    for name, m in json.loads(p["metrics"]).items():
+                        cur = s["metrics"].setdefault(name, m)
+                        cur["min"], cur["max"] = min(cur["min"], m["min"]), max(cur["max"], m["max"])
+                self.db.table("summaries").upsert({"node": node, "day": day, "sweeps": s["sweeps"],
+                                                   "verdicts": json.dumps(s["verdicts"]),
+                                                   "metrics": json.dumps(s["metrics"])}, pk=("node", "day"))
+            self.db.execute(f"delete from checks where sweep_id in ({marks})", [before])
+            self.db.execute(f"delete from metrics where sweep_id in ({marks})", [before])
+            self.db.execute("delete from node_sweeps where started < ? and finished is not null", [before])
+            self.db.execute("delete from actions where ts < ?", [before])
+            self.db.execute("delete from intents where ts < ?", [before])
+            self.db.execute("delete from runs where finished is not null and finished < ? and id not in "
+                            "(select distinct run_id from node_sweeps)", [before])
+        self.db.execute("vacuum")
+        return counts

@@ -49,11 +49,14 @@ def run_playbook(path: Path, cfg: Config, *, kube: Any = None, node_name: str | 
     if hist is not None and node is not None:
         ctx.on_result = lambda r: hist.result(sweep_id, r)  # type: ignore[union-attr]
         ctx.intent = lambda op, phase, detail: hist.intent(run_id, node["name"], clock.now(), op, phase, detail)  # type: ignore[union-attr,index]
+        ctx.past = hist
     extra = {"run_id": run_id, "taint_key": cfg.taint_key, **({"node": node} if node else {}), **(extra_vars or {})}
     result = Executor(actions, ctx, on_task, tags=tags, skip_tags=skip_tags).run(playbook, extra)
     if hist is not None and sweep_id is not None:
         verdict = str(result.vars.get("verdict") or ("error" if result.failed else "pass"))
-        hist.sweep_finished(sweep_id, clock.now(), verdict, [str(r) for r in result.vars.get("reasons", [])])
+        decision = result.vars.get("decision")
+        hist.sweep_finished(sweep_id, clock.now(), verdict, [str(r) for r in result.vars.get("reasons", [])],
+                            decision if isinstance(decision, dict) else None)
         hist.run_finished(run_id, clock.now(), "failed" if result.failed else "done", 1, {"playbook": playbook.name})
         hist.close()
     return result

@@ -38,7 +38,8 @@ class Recorder(Protocol):
     def run_finished(self, run_id: str, finished: float, status: str, taken: int, summary: dict[str, Any]) -> None: ...
     def sweep_started(self, run_id: str, node: str, started: float, playbook: str, profile: str,
                       dry_run: bool = False, kind: str = "sweep") -> int: ...
-    def sweep_finished(self, sweep_id: int, finished: float, verdict: str, reasons: list[str]) -> None: ...
+    def sweep_finished(self, sweep_id: int, finished: float, verdict: str, reasons: list[str],
+                       decision: dict[str, Any] | None = None) -> None: ...
     def result(self, sweep_id: int | None, result: Result) -> None: ...
     def action(self, run_id: str, node: str, ts: float, action: str, detail: str, dry_run: bool = False) -> None: ...
     def intent(self, run_id: str, node: str, ts: float, op: str, phase: str, detail: str = "") -> None: ...
@@ -50,6 +51,11 @@ class Recorder(Protocol):
     def failures_since(self, since: float, verdicts: tuple[str, ...]) -> dict[str, int]: ...
     def released_by_people(self, nodes: list[str], holding: tuple[str, ...]) -> list[dict[str, Any]]: ...
     def unfinished_runs(self) -> list[str]: ...
+    # what the policy's history rules read (policy.Past)
+    def sweeps(self, node: str, since: float, until: float) -> list[dict[str, Any]]: ...
+    def series(self, node: str, metric: str, since: float, until: float) -> list[tuple[float, int | None, float]]: ...
+    def peer_values(self, profile: str, metric: str, since: float, until: float,
+                    exclude: str) -> dict[str, float]: ...
 
 
 @dataclass
@@ -306,8 +312,9 @@ class Sweep:
             return NodeOutcome(name, "", ["a GPU pod landed before the taint; released untouched"], "raced")
         sweep_id = self.rec.sweep_started(run_id, name, self.clock.now(), self.playbook.name, profile.name)
         verdict, reasons, done_by_play = "error", ["the playbook did not reach a verdict"], ""
+        decision: dict[str, Any] | None = None
         try:
-            verdict, reasons, done_by_play = self._play(run_id, sweep_id, node, profile)
+            verdict, reasons, done_by_play, decision = self._play(run_id, sweep_id, node, profile)
             verdict, reasons = self._cap_replacements(verdict, reasons)
         except PlaybookError as exc:
             verdict, reasons = "error", [f"playbook error: {exc}"]
@@ -315,7 +322,7 @@ class Sweep:
             verdict, reasons = "error", [f"cluster error during checks: {exc}"]
         finally:
             action = self.hand_back(run_id, name, verdict, reasons, done_by_play)
-            self.rec.sweep_finished(sweep_id, self.clock.now(), verdict, reasons)
+            self.rec.sweep_finished(sweep_id, self.clock.now(), verdict, reasons, decision)
             self.emit("done", {"node": name, "verdict": verdict, "reasons": reasons, "action": action})
         return NodeOutcome(name, verdict, reasons, action, time.monotonic() - t0)
 
@@ -351,17 +358,18 @@ class Sweep:
         sweep_id = self.rec.sweep_started(run_id, view.name, self.clock.now(), self.light_playbook.name,
                                           profile.name, kind="light")
         verdict, reasons = "error", ["the light playbook did not reach a verdict"]
+        decision: dict[str, Any] | None = None
         try:
-            verdict, reasons, _ = self._play(run_id, sweep_id, view, profile, self.light_playbook)
+            verdict, reasons, _, decision = self._play(run_id, sweep_id, view, profile, self.light_playbook)
         except (PlaybookError, KubeError) as exc:
             verdict, reasons = "error", [f"light check failed to run: {exc}"]
         finally:
-            self.rec.sweep_finished(sweep_id, self.clock.now(), verdict, reasons)
+            self.rec.sweep_finished(sweep_id, self.clock.now(), verdict, reasons, decision)
             self.emit("light", {"node": view.name, "verdict": verdict, "reasons": reasons})
         return NodeOutcome(view.name, verdict, reasons, "light", time.monotonic() - t0)
 
     def _play(self, run_id: str, sweep_id: int, node: NodeView, profile: profiles.Profile,
-              playbook: Playbook | None = None) -> tuple[str, list[str], str]:
+              playbook: Playbook | None = None) -> tuple[str, list[str], str, dict[str, Any] | None]:
         dismissed = (self.rec.get_control(f"dismissed/{node.name}") or {}).get("keys", [])
         node_vars = {"name": node.name, "labels": node.labels, "annotations": node.annotations, "gpus": node.gpus,
                      "dismissed": dismissed,
@@ -372,7 +380,7 @@ class Sweep:
             intent=lambda op, phase, detail: self.rec.intent(run_id, node.name, self.clock.now(), op, phase, detail),
             log=lambda msg: self.emit("log", {"node": node.name, "msg": msg}),
             cancelled=lambda: self.stop.is_set() or self.lock_lost.is_set(),
-            on_record=lambda kind, data: self._record(run_id, sweep_id, node.name, kind, data))
+            on_record=lambda kind, data: self._record(run_id, sweep_id, node.name, kind, data), past=self.rec)
 
         def on_task(o: TaskOutcome) -> None:
             self.emit("task", {"node": node.name, "task": o.name, "status": o.status, "msg": o.msg})
@@ -383,11 +391,13 @@ class Sweep:
         done = str(play.vars.get("handed_back", ""))
         verdict = play.vars.get("verdict")
         if play.cancelled:
-            return "inconclusive", ["the sweep was stopped before the checks finished"], done
+            return "inconclusive", ["the sweep was stopped before the checks finished"], done, None
         if verdict is None:
             return "error", ["the playbook ended without a `decide` task" if not play.failed
-                             else "the playbook failed before its verdict"], done
-        return str(verdict), [str(r) for r in play.vars.get("reasons", [])], done
+                             else "the playbook failed before its verdict"], done, None
+        decision = play.vars.get("decision")
+        return (str(verdict), [str(r) for r in play.vars.get("reasons", [])], done,
+                decision if isinstance(decision, dict) else None)
 
     def _record(self, run_id: str, sweep_id: int, node: str, kind: str, data: dict[str, Any]) -> None:
         if kind == "metric":

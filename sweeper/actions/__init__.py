@@ -85,6 +85,7 @@ class ActionContext:
     deadline: float | None = None  # the task's timeout, on the injected clock
     timed_out: bool = False  # set when a wait was cut short by the deadline
     on_record: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
+    past: Any = None  # the node's history, for the policy's history rules (policy.Past); None: findings only
 
     def remaining(self) -> float | None:
         return None if self.deadline is None else self.deadline - self.clock.now()

@@ -1,16 +1,36 @@
-"""`decide`: turn this sweep's registered results into the node's verdict."""
+"""`decide`: turn this sweep's registered results, and the node's history, into its verdict."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from sweeper.actions import ActionContext, Arg, action, ok
+from sweeper.errors import ConfigError
+from sweeper.policy import Policy, load_policy
 from sweeper.policy import decide as policy_decide
+
+_CACHE: dict[tuple[str, float], Policy] = {}
+
+
+def policy_for(ctx: ActionContext, name: str = "") -> Policy:
+    """The policy file (by name in policies/, or a path), cached until it changes."""
+    name = name or ctx.config.policy
+    path = Path(name) if "/" in name else ctx.config.path("policies") / name
+    try:
+        key = (str(path), path.stat().st_mtime)
+    except OSError as exc:
+        raise ConfigError(f"policy {path}: {exc}") from exc
+    if key not in _CACHE:
+        _CACHE[key] = load_policy(path)
+    return _CACHE[key]
 
 
 @action("decide", Arg("results", list, required=True, help="registered run_job results"),
-        help="Turn results into a verdict (pass, warn, reboot, replace, quarantine, error, inconclusive); "
-             "sets the facts `verdict` and `reasons`.")
+        Arg("policy", str, help="policy file in policies/ (default: the config's `policy`)"),
+        help="Turn results and the node's history into a verdict (pass, warn, reboot, replace, quarantine, "
+             "error, inconclusive) by the policy; sets the facts `verdict`, `reasons` and `decision` "
+             "(causes, rules that fired).")
 def decide(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     docs = []
     for r in args["results"]:
@@ -20,8 +40,16 @@ def decide(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
             docs.append({"status": "inconclusive", "msg": r.get("msg", "")})
         else:
             docs.append(r.get("result") or {"checks": []})
-    dismissed = set(((ctx.node or {}).get("dismissed")) or [])
-    v = policy_decide(docs, dismissed)
-    ctx.facts.update({"verdict": v.verdict, "reasons": list(v.reasons)})
-    return ok(f"verdict {v.verdict}: {'; '.join(v.reasons)[:300]}", verdict=v.verdict, reasons=list(v.reasons),
-              ansible_facts={"verdict": v.verdict, "reasons": list(v.reasons)})
+    node = ctx.node or {}
+    dismissed = set(node.get("dismissed") or [])
+    policy = policy_for(ctx, args.get("policy") or "")
+    now = ctx.clock.now()
+    v = policy_decide(docs, dismissed, policy, node=str(node.get("name", "")),
+                      profile=str((node.get("profile") or {}).get("name", "")), now=now, past=ctx.past)
+    decision = {"verdict": v.verdict, "causes": list(v.causes), "rules": list(v.rules), "decided": now,
+                "policy": policy.name}
+    facts = {"verdict": v.verdict, "reasons": list(v.reasons), "decision": decision}
+    ctx.facts.update(facts)
+    rules = f" (rules: {', '.join(v.rules)})" if v.rules else ""
+    return ok(f"verdict {v.verdict}{rules}: {'; '.join(v.reasons)[:300]}", verdict=v.verdict,
+              reasons=list(v.reasons), decision=decision, ansible_facts=facts)

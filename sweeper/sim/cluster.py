@@ -118,6 +118,7 @@ class SimCluster:
         self.started = self.clock.now()
         self.logs: dict[tuple[str, str], str] = {}
         self._finish: dict[tuple[str, str], float | None] = {}
+        self.boots: dict[str, float] = {}  # node -> when it last rebooted (else its creation)
         self._last_step = self.started
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -474,7 +475,19 @@ class SimCluster:
         exit_code = 0 if result.status in ("pass", "warn", "skip") else 1
         return exit_code, result.to_json() + "\n", result.summary()
 
+    def reboot(self, node_name: str, now: float) -> None:
+        """The node restarts: its kernel log starts again, and what a reboot clears is cleared
+        (pending remaps are applied; volatile counters reset)."""
+        self.boots[node_name] = now
+        f = self.specs[node_name].faults
+        f.remap_pending = []
+        f.ecc_dbe = {}
+        f.recovery_action = {}
+        f.gpu_lost = []
+
     def _boot(self, node_name: str) -> float:
+        if node_name in self.boots:
+            return self.boots[node_name]
         node = self.store.peek("nodes", None, node_name)
         return parse_iso(node["metadata"]["creationTimestamp"]) if node else self.started
 
@@ -483,13 +496,15 @@ class SimCluster:
         hw = HARDWARE[spec.instance_type]
         f = spec.faults
         days = max(0.0, now - self.started) / 86400.0
+        failed = f.ecc_fail_at is not None and now >= self.started + f.ecc_fail_at
         gpus = []
         for i in range(max(0, hw["gpus"] - f.missing_gpus)):
             corrected = 3 * i + int(f.ecc_growth.get(i, 0.0) * days)
             gpus.append(FakeGpu(
                 index=i, name=hw["model"], bus_id=bus_id(i), temperature=33 + (i * 7) % 9,
                 persistence=not f.persistence_off,
-                volatile_uncorrected=f.ecc_dbe.get(i, 0), aggregate_uncorrected=f.ecc_dbe.get(i, 0),
+                volatile_uncorrected=f.ecc_dbe.get(i, 0) + int(failed and i in f.ecc_growth),
+                aggregate_uncorrected=f.ecc_dbe.get(i, 0) + int(failed and i in f.ecc_growth),
                 volatile_corrected=int(f.ecc_growth.get(i, 0.0) * days), aggregate_corrected=corrected,
                 remap_pending=i in f.remap_pending, remap_failure=i in f.remap_failure,
                 remapped_corrected=int(f.remap_growth.get(i, 0.0) * days),
@@ -537,10 +552,10 @@ class SimCluster:
                  f"[{6.2:12.6f}] NVRM: loading NVIDIA UNIX x86_64 Kernel Module  570.133.20"]
         for x in spec.faults.xids:
             when = self.started + x["at"]
-            if when <= now:
+            if boot <= when <= now:
                 lines.append(xid_line(when - boot, x["gpu"], x["code"], x["text"] or "simulated fault"))
         storm = spec.faults.xid_storm
-        if storm and self.started + storm["at"] <= now:
+        if storm and boot <= self.started + storm["at"] <= now:
             t0 = self.started + storm["at"] - boot
             for k in range(storm["count"]):
                 lines.append(xid_line(t0 + k * 0.01, storm["gpu"], storm["code"], "simulated storm"))

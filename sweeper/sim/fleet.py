@@ -38,7 +38,7 @@ FAULT_KEYS = {"xids", "missing_gpus", "hung_check", "garbage_output", "ecc_dbe",
               "remap_failure", "pod_lands_on_taint", "check_crash", "not_ready", "pcie_replay", "nvlink_down",
               "low_bandwidth", "dcgm_runtime_error", "checks_never_schedule", "lose_check_pod", "ecc_growth",
               "remap_growth", "pcie_downtrained", "nic_port_down", "nics_missing", "mtu", "poor_affinity",
-              "xid_storm", "thermal", "throttle", "recovery_action", "gpu_lost", "persistence_off", "dcgm_fail"}
+              "xid_storm", "thermal", "throttle", "recovery_action", "gpu_lost", "persistence_off", "dcgm_fail", "ecc_fail_at"}
 
 
 @dataclass
@@ -60,6 +60,7 @@ class Faults:
     checks_never_schedule: bool = False  # the scheduler never binds Sweeper's check pods here
     lose_check_pod: int = 0  # times the kubelet loses a running check pod (it vanishes)
     ecc_growth: dict[int, float] = field(default_factory=dict)  # GPU -> corrected ECC errors per simulated day
+    ecc_fail_at: float | None = None  # when the growing GPUs start reporting uncorrectable errors
     remap_growth: dict[int, float] = field(default_factory=dict)  # GPU -> remapped rows per simulated day
     pcie_downtrained: list[int] = field(default_factory=list)  # GPUs whose link trained at x8
     nic_port_down: list[int] = field(default_factory=list)  # fabric devices (by index) whose port is down
@@ -102,6 +103,7 @@ class Faults:
                    lose_check_pod=int(raw.get("lose_check_pod", 0)),
                    ecc_growth={int(k): float(v) for k, v in (raw.get("ecc_growth") or {}).items()},
                    remap_growth={int(k): float(v) for k, v in (raw.get("remap_growth") or {}).items()},
+                   ecc_fail_at=None if raw.get("ecc_fail_at") is None else parse_duration(raw["ecc_fail_at"]),
                    pcie_downtrained=[int(g) for g in raw.get("pcie_downtrained", [])],
                    nic_port_down=[int(g) for g in raw.get("nic_port_down", [])],
                    nics_missing=int(raw.get("nics_missing", 0)), mtu=int(raw.get("mtu", 0)),

@@ -1,0 +1,92 @@
+"""`sweeper backtest`: replay the recorded history under another policy, and set what it would
+have decided next to what was decided.
+
+Each recorded conclusive sweep is decided again, in time order, from its recorded checks and
+metrics, at the moment it was first decided. The history rules see the metrics as recorded
+(this node's trends, its peers) and the verdicts of the replay itself (ladders, relapses,
+failure rates), so a policy that escalates sooner changes what follows. Dismissals by a
+person are not replayed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sweeper.policy import HOLDING, Policy, decide
+
+
+class ReplayPast:
+    """The Past of a replay: recorded metrics, replayed verdicts."""
+
+    def __init__(self, history: Any) -> None:
+        self.history = history
+        self.decided: dict[str, list[dict[str, Any]]] = {}
+
+    def sweeps(self, node: str, since: float, until: float) -> list[dict[str, Any]]:
+        return [s for s in self.decided.get(node, []) if since <= s["started"] <= until]
+
+    def series(self, node: str, metric: str, since: float, until: float) -> list[tuple[float, int | None, float]]:
+        return list(self.history.series(node, metric, since, until))
+
+    def peer_values(self, profile: str, metric: str, since: float, until: float, exclude: str) -> dict[str, float]:
+        return dict(self.history.peer_values(profile, metric, since, until, exclude))
+
+
+@dataclass
+class Decision:
+    node: str
+    at: float
+    recorded: str
+    replayed: str
+    rules: list[str]
+    reasons: list[str]
+
+    @property
+    def differs(self) -> bool:
+        return self.recorded != self.replayed
+
+
+@dataclass
+class Backtest:
+    policy: str
+    since: float
+    decisions: list[Decision] = field(default_factory=list)
+
+    def first_holds(self, which: str) -> dict[str, Decision]:
+        """Node to its first holding decision, recorded or replayed."""
+        out: dict[str, Decision] = {}
+        for d in self.decisions:
+            v = d.recorded if which == "recorded" else d.replayed
+            if v in HOLDING and d.node not in out:
+                out[d.node] = d
+        return out
+
+    def counts(self, which: str) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for d in self.decisions:
+            v = d.recorded if which == "recorded" else d.replayed
+            out[v] = out.get(v, 0) + 1
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"policy": self.policy, "since": self.since, "sweeps": len(self.decisions),
+                "differ": sum(d.differs for d in self.decisions),
+                "recorded": self.counts("recorded"), "replayed": self.counts("replayed"),
+                "decisions": [{"node": d.node, "at": d.at, "recorded": d.recorded, "replayed": d.replayed,
+                               "rules": d.rules, "reasons": d.reasons} for d in self.decisions if d.differs
+                              or d.replayed in HOLDING or d.recorded in HOLDING]}
+
+
+def backtest(history: Any, policy: Policy, since: float) -> Backtest:
+    past = ReplayPast(history)
+    out = Backtest(policy.name, since)
+    for row in history.replay_rows(since):
+        docs = history.sweep_documents(row["id"])
+        at = row["decided"] if row["decided"] is not None else row["finished"]
+        v = decide(docs, set(), policy, node=row["node"], profile=row["profile"] or "", now=at, past=past)
+        if v.verdict not in ("error", "inconclusive"):
+            past.decided.setdefault(row["node"], []).append(
+                {"started": row["started"], "verdict": v.verdict, "causes": list(v.causes)})
+        recorded = row["policy_verdict"] or row["verdict"]
+        out.decisions.append(Decision(row["node"], at, recorded, v.verdict, list(v.rules), list(v.reasons)))
+    return out
