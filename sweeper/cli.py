@@ -244,12 +244,13 @@ def lint_cmd(paths: tuple[str, ...], config_path: str | None, as_json: bool) -> 
     """Check playbooks, job templates (rendered and validated as Kubernetes objects),
     profiles and config. Every problem is printed as file:line: message; exit 1 if any.
 
-    Without PATHs: the shipped playbooks/, job-templates/ and profiles/.
+    Without PATHs: the shipped playbooks/, job-templates/, profiles/ and policies/.
     """
     from sweeper.lint import lint_paths
 
     cfg = load_config(config_path) if config_path else Config()
-    targets = [Path(p) for p in paths] or [cfg.path("playbooks"), cfg.path("job-templates"), cfg.path("profiles")]
+    targets = [Path(p) for p in paths] or [cfg.path("playbooks"), cfg.path("job-templates"), cfg.path("profiles"),
+                                           cfg.path("policies")]
     report = lint_paths(targets, cfg, Path(config_path) if config_path else None)
     if as_json:
         click.echo(json.dumps({"checked": report.checked, "problems": report.problems}, indent=2))

@@ -14,6 +14,8 @@ from rich.table import Table
 from sweeper.config import Config
 from sweeper.history import History
 from sweeper.kube import Kube, RetryPolicy
+from sweeper.policy import load_policy
+from sweeper.report import gather, render
 from sweeper.sim.cluster import SimCluster
 from sweeper.sim.fleet import DEMO_FLEET, parse_fleet
 from sweeper.sim.server import ApiServer
@@ -53,7 +55,13 @@ def run_demo(console: Console, state: Path, *, cycles: int, hours_between: float
         if failing:
             console.rule(f"why {failing} is held: sweeper history {failing}")
             print_history(console, hist.node_history(failing))
+        page = Path(state).with_name("report.html")
+        cfg = DEMO_CONFIG
+        data = gather(hist, load_policy(cfg.path("policies") / cfg.policy), 0.0, cluster.clock.now(), cfg.interval,
+                      {"p5.48xlarge": 460.0})
+        page.write_text(render(data, "Sweeper demo fleet"))
         console.print(f"\nhistory: {state}   (sweeper history NODE --state {state})")
+        console.print(f"fleet report: {page}   (open it in a browser; sweeper report --state {state})")
         console.print(f"demo finished in {time.monotonic() - t0:.1f}s of real time, "
                       f"{(cluster.clock.now() - cluster.started) / 3600:.1f}h of simulated time")
         kube.close()

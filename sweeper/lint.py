@@ -17,6 +17,7 @@ from sweeper.actions.jobs import render_job
 from sweeper.config import Config, load_config
 from sweeper.errors import ConfigError, PlaybookError
 from sweeper.playbook.model import load_playbook
+from sweeper.policy import parse_policy
 from sweeper.templating import ENV
 
 K8S_VERSION = "1.31"
@@ -41,6 +42,8 @@ def kind_of(path: Path, raw: Any) -> str:
         return "profile"
     if path.parent.name == "profiles":
         return "profile"
+    if path.parent.name == "policies" or (isinstance(raw, dict) and "findings" in raw):
+        return "policy"
     return "unknown"
 
 
@@ -82,8 +85,13 @@ def lint_paths(paths: list[Path], cfg: Config, config_file: Path | None = None) 
                 profiles.load_profile(f)
             except ConfigError as exc:
                 report.problems.append(_with_line(str(exc), str(f)))
+        elif kind == "policy":
+            try:
+                parse_policy(raw, str(f))
+            except ConfigError as exc:
+                report.problems.append(_with_line(str(exc), str(f)))
         else:
-            report.problems.append(f"{f}:1: not a playbook (no tasks), a profile or a job template")
+            report.problems.append(f"{f}:1: not a playbook (no tasks), a profile, a policy or a job template")
     return report
 
 

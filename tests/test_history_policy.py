@@ -1,0 +1,194 @@
+"""The history decides: trends, escalation, peers, backtesting, on histories built by the
+simulated fleet over simulated weeks (tests/weeks.py); the policy file; retention."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from sweeper.backtest import backtest
+from sweeper.cli import main
+from sweeper.errors import ConfigError
+from sweeper.history import History
+from sweeper.policy import BUILT_IN, load_policy, parse_policy, slope_per_day
+from tests.weeks import ROOT, Weeks
+
+SHIPPED = load_policy(ROOT / "policies" / "default.yaml")
+
+
+@pytest.fixture(scope="module")
+def weeks(tmp_path_factory: pytest.TempPathFactory) -> Weeks:
+    """Four simulated weeks of a 24-node fleet: two healthy groups, and one node each for a
+    rising ECC count, a recurring XID 79, a single XID 79 and a bandwidth straggler."""
+    h = History(tmp_path_factory.mktemp("weeks") / "h.db")
+    w = Weeks({"seed": 3, "node_groups": [{"name_prefix": "p5-", "count": 12, "instance_type": "p5.48xlarge"},
+                                          {"name_prefix": "b2-", "count": 12, "instance_type": "p6-b200.48xlarge"}],
+               "faults": {"p5-01": {"ecc_growth": {2: 50}, "ecc_fail_at": "20d"},
+                          "p5-02": {"xids": [{"code": 79, "gpu": 3, "at": "2d"}, {"code": 79, "gpu": 3, "at": "5d"}]},
+                          "p5-03": {"xids": [{"code": 79, "gpu": 1, "at": "4d"}]},
+                          "b2-07": {"low_bandwidth": 0.85}}}, h, nccl_every=2)
+    w.run(28)
+    return w
+
+
+def events(w: Weeks, node: str) -> list[tuple[int, str, tuple[str, ...]]]:
+    return [(int(e.day), e.verdict, tuple(e.rules)) for e in w.events if e.node == node]
+
+
+def test_rising_corrected_ecc_is_replaced_on_its_trend_before_it_fails(weeks: Weeks) -> None:
+    verdict, day = weeks.out["p5-01"]
+    assert verdict == "replace" and day < 20, "replaced before the simulated failure on day 20"
+    assert events(weeks, "p5-01") == [(3, "replace", ("corrected-ecc-rising",))]
+    reason = next(e.reasons for e in weeks.events if e.node == "p5-01")[0]
+    assert re.search(r"GPU 2 rising 50\.\d/day", reason)
+
+
+def test_an_xid_79_reboots_and_the_second_within_the_window_replaces(weeks: Weeks) -> None:
+    assert events(weeks, "p5-02") == [(2, "reboot", ()), (5, "replace", ("second-reboot-same-cause",))]
+    assert events(weeks, "p5-03") == [(4, "reboot", ())], "one XID 79: rebooted, then passes again"
+    assert "p5-03" not in weeks.out
+
+
+def test_a_bandwidth_straggler_is_found_among_its_peers(weeks: Weeks) -> None:
+    ev = events(weeks, "b2-07")
+    assert ev and ev[0][1:] == ("quarantine", ("nccl-straggler",))
+    reason = next(e.reasons for e in weeks.events if e.node == "b2-07")[0]
+    assert "below the p6-b200.48xlarge median" in reason and "2 consecutive sweeps" in reason
+    profile = SHIPPED.peers[0]
+    assert profile.consecutive == 2, "one low reading is never enough"
+
+
+def test_a_healthy_fleet_has_zero_replacements(weeks: Weeks) -> None:
+    faulty = {"p5-01", "p5-02", "p5-03", "b2-07"}
+    assert [e for e in weeks.events if e.node not in faulty] == []
+    assert weeks.history.db.execute("select count(*) from node_sweeps").fetchone()[0] > 24 * 25
+
+
+def test_backtesting_the_shipped_policy_reproduces_the_recorded_decisions(weeks: Weeks) -> None:
+    bt = backtest(weeks.history, SHIPPED, 0.0)
+    assert len(bt.decisions) == weeks.history.db.execute("select count(*) from node_sweeps").fetchone()[0]
+    assert [d for d in bt.decisions if d.differs] == []
+    assert bt.counts("replayed") == bt.counts("recorded")
+    assert {n: d.replayed for n, d in bt.first_holds("replayed").items()} == {
+        "p5-01": "replace", "p5-02": "reboot", "p5-03": "reboot", "b2-07": "quarantine"}
+
+
+def test_backtesting_another_policy_shows_what_it_would_have_done(weeks: Weeks, tmp_path: Path) -> None:
+    raw = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text())
+    raw["trends"] = [t for t in raw["trends"] if t["name"] != "corrected-ecc-rising"]
+    raw["ladders"][0]["allowed"] = 2
+    looser = parse_policy(raw, "looser")
+    bt = backtest(weeks.history, looser, 0.0)
+    differ = {(d.node, d.recorded, d.replayed) for d in bt.decisions if d.differs}
+    assert ("p5-01", "replace", "pass") in differ, "without the trend rule the ECC node would have passed"
+    assert ("p5-02", "replace", "reboot") in differ, "two reboots allowed: the second XID 79 only reboots"
+    # and through the CLI, as JSON
+    pfile = tmp_path / "looser.yaml"
+    pfile.write_text(yaml.safe_dump(raw))
+    res = CliRunner().invoke(main, ["backtest", "--state", str(weeks.history.path), "--policy", str(pfile),
+                                    "--since", "3650d", "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["differ"] == len([d for d in bt.decisions if d.differs]) and doc["differ"] > 0
+
+
+def test_history_report_and_nodes_commands(weeks: Weeks, tmp_path: Path) -> None:
+    state = str(weeks.history.path)
+    res = CliRunner().invoke(main, ["history", "p5-01", "--state", state, "--check", "ecc", "--json"])
+    assert res.exit_code == 0, res.output
+    h = json.loads(res.stdout)
+    assert set(h["metrics"]) == {"ecc.aggregate_corrected", "ecc.aggregate_uncorrected"}
+    assert h["sweeps"][0]["rules"] == ["corrected-ecc-rising"]
+    res = CliRunner().invoke(main, ["history", "p5-01", "--state", state], env={"COLUMNS": "250"})
+    assert res.exit_code == 0 and "corrected-ecc-rising" in res.stdout and "ecc.aggregate_corrected" in res.stdout
+    res = CliRunner().invoke(main, ["nodes", "--offline", "--state", state, "--json"])
+    rows = {r["node"]: r for r in json.loads(res.stdout)["nodes"]}
+    assert len(rows) == 24 and rows["p5-02"]["verdict"] == "replace" and rows["p5-00"]["verdict"] == "pass"
+    out = tmp_path / "r.html"
+    res = CliRunner().invoke(main, ["report", "--state", state, "--since", "3650d", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    page = out.read_text()
+    assert "http://" not in page.replace("http://www.w3.org", "") and "https://" not in page and "<script" not in page
+    for text in ("Nodes held, and why", "second-reboot-same-cause", "nccl-straggler", "p6-b200.48xlarge",
+                 "swept within interval", "<svg"):
+        assert text in page
+
+
+def test_a_live_sweep_decides_with_the_history(make_sim, history: History) -> None:
+    """The `decide` action in a real sweep reads the history: a reboot for XID 79 recorded two
+    days ago makes today's XID 79 a replacement, and the decision is recorded for backtests."""
+    from tests.conftest import TEST_CONFIG, run_sweep
+
+    sim = make_sim(nodes=2, faults={"gpu-01": {"xids": [{"code": 79, "gpu": 2}]}})
+    now = sim.cluster.clock.now()
+    sid = history.sweep_started("sw-old", "gpu-01", now - 2 * 86400, "sweep-light", "p5.48xlarge")
+    history.sweep_finished(sid, now - 2 * 86400 + 60, "reboot", ["xid (GPU 2): XID 79"],
+                           {"verdict": "reboot", "causes": ["xid|79"], "rules": [], "decided": now - 2 * 86400 + 50,
+                            "policy": "default"})
+    report = run_sweep(sim, history, replace(TEST_CONFIG, max_nodes=2))
+    got = {o.node: o.verdict for o in report.outcomes}
+    assert got == {"gpu-00": "pass", "gpu-01": "replace"}
+    row = next(history.db.query("select * from node_sweeps where node = 'gpu-01' and run_id != 'sw-old'"))
+    assert json.loads(row["rules"]) == ["second-reboot-same-cause"] and json.loads(row["causes"]) == ["xid|79"]
+    assert row["policy"] == "default" and row["policy_verdict"] == "replace" and row["decided"] <= row["finished"]
+
+
+def test_the_built_in_findings_are_the_shipped_policy_s() -> None:
+    assert BUILT_IN.findings == SHIPPED.findings
+
+
+@pytest.mark.parametrize("patch,message", [
+    ({"trends": [{"name": "x", "metric": "m", "slope_per_day": 1, "window": "7d", "min_points": 3,
+                  "then": "explode"}]}, "trends[0].then: 'explode' is not one of"),
+    ({"ladders": [{"name": "x", "verdicts": ["reboot"], "allowed": 1, "then": "replace"}]}, "missing ['window']"),
+    ({"peers": [{"name": "x", "metric": "m", "below_median_by": 0.1, "consecutive": 2, "min_peers": 3,
+                 "window": "soon", "then": "warn"}]}, "not a duration"),
+    ({"failure_rates": [{"name": "x", "k": 6, "n": 5, "then": "warn"}]}, "k must be between 1 and n"),
+    ({"trendz": []}, "unknown key(s) ['trendz']"),
+    ({"findings": {"codes": {"DBE": "nuke"}}}, "findings.codes.DBE"),
+])
+def test_a_bad_policy_is_refused_with_where(patch: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        parse_policy({"name": "bad", **patch}, "bad.yaml")
+    assert message in str(exc.value) and "bad.yaml" in str(exc.value)
+
+
+def test_slope() -> None:
+    assert slope_per_day([(0.0, 0.0), (86400.0, 50.0), (172800.0, 100.0)]) == pytest.approx(50.0)
+    assert slope_per_day([(5.0, 3.0), (5.0, 9.0)]) == 0.0
+
+
+def test_prune_keeps_daily_summaries(tmp_path: Path) -> None:
+    h = History(tmp_path / "p.db")
+    w = Weeks({"node_groups": [{"name_prefix": "p5-", "count": 3, "instance_type": "p5.48xlarge"}]}, h)
+    w.run(10)
+    before = h.counts()
+    start = w.sim.started
+    res = CliRunner().invoke(main, ["state", "prune", "--state", str(h.path), "--older-than", "1d", "--dry-run",
+                                    "--json"])
+    assert res.exit_code == 0 and h.counts() == before, "a dry run deletes nothing"
+    counts = h.prune(start + 5 * 86400)
+    after = h.counts()
+    assert counts["node_sweeps"] == 15 and after["node_sweeps"] == before["node_sweeps"] - 15
+    assert after["summaries"] == 15 and counts["checks"] > 0
+    assert after["checks"] == before["checks"] - counts["checks"]
+    row = next(h.db.query("select * from summaries where node = 'p5-00' order by day limit 1"))
+    assert row["sweeps"] == 1 and json.loads(row["verdicts"]) == {"pass": 1}
+    assert json.loads(row["metrics"])["gpu.count"] == {"min": 8.0, "max": 8.0, "last": 8.0}
+    hist = h.node_history("p5-00")
+    assert len(hist["pruned_days"]) == 5 and len(hist["sweeps"]) == 5
+
+
+def test_a_newer_history_is_refused(tmp_path: Path) -> None:
+    h = History(tmp_path / "n.db")
+    h.db["_sqlite_migrations"].insert({"migration_set": "sweeper", "name": "m999_from_the_future",
+                                       "applied_at": "2030-01-01"})
+    h.close()
+    res = CliRunner().invoke(main, ["history", "x", "--state", str(tmp_path / "n.db")])
+    assert res.exit_code == 3 and "newer Sweeper" in res.stderr
