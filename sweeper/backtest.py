@@ -84,7 +84,7 @@ def backtest(history: Any, policy: Policy, since: float) -> Backtest:
         docs = history.sweep_documents(row["id"])
         at = row["decided"] if row["decided"] is not None else row["finished"]
         v = decide(docs, set(), policy, node=row["node"], profile=row["profile"] or "", now=at, past=past)
-        if v.verdict not in ("error", "inconclusive"):
+        if v.verdict not in ("error", "inconclusive") and row["kind"] == "sweep":
             past.decided.setdefault(row["node"], []).append(
                 {"started": row["started"], "verdict": v.verdict, "causes": list(v.causes)})
         recorded = row["policy_verdict"] or row["verdict"]

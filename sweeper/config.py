@@ -58,6 +58,22 @@ class Config:
     suspect_conditions: tuple[str, ...] = ("GpuXid", "GpuEcc", "GpuNvlink", "GpuCount")  # swept first when idle
     handled_conditions: tuple[str, ...] = ()  # another remediator owns a node with one of these set
     suspect_sources: tuple[dict[str, Any], ...] = ()  # [{type: prometheus|loki, url, query, node_label, window}]
+    # Remediation: which provider acts on `replace` (karpenter, asg or manual), by node pool
+    # (karpenter.sh/nodepool label), then by profile, then the default.
+    remediation: dict[str, Any] = field(default_factory=lambda: {"default": "manual"})
+    remediate_reboots: bool = False  # run the reboot (or GPU reset) Job for a `reboot` verdict (opt in)
+    gpu_reset: bool = True  # a reset-able cause (pending remap, the driver's reset request) resets GPUs, not the node
+    reboot_template: str = "reboot.yaml.j2"
+    gpu_reset_template: str = "gpu-reset.yaml.j2"
+    remediation_timeout: float = 1800.0  # a rebooted node not Ready again by then waits for a person
+    replacement_wait: float = 900.0  # how long to follow Karpenter's termination of a replaced node
+    asg_action: str = "set-unhealthy"  # or "terminate" (without decrementing the desired capacity)
+    aws_region: str = ""  # else from the node's providerID zone
+    webhook_url: str = ""  # Slack-compatible JSON on holds and replacements
+    webhook_attempts: int = 4
+    pushgateway_url: str = ""  # `sweeper sweep` pushes its metrics here when set
+    node_condition: bool = False  # set the GpuSweepHealthy condition for Karpenter node repair, draino, medik8s
+    schedules: tuple[dict[str, Any], ...] = ()  # `sweeper serve`: [{name, cron, playbook?, max_nodes?}]
     lock_name: str = "sweeper-lock"
     lock_ttl: float = 300.0  # seconds without renewal after which a dead sweeper's lock may be taken
     orphan_grace: float = 3600.0  # Sweeper's taint with no record in history is removed after this long
@@ -80,7 +96,7 @@ class Config:
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
 
 
-_DURATIONS = {"min_node_age", "interval", "check_timeout", "poll_interval", "job_ttl", "lock_ttl", "orphan_grace",
+_DURATIONS = {"remediation_timeout", "replacement_wait", "min_node_age", "interval", "check_timeout", "poll_interval", "job_ttl", "lock_ttl", "orphan_grace",
               "attempt_window", "breaker_window", "breaker_cooldown", "light_interval"}
 
 
@@ -105,10 +121,12 @@ def load_config(path: str | Path | None) -> Config:
                 value = parse_duration(value)
             except ValueError as exc:
                 raise ConfigError(f"{p}: {key}: not a duration: {value!r}") from exc
-        elif key == "suspect_sources":
+        elif key in ("suspect_sources", "schedules"):
             if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-                raise ConfigError(f"{p}: suspect_sources: expected a list of mappings")
+                raise ConfigError(f"{p}: {key}: expected a list of mappings")
             value = tuple(value)
+        elif key == "remediation":
+            value = _remediation(value, p)
         elif isinstance(getattr(Config, key, None), tuple) or key in ("gpu_resources", "allowed_taint_keys",
                                                                       "gpu_resource_prefixes", "suspect_conditions",
                                                                       "handled_conditions"):
@@ -117,6 +135,29 @@ def load_config(path: str | Path | None) -> Config:
             value = tuple(str(v) for v in value)
         values[key] = value
     cfg = Config(**values)
+    if cfg.asg_action not in ("set-unhealthy", "terminate"):
+        raise ConfigError(f"{p}: asg_action must be set-unhealthy or terminate")
+    for i, sch in enumerate(cfg.schedules):
+        if not sch.get("name") or not sch.get("cron"):
+            raise ConfigError(f"{p}: schedules[{i}]: a schedule needs a name and a cron expression")
+        extra = set(sch) - {"name", "cron", "playbook", "max_nodes", "interval"}
+        if extra:
+            raise ConfigError(f"{p}: schedules[{i}]: unknown key(s) {sorted(extra)}")
     if cfg.max_nodes < 0 or not 0 <= cfg.max_percent <= 100:
         raise ConfigError(f"{p}: max_nodes must be >= 0 and max_percent within 0..100")
     return cfg
+
+
+PROVIDERS = ("karpenter", "asg", "manual")
+
+
+def _remediation(value: Any, p: Path) -> dict[str, Any]:
+    if not isinstance(value, dict) or set(value) - {"default", "by_pool", "by_profile"}:
+        raise ConfigError(f"{p}: remediation: a mapping of default, by_pool and by_profile")
+    out: dict[str, Any] = {"default": value.get("default", "manual"), "by_pool": dict(value.get("by_pool") or {}),
+                           "by_profile": dict(value.get("by_profile") or {})}
+    for where, provider in [("default", out["default"])] + [(f"by_pool.{k}", v) for k, v in out["by_pool"].items()] \
+            + [(f"by_profile.{k}", v) for k, v in out["by_profile"].items()]:
+        if provider not in PROVIDERS:
+            raise ConfigError(f"{p}: remediation.{where}: {provider!r} is not one of {', '.join(PROVIDERS)}")
+    return out

@@ -32,6 +32,7 @@ class NodeView:
     resource_version: str
     provider_id: str = ""
     conditions: tuple[str, ...] = ()  # types of the node's conditions whose status is True, Ready aside
+    boot_id: str = ""
 
     @classmethod
     def from_obj(cls, obj: dict[str, Any], gpu_resources: tuple[str, ...] = ("nvidia.com/gpu",)) -> NodeView:
@@ -46,7 +47,8 @@ class NodeView:
                    gpus=gpus, resource_version=meta.get("resourceVersion", ""),
                    provider_id=spec.get("providerID", ""),
                    conditions=tuple(c.get("type", "") for c in status.get("conditions") or []
-                                    if c.get("status") == "True" and c.get("type") != "Ready"))
+                                    if c.get("status") == "True" and c.get("type") != "Ready"),
+                   boot_id=(status.get("nodeInfo") or {}).get("bootID", ""))
 
     def sweep_taint(self, key: str) -> dict[str, Any] | None:
         return next((t for t in self.taints if t.get("key") == key), None)
@@ -159,6 +161,12 @@ def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, l
                                                     f"{cfg.attempt_window / 86400:g}d; a person should look")
         if reason == "held":
             out.held += 1
+            back, why = remediated_and_back(v, cfg, now)
+            if back and not busy.get(v.name):
+                out.take.append(Decision(v, True, "recheck", why))
+                continue
+            if why:
+                detail = f"{detail}; {why}"
         if reason:
             out.skip.append(Decision(v, False, reason, detail))
         else:
@@ -174,6 +182,8 @@ def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, l
         ("demand", f"{len(waiting)} GPU pod(s) waiting for capacity: {', '.join(waiting[:3])}") if waiting else None
     if stop:
         out.budget = 0
+        out.skip += [Decision(d.node, False, stop[0], stop[1]) for d in out.take]
+        out.take = []
         out.skip += [Decision(v, False, stop[0], stop[1]) for v in eligible]
         eligible = []
     suspects = {v.name: suspect_signals(v, cfg, gates.suspects) for v in eligible}
@@ -189,6 +199,22 @@ def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, l
             out.skip.append(Decision(v, False, "over-budget",
                                      f"budget allows {out.budget} more node(s) this run"))
     return out
+
+
+def remediated_and_back(v: NodeView, cfg: Config, now: float) -> tuple[bool, str]:
+    """A held node whose reboot or GPU reset is done and that is Ready again: check it again."""
+    ann = v.annotations
+    how = ann.get(f"{cfg.prefix}/remediation", "")
+    if ann.get(f"{cfg.prefix}/recheck") != "true" or how not in ("reboot", "gpu-reset"):
+        return False, ""
+    if how == "reboot" and (not v.boot_id or v.boot_id == ann.get(f"{cfg.prefix}/boot-id")):
+        since = ann.get(f"{cfg.prefix}/remediated-at")
+        late = since and now - parse_iso(since) > cfg.remediation_timeout
+        return False, ("not back from its reboot within the remediation timeout: a person should look" if late
+                       else "rebooting")
+    if not v.ready:
+        return False, f"not Ready after its {how}"
+    return True, f"back from its {how}: checking it again"
 
 
 def _skip_reason(v: NodeView, gpu_pods: list[str], cfg: Config, last_swept: dict[str, float],

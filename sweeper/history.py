@@ -282,7 +282,7 @@ class History:
     def sweeps(self, node: str, since: float, until: float) -> list[dict[str, Any]]:
         rows = self.db.query(
             "select started, verdict, causes from node_sweeps where node = ? and started >= ? and started <= ? "
-            "and finished is not null and dry_run = 0 and kind in ('sweep', 'light') "
+            "and finished is not null and dry_run = 0 and kind = 'sweep' "
             "and verdict not in ('inconclusive', 'error') order by started", [node, since, until])
         return [{"started": r["started"], "verdict": r["verdict"], "causes": json.loads(r["causes"] or "[]")}
                 for r in rows]

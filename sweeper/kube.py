@@ -8,6 +8,7 @@ Errors become the `KubeError` family; one retry policy covers every call.
 from __future__ import annotations
 
 import json
+import os
 import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from typing import Any, TypeVar
 import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.config import incluster_config
 from kubernetes.config.config_exception import ConfigException
 
 from sweeper.clock import Clock, WallClock
@@ -106,7 +108,11 @@ class Kube:
             if kubeconfig or not _in_cluster():
                 config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=cfg)
             else:
-                config.load_incluster_config(client_configuration=cfg)
+                # The service account's token and CA, where the pod has them mounted (overridable for a
+                # pod that mounts them elsewhere).
+                sa = os.environ.get("SWEEPER_SERVICEACCOUNT_DIR", "/var/run/secrets/kubernetes.io/serviceaccount")
+                incluster_config.InClusterConfigLoader(token_filename=f"{sa}/token",
+                                                       cert_filename=f"{sa}/ca.crt").load_and_set(cfg)
         except (ConfigException, OSError, TypeError) as exc:
             raise ConfigError(f"cannot load the Kubernetes configuration: {exc}") from exc
         cfg.retries = False  # our policy retries, not urllib3's
@@ -162,6 +168,26 @@ class Kube:
     def patch_node(self, name: str, body: Any, content_type: str = JSON_PATCH) -> dict[str, Any]:
         return self._call(f"patch node {name}", lambda: self.core.patch_node(
             name, body, _content_type=content_type, _preload_content=False))
+
+    def patch_node_status(self, name: str, body: Any) -> dict[str, Any]:
+        """A strategic merge of the node's status (its conditions, by type)."""
+        return self._call(f"patch node status {name}", lambda: self.core.patch_node_status(
+            name, body, _content_type="application/strategic-merge-patch+json", _preload_content=False))
+
+    # -- Karpenter ---------------------------------------------------------------
+    def list_nodeclaims(self) -> list[dict[str, Any]]:
+        doc = self._call("list nodeclaims", lambda: self.custom.list_cluster_custom_object(
+            "karpenter.sh", "v1", "nodeclaims", _preload_content=False))
+        return list(doc.get("items") or [])
+
+    def delete_nodeclaim(self, name: str) -> bool:
+        """Delete a NodeClaim (Karpenter drains and terminates its node); False when already gone."""
+        try:
+            self._call(f"delete nodeclaim {name}", lambda: self.custom.delete_cluster_custom_object(
+                "karpenter.sh", "v1", "nodeclaims", name, _preload_content=False))
+        except NotFound:
+            return False
+        return True
 
     def delete_node(self, name: str) -> dict[str, Any]:
         return self._call(f"delete node {name}", lambda: self.core.delete_node(name, _preload_content=False))
@@ -270,6 +296,4 @@ def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 def _in_cluster() -> bool:
-    import os
-
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not os.environ.get("KUBECONFIG")

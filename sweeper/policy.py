@@ -35,6 +35,7 @@ class Verdict:
     reasons: tuple[str, ...]
     rules: tuple[str, ...] = ()  # the history rules that raised the verdict
     causes: tuple[str, ...] = ()  # check|code of the findings behind it
+    gpus: tuple[int, ...] = ()  # the GPUs those findings name
 
     @property
     def holds(self) -> bool:
@@ -43,7 +44,8 @@ class Verdict:
 
 class Past(Protocol):
     """What the history rules read. Times are inclusive bounds. `sweeps` gives the finished,
-    conclusive sweeps of a node, oldest first, as {"started", "verdict", "causes"}."""
+    conclusive sweeps of a node that were acted on (not light checks of a busy node), oldest
+    first, as {"started", "verdict", "causes"}."""
 
     def sweeps(self, node: str, since: float, until: float) -> list[dict[str, Any]]: ...
 
@@ -260,6 +262,7 @@ def judge_findings(results: list[dict[str, Any]], f: Findings,
         return Verdict("error", ("no check results to decide on",))
     worst = "pass"
     found: list[tuple[str, str, str]] = []
+    gpus: dict[str, set[int]] = {}
     for r in results:
         if r.get("status") == "inconclusive":
             found.append(("inconclusive", r.get("msg", "check inconclusive"), ""))
@@ -274,10 +277,12 @@ def judge_findings(results: list[dict[str, Any]], f: Findings,
             if v in HOLDING and dismissed and finding_key(c) in dismissed:
                 v, why = "warn", why + " (dismissed by a person as a false positive)"
             found.append((v, why, cause_key(c)))
+            if isinstance(c.get("gpu"), int):
+                gpus.setdefault(v, set()).add(c["gpu"])
             worst = worse(worst, v)
     reasons = tuple(why for v, why, _ in found if v == worst) or ("all checks passed",)
     causes = tuple(sorted({k for v, _, k in found if v == worst and k}))
-    return Verdict(worst, reasons, (), causes)
+    return Verdict(worst, reasons, (), causes, tuple(sorted(gpus.get(worst, set()))))
 
 
 def decide(results: list[dict[str, Any]], dismissed: set[str] | None = None, policy: Policy | None = None,
@@ -304,7 +309,7 @@ def decide(results: list[dict[str, Any]], dismissed: set[str] | None = None, pol
     if verdict == base.verdict:
         reasons = base.reasons + reasons
     rules = tuple(rule for _, rule, _ in raised)
-    return Verdict(verdict, reasons or base.reasons, rules, base.causes)
+    return Verdict(verdict, reasons or base.reasons, rules, base.causes, base.gpus)
 
 
 def _ordinal(n: int) -> str:

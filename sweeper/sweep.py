@@ -23,9 +23,11 @@ from sweeper.errors import Conflict, KubeError, NotFound, PlaybookError, Transie
 from sweeper.fleet import Gates, NodeView, Plan, plan
 from sweeper.kube import Kube
 from sweeper.lock import SweepLock
+from sweeper.notify import Webhook, message
 from sweeper.playbook.executor import Executor, TaskOutcome, load
 from sweeper.playbook.model import Playbook
 from sweeper.policy import HOLDING, finding_key
+from sweeper.remedy import Remediator, Remedy
 from sweeper.result import Metric, Result
 
 ATTEMPT_VERDICTS = ("reboot", "replace", "quarantine", "error")
@@ -111,6 +113,12 @@ class Sweep:
         self.sources = [signals.Source.from_dict(s) for s in config.suspect_sources]  # a bad one fails here
         self.light_playbook = (load(str(config.path("playbooks") / config.light_playbook), self.actions)
                                if config.light_playbook else None)
+        self.remediator = Remediator(kube, config, self.clock, dry_run=dry_run,
+                                     log=lambda m: self.emit("log", {"node": "-", "msg": m}),
+                                     cancelled=lambda: self.stop.is_set())
+        self.webhook = Webhook(config.webhook_url, config.webhook_attempts) if config.webhook_url else None
+        self.remedies: list[Remedy] = []
+        self.failed_checks: dict[str, int] = {}
 
     # -- discovery ----------------------------------------------------------------
     def discover(self) -> Plan:
@@ -311,6 +319,7 @@ class Sweep:
         if node is None:
             return NodeOutcome(name, "", ["a GPU pod landed before the taint; released untouched"], "raced")
         sweep_id = self.rec.sweep_started(run_id, name, self.clock.now(), self.playbook.name, profile.name)
+        self._event(node, "SweepStarted", f"held by run {run_id} for {self.playbook.name}", "Normal")
         verdict, reasons, done_by_play = "error", ["the playbook did not reach a verdict"], ""
         decision: dict[str, Any] | None = None
         try:
@@ -324,7 +333,58 @@ class Sweep:
             action = self.hand_back(run_id, name, verdict, reasons, done_by_play)
             self.rec.sweep_finished(sweep_id, self.clock.now(), verdict, reasons, decision)
             self.emit("done", {"node": name, "verdict": verdict, "reasons": reasons, "action": action})
+        self.after_verdict(run_id, node, profile.name, verdict, reasons, decision, action)
         return NodeOutcome(name, verdict, reasons, action, time.monotonic() - t0)
+
+    def after_verdict(self, run_id: str, node: NodeView, profile: str, verdict: str, reasons: list[str],
+                      decision: dict[str, Any] | None, action: str) -> None:
+        """What people and neighbours see of a verdict: the node's status labels, annotation and
+        condition, an Event, the remediation, a notification. A failure here is logged; the
+        verdict and the hold stand."""
+        name = node.name
+        rules = list((decision or {}).get("rules") or [])
+        try:
+            node_actions.mark_status(self.kube, self.cfg, name, verdict, reasons, rules, self.clock.now(),
+                                     condition=self.cfg.node_condition)
+        except KubeError as exc:
+            self.emit("log", {"node": name, "msg": f"could not mark the node's status: {exc}"})
+        holding = verdict in HOLDING
+        self._event(node, f"Sweep{verdict.capitalize()}", f"verdict {verdict} ({action}): "
+                    + ("; ".join(reasons) if verdict != "pass" else "all checks passed"),
+                    "Warning" if holding or verdict == "error" else "Normal")
+        if not holding or action != "held":
+            return
+        try:
+            remedy = self.remediator.remediate(run_id, node, profile, verdict, decision, self._node_vars(node, profile))
+        except (KubeError, PlaybookError) as exc:
+            remedy = Remedy("error", "failed", f"remediation failed: {exc}; the node stays held", ok=False)
+        if remedy is None:
+            return
+        with self._lock:
+            self.remedies.append(remedy)
+        self.rec.action(run_id, name, self.clock.now(), f"remediate-{remedy.provider}",
+                        f"{remedy.action}: {remedy.detail}"[:1000], dry_run=remedy.dry_run)
+        if remedy.action == "nodeclaim-deleted" and "terminated" in remedy.detail:
+            self.rec.action(run_id, name, self.clock.now(), "replaced", f"{remedy.provider}: {remedy.detail}")
+        self.emit("remedy", {"node": name, "provider": remedy.provider, "action": remedy.action,
+                             "detail": remedy.detail})
+        self._event(node, "SweepRemediation", f"{remedy.provider}: {remedy.action}: {remedy.detail}",
+                    "Normal" if remedy.ok else "Warning")
+        if self.webhook and (verdict == "replace" or remedy.provider not in ("reboot", "gpu-reset")):
+            ok_, what = self.webhook.send(message(name, verdict, reasons, f"{remedy.provider}: {remedy.action}"))
+            self.rec.action(run_id, name, self.clock.now(), "notify", what)
+
+    def _event(self, node: NodeView, reason: str, msg: str, kind: str) -> None:
+        try:
+            uid = node.annotations.get("uid") or node.name
+            node_actions.node_event(self.kube, node.name, uid, reason, msg, kind, self.cfg.lock_name, self.clock.now())
+        except KubeError as exc:
+            self.emit("log", {"node": node.name, "msg": f"could not record an event: {exc}"})
+
+    def _node_vars(self, node: NodeView, profile_name: str) -> dict[str, Any]:
+        profile = self.profiles.get(profile_name) or profiles.match(self.profiles, node.labels)
+        return {"name": node.name, "labels": node.labels, "annotations": node.annotations, "gpus": node.gpus,
+                "profile": profile.as_vars()}
 
     def _cap_replacements(self, verdict: str, reasons: list[str]) -> tuple[str, list[str]]:
         """Beyond max_replacements_per_hour, a node that should be replaced is held for a person."""
@@ -381,6 +441,7 @@ class Sweep:
             log=lambda msg: self.emit("log", {"node": node.name, "msg": msg}),
             cancelled=lambda: self.stop.is_set() or self.lock_lost.is_set(),
             on_record=lambda kind, data: self._record(run_id, sweep_id, node.name, kind, data), past=self.rec)
+        ctx.on_result = lambda r: self._on_result(sweep_id, node.name, r)
 
         def on_task(o: TaskOutcome) -> None:
             self.emit("task", {"node": node.name, "task": o.name, "status": o.status, "msg": o.msg})
@@ -398,6 +459,11 @@ class Sweep:
         decision = play.vars.get("decision")
         return (str(verdict), [str(r) for r in play.vars.get("reasons", [])], done,
                 decision if isinstance(decision, dict) else None)
+
+    def _on_result(self, sweep_id: int, node: str, r: Result) -> None:
+        self.rec.result(sweep_id, r)
+        with self._lock:
+            self.failed_checks[node] = self.failed_checks.get(node, 0) + sum(1 for c in r.checks if c.status == "fail")
 
     def _record(self, run_id: str, sweep_id: int, node: str, kind: str, data: dict[str, Any]) -> None:
         if kind == "metric":

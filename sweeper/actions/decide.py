@@ -47,7 +47,7 @@ def decide(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     v = policy_decide(docs, dismissed, policy, node=str(node.get("name", "")),
                       profile=str((node.get("profile") or {}).get("name", "")), now=now, past=ctx.past)
     decision = {"verdict": v.verdict, "causes": list(v.causes), "rules": list(v.rules), "decided": now,
-                "policy": policy.name}
+                "policy": policy.name, "gpus": list(v.gpus)}
     facts = {"verdict": v.verdict, "reasons": list(v.reasons), "decision": decision}
     ctx.facts.update(facts)
     rules = f" (rules: {', '.join(v.rules)})" if v.rules else ""

@@ -6,6 +6,7 @@ from; on a conflict the node is read again and the change recomputed.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -65,7 +66,7 @@ def release(kube: Any, cfg: Config, name: str, clear_suspect: bool = False) -> b
         ann = dict(node["metadata"].get("annotations") or {})
         if ann.pop(f"{prefix}/added-do-not-disrupt", None):
             ann.pop(DO_NOT_DISRUPT, None)
-        for k in ("held-by", "held-since", "verdict", "reason"):
+        for k in ("held-by", "held-since", "verdict", "reason", "remediation", "remediated-at", "boot-id", "recheck"):
             ann.pop(f"{prefix}/{k}", None)
         ops: list[dict[str, Any]] = []
         if ann.pop(f"{prefix}/cordoned-by", None) and (node.get("spec") or {}).get("unschedulable"):
@@ -103,8 +104,11 @@ def hold(kube: Any, cfg: Config, node: dict[str, Any], run_id: str, now: float) 
     """Taint the node as read (a resourceVersion test, no retry: a conflict means the node changed
     under us and must be looked at again) and shield it from consolidation while held."""
     meta = node["metadata"]
-    taints = list((node.get("spec") or {}).get("taints") or [])
+    # A node held already (back from a reboot for its re-check) carries our taint: replace it.
+    taints = [t for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") != cfg.taint_key]
     ann = dict(meta.get("annotations") or {})
+    for key in ("recheck", "verdict", "reason"):
+        ann.pop(f"{cfg.prefix}/{key}", None)
     ann.update({f"{cfg.prefix}/held-by": run_id, f"{cfg.prefix}/held-since": iso(now)})
     if DO_NOT_DISRUPT not in (meta.get("annotations") or {}):
         ann[DO_NOT_DISRUPT] = "true"
@@ -307,3 +311,41 @@ def hand_back(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     ctx.intent("untaint", "after", f"verdict {verdict}")
     ctx.facts["handed_back"] = "released"
     return ok(f"released (verdict {verdict})", changed, action="released", verdict=verdict)
+
+
+CONDITION = "GpuSweepHealthy"
+LAST_RESULT_LIMIT = 4096
+
+
+def mark_status(kube: Any, cfg: Config, name: str, verdict: str, reasons: list[str], rules: list[str],
+                now: float, condition: bool = False) -> None:
+    """What people and other tools see on the node after a sweep: labels for the status and the
+    last sweep time, an annotation with the last result's summary (at most 4 KiB), and, when
+    asked, the GpuSweepHealthy condition, whose lastTransitionTime moves only when its status
+    does (so that a repairer counting time in a state can act)."""
+    p = cfg.prefix
+    summary: dict[str, Any] = {"verdict": verdict, "at": iso(now), "rules": rules, "reasons": []}
+    for r in reasons[:5]:
+        candidate = {**summary, "reasons": summary["reasons"] + [r[:600]]}
+        if len(json.dumps(candidate)) > LAST_RESULT_LIMIT:
+            break
+        summary = candidate
+
+    def build(node: dict[str, Any]) -> list[dict[str, Any]] | None:
+        labels = dict(node["metadata"].get("labels") or {})
+        ann = dict(node["metadata"].get("annotations") or {})
+        labels.update({f"{p}/status": verdict, f"{p}/last-sweep": str(int(now))})
+        ann[f"{p}/last-result"] = json.dumps(summary, separators=(",", ":"))
+        return [{"op": "add", "path": "/metadata/labels", "value": labels},
+                {"op": "add", "path": "/metadata/annotations", "value": ann}]
+
+    node = patch_node(kube, name, build)
+    if not condition or node is None or verdict in ("error", "inconclusive"):
+        return
+    healthy = "False" if verdict in HOLDING else "True"
+    current = next((c for c in (node.get("status") or {}).get("conditions") or [] if c.get("type") == CONDITION), None)
+    since = current["lastTransitionTime"] if current and current.get("status") == healthy else iso(now)
+    cond = {"type": CONDITION, "status": healthy, "reason": f"Sweep{verdict.capitalize()}",
+            "message": ("; ".join(reasons) if verdict != "pass" else "all checks passed")[:1000],
+            "lastHeartbeatTime": iso(now), "lastTransitionTime": since}
+    kube.patch_node_status(name, {"status": {"conditions": [cond]}})

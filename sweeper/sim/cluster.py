@@ -28,7 +28,7 @@ from sweeper.checks.fake import (
 from sweeper.checks.options import CheckOptions
 from sweeper.clock import ScaledClock, iso, parse_iso
 from sweeper.sim import tools
-from sweeper.sim.fleet import HARDWARE, Fleet, NodeSpec
+from sweeper.sim.fleet import HARDWARE, Faults, Fleet, NodeSpec
 from sweeper.sim.store import Store
 
 GPU = "nvidia.com/gpu"
@@ -119,6 +119,10 @@ class SimCluster:
         self.logs: dict[tuple[str, str], str] = {}
         self._finish: dict[tuple[str, str], float | None] = {}
         self.boots: dict[str, float] = {}  # node -> when it last rebooted (else its creation)
+        self.rebooting: dict[str, float] = {}  # node -> when it is Ready again
+        self.terminating: dict[str, float] = {}  # node -> when Karpenter has drained and removed it
+        self.joining: list[tuple[float, NodeSpec]] = []  # replacement nodes and when they register
+        self.replacements = 0
         self._last_step = self.started
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -173,7 +177,20 @@ class SimCluster:
             },
         }
         self.specs[spec.name] = spec
-        return self.store.create("nodes", None, node)
+        created = self.store.create("nodes", None, node)
+        pool = labels.get("karpenter.sh/nodepool")
+        if pool:
+            self.store.create("nodeclaims", None, {
+                "apiVersion": "karpenter.sh/v1", "kind": "NodeClaim",
+                "metadata": {"name": f"{pool}-{hashlib.sha1(spec.name.encode()).hexdigest()[:5]}",
+                             "labels": {"karpenter.sh/nodepool": pool,
+                                        "node.kubernetes.io/instance-type": spec.instance_type}},
+                "spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+                         "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In",
+                                           "values": [spec.instance_type]}]},
+                "status": {"nodeName": spec.name, "providerID": f"aws:///{spec.zone}/{iid}",
+                           "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": iso(now)}]}})
+        return created
 
     def start_training(self, gpus: int, duration: float | None, node: str | None = None,
                        running: bool = False) -> dict[str, Any]:
@@ -219,11 +236,47 @@ class SimCluster:
     def step(self) -> None:
         with self.store.lock:
             now = self.clock.now()
+            self._machines(now)
             self._arrivals(now)
             self._schedule(now)
             self._kubelet(now)
             self._jobs(now)
             self._last_step = now
+
+    def _machines(self, now: float) -> None:
+        """Nodes that finish rebooting, are terminated by Karpenter, or join as replacements."""
+        for name, ready_at in list(self.rebooting.items()):
+            if now >= ready_at:
+                del self.rebooting[name]
+                self.store.mutate("nodes", None, name, lambda n: self._set_ready(n, True, now))
+        for name, gone_at in list(self.terminating.items()):
+            if now >= gone_at:
+                del self.terminating[name]
+                if self.store.peek("nodes", None, name) is not None:
+                    self.store.delete("nodes", None, name)
+        for when, spec in list(self.joining):
+            if now >= when:
+                self.joining.remove((when, spec))
+                self.add_node(spec)
+
+    @staticmethod
+    def _set_ready(node: dict[str, Any], ready: bool, now: float) -> None:
+        for c in node["status"]["conditions"]:
+            if c["type"] == "Ready":
+                c.update({"status": "True" if ready else "Unknown", "lastTransitionTime": iso(now),
+                          "reason": "KubeletReady" if ready else "NodeStatusUnknown",
+                          "message": "kubelet is posting ready status" if ready else "Kubelet stopped posting "
+                                                                                     "node status."})
+
+    def _reboot_node(self, name: str, now: float) -> None:
+        """The reboot Job ran: the node drops NotReady, comes back with a new boot id."""
+        self.reboot(name, now)
+        self.rebooting[name] = now + 300.0
+
+        def down(n: dict[str, Any]) -> None:
+            self._set_ready(n, False, now)
+            n["status"]["nodeInfo"]["bootID"] = str(uuid.uuid4())
+        self.store.mutate("nodes", None, name, down)
 
     # -- hooks from the API server --------------------------------------------
     def before_node_write(self, name: str, old: dict[str, Any], new: dict[str, Any]) -> None:
@@ -240,6 +293,18 @@ class SimCluster:
                 self.start_training(free, None, node=name, running=True)
 
     def _forget(self, plural: str, obj: dict[str, Any]) -> None:
+        if plural == "nodeclaims":
+            # Karpenter: the claim's node is drained and terminated, and a replacement joins later.
+            node = (obj.get("status") or {}).get("nodeName")
+            now = self.clock.now()
+            if node and node in self.specs:
+                self.terminating[node] = now + 120.0
+                old = self.specs[node]
+                self.replacements += 1
+                base = old.name.rstrip("0123456789").rstrip("-r") or "node-"
+                fresh = NodeSpec(name=f"{base}-r{self.replacements:02d}", instance_type=old.instance_type,
+                                 zone=old.zone, labels=dict(old.labels), age=0.0, faults=Faults())
+                self.joining.append((now + 600.0, fresh))
         if plural == "pods":
             key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
             self._finish.pop(key, None)
@@ -401,6 +466,10 @@ class SimCluster:
             return now + tools.NCCL_SECONDS
         if prog in ("true", "false", "echo"):
             return now + 1.0
+        if prog == "nsenter":
+            return now + 5.0
+        if prog == "nvidia-smi":
+            return now + 20.0
         if prog == "sleep" and len(argv) > 1:
             return None if argv[1] in ("inf", "infinity") else now + float(argv[1])
         run = (pod["metadata"].get("annotations") or {}).get(RUN_SECONDS)
@@ -453,6 +522,11 @@ class SimCluster:
                 return code, out, ""
             if prog == "false":
                 return 1, "", ""
+            if prog == "nsenter" and "reboot" in argv:
+                self._reboot_node(node_name, now)
+                return 137, "", "the node rebooted"
+            if prog == "nvidia-smi" and "--gpu-reset" in argv:
+                return self._gpu_reset(node_name, argv)
             if prog == "echo":
                 return 0, " ".join(argv[1:]) + "\n", ""
             return 0, "" if prog in ("true", "sleep") else "training finished\n", ""
@@ -474,6 +548,18 @@ class SimCluster:
                                  now=now, uptime=now - boot, host=self.fake_host(node_name))
         exit_code = 0 if result.status in ("pass", "warn", "skip") else 1
         return exit_code, result.to_json() + "\n", result.summary()
+
+    def _gpu_reset(self, node_name: str, argv: list[str]) -> tuple[int, str, str]:
+        f = self.specs[node_name].faults
+        ids = argv[argv.index("-i") + 1] if "-i" in argv else ""
+        gpus = {int(g) for g in ids.split(",") if g.strip().isdigit()} if ids else set(range(64))
+        if gpus & set(f.gpu_lost):
+            return 3, "", "GPU is lost: a reset cannot reach it; reboot the node\n"
+        f.remap_pending = [g for g in f.remap_pending if g not in gpus]
+        f.recovery_action = {g: a for g, a in f.recovery_action.items() if g not in gpus}
+        f.ecc_dbe = {g: n for g, n in f.ecc_dbe.items() if g not in gpus}
+        return 0, "".join(f"GPU 00000000:{bus_id(g).split(':')[1]}:00.0 was successfully reset.\n"
+                          for g in sorted(gpus) if g < 8), ""
 
     def reboot(self, node_name: str, now: float) -> None:
         """The node restarts: its kernel log starts again, and what a reboot clears is cleared

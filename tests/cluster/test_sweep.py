@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 from sweeper.history import History
@@ -33,7 +34,11 @@ def test_healthy_nodes_are_handed_back_and_every_step_is_recorded(make_sim, hist
     assert {o.action for o in report.outcomes} == {"released"}
     for n in ("gpu-00", "gpu-01", "gpu-02"):
         assert TAINT not in taints(sim, n)
-        assert annotations(sim, n) == before[n], "everything Sweeper added is taken off again"
+        after = annotations(sim, n)
+        assert json.loads(after.pop("sweeper.dev/last-result"))["verdict"] == "pass"
+        assert after == before[n], "everything Sweeper added is taken off again, but the last result"
+        labels = sim.core.read_node(n).metadata.labels
+        assert labels["sweeper.dev/status"] == "pass" and labels["sweeper.dev/last-sweep"].isdigit()
     assert sim.batch.list_namespaced_job("sweeper").items == [], "check Jobs are deleted"
     assert sim.core.list_namespaced_pod("sweeper").items == [], "and their pods with them"
     counts = history.counts()

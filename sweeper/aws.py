@@ -1,0 +1,61 @@
+"""AWS, behind one module: the only importer of boto3. Auto Scaling Groups mark an instance
+unhealthy (the group replaces it) or terminate it without shrinking the group."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from sweeper.errors import ConfigError, SweeperError
+
+_PROVIDER_ID = re.compile(r"^aws:///(?P<zone>[a-z0-9-]+)/(?P<iid>i-[0-9a-f]+)$")
+
+
+class AwsError(SweeperError):
+    exit_code = 3
+
+
+def instance_of(provider_id: str) -> tuple[str, str]:
+    """(zone, instance id) from a node's spec.providerID, `aws:///us-east-1a/i-0abc...`."""
+    m = _PROVIDER_ID.match(provider_id or "")
+    if not m:
+        raise ConfigError(f"not an AWS provider id: {provider_id!r}")
+    return m.group("zone"), m.group("iid")
+
+
+def region_of(zone: str) -> str:
+    """us-east-1a -> us-east-1; a Local Zone (us-west-2-lax-1a) keeps its parent region."""
+    parts = zone.split("-")
+    if len(parts) >= 3 and parts[2][:1].isdigit():
+        return "-".join(parts[:2] + [parts[2].rstrip("abcdefghijklmnopqrstuvwxyz")])
+    return zone.rstrip("abcdefghijklmnopqrstuvwxyz")
+
+
+class AutoScaling:
+    def __init__(self, region: str, endpoint_url: str | None = None) -> None:
+        import boto3
+
+        self.region = region
+        self.client: Any = boto3.client("autoscaling", region_name=region, endpoint_url=endpoint_url)
+
+    def group_of(self, instance_id: str) -> str | None:
+        try:
+            found = self.client.describe_auto_scaling_instances(InstanceIds=[instance_id])
+        except Exception as exc:  # botocore's ClientError and connection errors alike
+            raise AwsError(f"describe_auto_scaling_instances {instance_id}: {exc}") from exc
+        rows = found.get("AutoScalingInstances") or []
+        return rows[0]["AutoScalingGroupName"] if rows else None
+
+    def set_unhealthy(self, instance_id: str) -> None:
+        try:
+            self.client.set_instance_health(InstanceId=instance_id, HealthStatus="Unhealthy",
+                                            ShouldRespectGracePeriod=False)
+        except Exception as exc:
+            raise AwsError(f"set_instance_health {instance_id}: {exc}") from exc
+
+    def terminate(self, instance_id: str) -> None:
+        try:
+            self.client.terminate_instance_in_auto_scaling_group(InstanceId=instance_id,
+                                                                 ShouldDecrementDesiredCapacity=False)
+        except Exception as exc:
+            raise AwsError(f"terminate_instance_in_auto_scaling_group {instance_id}: {exc}") from exc

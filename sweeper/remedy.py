@@ -1,0 +1,198 @@
+"""Remediation: what happens to a node after its verdict, behind one interface.
+
+- `replace`: the provider of the node's pool or profile: `karpenter` (delete the node's
+  NodeClaim, follow the node out), `asg` (mark the instance unhealthy, or terminate it
+  without shrinking the group), or `manual` (keep it held; a person decides).
+- `reboot`: a GPU reset Job when every cause is one a reset clears (a pending row remap, the
+  driver asking for a reset, an XID whose catalogue action is a GPU reset), else a reboot Job;
+  the node stays held and the next sweep checks it again once it is back (a new boot id, Ready).
+- `quarantine`: held for a person.
+
+Every provider honours dry-run (it says what it would do and touches nothing), and the
+sweep's replacement cap and breaker apply before any of this is called."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sweeper.actions import ActionContext
+from sweeper.actions.jobs import render_job
+from sweeper.actions.node import patch_node
+from sweeper.clock import Clock, iso
+from sweeper.config import Config
+from sweeper.errors import ConfigError, KubeError, NotFound, SweeperError
+from sweeper.fleet import NodeView
+from sweeper.xid import lookup
+
+# Causes a GPU reset clears, without rebooting the node.
+RESETTABLE_CODES = {"row_remap|REMAP_PENDING", "gpu.recovery_action|RECOVERY_RESET", "dcgm.software|85",
+                    "dcgm.memory|85", "dcgm.software|84"}
+
+
+@dataclass
+class Remedy:
+    provider: str  # karpenter, asg, manual, reboot, gpu-reset
+    action: str  # what was done, e.g. nodeclaim-deleted, instance-unhealthy, held-for-person, reboot-started
+    detail: str
+    ok: bool = True
+    dry_run: bool = False
+
+
+def resettable(causes: list[str]) -> bool:
+    def one(c: str) -> bool:
+        if c in RESETTABLE_CODES:
+            return True
+        name, _, code = c.partition("|")
+        return name == "xid" and code.isdigit() and lookup(int(code)).action == "reset_gpu"
+    return bool(causes) and all(one(c) for c in causes)
+
+
+class Remediator:
+    def __init__(self, kube: Any, cfg: Config, clock: Clock, *, dry_run: bool = False,
+                 autoscaling: Callable[[str], Any] | None = None, log: Callable[[str], None] = lambda m: None,
+                 cancelled: Callable[[], bool] = lambda: False) -> None:
+        self.kube, self.cfg, self.clock, self.dry_run = kube, cfg, clock, dry_run
+        self._autoscaling = autoscaling
+        self.log = log
+        self.cancelled = cancelled
+
+    # -- which provider ------------------------------------------------------------------
+    def provider_for(self, view: NodeView, profile: str) -> str:
+        r = self.cfg.remediation
+        pool = view.labels.get("karpenter.sh/nodepool", "")
+        if pool and pool in r.get("by_pool", {}):
+            return str(r["by_pool"][pool])
+        if profile in r.get("by_profile", {}):
+            return str(r["by_profile"][profile])
+        return str(r.get("default", "manual"))
+
+    def remediate(self, run_id: str, view: NodeView, profile: str, verdict: str,
+                  decision: dict[str, Any] | None, node_vars: dict[str, Any]) -> Remedy | None:
+        decision = decision or {}
+        if verdict == "replace":
+            provider = self.provider_for(view, profile)
+            if provider == "karpenter":
+                return self.karpenter(view)
+            if provider == "asg":
+                return self.asg(view)
+            return self.manual(view, "replace")
+        if verdict == "reboot" and self.cfg.remediate_reboots:
+            causes = list(decision.get("causes") or [])
+            gpus = [int(g) for g in decision.get("gpus") or []]
+            if self.cfg.gpu_reset and gpus and resettable(causes):
+                return self.gpu_reset(run_id, view, node_vars, gpus)
+            return self.reboot(run_id, view, node_vars)
+        if verdict in ("reboot", "quarantine"):
+            return self.manual(view, verdict)
+        return None
+
+    # -- replace -------------------------------------------------------------------------
+    def karpenter(self, view: NodeView) -> Remedy:
+        claims = [c for c in self.kube.list_nodeclaims() if (c.get("status") or {}).get("nodeName") == view.name]
+        if not claims:
+            return Remedy("karpenter", "no-nodeclaim", f"no NodeClaim names {view.name}; held for a person", ok=False)
+        name = claims[0]["metadata"]["name"]
+        if self.dry_run:
+            return Remedy("karpenter", "would-delete-nodeclaim", f"would delete NodeClaim {name}", dry_run=True)
+        self.kube.delete_nodeclaim(name)
+        self.log(f"deleted NodeClaim {name}; Karpenter drains and replaces {view.name}")
+        gone = self._wait_gone(view.name)
+        return Remedy("karpenter", "nodeclaim-deleted",
+                      f"NodeClaim {name} deleted; node {'terminated' if gone else 'still terminating'}")
+
+    def _wait_gone(self, node: str) -> bool:
+        deadline = self.clock.now() + self.cfg.replacement_wait
+        while self.clock.now() < deadline and not self.cancelled():
+            try:
+                self.kube.get_node(node)
+            except NotFound:
+                return True
+            self.clock.sleep(self.cfg.poll_interval)
+        return False
+
+    def asg(self, view: NodeView) -> Remedy:
+        from sweeper.aws import AutoScaling, instance_of, region_of
+
+        try:
+            zone, iid = instance_of(view.provider_id)
+        except ConfigError as exc:
+            return Remedy("asg", "no-instance", f"{exc}; held for a person", ok=False)
+        region = self.cfg.aws_region or region_of(zone)
+        client = self._autoscaling(region) if self._autoscaling else AutoScaling(region)
+        try:
+            group = client.group_of(iid)
+            if group is None:
+                return Remedy("asg", "no-group", f"{iid} is in no Auto Scaling group; held for a person", ok=False)
+            verb = "terminate" if self.cfg.asg_action == "terminate" else "mark unhealthy"
+            if self.dry_run:
+                return Remedy("asg", f"would-{self.cfg.asg_action}", f"would {verb} {iid} in {group} ({region})",
+                              dry_run=True)
+            if self.cfg.asg_action == "terminate":
+                client.terminate(iid)
+                return Remedy("asg", "instance-terminated", f"{iid} terminated in {group}; the group replaces it")
+            client.set_unhealthy(iid)
+            return Remedy("asg", "instance-unhealthy", f"{iid} marked Unhealthy in {group}; the group replaces it")
+        except SweeperError as exc:
+            return Remedy("asg", "failed", f"{exc}; held for a person", ok=False)
+
+    def manual(self, view: NodeView, verdict: str) -> Remedy:
+        return Remedy("manual", "held-for-person", f"{verdict}: held (tainted) with its reason; a person decides",
+                      dry_run=self.dry_run)
+
+    # -- reboot and GPU reset ------------------------------------------------------------------
+    def _context(self, run_id: str, node_vars: dict[str, Any]) -> ActionContext:
+        return ActionContext(config=self.cfg, clock=self.clock, kube=self.kube, node=node_vars, run_id=run_id)
+
+    def reboot(self, run_id: str, view: NodeView, node_vars: dict[str, Any]) -> Remedy:
+        job = render_job(self._context(run_id, node_vars), self.cfg.reboot_template, 600, {})
+        if self.dry_run:
+            return Remedy("reboot", "would-reboot", f"would run {job['metadata']['name']}", dry_run=True)
+        self._mark(view.name, "reboot", view.boot_id, recheck=True)
+        self.kube.create_job(self.cfg.namespace, job)
+        return Remedy("reboot", "reboot-started", f"Job {job['metadata']['name']} reboots the node; it is "
+                      "checked again when it is back")
+
+    def gpu_reset(self, run_id: str, view: NodeView, node_vars: dict[str, Any], gpus: list[int]) -> Remedy:
+        ids = ",".join(str(g) for g in sorted(gpus))
+        job = render_job(self._context(run_id, node_vars), self.cfg.gpu_reset_template, 600, {"gpu_ids": ids})
+        name = job["metadata"]["name"]
+        if self.dry_run:
+            return Remedy("gpu-reset", "would-reset", f"would reset GPU(s) {ids} with {name}", dry_run=True)
+        self.kube.create_job(self.cfg.namespace, job)
+        status = self._wait_job(name, 600)
+        try:
+            self.kube.delete_job(self.cfg.namespace, name)
+        except KubeError:
+            pass
+        if status != "Complete":
+            # The reset did not take: fall back to rebooting the node.
+            self.log(f"GPU reset {status.lower()}: rebooting instead")
+            return self.reboot(run_id + "-r", view, node_vars)
+        self._mark(view.name, "gpu-reset", view.boot_id, recheck=True)
+        return Remedy("gpu-reset", "gpus-reset", f"GPU(s) {ids} reset by {name}; checked again next sweep")
+
+    def _wait_job(self, name: str, timeout: float) -> str:
+        deadline = self.clock.now() + timeout
+        while self.clock.now() < deadline and not self.cancelled():
+            try:
+                job = self.kube.get_job(self.cfg.namespace, name)
+            except NotFound:
+                return "Lost"
+            for c in (job.get("status") or {}).get("conditions") or []:
+                if c.get("type") in ("Complete", "Failed") and c.get("status") == "True":
+                    return str(c["type"])
+            self.clock.sleep(self.cfg.poll_interval)
+        return "Timeout"
+
+    def _mark(self, node: str, how: str, boot_id: str, recheck: bool) -> None:
+        p = self.cfg.prefix
+
+        def build(obj: dict[str, Any]) -> list[dict[str, Any]] | None:
+            ann = dict(obj["metadata"].get("annotations") or {})
+            ann.update({f"{p}/remediation": how, f"{p}/remediated-at": iso(self.clock.now()),
+                        f"{p}/boot-id": boot_id, f"{p}/recheck": "true" if recheck else "false"})
+            return [{"op": "add", "path": "/metadata/annotations", "value": ann}]
+
+        patch_node(self.kube, node, build)
