@@ -116,6 +116,15 @@ def sweep(config_path: str | None, kubeconfig: str | None, context: str | None, 
     sw = Sweep(kube, cfg, hist, emit=None if as_json else _printer(err), dry_run=dry_run)
     signal.signal(signal.SIGTERM, lambda *_: sw.stop.set())
     report = sw.run()
+    if cfg.pushgateway_url and not dry_run:
+        from sweeper.metrics import Metrics
+
+        metrics = Metrics()
+        sw.observe(metrics, report)
+        try:
+            metrics.push(cfg.pushgateway_url)
+        except OSError as exc:  # the sweep happened; a lost push is reported, not fatal
+            err.print(f"[yellow]could not push metrics to {cfg.pushgateway_url}: {exc}[/yellow]")
     if as_json:
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
@@ -145,6 +154,8 @@ def _printer(console: Console) -> Callable[[str, dict[str, Any]], None]:
             console.print(f"  {d['node']}: reconciled, {d['action']} ({d['why']})")
         elif event == "skip":
             console.print(f"  {d['node']}: skipped ({d['why']})")
+        elif event == "remedy":
+            console.print(f"  {d['node']}: {d['provider']}: {d['action']} ({d['detail'][:140]})")
     return emit
 
 
@@ -565,6 +576,28 @@ def _policy(cfg: Config, name: str | None) -> Any:
     name = name or cfg.policy
     path = Path(name) if ("/" in name or Path(name).exists()) else cfg.path("policies") / name
     return load_policy(path)
+
+
+@main.command("serve")
+@cluster_options
+@click.option("--port", default=8080, show_default=True, type=int, help="HTTP port for /metrics, /healthz and /.")
+@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@run_cli
+def serve_cmd(config_path: str | None, kubeconfig: str | None, context: str | None, state: str, port: int,
+              host: str) -> None:
+    """Sweep on the config's schedules (APScheduler cron triggers; the same Lease as the CronJob, so
+    runs never overlap) and serve /metrics, /healthz and the live fleet report on /. SIGTERM stops
+    the running sweep, which hands its nodes back, and exits 0."""
+    import threading
+
+    from sweeper.serve import serve
+
+    cfg = _config(config_path)
+    kube = _kube(kubeconfig, context, cfg)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    serve(cfg, kube, _history(state), port, host, lambda m: err.print(f"[dim]{iso(time.time())}[/dim] {m}"), stop)
 
 
 @main.command("nodes")

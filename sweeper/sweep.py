@@ -96,13 +96,15 @@ def new_run_id(now: float) -> str:
 
 class Sweep:
     def __init__(self, kube: Kube, config: Config, recorder: Recorder, clock: Clock | None = None,
-                 emit: Callable[[str, dict[str, Any]], None] | None = None, dry_run: bool = False) -> None:
+                 emit: Callable[[str, dict[str, Any]], None] | None = None, dry_run: bool = False,
+                 mode: str = "sweep") -> None:
         self.kube = kube
         self.cfg = config
         self.rec = recorder
         self.clock = clock or WallClock()
         self.emit = emit or (lambda event, data: None)
         self.dry_run = dry_run
+        self.mode = mode  # recorded with the run: "sweep", or the schedule of `sweeper serve`
         self.actions = load_all()
         self.stop = threading.Event()
         self.lock_lost = threading.Event()
@@ -207,7 +209,7 @@ class Sweep:
                 lock.release()
 
     def _run(self, run_id: str, start: float, requests_before: int) -> RunReport:
-        self.rec.run_started(run_id, start, "dry-run" if self.dry_run else "sweep")
+        self.rec.run_started(run_id, start, "dry-run" if self.dry_run else self.mode)
         status = "done"
         report = RunReport(run_id, start, start, Plan(), dry_run=self.dry_run)
         try:
@@ -331,10 +333,19 @@ class Sweep:
             verdict, reasons = "error", [f"cluster error during checks: {exc}"]
         finally:
             action = self.hand_back(run_id, name, verdict, reasons, done_by_play)
-            self.rec.sweep_finished(sweep_id, self.clock.now(), verdict, reasons, decision)
+            with self._lock:  # a replacement counts once: in this run's tally until recorded, then there
+                self.rec.sweep_finished(sweep_id, self.clock.now(), verdict, reasons, decision)
+                if verdict == "replace":
+                    self._replacing -= 1
             self.emit("done", {"node": name, "verdict": verdict, "reasons": reasons, "action": action})
         self.after_verdict(run_id, node, profile.name, verdict, reasons, decision, action)
         return NodeOutcome(name, verdict, reasons, action, time.monotonic() - t0)
+
+    def observe(self, metrics: Any, report: RunReport, mode: str = "sweep") -> None:
+        """Feed a finished run into the Prometheus metrics."""
+        gates = self.gates()
+        metrics.observe_run(report, mode, api_errors=getattr(self.kube, "errors", 0), breaker_open=bool(gates.breaker),
+                            paused=bool(gates.paused), failed_checks=self.failed_checks, remedies=self.remedies)
 
     def after_verdict(self, run_id: str, node: NodeView, profile: str, verdict: str, reasons: list[str],
                       decision: dict[str, Any] | None, action: str) -> None:

@@ -1,0 +1,158 @@
+"""`sweeper serve`: sweeping on schedules, as a long-running Deployment instead of a CronJob.
+
+APScheduler 3 runs each schedule of the config on its cron trigger (seconds allowed, for
+tests and tight loops): no two runs of one schedule overlap (max_instances 1), a missed
+firing within the grace time runs once (coalesced), later ones are skipped. Every run takes
+the same Lease as the CronJob, so a serve and a CronJob, or two schedules, never sweep at
+once: the one that finds the lock held records it and waits for its next firing. An HTTP
+server exposes /metrics (Prometheus), /healthz, and / (the fleet report, refreshed).
+SIGTERM stops the running sweep (its nodes are handed back), waits for it, and exits 0."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from apscheduler.events import EVENT_JOB_MISSED, JobExecutionEvent
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.triggers.cron import CronTrigger
+
+from sweeper.clock import parse_duration
+from sweeper.config import Config
+from sweeper.errors import ConfigError, LockHeld, SweeperError
+from sweeper.metrics import Metrics
+from sweeper.policy import load_policy
+from sweeper.report import gather, render
+from sweeper.sweep import Sweep
+
+
+def trigger(cron: str) -> CronTrigger:
+    """Five fields (minute hour day month weekday), or six with seconds first."""
+    fields = cron.split()
+    try:
+        if len(fields) == 5:
+            return CronTrigger.from_crontab(cron, timezone="UTC")
+        if len(fields) == 6:
+            sec, minute, hour, day, month, dow = fields
+            return CronTrigger(second=sec, minute=minute, hour=hour, day=day, month=month, day_of_week=dow,
+                               timezone="UTC")
+    except ValueError as exc:
+        raise ConfigError(f"schedule cron {cron!r}: {exc}") from exc
+    raise ConfigError(f"schedule cron {cron!r}: five fields, or six with seconds first")
+
+
+class Server:
+    def __init__(self, cfg: Config, kube: Any, history: Any, *, port: int = 8080, host: str = "0.0.0.0",
+                 log: Callable[[str], None] = print, misfire_grace: float = 300.0) -> None:
+        if not cfg.schedules:
+            raise ConfigError("no schedules in the config: add `schedules: [{name, cron, playbook}]`")
+        self.cfg, self.kube, self.history, self.log = cfg, kube, history, log
+        self.metrics = Metrics()
+        self.scheduler = BackgroundScheduler(timezone="UTC", job_defaults={
+            "coalesce": True, "max_instances": 1, "misfire_grace_time": int(misfire_grace)})
+        self.running: dict[str, Sweep] = {}
+        self.stopping = threading.Event()
+        self._lock = threading.Lock()
+        self.policy = load_policy(cfg.path("policies") / cfg.policy)
+        for sch in cfg.schedules:
+            run_cfg = cfg.with_overrides(playbook=sch.get("playbook"), max_nodes=sch.get("max_nodes"),
+                                         interval=parse_duration(sch["interval"]) if sch.get("interval") else None)
+            self.scheduler.add_job(self.run_schedule, trigger(str(sch["cron"])), args=[str(sch["name"]), run_cfg],
+                                   id=str(sch["name"]), name=str(sch["name"]))
+        self.scheduler.add_listener(self._missed, EVENT_JOB_MISSED)
+        self.httpd = ThreadingHTTPServer((host, port), self._handler())
+        self.httpd.daemon_threads = True
+
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_address[1])
+
+    def _missed(self, event: JobExecutionEvent) -> None:
+        self.log(f"schedule {event.job_id}: a firing was missed (beyond the grace time); skipped")
+
+    def run_schedule(self, name: str, cfg: Config) -> None:
+        if self.stopping.is_set():
+            return
+        t0 = time.monotonic()
+        sweep = Sweep(self.kube, cfg, self.history, mode=f"schedule:{name}")
+        with self._lock:
+            self.running[name] = sweep
+        try:
+            report = sweep.run()
+        except LockHeld as exc:
+            self.log(f"schedule {name}: another sweep holds the lock ({exc}); waiting for the next firing")
+            self.metrics.runs.labels(f"schedule:{name}", "lock-held").inc()
+            return
+        except SweeperError as exc:
+            self.log(f"schedule {name}: run failed: {exc}")
+            self.metrics.runs.labels(f"schedule:{name}", "failed").inc()
+            return
+        finally:
+            with self._lock:
+                self.running.pop(name, None)
+        sweep.observe(self.metrics, report, f"schedule:{name}")
+        self.log(f"schedule {name}: {len(report.outcomes)} node(s) in {time.monotonic() - t0:.1f}s")
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+                return
+
+            def _send(self, code: int, body: bytes, ctype: str) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def do_GET(self) -> None:  # noqa: N802
+                path = self.path.split("?")[0]
+                if path == "/metrics":
+                    self._send(200, server.metrics.exposition(), "text/plain; version=0.0.4; charset=utf-8")
+                elif path == "/healthz":
+                    ok = server.scheduler.running and not server.stopping.is_set()
+                    self._send(200 if ok else 503, b"ok\n" if ok else b"stopping\n", "text/plain")
+                elif path in ("/", "/index.html"):
+                    now = time.time()
+                    data = gather(server.history, server.policy, now - 30 * 86400, now, server.cfg.interval)
+                    self._send(200, render(data, "Sweeper fleet report (live)", refresh=60).encode(),
+                               "text/html; charset=utf-8")
+                else:
+                    self._send(404, b"not found\n", "text/plain")
+
+        return Handler
+
+    def start(self) -> None:
+        self.scheduler.start()
+        threading.Thread(target=self.httpd.serve_forever, name="serve-http", daemon=True).start()
+        jobs = ", ".join(f"{j.id} ({j.trigger})" for j in self.scheduler.get_jobs())
+        self.log(f"serving on port {self.port}; schedules: {jobs}")
+
+    def stop(self) -> None:
+        """Stop taking runs, stop the running sweeps (they hand their nodes back), wait for them."""
+        self.stopping.set()
+        self.scheduler.pause()
+        with self._lock:
+            for sweep in self.running.values():
+                sweep.stop.set()
+        self.scheduler.shutdown(wait=True)
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def serve(cfg: Config, kube: Any, history: Any, port: int, host: str, log: Callable[[str], None],
+          stop: threading.Event) -> None:
+    server = Server(cfg, kube, history, port=port, host=host, log=log)
+    server.start()
+    stop.wait()
+    log("stopping: handing back the nodes of the running sweep")
+    server.stop()
+    log("stopped")
+
+
+

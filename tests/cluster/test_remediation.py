@@ -1,0 +1,271 @@
+"""Remediation and what people see, against the simulated cluster (Karpenter NodeClaims,
+reboots, GPU resets) and moto (Auto Scaling): providers, dry-run, caps, events, labels,
+the GpuSweepHealthy condition, metrics, the webhook."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+
+from sweeper.fleet import NodeView
+from sweeper.history import History
+from sweeper.metrics import Metrics
+from sweeper.remedy import Remediator, resettable
+from sweeper.sweep import Sweep
+from tests.conftest import TEST_CONFIG, Sim, fleet_spec, run_sweep
+
+KARPENTER = replace(TEST_CONFIG, remediation={"default": "manual", "by_pool": {"gpu": "karpenter"}, "by_profile": {}},
+                    replacement_wait=1800)
+
+
+def pool_fleet(nodes: int, faults: dict[str, Any]) -> dict[str, Any]:
+    spec = fleet_spec(nodes=nodes, faults=faults)
+    spec["node_groups"][0]["labels"] = {"karpenter.sh/nodepool": "gpu"}
+    return spec
+
+
+def claims(sim: Sim) -> dict[str, str]:
+    return {c["status"]["nodeName"]: c["metadata"]["name"] for c in sim.kube.list_nodeclaims()}
+
+
+def node_names(sim: Sim) -> set[str]:
+    return {n.metadata.name for n in sim.core.list_node().items}
+
+
+def test_replace_through_karpenter(make_sim, history: History) -> None:
+    sim: Sim = make_sim(pool_fleet(3, {"gpu-01": {"remap_failure": [4]}}))
+    assert set(claims(sim)) == {"gpu-00", "gpu-01", "gpu-02"}
+    report = run_sweep(sim, history, KARPENTER)
+    assert {o.node: o.verdict for o in report.outcomes} == {"gpu-00": "pass", "gpu-01": "replace", "gpu-02": "pass"}
+    assert "gpu-01" not in claims(sim), "its NodeClaim is deleted"
+    assert "gpu-01" not in node_names(sim), "and Karpenter took the node away"
+    acts = [(a["action"], a["detail"]) for a in history.db.query("select * from actions where node = 'gpu-01'")]
+    assert ("remediate-karpenter", acts[[a for a, _ in acts].index("remediate-karpenter")][1]) in acts
+    assert any(a == "replaced" for a, _ in acts), "the old node's history is closed as replaced"
+    sim.cluster.clock.advance(900)
+    sim.wait_for(lambda: len(node_names(sim)) == 3, what="the replacement to join")
+    new = node_names(sim) - {"gpu-00", "gpu-02"}
+    assert len(new) == 1 and new.pop() in claims(sim), "a new node with its own NodeClaim"
+    reasons = [e.reason for e in sim.core.list_namespaced_event(
+        "default", field_selector="involvedObject.name=gpu-01").items]
+    assert {"SweepStarted", "SweepReplace", "SweepRemediation"} <= set(reasons)
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Any:
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    with mock_aws():
+        ec2 = boto3.client("ec2", region_name="us-east-1")
+        ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        asg = boto3.client("autoscaling", region_name="us-east-1")
+        asg.create_launch_configuration(LaunchConfigurationName="gpu", ImageId=ami, InstanceType="p5.48xlarge")
+        asg.create_auto_scaling_group(AutoScalingGroupName="gpu-asg", LaunchConfigurationName="gpu", MinSize=3,
+                                      MaxSize=3, DesiredCapacity=3, AvailabilityZones=["us-east-1a"])
+        yield asg
+
+
+def asg_instances(asg: Any) -> dict[str, dict[str, Any]]:
+    group = asg.describe_auto_scaling_groups(AutoScalingGroupNames=["gpu-asg"])["AutoScalingGroups"][0]
+    return {i["InstanceId"]: i for i in group["Instances"]}
+
+
+def bind_instances(sim: Sim, asg: Any) -> list[str]:
+    """Give the simulated nodes the instance ids moto made (their providerIDs)."""
+    ids = sorted(asg_instances(asg))
+    for node, iid in zip(("gpu-00", "gpu-01", "gpu-02"), ids, strict=True):
+        sim.kube.patch_node(node, [{"op": "replace", "path": "/spec/providerID", "value": f"aws:///us-east-1a/{iid}"}])
+    return ids
+
+
+def test_replace_through_an_auto_scaling_group(make_sim, history: History, aws: Any) -> None:
+    sim: Sim = make_sim(nodes=3, faults={"gpu-02": {"remap_failure": [1]}})
+    ids = bind_instances(sim, aws)
+    cfg = replace(TEST_CONFIG, remediation={"default": "asg", "by_pool": {}, "by_profile": {}})
+    report = run_sweep(sim, history, cfg)
+    assert {o.node: o.verdict for o in report.outcomes}["gpu-02"] == "replace"
+    health = {iid: i["HealthStatus"] for iid, i in asg_instances(aws).items()}
+    assert health[ids[2]].lower() == "unhealthy" and health[ids[0]].lower() == "healthy"
+    detail = next(history.db.query("select detail from actions where action = 'remediate-asg'"))["detail"]
+    assert ids[2] in detail and "gpu-asg" in detail
+
+
+def test_asg_terminate_keeps_the_desired_capacity(make_sim, history: History, aws: Any) -> None:
+    sim: Sim = make_sim(nodes=3, faults={"gpu-00": {"remap_failure": [1]}})
+    ids = bind_instances(sim, aws)
+    cfg = replace(TEST_CONFIG, remediation={"default": "asg", "by_pool": {}, "by_profile": {}}, asg_action="terminate")
+    run_sweep(sim, history, cfg)
+    group = aws.describe_auto_scaling_groups(AutoScalingGroupNames=["gpu-asg"])["AutoScalingGroups"][0]
+    assert group["DesiredCapacity"] == 3 and ids[0] not in asg_instances(aws)
+
+
+def test_a_dry_run_touches_neither_karpenter_nor_the_group(make_sim, history: History, aws: Any) -> None:
+    sim: Sim = make_sim(pool_fleet(3, {}))
+    ids = bind_instances(sim, aws)
+    view = NodeView.from_obj(sim.kube.get_node("gpu-01"))
+    before = sim.cluster.store.requests[:]
+    rem = Remediator(sim.kube, replace(KARPENTER), sim.cluster.clock, dry_run=True)
+    out = rem.remediate("sw-x", view, "p5.48xlarge", "replace", {}, {})
+    assert out is not None and out.action == "would-delete-nodeclaim" and out.dry_run
+    asg_cfg = replace(TEST_CONFIG, remediation={"default": "asg", "by_pool": {}, "by_profile": {}})
+    out = Remediator(sim.kube, asg_cfg, sim.cluster.clock, dry_run=True).remediate("sw-x", view, "p5", "replace", {}, {})
+    assert out is not None and out.action == "would-set-unhealthy"
+    writes = [r for r in sim.cluster.store.requests[len(before):] if r[0] != "GET"]
+    assert writes == [] and set(claims(sim)) == {"gpu-00", "gpu-01", "gpu-02"}
+    assert {i["HealthStatus"].lower() for i in asg_instances(aws).values()} == {"healthy"}
+    assert sorted(asg_instances(aws)) == ids
+
+
+def test_the_cap_and_the_breaker_stop_a_mass_replacement(make_sim, history: History) -> None:
+    faults = {f"gpu-0{i}": {"remap_failure": [0]} for i in range(5)}
+    sim: Sim = make_sim(pool_fleet(6, faults))
+    cfg = replace(KARPENTER, max_replacements_per_hour=2, breaker_failures=3, breaker_percent=0)
+    report = run_sweep(sim, history, cfg)
+    verdicts = sorted(o.verdict for o in report.outcomes)
+    assert verdicts.count("replace") == 2 and verdicts.count("quarantine") == 3
+    assert len([n for n in claims(sim) if "-r" not in n]) == 6 - 2, "only two NodeClaims deleted"
+    held = [n.metadata.name for n in sim.core.list_node().items
+            if any(t.key == cfg.taint_key for t in n.spec.taints or [])]
+    assert len(held) == 3, "the others are held for a person"
+    for n in held:  # a person releases them (a false positive, say), the nodes would be taken again...
+        sim.kube.patch_node(n, [{"op": "replace", "path": "/spec/taints", "value": []}])
+    again = run_sweep(sim, history, replace(cfg, interval=0))
+    assert again.outcomes == [] and any(d.reason == "breaker-open" for d in again.plan.skip), \
+        "...but the breaker opened on five failures within the hour"
+    assert sim.cluster.replacements == 2
+
+
+def test_verdicts_reach_labels_annotation_condition_and_events(make_sim, history: History) -> None:
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"missing_gpus": 1}})
+    cfg = replace(TEST_CONFIG, node_condition=True)
+    run_sweep(sim, history, cfg)
+
+    def cond(node: str) -> Any:
+        return next(c for c in sim.core.read_node(node).status.conditions if c.type == "GpuSweepHealthy")
+
+    assert (cond("gpu-00").status, cond("gpu-01").status) == ("True", "False")
+    assert cond("gpu-01").reason == "SweepReboot" and "GPUs visible" in cond("gpu-01").message
+    meta = sim.core.read_node("gpu-01").metadata
+    assert meta.labels["sweeper.dev/status"] == "reboot"
+    last = json.loads(meta.annotations["sweeper.dev/last-result"])
+    assert last["verdict"] == "reboot" and len(meta.annotations["sweeper.dev/last-result"]) <= 4096
+    first = cond("gpu-00").last_transition_time
+    sim.cluster.clock.advance(7200)
+    run_sweep(sim, history, replace(cfg, interval=0))
+    assert cond("gpu-00").last_transition_time == first, "unchanged status, unchanged transition time"
+    assert cond("gpu-00").last_heartbeat_time != first
+
+
+def test_metrics_carry_the_verdicts(make_sim, history: History) -> None:
+    sim: Sim = make_sim(pool_fleet(3, {"gpu-01": {"remap_failure": [2]}}))
+    sw = Sweep(sim.kube, KARPENTER, history, clock=sim.cluster.clock)
+    report = sw.run()
+    m = Metrics()
+    sw.observe(m, report)
+    text = m.exposition().decode()
+    assert 'sweeper_node_verdict{node="gpu-01",verdict="replace"} 1.0' in text
+    assert 'sweeper_node_verdict{node="gpu-00",verdict="pass"} 1.0' in text
+    assert 'sweeper_replacements_total{provider="karpenter"} 1.0' in text
+    assert 'sweeper_node_checks_failed{node="gpu-01"} 1.0' in text
+    assert "sweeper_breaker_open 0.0" in text and "sweeper_run_duration_seconds" in text
+
+
+class Catch(BaseHTTPRequestHandler):
+    """A webhook and a Pushgateway in one: records every request, fails the first N."""
+
+    got: list[tuple[str, str, bytes]] = []
+    fail_first = 0
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        return
+
+    def _any(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        Catch.got.append((self.command, self.path, body))
+        code = 500 if Catch.fail_first > 0 else 200
+        Catch.fail_first -= 1
+        self.send_response(code)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_POST = do_PUT = _any  # noqa: N815
+
+
+@pytest.fixture
+def catcher() -> Any:
+    Catch.got, Catch.fail_first = [], 0
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Catch)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}", Catch
+    srv.shutdown()
+
+
+def test_webhook_on_holds_with_retries(make_sim, history: History, catcher: Any) -> None:
+    url, got = catcher
+    got.fail_first = 1
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"remap_failure": [3]}})
+    run_sweep(sim, history, replace(TEST_CONFIG, webhook_url=url + "/hook"))
+    posts = [b for m, p, b in got.got if p == "/hook"]
+    assert len(posts) == 2, "one failure, then delivered"
+    doc = json.loads(posts[-1])
+    assert "gpu-01 replace" in doc["text"] and doc["blocks"][0]["type"] == "header"
+    note = next(history.db.query("select detail from actions where action = 'notify'"))["detail"]
+    assert note == "delivered on attempt 2"
+
+
+def test_sweep_pushes_to_a_pushgateway(make_sim, tmp_path, catcher: Any) -> None:
+    from click.testing import CliRunner
+
+    from sweeper.cli import main
+
+    url, got = catcher
+    sim: Sim = make_sim(nodes=2)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"pushgateway_url: {url}\nmax_percent: 100\npoll_interval: 0.05\n")
+    res = CliRunner().invoke(main, ["sweep", "--kubeconfig", str(sim.kubeconfig), "--config", str(cfg),
+                                    "--state", str(tmp_path / "h.db"), "--json"])
+    assert res.exit_code == 0, res.output
+    pushes = [(m, p, b) for m, p, b in got.got if p.startswith("/metrics/job/sweeper")]
+    assert len(pushes) == 1 and pushes[0][0] == "PUT"
+    assert b"sweeper_node_last_sweep_timestamp_seconds" in pushes[0][2]
+
+
+def test_a_reboot_then_a_recheck_when_the_node_is_back(make_sim, history: History) -> None:
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"xids": [{"code": 79, "gpu": 2}]}})
+    cfg = replace(TEST_CONFIG, remediate_reboots=True)
+    first = run_sweep(sim, history, cfg)
+    assert {o.node: o.verdict for o in first.outcomes}["gpu-01"] == "reboot"
+    ann = sim.core.read_node("gpu-01").metadata.annotations
+    assert ann["sweeper.dev/remediation"] == "reboot" and ann["sweeper.dev/recheck"] == "true"
+    old_boot = ann["sweeper.dev/boot-id"]
+    sim.wait_for(lambda: sim.core.read_node("gpu-01").status.node_info.boot_id != old_boot, what="the reboot")
+    early = run_sweep(sim, history, cfg)
+    assert early.outcomes == [] and any(d.node.name == "gpu-01" and "Ready" in d.detail for d in early.plan.skip)
+    sim.cluster.clock.advance(600)
+    sim.wait_for(lambda: NodeView.from_obj(sim.kube.get_node("gpu-01")).ready, what="Ready again")
+    again = run_sweep(sim, history, cfg)
+    assert [(d.node.name, d.reason) for d in again.plan.take] == [("gpu-01", "recheck")]
+    assert {o.node: (o.verdict, o.action) for o in again.outcomes} == {"gpu-01": ("pass", "released")}
+    node = sim.core.read_node("gpu-01")
+    assert not node.spec.taints and "sweeper.dev/remediation" not in (node.metadata.annotations or {})
+
+
+def test_a_pending_remap_is_reset_not_rebooted(make_sim, history: History) -> None:
+    assert resettable(["row_remap|REMAP_PENDING"]) and not resettable(["row_remap|REMAP_PENDING", "xid|79"])
+    sim: Sim = make_sim(nodes=2, faults={"gpu-00": {"remap_pending": [5]}})
+    cfg = replace(TEST_CONFIG, remediate_reboots=True)
+    run_sweep(sim, history, cfg)
+    ann = sim.core.read_node("gpu-00").metadata.annotations
+    assert ann["sweeper.dev/remediation"] == "gpu-reset"
+    detail = next(history.db.query("select detail from actions where action = 'remediate-gpu-reset'"))["detail"]
+    assert "GPU(s) 5 reset" in detail
+    again = run_sweep(sim, history, cfg)
+    assert {o.node: (o.verdict, o.action) for o in again.outcomes} == {"gpu-00": ("pass", "released")}
