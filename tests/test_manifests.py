@@ -19,16 +19,49 @@ def test_cronjob_manifest_validates_and_its_config_loads(tmp_path: Path) -> None
     docs = [d for d in yaml.safe_load_all((ROOT / "deploy" / "cronjob.yaml").read_text()) if d]
     kinds = [d["kind"] for d in docs]
     assert kinds == ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-                     "Role", "RoleBinding", "PersistentVolumeClaim", "ConfigMap", "CronJob"]
+                     "Role", "RoleBinding", "PersistentVolumeClaim", "ConfigMap", "CronJob"] + ["ConfigMap"] * 4
     for d in docs:
         kubernetes_validate.validate(d, K8S, strict=True)
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
     cfg_file = tmp_path / "config.yaml"
     cfg_file.write_text(cm["data"]["config.yaml"])
     cfg = load_config(cfg_file)
-    assert cfg.max_nodes == 4 and cfg.check_timeout == 900
+    assert cfg.max_nodes == 4 and cfg.check_timeout == 900 and cfg.playbook_dir == "/etc/sweeper/playbooks"
     cron = next(d for d in docs if d["kind"] == "CronJob")
-    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid" and cron["spec"]["startingDeadlineSeconds"] > 0
+    pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    c = pod["containers"][0]
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False and "privileged" not in c["securityContext"]
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    mounted = {v["configMap"]["name"] for v in pod["volumes"] if "configMap" in v}
+    assert mounted == {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"}
+
+
+def test_the_manifest_is_regenerated_from_the_repository() -> None:
+    from sweeper.manifests import render
+
+    assert (ROOT / "deploy" / "cronjob.yaml").read_text() == render(ROOT), \
+        "deploy/cronjob.yaml is stale: python -m sweeper.manifests > deploy/cronjob.yaml"
+    docs = [d for d in yaml.safe_load_all((ROOT / "deploy" / "cronjob.yaml").read_text()) if d]
+    playbooks = next(d for d in docs if d["metadata"]["name"] == "sweeper-playbooks")
+    assert set(playbooks["data"]) == {p.name for p in (ROOT / "playbooks").glob("*.yaml")}
+
+
+def test_the_dockerfile_has_the_basics() -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    froms = [ln for ln in lines if ln.startswith("FROM ")]
+    assert froms and all(":" in f.split()[1] and not f.split()[1].endswith(":latest") for f in froms), \
+        "base images are pinned to a tag"
+    users = [ln for ln in lines if ln.startswith("USER ")]
+    assert users and users[-1].split()[1].split(":")[0] not in ("0", "root"), "the image runs as a non-root user"
+    for d in ("playbooks", "job-templates", "profiles", "policies"):
+        assert f"COPY {d} /opt/sweeper/{d}" in lines
+    assert "SWEEPER_HOME=/opt/sweeper" in text and 'ENTRYPOINT ["sweeper"]' in lines
+    assert any(ln.startswith("RUN pip install --no-cache-dir") for ln in lines)
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert ".git" in ignored and ".venv" in ignored
 
 
 @pytest.mark.parametrize("template", sorted(p.name for p in (ROOT / "job-templates").glob("*.j2")))
@@ -47,6 +80,8 @@ def test_job_templates_render_valid_jobs(template: str) -> None:
     limits = pod["containers"][0]["resources"]["limits"]
     if template == "sweeper-light.yaml.j2":
         assert "nvidia.com/gpu" not in limits, "the light check on a busy node takes no GPU"
+    elif template == "reboot.yaml.j2":
+        assert "nvidia.com/gpu" not in limits and pod["hostPID"] is True, "a reboot needs the host, not the GPUs"
     else:
         assert limits["nvidia.com/gpu"] == "8", "a check takes all of the node's GPUs"
     assert job["spec"]["activeDeadlineSeconds"] == 900

@@ -113,9 +113,13 @@ def _rdma(opts: CheckOptions, host: Host, c: Collector) -> None:
         c.metric(f"{opts.nic}.{name}", total, "count")
 
 
+EFA_FI_INFO = "/opt/amazon/efa/bin/fi_info"  # where the EFA installer puts it on the host
+
+
 def _fi_info(opts: CheckOptions, host: Host, c: Collector) -> None:
+    prog = host.resolve(EFA_FI_INFO) if host.exists(EFA_FI_INFO) else "fi_info"
     try:
-        code, out, err = host.run(["fi_info", "-p", "efa", "-t", "FI_EP_RDM"], timeout=30)
+        code, out, err = host.run([prog, "-p", "efa", "-t", "FI_EP_RDM"], timeout=30)
     except FileNotFoundError:
         c.check("efa.fi_info", "error", "fi_info is not installed in the check image", "warning")
         return

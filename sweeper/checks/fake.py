@@ -210,6 +210,9 @@ class FakeHost:
     def exists(self, path: str) -> bool:
         return path in self.files or self.listdir(path) is not None
 
+    def resolve(self, path: str) -> str:
+        return path
+
     def run(self, argv: list[str], timeout: float = 60.0) -> tuple[int, str, str]:
         if argv[0] not in self.commands:
             raise FileNotFoundError(argv[0])

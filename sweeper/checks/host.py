@@ -21,6 +21,10 @@ class Host(Protocol):
 
     def exists(self, path: str) -> bool: ...
 
+    def resolve(self, path: str) -> str:
+        """The path as the check process can open or run it."""
+        ...
+
     def run(self, argv: list[str], timeout: float = 60.0) -> tuple[int, str, str]:
         """(exit code, stdout, stderr); raises FileNotFoundError when the program is missing."""
         ...
@@ -51,6 +55,9 @@ class RealHost:
 
     def exists(self, path: str) -> bool:
         return self._p(path).exists()
+
+    def resolve(self, path: str) -> str:
+        return str(self._p(path))
 
     def run(self, argv: list[str], timeout: float = 60.0) -> tuple[int, str, str]:
         try:

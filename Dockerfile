@@ -1,0 +1,30 @@
+# The Sweeper image: the controller (`sweeper sweep`, `sweeper serve`) and the node-local
+# check (`sweeper check`, run in a check Job) are the same image.
+#   docker build -t ghcr.io/sweeper-dev/sweeper:0.1.0 .
+# NVML (libnvidia-ml) and nvidia-smi come from the host through the NVIDIA container
+# toolkit in check Jobs; fi_info is run from the host's EFA installation (/opt, mounted at
+# /host/opt), so none of them is installed here.
+FROM python:3.11-slim-bookworm AS build
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY sweeper ./sweeper
+RUN pip install --no-cache-dir --prefix=/install .
+
+FROM python:3.11-slim-bookworm
+LABEL org.opencontainers.image.title="sweeper" \
+      org.opencontainers.image.description="Keeps the GPU nodes of a Kubernetes cluster healthy" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=build /install /usr/local
+# The shipped playbooks, templates, profiles and policies; a deployment mounts its own over them.
+COPY playbooks /opt/sweeper/playbooks
+COPY job-templates /opt/sweeper/job-templates
+COPY profiles /opt/sweeper/profiles
+COPY policies /opt/sweeper/policies
+ENV SWEEPER_HOME=/opt/sweeper \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+RUN groupadd --gid 10001 sweeper && useradd --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin sweeper
+# The controller runs as this user; check and remediation Jobs set their own securityContext.
+USER 10001:10001
+ENTRYPOINT ["sweeper"]
+CMD ["--help"]
