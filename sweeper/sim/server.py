@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from sweeper.clock import iso
 from sweeper.sim.cluster import TERMINAL, SimCluster
 from sweeper.sim.errors import ApiError, bad_request, not_found
 from sweeper.sim.patch import apply_patch
+from sweeper.sim.rbac import Rule, allowed, attributes
 from sweeper.sim.store import RESOURCES, Resource
 from sweeper.sim.tables import table
 
@@ -44,11 +46,23 @@ class ApiServer:
         # Observers of every request, before it is served and after it succeeded: (stage, method, path).
         # Tests use them to stop a client at an exact step.
         self.hooks: list[Callable[[str, str, str], None]] = []
+        # Service accounts: bearer token -> (user name, RBAC rules). A request with one of these tokens
+        # is authorized against its rules (403 when denied); any other request is the admin's.
+        self.service_accounts: dict[str, tuple[str, list[Rule]]] = {}
+        self.denied: list[tuple[str, str, str]] = []  # (user, method, path) of every 403
+        self.scheme = "http"
+
+    def enable_tls(self, certfile: str, keyfile: str) -> None:
+        """Serve HTTPS with this certificate (as an in-cluster client expects)."""
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(certfile, keyfile)
+        self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+        self.scheme = "https"
 
     @property
     def url(self) -> str:
         host, port = self.httpd.server_address[:2]
-        return f"http://{host.decode() if isinstance(host, bytes) else host}:{port}"
+        return f"{self.scheme}://{host.decode() if isinstance(host, bytes) else host}:{port}"
 
     def start(self, controllers: bool = True) -> ApiServer:
         if controllers:
@@ -81,6 +95,17 @@ class ApiServer:
     # -- dispatch ----------------------------------------------------------------
     def handle(self, method: str, raw_path: str, headers: dict[str, str], body: bytes) -> tuple[int, Any, str]:
         path = urlparse(raw_path).path
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and token.strip() in self.service_accounts:
+            user, rules = self.service_accounts[token.strip()]
+            attrs = attributes(method, path)
+            if attrs is not None and allowed(rules, *attrs) is None:
+                group, resource, verb, ns = attrs
+                self.denied.append((user, method, path))
+                res = f"{resource}.{group}" if group else resource
+                where = f' in the namespace "{ns}"' if ns else " at the cluster scope"
+                raise ApiError(403, "Forbidden", f'{res} is forbidden: User "{user}" cannot {verb} resource '
+                                                 f'"{resource}" in API group "{group}"{where}')
         for hook in self.hooks:
             hook("before", method, path)
         answer = self._handle(method, raw_path, headers, body)

@@ -1,55 +1,40 @@
-"""The CronJob's RBAC is exactly what Sweeper uses: every API call the commands make against
-the simulated cluster (a sweep that replaces through Karpenter, sets the node condition,
-reconciles a dead run; an operator's drain) is allowed by deploy/cronjob.yaml, and every rule
-there is needed by at least one call."""
+"""The CronJob's RBAC is exactly what Sweeper uses, and it works from inside the cluster.
+
+Every API call the commands make against the simulated cluster (a sweep that replaces through
+Karpenter, sets the node condition, reconciles a dead run; an operator's drain) is allowed by
+deploy/cronjob.yaml, and every rule there is needed by at least one call. Then the CronJob's
+own pod spec runs one sweep against the simulated cluster over TLS, with in-cluster
+configuration from a service account token file and the environment, the simulator enforcing
+that service account's RBAC."""
 
 from __future__ import annotations
 
-import re
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
 from sweeper.cli import main
 from sweeper.history import History
+from sweeper.sim.cluster import SimCluster
+from sweeper.sim.fleet import parse_fleet
+from sweeper.sim.rbac import allowed, attributes, rule_covers, rules_from_manifests
+from sweeper.sim.server import ApiServer
 from tests.conftest import TEST_CONFIG, Sim, fleet_spec, run_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
-VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
 
 
-def call_of(method: str, path: str) -> tuple[str, str, str, str | None]:
-    """(api group, resource[/subresource], verb, namespace) of a request path."""
-    m = re.match(r"^/(?:api/v1|apis/(?P<group>[^/]+)/[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<rest>.+)$", path)
-    assert m, path
-    parts = m.group("rest").split("/")
-    resource, name, sub = parts[0], parts[1] if len(parts) > 1 else None, parts[2] if len(parts) > 2 else None
-    if method == "GET":
-        verb = "get" if name else "list"
-    else:
-        verb = VERBS[method]
-    return m.group("group") or "", resource + (f"/{sub}" if sub else ""), verb, m.group("ns")
-
-
-def rbac() -> list[tuple[str, str | None, dict[str, Any]]]:
-    """(role name, namespace or None for the ClusterRole, rule), Roles first."""
-    docs = [d for d in yaml.safe_load_all((ROOT / "deploy" / "cronjob.yaml").read_text()) if d]
-    out = []
-    for d in sorted(docs, key=lambda d: d["kind"] != "Role"):
-        if d["kind"] in ("Role", "ClusterRole"):
-            for rule in d["rules"]:
-                out.append((d["metadata"]["name"], d["metadata"].get("namespace"), rule))
-    bound = {(b["roleRef"]["kind"], b["roleRef"]["name"]) for b in docs if b["kind"].endswith("Binding")
-             and any(s["name"] == "sweeper" and s["kind"] == "ServiceAccount" for s in b["subjects"])}
-    assert bound == {(d["kind"], d["metadata"]["name"]) for d in docs if d["kind"] in ("Role", "ClusterRole")}
-    return out
-
-
-def covers(rule: dict[str, Any], group: str, resource: str, verb: str) -> bool:
-    return group in rule["apiGroups"] and resource in rule["resources"] and verb in rule["verbs"]
+def manifest() -> list[dict]:
+    return [d for d in yaml.safe_load_all((ROOT / "deploy" / "cronjob.yaml").read_text()) if d]
 
 
 def test_the_cluster_role_is_exactly_what_sweeper_uses(make_sim, history: History, tmp_path: Path) -> None:
@@ -70,26 +55,86 @@ def test_the_cluster_role_is_exactly_what_sweeper_uses(make_sim, history: Histor
     res = CliRunner().invoke(main, ["run", str(book), "--node", "gpu-03", "--kubeconfig", str(sim.kubeconfig),
                                     "--state", str(tmp_path / "run.db")])
     assert res.exit_code == 0, res.output
-    calls = {call_of(m, p) for m, p in sim.cluster.store.requests[start:]}
-    rules = rbac()
-    used: set[int] = set()
-    denied = []
-    for group, resource, verb, ns in sorted(calls, key=str):
-        match = next((i for i, (_, rns, rule) in enumerate(rules)
-                      if (rns is None or rns == ns) and covers(rule, group, resource, verb)), None)
-        if match is None:
-            denied.append((group, resource, verb, ns))
-        else:
-            used.add(match)
-    assert len(calls) >= 15 and len(used) == len(rules)
+    calls = {a for m, p in sim.cluster.store.requests[start:] if (a := attributes(m, p)) is not None}
+    rules = rules_from_manifests(manifest(), "sweeper", "sweeper")
+    denied = sorted((c for c in calls if allowed(rules, *c) is None), key=str)
     assert denied == [], f"calls the RBAC does not allow: {denied}"
-    unused = [(name, ns, rule, verb) for i, (name, ns, rule) in enumerate(rules) for verb in rule["verbs"]
-              if not any(covers({**rule, "verbs": [verb]}, g, r, v) and (ns is None or ns == cns)
-                         and rules_index(rules, g, r, v, cns) == i for g, r, v, cns in calls)]
+    unused = [(ns, rule["resources"], verb) for i, (ns, rule) in enumerate(rules) for verb in rule["verbs"]
+              if not any(allowed(rules, *c) == i and rule_covers({**rule, "verbs": [verb]}, *c[:3]) for c in calls)]
     assert unused == [], f"RBAC that no call needs: {unused}"
+    assert len(calls) >= 15 and len(rules) >= 10
 
 
-def rules_index(rules: list[tuple[str, str | None, dict[str, Any]]], group: str, resource: str, verb: str,
-                ns: str | None) -> int | None:
-    return next((i for i, (_, rns, rule) in enumerate(rules)
-                 if (rns is None or rns == ns) and covers(rule, group, resource, verb)), None)
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl to make the server's certificate")
+def test_the_cronjob_pod_sweeps_from_inside_the_cluster(tmp_path: Path) -> None:
+    cert, key = tmp_path / "tls.crt", tmp_path / "tls.key"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out",
+                    str(cert), "-days", "1", "-subj", "/CN=kubernetes", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    spec = fleet_spec(nodes=3, faults={"gpu-02": {"missing_gpus": 1}})
+    spec["namespace"] = "sweeper"
+    cluster = SimCluster(parse_fleet(spec))
+    server = ApiServer(cluster)
+    server.enable_tls(str(cert), str(key))
+    docs = manifest()
+    token = secrets.token_urlsafe(24)
+    server.service_accounts[token] = ("system:serviceaccount:sweeper:sweeper",
+                                      rules_from_manifests(docs, "sweeper", "sweeper"))
+    server.start()
+    try:
+        root = tmp_path / "pod"
+        cron = next(d for d in docs if d["kind"] == "CronJob")
+        pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        assert pod["serviceAccountName"] == "sweeper"
+        container = pod["containers"][0]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+        for m in container["volumeMounts"]:  # what the kubelet would mount, under a local root
+            target = root / m["mountPath"].lstrip("/")
+            source = volumes[m["name"]]
+            if "configMap" in source:
+                data = maps[source["configMap"]["name"]]["data"]
+                if "subPath" in m:
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    text = data[m["subPath"]]
+                    for path in ("/etc/sweeper", "/var/lib/sweeper"):
+                        text = text.replace(f": {path}", f": {root}{path}")
+                    # the simulated clock runs 600x: poll in real time accordingly, and allow 100% of 3 nodes
+                    target.write_text(text + "poll_interval: 0.05\nmax_percent: 100\n")
+                else:
+                    target.mkdir(parents=True, exist_ok=True)
+                    for name, text in data.items():
+                        (target / name).write_text(text)
+            else:
+                target.mkdir(parents=True, exist_ok=True)
+        sa = tmp_path / "serviceaccount"
+        sa.mkdir()
+        (sa / "token").write_text(token)
+        (sa / "namespace").write_text("sweeper")
+        shutil.copy(cert, sa / "ca.crt")
+        argv = [a.replace("/etc/sweeper", f"{root}/etc/sweeper").replace("/var/lib/sweeper", f"{root}/var/lib/sweeper")
+                for a in container["command"][1:] + container.get("args", [])]
+        env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "SWEEPER_STATE", "SWEEPER_HOME")}
+        env.update({e["name"]: e["value"].replace("/tmp", str(root / "tmp")) for e in container.get("env", [])})
+        host, port = server.httpd.server_address[:2]
+        env.update({"KUBERNETES_SERVICE_HOST": str(host), "KUBERNETES_SERVICE_PORT": str(port),
+                    "SWEEPER_SERVICEACCOUNT_DIR": str(sa)})
+        assert container["command"][0] == "sweeper"
+        proc = subprocess.run([sys.executable, "-m", "sweeper.cli", *argv, "--json"], env=env, capture_output=True,
+                              text=True, timeout=240)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        report = json.loads(proc.stdout)
+        assert {n["node"]: n["verdict"] for n in report["nodes"]} == {"gpu-00": "pass", "gpu-01": "pass",
+                                                                      "gpu-02": "reboot"}
+        assert server.denied == [], "the service account's RBAC allowed every call"
+        assert cluster.store.requests, "and the calls went to the simulated cluster over TLS"
+        h = History(root / "var/lib/sweeper/history.db")
+        assert h.counts()["node_sweeps"] == 3
+        h.close()
+        # and the same token is refused what its RBAC does not grant
+        server.service_accounts[token][1].clear()
+        proc = subprocess.run([sys.executable, "-m", "sweeper.cli", *argv, "--json"], env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 3 and "forbidden" in (proc.stdout + proc.stderr).lower()
+    finally:
+        server.stop()

@@ -1,0 +1,66 @@
+"""RBAC for the simulated API server: a request's attributes (API group, resource and
+subresource, verb, namespace) and whether a set of Role and ClusterRole rules allows it.
+Requests that carry a service account's token are authorized; others are the admin's."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+VERBS = {"POST": "create", "PATCH": "patch", "PUT": "update", "DELETE": "delete"}
+_PATH = re.compile(r"^/(?:api/v1|apis/(?P<group>[^/]+)/[^/]+)(?:/namespaces/(?P<ns>[^/]+))?/(?P<rest>.+)$")
+
+Rule = tuple[str | None, dict[str, Any]]  # (namespace of a Role, or None for a ClusterRole; the rule)
+
+
+def attributes(method: str, path: str) -> tuple[str, str, str, str | None] | None:
+    """(api group, resource[/subresource], verb, namespace); None for a non-resource path."""
+    m = _PATH.match(path)
+    if not m:
+        return None
+    parts = m.group("rest").split("/")
+    resource = parts[0]
+    name = parts[1] if len(parts) > 1 else None
+    sub = parts[2] if len(parts) > 2 else None
+    verb = ("get" if name else "list") if method == "GET" else VERBS.get(method, method.lower())
+    if method == "DELETE" and not name:
+        verb = "deletecollection"
+    return m.group("group") or "", resource + (f"/{sub}" if sub else ""), verb, m.group("ns")
+
+
+def rule_covers(rule: dict[str, Any], group: str, resource: str, verb: str) -> bool:
+    def has(values: list[str], x: str) -> bool:
+        return "*" in values or x in values
+    return has(rule.get("apiGroups") or [], group) and has(rule.get("resources") or [], resource) \
+        and has(rule.get("verbs") or [], verb)
+
+
+def allowed(rules: list[Rule], group: str, resource: str, verb: str, namespace: str | None) -> int | None:
+    """The index of the first rule allowing the request (Roles before the ClusterRole), or None."""
+    order = sorted(range(len(rules)), key=lambda i: rules[i][0] is None)
+    for i in order:
+        ns, rule = rules[i]
+        if (ns is None or ns == namespace) and rule_covers(rule, group, resource, verb):
+            return i
+    return None
+
+
+def rules_from_manifests(docs: list[dict[str, Any]], account: str, namespace: str) -> list[Rule]:
+    """The rules bound to a service account by the Roles, ClusterRoles and bindings of a manifest."""
+    roles = {(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace")): d for d in docs
+             if d.get("kind") in ("Role", "ClusterRole")}
+    out: list[Rule] = []
+    for b in docs:
+        if b.get("kind") not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        if not any(s.get("kind") == "ServiceAccount" and s.get("name") == account
+                   and s.get("namespace") == namespace for s in b.get("subjects") or []):
+            continue
+        ref = b["roleRef"]
+        bns = b["metadata"].get("namespace") if b["kind"] == "RoleBinding" else None
+        role = roles.get((ref["kind"], ref["name"], bns if ref["kind"] == "Role" else None))
+        if role is None:
+            continue
+        scope = bns if b["kind"] == "RoleBinding" else None
+        out += [(scope, r) for r in role.get("rules") or []]
+    return out
