@@ -884,8 +884,10 @@ def sim_serve(fleet_path: str | None, port: int, kubeconfig_out: str, speed: flo
 @click.option("--state", help="History file (default: a fresh temporary one).")
 @run_cli
 def demo(cycles: int, hours_between: float, state: str | None) -> None:
-    """The whole product on the embedded simulated cluster: a 16-node p5 fleet with injected
-    faults, several sweep cycles in simulated time, then the fleet and a failing node's history."""
+    """The whole product on the embedded simulated cluster: a 16-node p5 fleet in a Karpenter pool
+    with injected faults, several sweep cycles in simulated time (checks, verdicts, reboots and
+    re-checks, a GPU reset, a replacement), then the fleet, a held node's history and the fleet
+    report (an HTML file)."""
     from sweeper.demo import run_demo
 
     state_path = Path(state) if state else Path(tempfile.mkdtemp(prefix="sweeper-demo-")) / "history.db"

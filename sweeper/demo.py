@@ -22,7 +22,8 @@ from sweeper.sim.server import ApiServer
 from sweeper.sweep import Sweep
 
 DEMO_CONFIG = Config(max_nodes=4, max_percent=25, min_node_age=600, interval=20 * 3600, poll_interval=5,
-                     check_timeout=900)
+                     check_timeout=900, remediate_reboots=True, node_condition=True,
+                     remediation={"default": "manual", "by_pool": {"gpu": "karpenter"}, "by_profile": {}})
 
 
 def run_demo(console: Console, state: Path, *, cycles: int, hours_between: float,

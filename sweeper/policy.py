@@ -325,7 +325,7 @@ def _ladders(policy: Policy, base: Verdict, history: list[dict[str, Any]], now: 
                    and set(s["causes"]) & set(base.causes)]
         if len(earlier) >= lad.allowed:
             cause = sorted(set(base.causes) & {c for s in earlier for c in s["causes"]})[0]
-            out.append((lad.then, lad.name, f"{_ordinal(len(earlier) + 1)} {base.verdict} for {cause} within "
+            out.append((lad.then, lad.name, f"{_ordinal(len(earlier) + 1)} {base.verdict} for {cause.rstrip('|')} within "
                         f"{_span(lad.window)} (allowed {lad.allowed})"))
     return out
 
@@ -339,7 +339,7 @@ def _relapses(policy: Policy, base: Verdict, history: list[dict[str, Any]], now:
         held = [i for i, s in enumerate(recent) if s["verdict"] in HOLDING and set(s["causes"]) & set(base.causes)]
         if held and any(s["verdict"] in ("pass", "warn") for s in recent[held[0] + 1:]):
             cause = sorted(set(base.causes) & set(recent[held[0]]["causes"]))[0]
-            out.append((rel.then, rel.name, f"held for {cause}, passed, and failing again within {_span(rel.window)}"))
+            out.append((rel.then, rel.name, f"held for {cause.rstrip('|')}, passed, and failing again within {_span(rel.window)}"))
     return out
 
 

@@ -74,9 +74,14 @@ def test_exit_codes(make_sim, tmp_path: Path) -> None:
 
 
 def test_demo_runs_end_to_end(tmp_path: Path) -> None:
-    res = CliRunner().invoke(main, ["demo", "--cycles", "3", "--state", str(tmp_path / "demo.db")])
+    res = CliRunner().invoke(main, ["demo", "--state", str(tmp_path / "demo.db")], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     out = res.stdout
-    assert "cycle 3 of 3" in out and "the fleet" in out
-    assert re.search(r"gpu-p5-04 .*held", out), "the XID 79 node is held"
-    assert "sweeper history" in out
+    assert "cycle 5 of 5" in out and "the fleet" in out
+    assert re.search(r"gpu-p5-04: reboot -> held", out), "the XID 79 node is held for a reboot"
+    assert "gpu-p5-04: reboot: reboot-started" in out and re.search(r"gpu-p5-04: pass -> released", out), \
+        "rebooted, checked again, handed back"
+    assert "gpu-p5-14: gpu-reset: gpus-reset" in out, "a pending remap is a GPU reset"
+    assert "gpu-p5-09: karpenter: nodeclaim-deleted" in out, "the missing GPU survives a reboot: replaced"
+    assert re.search(r"gpu-p5-13 .*held .*quarantine", out), "the hung check waits for a person"
+    assert "sweeper history" in out and (tmp_path / "report.html").exists()
