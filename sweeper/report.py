@@ -60,9 +60,14 @@ def _when(ts: float | None) -> str:
     return "-" if not ts else time.strftime("%Y-%m-%d %H:%M", time.gmtime(ts))
 
 
+def coverage_window(data: ReportData) -> float:
+    """The sweep interval, or a day where sweeping is continuous (interval 0)."""
+    return data.interval if data.interval > 0 else 86400.0
+
+
 def coverage(data: ReportData) -> tuple[int, int]:
     """(nodes swept within their interval, nodes known)."""
-    fresh = sum(1 for r in data.fleet if r["started"] >= data.generated - data.interval)
+    fresh = sum(1 for r in data.fleet if r["started"] >= data.generated - coverage_window(data))
     return fresh, len(data.fleet)
 
 
@@ -72,7 +77,8 @@ def _heatmap(data: ReportData) -> str:
         return "<p class=empty>No sweeps in this window.</p>"
     cell, label = 12, 150
     cols = min(MAX_HEATMAP_SWEEPS, max(len(v) for v in data.matrix.values()))
-    width, height = label + cols * cell + 10, len(nodes) * cell + 20
+    span = max(cols * cell, 120)  # room for the axis words under a short history
+    width, height = label + span + 10, len(nodes) * cell + 20
     parts = [f'<svg class=heat width="{width}" height="{height}" viewBox="0 0 {width} {height}" role=img '
              f'aria-label="verdict of each node\'s sweeps, oldest left">']
     for i, node in enumerate(nodes):
@@ -83,7 +89,7 @@ def _heatmap(data: ReportData) -> str:
                          f'fill="{COLORS.get(verdict, "#999")}"><title>{_esc(node)} {_when(ts)}: {_esc(verdict)}'
                          '</title></rect>')
     parts.append(f'<text x="{label}" y="{height - 4}">oldest</text>'
-                 f'<text x="{label + cols * cell}" y="{height - 4}" text-anchor=end>latest</text></svg>')
+                 f'<text x="{label + span}" y="{height - 4}" text-anchor=end>latest</text></svg>')
     more = len(data.matrix) - len(nodes)
     return "".join(parts) + (f"<p class=note>and {more} more nodes (see <code>sweeper nodes</code>)</p>" if more else "")
 
@@ -193,7 +199,7 @@ def render(data: ReportData, title: str = "Sweeper fleet report", refresh: int =
     return (f"<!doctype html><html lang=en><head><meta charset=utf-8>{meta}<title>{_esc(title)}</title>"
             f"<meta name=viewport content='width=device-width,initial-scale=1'><style>{CSS}</style></head><body>"
             f"<h1>{_esc(title)}</h1><p class=note>generated {_when(data.generated)} UTC; sweeps since "
-            f"{_when(data.since)}; coverage counts a node swept within {data.interval / 3600:g} h</p>"
+            f"{_when(data.since)}; coverage counts a node swept within {coverage_window(data) / 3600:g} h</p>"
             f"<div class=tiles>{tiles}</div>"
             f"<h2>Nodes held, and why</h2>{_held(data)}"
             f"<h2>Sweeps by node</h2>{_legend()}<div class=scroll>{_heatmap(data)}</div>"

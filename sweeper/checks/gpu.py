@@ -100,15 +100,22 @@ def one_gpu(opts: CheckOptions, nvml: Any, h: Any, i: int, c: Collector, bus_to_
     _recovery(nvml, h, i, c)
 
 
+def _unread(c: Collector, name: str, state: str, value: Any, what: str, gpu: int) -> bool:
+    """Record a reading that did not come back (skip when unsupported, else error); True if so."""
+    if state == "unsupported":
+        c.check(name, "skip", f"{what} not supported on this GPU", gpu=gpu)
+        return True
+    if state == "error":
+        c.check(name, "error", f"cannot read {what}: {value}", "warning", gpu=gpu)
+        return True
+    return False
+
+
 def _ecc(nvml: Any, h: Any, i: int, c: Collector) -> None:
     unc = nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
     cor = nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
     state, dbe = nvml_call(nvml, nvml.nvmlDeviceGetTotalEccErrors, h, unc, nvml.NVML_VOLATILE_ECC)
-    if state == "unsupported":
-        c.check("ecc.volatile_uncorrected", "skip", "ECC counters not supported on this GPU", gpu=i)
-        return
-    if state == "error":
-        c.check("ecc.volatile_uncorrected", "error", f"cannot read ECC counters: {dbe}", "warning", gpu=i)
+    if _unread(c, "ecc.volatile_uncorrected", state, dbe, "ECC counters", i):
         return
     if dbe > 0:
         c.check("ecc.volatile_uncorrected", "fail", f"{dbe} volatile uncorrectable ECC errors", "critical",
@@ -123,12 +130,8 @@ def _ecc(nvml: Any, h: Any, i: int, c: Collector) -> None:
 
 def _remap(nvml: Any, h: Any, i: int, c: Collector) -> bool:
     state, rows = nvml_call(nvml, nvml.nvmlDeviceGetRemappedRows, h)
-    if state == "unsupported":
-        c.check("row_remap", "skip", "row remapping not supported on this GPU", gpu=i)
-        return False
-    if state == "error":
-        c.check("row_remap", "error", f"cannot read row remapping: {rows}", "warning", gpu=i)
-        return True
+    if _unread(c, "row_remap", state, rows, "row remapping", i):
+        return state != "unsupported"
     corrected, uncorrected, pending, failure = rows
     c.metric("row_remap.corrected", corrected, "rows", gpu=i)
     c.metric("row_remap.uncorrected", uncorrected, "rows", gpu=i)
@@ -148,11 +151,7 @@ def _retired_pages(nvml: Any, h: Any, i: int, c: Collector) -> None:
     total = 0
     for cause in (0, 1):  # multiple single-bit errors, double-bit error
         state, pages = nvml_call(nvml, nvml.nvmlDeviceGetRetiredPages, h, cause)
-        if state == "unsupported":
-            c.check("retired_pages", "skip", "page retirement not supported on this GPU", gpu=i)
-            return
-        if state == "error":
-            c.check("retired_pages", "error", f"cannot read retired pages: {pages}", "warning", gpu=i)
+        if _unread(c, "retired_pages", state, pages, "page retirement", i):
             return
         total += len(pages)
     c.metric("retired_pages", total, "pages", gpu=i)
