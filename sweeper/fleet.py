@@ -33,6 +33,7 @@ class NodeView:
     provider_id: str = ""
     conditions: tuple[str, ...] = ()  # types of the node's conditions whose status is True, Ready aside
     boot_id: str = ""
+    uid: str = ""
 
     @classmethod
     def from_obj(cls, obj: dict[str, Any], gpu_resources: tuple[str, ...] = ("nvidia.com/gpu",)) -> NodeView:
@@ -48,7 +49,7 @@ class NodeView:
                    provider_id=spec.get("providerID", ""),
                    conditions=tuple(c.get("type", "") for c in status.get("conditions") or []
                                     if c.get("status") == "True" and c.get("type") != "Ready"),
-                   boot_id=(status.get("nodeInfo") or {}).get("bootID", ""))
+                   boot_id=(status.get("nodeInfo") or {}).get("bootID", ""), uid=meta.get("uid", ""))
 
     def sweep_taint(self, key: str) -> dict[str, Any] | None:
         return next((t for t in self.taints if t.get("key") == key), None)

@@ -387,8 +387,8 @@ class Sweep:
 
     def _event(self, node: NodeView, reason: str, msg: str, kind: str) -> None:
         try:
-            uid = node.annotations.get("uid") or node.name
-            node_actions.node_event(self.kube, node.name, uid, reason, msg, kind, self.cfg.lock_name, self.clock.now())
+            node_actions.node_event(self.kube, node.name, node.uid or node.name, reason, msg, kind, self.cfg.lock_name,
+                                    self.clock.now())
         except KubeError as exc:
             self.emit("log", {"node": node.name, "msg": f"could not record an event: {exc}"})
 

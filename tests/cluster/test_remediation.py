@@ -161,6 +161,10 @@ def test_verdicts_reach_labels_annotation_condition_and_events(make_sim, history
     sim.cluster.clock.advance(7200)
     run_sweep(sim, history, replace(cfg, interval=0))
     assert cond("gpu-00").last_transition_time == first, "unchanged status, unchanged transition time"
+    uid = sim.core.read_node("gpu-01").metadata.uid
+    events = sim.core.list_namespaced_event("default", field_selector="involvedObject.name=gpu-01").items
+    assert {e.reason for e in events} >= {"SweepStarted", "SweepReboot"}
+    assert {e.involved_object.uid for e in events} == {uid} and all(e.type for e in events)
     assert cond("gpu-00").last_heartbeat_time != first
 
 
