@@ -331,15 +331,11 @@ def mark_status(kube: Any, cfg: Config, name: str, verdict: str, reasons: list[s
             break
         summary = candidate
 
-    def build(node: dict[str, Any]) -> list[dict[str, Any]] | None:
-        labels = dict(node["metadata"].get("labels") or {})
-        ann = dict(node["metadata"].get("annotations") or {})
-        labels.update({f"{p}/status": verdict, f"{p}/last-sweep": str(int(now))})
-        ann[f"{p}/last-result"] = json.dumps(summary, separators=(",", ":"))
-        return [{"op": "add", "path": "/metadata/labels", "value": labels},
-                {"op": "add", "path": "/metadata/annotations", "value": ann}]
-
-    node = patch_node(kube, name, build)
+    # One merge patch of Sweeper's own keys: nothing else on the node is read or rewritten.
+    node = kube.patch_node(name, {"metadata": {
+        "labels": {f"{p}/status": verdict, f"{p}/last-sweep": str(int(now))},
+        "annotations": {f"{p}/last-result": json.dumps(summary, separators=(",", ":"))}}},
+        content_type="application/merge-patch+json")
     if not condition or node is None or verdict in ("error", "inconclusive"):
         return
     healthy = "False" if verdict in HOLDING else "True"
