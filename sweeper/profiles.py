@@ -50,7 +50,7 @@ class Profile:
         optional: list[tuple[str, Any]] = [
             ("--expect-nvlinks", self.nvlinks), ("--pcie-gen", self.pcie_gen), ("--pcie-width", self.pcie_width),
             ("--expect-nics", self.nics if self.nic != "none" else None), ("--nic-rate-gbps", self.nic_rate_gbps),
-            ("--mtu", self.mtu), ("--power-limit-w", self.power_limit_w)]
+            ("--mtu", self.mtu), ("--power-limit-w", self.power_limit_w), ("--gpu-memory-gb", self.gpu_memory_gb)]
         for flag, value in optional:
             if value is not None:
                 args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]

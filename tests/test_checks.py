@@ -248,3 +248,13 @@ def test_uccl_ep_on_amd_needs_rocm_7_and_not_arm() -> None:
     assert statuses(r, "uccl.ep") == {"pass"} and statuses(r, "uccl.env") == {"pass"}
     r = run_node_checks(opts, FakeNvml([]), "", now=NOW, host=FakeHost(files=files, environ=env, arch="aarch64"))
     assert "ARM64" in by_name(r, "uccl.ep")[0].message
+
+
+def test_gpu_memory_against_the_profile() -> None:
+    g = gpus()
+    g[3].memory_mib = 40960  # a 40 GB part where the profile expects 80
+    r = run_node_checks(CheckOptions(node="n1", expect_gpus=8, gpu_memory_gb=80), FakeNvml(g), "", now=NOW)
+    assert {(c.gpu, c.code) for c in by_name(r, "gpu.memory") if c.status == "fail"} == {(3, "GPU_MEMORY")}
+    assert len([c for c in by_name(r, "gpu.memory") if c.status == "pass"]) == 7
+    r = run_node_checks(CheckOptions(node="n1", expect_gpus=8), FakeNvml(g), "", now=NOW)
+    assert by_name(r, "gpu.memory") == [], "no expectation, no check"

@@ -18,6 +18,7 @@ class FakeGpu:
     bus_id: str = "00000000:18:00.0"
     uuid: str = ""
     temperature: int = 35
+    memory_mib: int = 81559
     persistence: bool = True
     ecc_supported: bool = True
     volatile_corrected: int = 0
@@ -98,6 +99,10 @@ class FakeNvml:
 
     def nvmlDeviceGetTemperature(self, h: FakeGpu, sensor: int) -> int:
         return h.temperature
+
+    def nvmlDeviceGetMemoryInfo(self, h: FakeGpu) -> Any:
+        total = self._alive(h).memory_mib * 2**20
+        return SimpleNamespace(total=total, free=total - 328 * 2**20, used=0)
 
     def nvmlDeviceGetPersistenceMode(self, h: FakeGpu) -> int:
         return 1 if h.persistence else 0

@@ -79,6 +79,8 @@ def one_gpu(opts: CheckOptions, nvml: Any, h: Any, i: int, c: Collector, bus_to_
         c.check("gpu.model", "fail", f"model {name!r}, the profile expects {opts.gpu_model!r}", "critical", gpu=i)
     else:
         c.check("gpu.model", "pass", str(name), gpu=i)
+    if opts.gpu_memory_gb:
+        _memory(opts, nvml, h, i, c)
     state, mode = nvml_call(nvml, nvml.nvmlDeviceGetPersistenceMode, h)
     if state == "ok":
         if mode:
@@ -98,6 +100,21 @@ def one_gpu(opts: CheckOptions, nvml: Any, h: Any, i: int, c: Collector, bus_to_
     _clocks(nvml, h, i, c)
     _thermal_power(opts, nvml, h, i, c)
     _recovery(nvml, h, i, c)
+
+
+def _memory(opts: CheckOptions, nvml: Any, h: Any, i: int, c: Collector) -> None:
+    """Total framebuffer memory against the profile: a GPU that comes up with less (a wrong SKU,
+    memory taken out of service) fails."""
+    state, info = nvml_call(nvml, nvml.nvmlDeviceGetMemoryInfo, h)
+    if _unread(c, "gpu.memory", state, info, "the memory size", i):
+        return
+    gib = info.total / 2**30
+    c.metric("gpu.memory_total", gib, "GiB", gpu=i)
+    if gib < 0.9 * opts.gpu_memory_gb:
+        c.check("gpu.memory", "fail", f"{gib:.1f} GiB of memory, the profile expects {opts.gpu_memory_gb:g} GB",
+                "critical", gpu=i, code="GPU_MEMORY")
+    else:
+        c.check("gpu.memory", "pass", f"{gib:.1f} GiB", gpu=i)
 
 
 def _unread(c: Collector, name: str, state: str, value: Any, what: str, gpu: int) -> bool:

@@ -14,6 +14,7 @@ class CheckOptions:
     gpu_model: str = ""
     kernel_log: str = ""
     xid_window: float = 86400.0
+    gpu_memory_gb: float = 0.0
     expect_nvlinks: int = -1
     pcie_gen: int = 0
     pcie_width: int = 0
@@ -46,6 +47,7 @@ OPTIONS: list[tuple[str, type, object, str]] = [
     ("gpu_model", str, "", "substring the GPU model name must contain (empty: any)"),
     ("kernel_log", str, "", "file with the kernel log (default: read `dmesg`)"),
     ("xid_window", float, 86400.0, "seconds of kernel log to consider for XIDs"),
+    ("gpu_memory_gb", float, 0.0, "memory per GPU the profile expects, in GB (0: not checked; 10% slack)"),
     ("expect_nvlinks", int, -1, "NVLink links per GPU the profile expects (0: none, -1: whatever answers)"),
     ("pcie_gen", int, 0, "PCIe generation the GPUs' links must reach (0: the GPU's own maximum)"),
     ("pcie_width", int, 0, "PCIe lanes per GPU link (0: the GPU's own maximum)"),

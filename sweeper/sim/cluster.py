@@ -588,7 +588,7 @@ class SimCluster:
             corrected = 3 * i + int(f.ecc_growth.get(i, 0.0) * days)
             gpus.append(FakeGpu(
                 index=i, name=hw["model"], bus_id=bus_id(i), temperature=33 + (i * 7) % 9,
-                persistence=not f.persistence_off,
+                memory_mib=hw["memory_mib"], persistence=not f.persistence_off,
                 volatile_uncorrected=f.ecc_dbe.get(i, 0) + int(failed and i in f.ecc_growth),
                 aggregate_uncorrected=f.ecc_dbe.get(i, 0) + int(failed and i in f.ecc_growth),
                 volatile_corrected=int(f.ecc_growth.get(i, 0.0) * days), aggregate_corrected=corrected,

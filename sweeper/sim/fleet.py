@@ -14,24 +14,24 @@ from sweeper.errors import ConfigError
 
 # What each instance type *is* (the simulated hardware), not what Sweeper expects of it.
 _H100 = {"gpus": 8, "model": "NVIDIA H100 80GB HBM3", "cpu": "192", "memory": "2097152Mi", "device_id": "2330",
-         "nccl_peak": 480.0, "nvlinks": 18, "pcie_gen": 5, "arch": "x86_64"}
+         "nccl_peak": 480.0, "nvlinks": 18, "pcie_gen": 5, "arch": "x86_64", "memory_mib": 81559}
 HARDWARE: dict[str, dict[str, Any]] = {
     "p5.48xlarge": {**_H100, "nic": "efa", "nics": 32, "nic_rate": 100},
-    "p5e.48xlarge": {**_H100, "model": "NVIDIA H200", "device_id": "2335", "nic": "efa", "nics": 32, "nic_rate": 100},
-    "p5en.48xlarge": {**_H100, "model": "NVIDIA H200", "device_id": "2335", "nic": "efa", "nics": 16,
+    "p5e.48xlarge": {**_H100, "model": "NVIDIA H200", "device_id": "2335", "memory_mib": 143771, "nic": "efa", "nics": 32, "nic_rate": 100},
+    "p5en.48xlarge": {**_H100, "model": "NVIDIA H200", "device_id": "2335", "memory_mib": 143771, "nic": "efa", "nics": 16,
                       "nic_rate": 200},
-    "p4d.24xlarge": {**_H100, "model": "NVIDIA A100-SXM4-40GB", "cpu": "96", "memory": "1179648Mi",
+    "p4d.24xlarge": {**_H100, "model": "NVIDIA A100-SXM4-40GB", "cpu": "96", "memory": "1179648Mi", "memory_mib": 40960,
                      "device_id": "20b0", "nccl_peak": 235.0, "nvlinks": 12, "pcie_gen": 4, "nic": "efa", "nics": 4,
                      "nic_rate": 100},
-    "p4de.24xlarge": {**_H100, "model": "NVIDIA A100-SXM4-80GB", "cpu": "96", "memory": "1179648Mi",
+    "p4de.24xlarge": {**_H100, "model": "NVIDIA A100-SXM4-80GB", "cpu": "96", "memory": "1179648Mi", "memory_mib": 81920,
                       "device_id": "20b2", "nccl_peak": 235.0, "nvlinks": 12, "pcie_gen": 4, "nic": "efa", "nics": 4,
                       "nic_rate": 100},
-    "p6-b200.48xlarge": {**_H100, "model": "NVIDIA B200", "device_id": "2901", "nccl_peak": 800.0, "nic": "efa",
+    "p6-b200.48xlarge": {**_H100, "model": "NVIDIA B200", "device_id": "2901", "memory_mib": 183359, "nccl_peak": 800.0, "nic": "efa",
                          "nics": 8, "nic_rate": 400},
     "Standard_ND96isr_H100_v5": {**_H100, "cpu": "96", "memory": "1900Gi", "nic": "ib", "nics": 8, "nic_rate": 400},
     "a3-highgpu-8g": {**_H100, "cpu": "208", "memory": "1872Gi", "nic": "gve", "nics": 5, "nic_rate": 200},
     "m7i.4xlarge": {"gpus": 0, "model": "", "cpu": "16", "memory": "65536Mi", "device_id": "", "nccl_peak": 0.0,
-                    "nvlinks": 0, "pcie_gen": 0, "nic": "ena", "nics": 1, "nic_rate": 0, "arch": "x86_64"},
+                    "nvlinks": 0, "pcie_gen": 0, "nic": "ena", "nics": 1, "nic_rate": 0, "arch": "x86_64", "memory_mib": 0},
 }
 
 FAULT_KEYS = {"xids", "missing_gpus", "hung_check", "garbage_output", "ecc_dbe", "remap_pending",
