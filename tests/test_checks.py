@@ -258,3 +258,34 @@ def test_gpu_memory_against_the_profile() -> None:
     assert len([c for c in by_name(r, "gpu.memory") if c.status == "pass"]) == 7
     r = run_node_checks(CheckOptions(node="n1", expect_gpus=8), FakeNvml(g), "", now=NOW)
     assert by_name(r, "gpu.memory") == [], "no expectation, no check"
+
+
+def test_the_real_host_reads_a_mounted_root(tmp_path) -> None:
+    """RealHost under a root, as in a check Job that mounts the host's /sys and /opt at /host:
+    sysfs files on disk, and the host's own fi_info run with the host's libfabric."""
+    import os
+    import stat
+
+    from sweeper.checks.host import RealHost
+
+    files = {**efa_sysfs(4), **netdev("ens32", "ena", 9001)}
+    for path, text in files.items():
+        target = tmp_path / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    devs = sorted({p.split("/")[4] for p in files if p.startswith("/sys/class/infiniband/")})
+    tool = tmp_path / "opt/amazon/efa/bin/fi_info"
+    tool.parent.mkdir(parents=True)
+    out = tmp_path / "fi_info.out"
+    out.write_text(fi_info_output(devs))
+    tool.write_text(f'#!/bin/sh\ncase "$LD_LIBRARY_PATH" in *{tmp_path}/opt/amazon/efa/lib*) ;; *) exit 9;; esac\n'
+                    f'cat {out}\n')
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    opts = CheckOptions(node="n1", expect_gpus=8, nic="efa", expect_nics=4, nic_rate_gbps=100, mtu=9001,
+                        mtu_driver="ena")
+    r = run_node_checks(opts, FakeNvml(gpus()), "", now=NOW, host=RealHost(str(tmp_path)))
+    assert r.status == "pass", [(c.name, c.message) for c in r.checks if c.status != "pass"]
+    assert {"nic.devices", "nic.port", "efa.fi_info", "net.mtu"} <= {c.name for c in r.checks}
+    os.remove(tmp_path / "sys/class/net/ens32/mtu")
+    r = run_node_checks(opts, FakeNvml(gpus()), "", now=NOW, host=RealHost(str(tmp_path)))
+    assert statuses(r, "net.mtu") == {"error"}

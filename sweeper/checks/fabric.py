@@ -113,13 +113,16 @@ def _rdma(opts: CheckOptions, host: Host, c: Collector) -> None:
         c.metric(f"{opts.nic}.{name}", total, "count")
 
 
-EFA_FI_INFO = "/opt/amazon/efa/bin/fi_info"  # where the EFA installer puts it on the host
+EFA_HOME = "/opt/amazon/efa"  # where the EFA installer puts libfabric and its tools on the host
 
 
 def _fi_info(opts: CheckOptions, host: Host, c: Collector) -> None:
-    prog = host.resolve(EFA_FI_INFO) if host.exists(EFA_FI_INFO) else "fi_info"
+    prog, env = "fi_info", None
+    if host.exists(f"{EFA_HOME}/bin/fi_info"):  # the host's own, with the host's libfabric
+        prog = host.resolve(f"{EFA_HOME}/bin/fi_info")
+        env = {"LD_LIBRARY_PATH": f"{host.resolve(EFA_HOME + '/lib')}:{host.resolve(EFA_HOME + '/lib64')}"}
     try:
-        code, out, err = host.run([prog, "-p", "efa", "-t", "FI_EP_RDM"], timeout=30)
+        code, out, err = host.run([prog, "-p", "efa", "-t", "FI_EP_RDM"], timeout=30, env=env)
     except FileNotFoundError:
         c.check("efa.fi_info", "error", "fi_info is not installed in the check image", "warning")
         return

@@ -218,7 +218,7 @@ class FakeHost:
     def resolve(self, path: str) -> str:
         return path
 
-    def run(self, argv: list[str], timeout: float = 60.0) -> tuple[int, str, str]:
+    def run(self, argv: list[str], timeout: float = 60.0, env: dict[str, str] | None = None) -> tuple[int, str, str]:
         if argv[0] not in self.commands:
             raise FileNotFoundError(argv[0])
         return self.commands[argv[0]]

@@ -25,8 +25,9 @@ class Host(Protocol):
         """The path as the check process can open or run it."""
         ...
 
-    def run(self, argv: list[str], timeout: float = 60.0) -> tuple[int, str, str]:
-        """(exit code, stdout, stderr); raises FileNotFoundError when the program is missing."""
+    def run(self, argv: list[str], timeout: float = 60.0, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+        """(exit code, stdout, stderr); raises FileNotFoundError when the program is missing.
+        `env` adds to the environment."""
         ...
 
     def env(self) -> dict[str, str]: ...
@@ -59,9 +60,10 @@ class RealHost:
     def resolve(self, path: str) -> str:
         return str(self._p(path))
 
-    def run(self, argv: list[str], timeout: float = 60.0) -> tuple[int, str, str]:
+    def run(self, argv: list[str], timeout: float = 60.0, env: dict[str, str] | None = None) -> tuple[int, str, str]:
         try:
-            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+            proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
+                                  env={**os.environ, **env} if env else None)
         except subprocess.TimeoutExpired as exc:
             return 124, str(exc.stdout or ""), f"timed out after {timeout:g}s"
         return proc.returncode, proc.stdout, proc.stderr
