@@ -338,7 +338,7 @@ class Sweep:
                 if verdict == "replace":
                     self._replacing -= 1
             self.emit("done", {"node": name, "verdict": verdict, "reasons": reasons, "action": action})
-        self.after_verdict(run_id, node, profile.name, verdict, reasons, decision, action)
+        self.after_verdict(run_id, node, profile, verdict, reasons, decision, action)
         return NodeOutcome(name, verdict, reasons, action, time.monotonic() - t0)
 
     def observe(self, metrics: Any, report: RunReport, mode: str = "sweep") -> None:
@@ -347,7 +347,7 @@ class Sweep:
         metrics.observe_run(report, mode, api_errors=getattr(self.kube, "errors", 0), breaker_open=bool(gates.breaker),
                             paused=bool(gates.paused), failed_checks=self.failed_checks, remedies=self.remedies)
 
-    def after_verdict(self, run_id: str, node: NodeView, profile: str, verdict: str, reasons: list[str],
+    def after_verdict(self, run_id: str, node: NodeView, profile: profiles.Profile, verdict: str, reasons: list[str],
                       decision: dict[str, Any] | None, action: str) -> None:
         """What people and neighbours see of a verdict: the node's status labels, annotation and
         condition, an Event, the remediation, a notification. A failure here is logged; the
@@ -366,7 +366,8 @@ class Sweep:
         if not holding or action != "held":
             return
         try:
-            remedy = self.remediator.remediate(run_id, node, profile, verdict, decision, self._node_vars(node, profile))
+            remedy = self.remediator.remediate(run_id, node, profile.name, verdict, decision,
+                                               self._node_vars(node, profile))
         except (KubeError, PlaybookError) as exc:
             remedy = Remedy("error", "failed", f"remediation failed: {exc}; the node stays held", ok=False)
         if remedy is None:
@@ -392,8 +393,9 @@ class Sweep:
         except KubeError as exc:
             self.emit("log", {"node": node.name, "msg": f"could not record an event: {exc}"})
 
-    def _node_vars(self, node: NodeView, profile_name: str) -> dict[str, Any]:
-        profile = self.profiles.get(profile_name) or profiles.match(self.profiles, node.labels)
+    @staticmethod
+    def _node_vars(node: NodeView, profile: profiles.Profile) -> dict[str, Any]:
+        """What playbooks and job templates see as `node`."""
         return {"name": node.name, "labels": node.labels, "annotations": node.annotations, "gpus": node.gpus,
                 "profile": profile.as_vars()}
 
@@ -442,9 +444,7 @@ class Sweep:
     def _play(self, run_id: str, sweep_id: int, node: NodeView, profile: profiles.Profile,
               playbook: Playbook | None = None) -> tuple[str, list[str], str, dict[str, Any] | None]:
         dismissed = (self.rec.get_control(f"dismissed/{node.name}") or {}).get("keys", [])
-        node_vars = {"name": node.name, "labels": node.labels, "annotations": node.annotations, "gpus": node.gpus,
-                     "dismissed": dismissed,
-                     "profile": profile.as_vars()}
+        node_vars = {**self._node_vars(node, profile), "dismissed": dismissed}
         ctx = ActionContext(
             config=self.cfg, clock=self.clock, kube=self.kube, node=node_vars, run_id=run_id,
             on_result=lambda r: self.rec.result(sweep_id, r),
