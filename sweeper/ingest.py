@@ -10,7 +10,7 @@ from sweeper.errors import ConfigError
 from sweeper.parsers import dcgm, fi_info, ibv_devinfo, nccl, nvidia_smi, sweeper_result, topo
 from sweeper.parsers.kernel_log import parse_xids
 from sweeper.result import CheckResult, Result
-from sweeper.xid import lookup
+from sweeper.xid import judge
 
 FORMATS = ("auto", "dcgm", "nccl", "kernel-log", "sweeper", "nvidia-smi", "ibv-devinfo", "topo", "fi-info")
 
@@ -46,15 +46,9 @@ def kernel_log(text: str, node: str, now: float) -> Result:
     if not events:
         return Result(node=node, source="kernel-log", started=now, finished=now,
                       checks=(CheckResult("xid", "pass", "no XID in the log"),))
-    checks = []
-    for e in events:
-        info = lookup(e.code)
-        status = {"ignore": "pass", "restart_app": "warn"}.get(info.action, "fail")
-        if e.code == 154 and e.recovery_action:
-            status = "pass" if e.recovery_action.lower() == "none" else "fail"
-        checks.append(CheckResult("xid", status, f"XID {e.code} ({info.meaning}) on {e.pci}; action: "
-                                  f"{e.recovery_action or info.action}", info.severity, code=str(e.code)))
-    return Result(node=node, source="kernel-log", started=now, finished=now, checks=tuple(checks))
+    checks, metrics = judge(events)
+    return Result(node=node, source="kernel-log", started=now, finished=now, checks=tuple(checks),
+                  metrics=tuple(metrics))
 
 
 def ingest(text: str, node: str, fmt: str, now: float | None = None, **options: Any) -> tuple[str, Result]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
@@ -10,6 +12,8 @@ from pathlib import Path
 import yaml
 
 from sweeper.errors import ConfigError
+from sweeper.parsers.kernel_log import XidEvent
+from sweeper.result import CheckResult, Metric
 
 ACTIONS = ("ignore", "restart_app", "reset_gpu", "reboot", "replace", "inspect", "follow_text")
 SEVERITIES = ("info", "warning", "critical", "fatal")
@@ -58,3 +62,35 @@ def lookup(code: int, catalogue: dict[int, XidInfo] | None = None) -> XidInfo:
     """An XID missing from the catalogue is treated as needing a GPU reset, never ignored."""
     cat = catalogue if catalogue is not None else default_catalogue()
     return cat.get(code) or XidInfo(code, "unknown XID", UNKNOWN_ACTION, "critical")
+
+
+_STATUS = {"ignore": "pass", "restart_app": "warn"}
+_PIDNAME = re.compile(r"pid=('[^']*'|\S+?),\s*name=(\S+?),\s*")
+
+
+def judge(events: Iterable[XidEvent], bus_to_gpu: dict[str, int] | None = None,
+          catalogue: dict[int, XidInfo] | None = None) -> tuple[list[CheckResult], list[Metric]]:
+    """One finding per (code, device, driver verdict), however many lines repeat it, so that an
+    XID storm is one finding with a count and not thousands; and an `xid.<code>` count per GPU.
+    XID 154 carries the driver's own recovery verdict, which outranks the catalogue."""
+    groups: dict[tuple[int, str, str | None], list[XidEvent]] = {}
+    for e in events:
+        groups.setdefault((e.code, e.pci, e.recovery_action), []).append(e)
+    checks: list[CheckResult] = []
+    metrics: list[Metric] = []
+    for (code, pci, recovery), same in groups.items():
+        info = lookup(code, catalogue)
+        status = _STATUS.get(info.action, "fail")
+        action = info.action
+        if code == 154 and recovery:
+            action = recovery
+            status = "pass" if recovery.lower() == "none" else "fail"
+        detail = _PIDNAME.sub("", same[-1].message).strip().rstrip(".")
+        n = sum(e.count for e in same)
+        gpu = (bus_to_gpu or {}).get(pci)
+        kind = "SXID" if same[0].switch else "XID"
+        checks.append(CheckResult("xid", status, f"{kind} {code} ({info.meaning}) on {pci}"
+                                  + (f" x{n}" if n > 1 else "") + (f": {detail[:160]}" if detail else "")
+                                  + f"; action: {action}", info.severity, gpu, str(code)))
+        metrics.append(Metric(f"{'sxid' if same[0].switch else 'xid'}.{code}", float(n), "events", gpu))
+    return checks, metrics

@@ -73,3 +73,19 @@ def test_ingest_judges_against_a_profile(tmp_path: Path) -> None:
     assert res.exit_code == 1 and "NIC_AFFINITY" in res.stdout
     res = CliRunner().invoke(main, args[:2] + [str(FIX / "topo-p5-h100.txt")] + args[2:] + ["--profile", "nope"])
     assert res.exit_code == 2 and "no profile 'nope'" in res.stderr
+
+
+def test_ingest_folds_an_xid_storm_into_one_finding(tmp_path: Path) -> None:
+    lines = [f"[{9000 + i}.000000] NVRM: Xid (PCI:0000:18:00): 13, pid={2000 + i}, name=python3, "
+             f"Graphics Exception: ESR 0x405840=0x10000" for i in range(500)]
+    lines.append("[9600.000000] nvidia-nvswitch2: SXid (PCI:0000:05:00.0): 12028, Non-fatal, Link 46 egress "
+                 "non-posted PRIV error")
+    log = tmp_path / "dmesg.txt"
+    log.write_text("\n".join(lines) + "\n")
+    res = CliRunner().invoke(main, ["ingest", "gpu-9", str(log), "--no-record", "--json"])
+    doc = json.loads(res.stdout)
+    xids = [c for c in doc["checks"] if c["name"] == "xid"]
+    assert len(xids) == 2, "500 lines of one XID on one GPU are one finding, beside the switch's"
+    assert xids[0]["message"].startswith("XID 13 (") and " x500: " in xids[0]["message"]
+    assert xids[1]["message"].startswith("SXID 12028 (")
+    assert {(m["name"], m["value"]) for m in doc["metrics"]} == {("xid.13", 500.0), ("sxid.12028", 1.0)}

@@ -155,6 +155,7 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     inconclusive = ""
     polls = 0
     started = False
+    why = ""  # the scheduler's word on the pod, from the last time the pods were read
     try:
         while True:
             polls += 1
@@ -165,10 +166,13 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
             pods = ctx.kube.namespaced_pods(namespace, f"job-name={name}") \
                 if cond is not None or not started or polls % 6 == 1 else []
             started = started or any((p.get("status") or {}).get("startTime") for p in pods)
+            if pods:
+                why = "" if started else _unscheduled(pods) or why
             if cond is not None:
                 if cond.get("reason") == "DeadlineExceeded" and not started:
-                    inconclusive = "the check pod never started before its deadline" + (
-                        f" ({_unscheduled(pods)})" if _unscheduled(pods) else "") + _node_gone(ctx, node)
+                    inconclusive = (f"the check pod never scheduled ({why})" + (
+                        _node_gone(ctx, node) or "; someone or something else has the node") if why else
+                        "the check pod never started before its deadline" + _node_gone(ctx, node))
                 elif cond.get("reason") == "DeadlineExceeded":
                     result = _hung(node, ctx.clock.now(), timeout)
                 else:
@@ -184,8 +188,8 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
                     inconclusive = (f"aborted to make room for {len(waiting)} pending GPU pod(s) "
                                     f"({', '.join(waiting[:3])})")
                     break
-            why = _unscheduled(pods)
-            if why and elapsed > min(SCHEDULE_TIMEOUT, timeout * 0.9):
+            schedule_deadline = min(SCHEDULE_TIMEOUT, timeout * 0.9)
+            if why and elapsed > schedule_deadline:
                 inconclusive = f"the check pod never scheduled ({why})" + (_node_gone(ctx, node) or
                                                                           "; someone or something else has the node")
                 break
@@ -194,7 +198,10 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
                 break
             # Poll less often as the check runs on: a result is noticed at most ~10% late,
             # and fifty 10-minute checks do not cost the API server thousands of requests.
-            ctx.clock.sleep(max(ctx.config.poll_interval, min(MAX_POLL, elapsed / 10)))
+            pause = max(ctx.config.poll_interval, min(MAX_POLL, elapsed / 10))
+            if why and elapsed < schedule_deadline:  # wake in time to give up on a pod that cannot land
+                pause = max(ctx.config.poll_interval, min(pause, schedule_deadline - elapsed + 1))
+            ctx.clock.sleep(pause)
     finally:
         ctx.intent("delete-job", "before", f"{namespace}/{name}")
         try:

@@ -8,7 +8,6 @@ GPU does not support is `skip` with a reason; a library or log that cannot be re
 
 from __future__ import annotations
 
-import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -21,10 +20,7 @@ from sweeper.checks.options import CheckOptions
 from sweeper.checks.uccl import uccl_checks
 from sweeper.parsers.kernel_log import parse_xids
 from sweeper.result import Result
-from sweeper.xid import lookup
-
-_XID_STATUS = {"ignore": "pass", "restart_app": "warn"}
-_PIDNAME = re.compile(r"pid=('[^']*'|\S+?),\s*name=(\S+?),\s*")
+from sweeper.xid import judge
 
 
 def read_kernel_log(opts: CheckOptions) -> tuple[str | None, str]:
@@ -76,23 +72,6 @@ def _xid_checks(opts: CheckOptions, kernel_log: str | None, why: str, uptime: fl
     if not events:
         c.check("xid", "pass", "no XID in the kernel log window")
         return
-    # One finding per (code, GPU, driver verdict), however many lines repeat it: an XID storm
-    # is one finding with a count, not thousands.
-    groups: dict[tuple[int, str, str | None], list[Any]] = {}
-    for e in events:
-        groups.setdefault((e.code, e.pci, e.recovery_action), []).append(e)
-    for (code, pci, recovery), same in groups.items():
-        info = lookup(code)
-        status = _XID_STATUS.get(info.action, "fail")
-        action = info.action
-        if code == 154 and recovery:
-            action = recovery
-            status = "pass" if recovery.lower() == "none" else "fail"
-        detail = _PIDNAME.sub("", same[-1].message).strip().rstrip(".")
-        n = sum(e.count for e in same)
-        times = f" x{n}" if n > 1 else ""
-        gpu = bus_to_gpu.get(pci)
-        c.check("xid", status, f"XID {code} ({info.meaning}) on {pci}{times}"
-                + (f": {detail[:160]}" if detail else "") + f"; action: {action}",
-                info.severity, gpu=gpu, code=str(code))
-        c.metric(f"xid.{code}", n, "events", gpu=gpu)
+    checks, metrics = judge(events, bus_to_gpu)
+    c.checks.extend(checks)
+    c.metrics.extend(metrics)

@@ -114,6 +114,10 @@ class SimCluster:
         self.clock = clock or ScaledClock(fleet.speed)
         self.store = Store(self.clock)
         self.rng = random.Random(fleet.seed)
+        # Arrivals and their placement draw from streams of their own, in simulated time, so that the
+        # same fleet gives the same story however fast the machine running it is.
+        self._arrival_rng = random.Random(f"{fleet.seed}/arrivals")
+        self._place_rng = random.Random(f"{fleet.seed}/placement")
         self.specs: dict[str, NodeSpec] = {n.name: n for n in fleet.nodes}
         self.started = self.clock.now()
         self.logs: dict[tuple[str, str], str] = {}
@@ -124,6 +128,7 @@ class SimCluster:
         self.joining: list[tuple[float, NodeSpec]] = []  # replacement nodes and when they register
         self.replacements = 0
         self._last_step = self.started
+        self._next_arrival = self._draw_arrival(self.started)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.store.on_delete.append(self._forget)
@@ -312,19 +317,16 @@ class SimCluster:
             pass
 
     # -- controllers -------------------------------------------------------------
-    def _arrivals(self, now: float) -> None:
+    def _draw_arrival(self, after: float) -> float:
         rate = self.fleet.arrivals_per_hour
-        dt = now - self._last_step
-        if rate <= 0 or dt <= 0:
-            return
-        n = 0
-        p = 1 - math.exp(-rate * dt / 3600.0)
-        while self.rng.random() < p and n < 5:
-            n += 1
-            p = rate * dt / 3600.0 / (n + 1)
-        for _ in range(n):
+        return after + self._arrival_rng.expovariate(rate / 3600.0) if rate > 0 else math.inf
+
+    def _arrivals(self, now: float) -> None:
+        """A Poisson process in simulated time: each job arrives at a time drawn when the last one did."""
+        while self._next_arrival <= now:
             lo, hi = self.fleet.arrival_duration
-            self.start_training(self.fleet.arrival_gpus, self.rng.uniform(lo, hi))
+            self.start_training(self.fleet.arrival_gpus, self._arrival_rng.uniform(lo, hi))
+            self._next_arrival = self._draw_arrival(self._next_arrival)
 
     def _used_by_node(self) -> dict[str, int]:
         """GPUs requested by unfinished pods bound to each node, in one pass over the pods."""
@@ -386,7 +388,7 @@ class SimCluster:
                 if (pod["status"].get("conditions") or [{}])[0].get("message") != msg:
                     self.store.mutate("pods", ns, name, partial(_update_status, conditions=[cond]))
                 continue
-            choice = self.rng.choice(fits) if pod["metadata"].get("labels", {}).get("app") == "training" else fits[0]
+            choice = self._place_rng.choice(fits) if pod["metadata"].get("labels", {}).get("app") == "training" else fits[0]
             target = choice["metadata"]["name"]
             free[target] -= gpu_request(pod)
 
