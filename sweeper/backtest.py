@@ -4,15 +4,16 @@ have decided next to what was decided.
 Each recorded conclusive sweep is decided again, in time order, from its recorded checks and
 metrics, at the moment it was first decided. The history rules see the metrics as recorded
 (this node's trends, its peers) and the verdicts of the replay itself (ladders, relapses,
-failure rates), so a policy that escalates sooner changes what follows. Dismissals by a
-person are not replayed."""
+failure rates), so a policy that escalates sooner changes what follows. A person's dismissal
+(releasing a node Sweeper held) is replayed as it happened: from then on the findings of the
+sweep that held the node warn instead of holding it, in the replay as they did live."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from sweeper.policy import HOLDING, Policy, decide
+from sweeper.policy import HOLDING, Policy, decide, finding_key
 
 
 class ReplayPast:
@@ -80,10 +81,14 @@ class Backtest:
 def backtest(history: Any, policy: Policy, since: float) -> Backtest:
     past = ReplayPast(history)
     out = Backtest(policy.name, since)
+    dismissals: dict[str, list[tuple[float, set[str]]]] = {}
+    for d in history.dismissals():
+        dismissals.setdefault(d["node"], []).append((d["ts"], {finding_key(f) for f in d["findings"]}))
     for row in history.replay_rows(since):
         docs = history.sweep_documents(row["id"])
         at = row["decided"] if row["decided"] is not None else row["finished"]
-        v = decide(docs, set(), policy, node=row["node"], profile=row["profile"] or "", now=at, past=past)
+        dismissed = next((keys for ts, keys in reversed(dismissals.get(row["node"], [])) if ts <= at), set())
+        v = decide(docs, dismissed, policy, node=row["node"], profile=row["profile"] or "", now=at, past=past)
         if v.verdict not in ("error", "inconclusive") and row["kind"] == "sweep":
             past.decided.setdefault(row["node"], []).append(
                 {"started": row["started"], "verdict": v.verdict, "causes": list(v.causes)})

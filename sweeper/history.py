@@ -343,6 +343,22 @@ class History:
         return list(latest.values())
 
     @_locked
+    def dismissals(self) -> list[dict[str, Any]]:
+        """Each time a person released a node Sweeper held, oldest first: the node, when Sweeper
+        noticed, and the failed checks of the sweep that held it (the findings that node's decisions
+        ignore from then on, until the next dismissal)."""
+        out = []
+        for a in self.db.query("select node, ts from actions where action = 'false-positive' and dry_run = 0 "
+                               "order by ts"):
+            held = list(self.db.query(
+                "select id from node_sweeps where node = ? and finished is not null and finished <= ? "
+                "and dry_run = 0 and kind = 'sweep' order by finished desc limit 1", [a["node"], a["ts"]]))
+            findings = list(self.db.query("select name, code, gpu from checks where sweep_id = ? and status = 'fail'",
+                                          [held[0]["id"]])) if held else []
+            out.append({"node": a["node"], "ts": a["ts"], "findings": findings})
+        return out
+
+    @_locked
     def replay_rows(self, since: float) -> list[dict[str, Any]]:
         """Every conclusive sweep since `since` with what its policy decided on, oldest first."""
         rows = list(self.db.query(

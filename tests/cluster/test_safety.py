@@ -18,10 +18,12 @@ import pytest
 import yaml
 
 from sweeper.actions import node as node_actions
+from sweeper.backtest import backtest
 from sweeper.clock import iso_micro
 from sweeper.errors import LockHeld
 from sweeper.history import History
 from sweeper.lock import SweepLock
+from sweeper.policy import load_policy
 from sweeper.sweep import Sweep
 from tests.conftest import TEST_CONFIG, Sim, run_sweep
 
@@ -434,6 +436,11 @@ def test_a_person_releasing_a_held_node_marks_a_false_positive(make_sim, history
     third = run_sweep(sim, history, cfg)
     o = {x.node: x for x in third.outcomes}["gpu-01"]
     assert (o.verdict, o.action) == ("replace", "held")
+    # A backtest of the same policy replays the dismissal as it happened.
+    bt = backtest(history, load_policy(TEST_CONFIG.path("policies") / TEST_CONFIG.policy), 0.0)
+    assert [(d.recorded, d.replayed) for d in bt.decisions if d.node == "gpu-01"] == \
+        [("reboot", "reboot"), ("warn", "warn"), ("replace", "replace")]
+    assert not [d for d in bt.decisions if d.differs]
 
 
 def test_light_checks_on_busy_nodes_make_suspects(make_sim, history: History) -> None:
