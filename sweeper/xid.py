@@ -71,26 +71,38 @@ _PIDNAME = re.compile(r"pid=('[^']*'|\S+?),\s*name=(\S+?),\s*")
 def judge(events: Iterable[XidEvent], bus_to_gpu: dict[str, int] | None = None,
           catalogue: dict[int, XidInfo] | None = None) -> tuple[list[CheckResult], list[Metric]]:
     """One finding per (code, device, driver verdict), however many lines repeat it, so that an
-    XID storm is one finding with a count and not thousands; and an `xid.<code>` count per GPU.
-    XID 154 carries the driver's own recovery verdict, which outranks the catalogue."""
-    groups: dict[tuple[int, str, str | None], list[XidEvent]] = {}
+    XID storm is one finding with a count and not thousands; and a count per code and GPU as a
+    metric. XID 154 carries the driver's own recovery verdict, which outranks the catalogue.
+    NVSwitch SXIDs number their own codes and say their own severity ("Fatal" or "Non-fatal"
+    first in the message): a fatal one fails `sxid` (the fabric needs the GPUs and switches
+    reset, which on these baseboards is a reboot), a non-fatal one warns and is counted."""
+    groups: dict[tuple[bool, int, str, str | None], list[XidEvent]] = {}
     for e in events:
-        groups.setdefault((e.code, e.pci, e.recovery_action), []).append(e)
+        groups.setdefault((e.switch, e.code, e.pci, e.recovery_action), []).append(e)
     checks: list[CheckResult] = []
     metrics: list[Metric] = []
-    for (code, pci, recovery), same in groups.items():
+    for (switch, code, pci, recovery), same in groups.items():
+        detail = _PIDNAME.sub("", same[-1].message).strip().rstrip(".")
+        n = sum(e.count for e in same)
+        times = f" x{n}" if n > 1 else ""
+        if switch:
+            fatal = any(e.message.split(",", 1)[0].strip().lower() == "fatal" for e in same)
+            checks.append(CheckResult(
+                "sxid", "fail" if fatal else "warn",
+                f"SXID {code} on NVSwitch {pci}{times}: {detail[:160]}; action: "
+                + ("reset the GPUs and switches (reboot)" if fatal else "none unless it persists"),
+                "critical" if fatal else "warning", None, str(code)))
+            metrics.append(Metric(f"sxid.{code}", float(n), "events", None))
+            continue
         info = lookup(code, catalogue)
         status = _STATUS.get(info.action, "fail")
         action = info.action
         if code == 154 and recovery:
             action = recovery
             status = "pass" if recovery.lower() == "none" else "fail"
-        detail = _PIDNAME.sub("", same[-1].message).strip().rstrip(".")
-        n = sum(e.count for e in same)
         gpu = (bus_to_gpu or {}).get(pci)
-        kind = "SXID" if same[0].switch else "XID"
-        checks.append(CheckResult("xid", status, f"{kind} {code} ({info.meaning}) on {pci}"
-                                  + (f" x{n}" if n > 1 else "") + (f": {detail[:160]}" if detail else "")
-                                  + f"; action: {action}", info.severity, gpu, str(code)))
-        metrics.append(Metric(f"{'sxid' if same[0].switch else 'xid'}.{code}", float(n), "events", gpu))
+        checks.append(CheckResult("xid", status, f"XID {code} ({info.meaning}) on {pci}{times}"
+                                  + (f": {detail[:160]}" if detail else "") + f"; action: {action}",
+                                  info.severity, gpu, str(code)))
+        metrics.append(Metric(f"xid.{code}", float(n), "events", gpu))
     return checks, metrics

@@ -84,8 +84,25 @@ def test_ingest_folds_an_xid_storm_into_one_finding(tmp_path: Path) -> None:
     log.write_text("\n".join(lines) + "\n")
     res = CliRunner().invoke(main, ["ingest", "gpu-9", str(log), "--no-record", "--json"])
     doc = json.loads(res.stdout)
-    xids = [c for c in doc["checks"] if c["name"] == "xid"]
-    assert len(xids) == 2, "500 lines of one XID on one GPU are one finding, beside the switch's"
-    assert xids[0]["message"].startswith("XID 13 (") and " x500: " in xids[0]["message"]
-    assert xids[1]["message"].startswith("SXID 12028 (")
+    assert [(c["name"], c["code"], c["status"]) for c in doc["checks"]] == [("xid", "13", "warn"),
+                                                                            ("sxid", "12028", "warn")]
+    assert doc["checks"][0]["message"].startswith("XID 13 (") and " x500: " in doc["checks"][0]["message"]
+    assert doc["checks"][1]["message"].startswith("SXID 12028 on NVSwitch 0000:05:00: Non-fatal, Link 46")
     assert {(m["name"], m["value"]) for m in doc["metrics"]} == {("xid.13", 500.0), ("sxid.12028", 1.0)}
+
+
+def test_a_fatal_nvswitch_error_fails_and_reboots(tmp_path: Path) -> None:
+    from sweeper.policy import decide
+
+    log = tmp_path / "dmesg.txt"
+    log.write_text("[100.0] nvidia-nvswitch0: SXid (PCI:0000:07:00.0): 24007, Fatal, Link 30 sourcetrack TCEN0 "
+                   "crumbstore ECC DBE Error\n"
+                   "[101.0] nvidia-nvswitch0: SXid (PCI:0000:07:00.0): 24007, Fatal, Link 30 sourcetrack TCEN0 "
+                   "crumbstore ECC DBE Error\n")
+    res = CliRunner().invoke(main, ["ingest", "gpu-9", str(log), "--no-record", "--json"])
+    assert res.exit_code == 1, res.output
+    doc = json.loads(res.stdout)
+    assert [(c["name"], c["status"], c["severity"]) for c in doc["checks"]] == [("sxid", "fail", "critical")]
+    assert " x2: Fatal, Link 30" in doc["checks"][0]["message"]
+    v = decide([doc])
+    assert v.verdict == "reboot", "not looked up as XID 24007 in the XID catalogue"

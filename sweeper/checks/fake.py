@@ -193,6 +193,12 @@ def xid_line(uptime: float, index: int, code: int, text: str) -> str:
     return f"[{uptime:12.6f}] NVRM: Xid (PCI:0000:{bus}:00): {code}, pid='<unknown>', name=<unknown>, {text}"
 
 
+def sxid_line(uptime: float, switch: int, code: int, fatal: bool) -> str:
+    """An NVSwitch error as the nvswitch driver logs it; the switches sit on their own buses."""
+    return (f"[{uptime:12.6f}] nvidia-nvswitch{switch}: SXid (PCI:0000:{0x05 + switch:02x}:00.0): {code}, "
+            f"{'Fatal' if fatal else 'Non-fatal'}, Link {10 + switch} simulated switch error")
+
+
 @dataclass
 class FakeHost:
     """A node's files and commands from a table: `files` maps absolute paths to contents (the

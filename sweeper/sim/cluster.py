@@ -22,6 +22,7 @@ from sweeper.checks.fake import (
     fi_info_output,
     ib_sysfs,
     netdev,
+    sxid_line,
     topo_output,
     xid_line,
 )
@@ -647,6 +648,10 @@ class SimCluster:
             t0 = self.started + storm["at"] - boot
             for k in range(storm["count"]):
                 lines.append(xid_line(t0 + k * 0.01, storm["gpu"], storm["code"], "simulated storm"))
+        for x in spec.faults.sxids:
+            when = self.started + x["at"]
+            if boot <= when <= now:
+                lines.append(sxid_line(when - boot, x["switch"], x["code"], x["fatal"]))
         return "\n".join(lines) + "\n"
 
     def _jobs(self, now: float) -> None:

@@ -38,7 +38,7 @@ FAULT_KEYS = {"xids", "missing_gpus", "hung_check", "garbage_output", "ecc_dbe",
               "remap_failure", "pod_lands_on_taint", "check_crash", "not_ready", "pcie_replay", "nvlink_down",
               "low_bandwidth", "dcgm_runtime_error", "checks_never_schedule", "lose_check_pod", "ecc_growth",
               "remap_growth", "pcie_downtrained", "nic_port_down", "nics_missing", "mtu", "poor_affinity",
-              "xid_storm", "thermal", "throttle", "recovery_action", "gpu_lost", "persistence_off", "dcgm_fail", "ecc_fail_at"}
+              "xid_storm", "sxids", "thermal", "throttle", "recovery_action", "gpu_lost", "persistence_off", "dcgm_fail", "ecc_fail_at"}
 
 
 @dataclass
@@ -68,6 +68,7 @@ class Faults:
     mtu: int = 0  # the ENA/primary interface MTU (0: the healthy 9001)
     poor_affinity: bool = False  # every NIC across the CPU socket from every GPU
     xid_storm: dict[str, Any] = field(default_factory=dict)  # {code, gpu, count, at}
+    sxids: list[dict[str, Any]] = field(default_factory=list)  # NVSwitch errors: {code, switch, fatal, at}
     thermal: list[int] = field(default_factory=list)  # GPUs past their thermal limit
     throttle: list[int] = field(default_factory=list)  # GPUs held down by HW slowdown
     recovery_action: dict[int, int] = field(default_factory=dict)  # GPU -> NVML recovery action
@@ -109,12 +110,20 @@ class Faults:
                    nics_missing=int(raw.get("nics_missing", 0)), mtu=int(raw.get("mtu", 0)),
                    poor_affinity=bool(raw.get("poor_affinity", False)),
                    xid_storm=_storm(node, raw.get("xid_storm")),
+                   sxids=[_sxid(node, x) for x in raw.get("sxids") or []],
                    thermal=[int(g) for g in raw.get("thermal", [])],
                    throttle=[int(g) for g in raw.get("throttle", [])],
                    recovery_action={int(k): int(v) for k, v in (raw.get("recovery_action") or {}).items()},
                    gpu_lost=[int(g) for g in raw.get("gpu_lost", [])],
                    persistence_off=bool(raw.get("persistence_off", False)),
                    dcgm_fail={int(k): str(v) for k, v in (raw.get("dcgm_fail") or {}).items()})
+
+
+def _sxid(node: str, raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, dict) or "code" not in raw:
+        raise ConfigError(f"fleet: node {node}: each SXID needs a code (and switch, fatal, at)")
+    return {"code": int(raw["code"]), "switch": int(raw.get("switch", 0)), "fatal": bool(raw.get("fatal", False)),
+            "at": parse_duration(raw.get("at", 0))}
 
 
 def _storm(node: str, raw: Any) -> dict[str, Any]:
