@@ -170,9 +170,8 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
                 why = "" if started else _unscheduled(pods) or why
             if cond is not None:
                 if cond.get("reason") == "DeadlineExceeded" and not started:
-                    inconclusive = (f"the check pod never scheduled ({why})" + (
-                        _node_gone(ctx, node) or "; someone or something else has the node") if why else
-                        "the check pod never started before its deadline" + _node_gone(ctx, node))
+                    inconclusive = _never_scheduled(ctx, node, why) if why else \
+                        "the check pod never started before its deadline" + _node_gone(ctx, node)
                 elif cond.get("reason") == "DeadlineExceeded":
                     result = _hung(node, ctx.clock.now(), timeout)
                 else:
@@ -190,8 +189,7 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
                     break
             schedule_deadline = min(SCHEDULE_TIMEOUT, timeout * 0.9)
             if why and elapsed > schedule_deadline:
-                inconclusive = f"the check pod never scheduled ({why})" + (_node_gone(ctx, node) or
-                                                                          "; someone or something else has the node")
+                inconclusive = _never_scheduled(ctx, node, why)
                 break
             if elapsed > timeout + CLIENT_GRACE:
                 result = _hung(node, ctx.clock.now(), timeout)
@@ -216,6 +214,11 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     bad = [f"{c.name}: {c.message}" for c in result.failed_checks][:5]
     return ok(f"{result.status}" + (f": {'; '.join(bad)}" if bad else ""), changed=True, job=name,
               status=result.status, result=result.to_dict()) | {"failed": result.status in ("fail", "error")}
+
+
+def _never_scheduled(ctx: ActionContext, node: str, why: str) -> str:
+    return f"the check pod never scheduled ({why})" + (_node_gone(ctx, node) or
+                                                      "; someone or something else has the node")
 
 
 def _node_gone(ctx: ActionContext, node: str) -> str:
