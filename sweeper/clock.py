@@ -39,11 +39,17 @@ class ScaledClock:
         self._start_sim = time.time() if start is None else start
         self._start_real = time.monotonic()
         self._offset = 0.0
+        self._frozen: float | None = None
         self._lock = threading.Lock()
 
     def now(self) -> float:
         with self._lock:
-            return self._start_sim + self._offset + (time.monotonic() - self._start_real) * self.speed
+            return self._now()
+
+    def _now(self) -> float:
+        if self._frozen is not None:
+            return self._frozen
+        return self._start_sim + self._offset + (time.monotonic() - self._start_real) * self.speed
 
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
@@ -52,7 +58,24 @@ class ScaledClock:
     def advance(self, seconds: float) -> None:
         """Jump forward (days between sweep cycles in the demo)."""
         with self._lock:
-            self._offset += seconds
+            if self._frozen is not None:
+                self._frozen += seconds
+            else:
+                self._offset += seconds
+
+    def freeze(self) -> None:
+        """Stop simulated time where it is: it then moves only by `advance`, so a test can hold a
+        state of the simulated cluster (a node mid-reboot) however slow the machine running it is."""
+        with self._lock:
+            if self._frozen is None:
+                self._frozen = self._now()
+
+    def thaw(self) -> None:
+        """Let simulated time run on from where it was frozen."""
+        with self._lock:
+            if self._frozen is not None:
+                self._start_sim, self._offset, self._start_real = self._frozen, 0.0, time.monotonic()
+                self._frozen = None
 
 
 def iso(ts: float) -> str:

@@ -243,22 +243,51 @@ def test_sweep_pushes_to_a_pushgateway(make_sim, tmp_path, catcher: Any) -> None
 
 
 def test_a_reboot_then_a_recheck_when_the_node_is_back(make_sim, history: History) -> None:
-    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"xids": [{"code": 79, "gpu": 2}]}})
+    sim: Sim = make_sim(nodes=1, faults={"gpu-00": {"xids": [{"code": 79, "gpu": 2}]}})
     cfg = replace(TEST_CONFIG, remediate_reboots=True)
+    # The node is down for 300 simulated seconds (half a real second at this speed), which a busy
+    # machine could let pass before the next sweep looks. So simulated time stops the moment the
+    # reboot Job is created, and from then on moves only when the test steps it.
+    clock = sim.cluster.clock
+
+    def freeze_at_the_reboot_job(stage: str, method: str, path: str) -> None:
+        if method != "POST" or not path.endswith("/jobs"):
+            return
+        if stage == "before":
+            clock.freeze()  # no simulated time passes while a Job is being created...
+            return
+        with sim.cluster.store.lock:
+            containers = [c["name"] for j in sim.cluster.store.iter("jobs")
+                          for c in j["spec"]["template"]["spec"]["containers"]]
+        if "reboot" not in containers:  # job-templates/reboot.yaml.j2 names its container so
+            clock.thaw()  # ...and it runs on after a check Job, but not after the reboot Job
+
+    sim.server.hooks.append(freeze_at_the_reboot_job)
     first = run_sweep(sim, history, cfg)
-    assert {o.node: o.verdict for o in first.outcomes}["gpu-01"] == "reboot"
-    ann = sim.core.read_node("gpu-01").metadata.annotations
+    sim.server.hooks.clear()
+    assert {o.node: o.verdict for o in first.outcomes}["gpu-00"] == "reboot"
+    ann = sim.core.read_node("gpu-00").metadata.annotations
     assert ann["sweeper.dev/remediation"] == "reboot" and ann["sweeper.dev/recheck"] == "true"
     old_boot = ann["sweeper.dev/boot-id"]
-    sim.wait_for(lambda: sim.core.read_node("gpu-01").status.node_info.boot_id != old_boot, what="the reboot")
+    assert clock.now() == clock.now(), "simulated time stopped at the reboot Job"
+
+    def rebooted() -> bool:
+        if sim.core.read_node("gpu-00").status.node_info.boot_id != old_boot:
+            return True
+        clock.advance(5)  # the reboot Job runs to its end in steps far shorter than the downtime
+        return False
+
+    sim.wait_for(rebooted, what="the reboot")
+    assert not NodeView.from_obj(sim.kube.get_node("gpu-00")).ready
     early = run_sweep(sim, history, cfg)
-    assert early.outcomes == [] and any(d.node.name == "gpu-01" and "Ready" in d.detail for d in early.plan.skip)
-    sim.cluster.clock.advance(600)
-    sim.wait_for(lambda: NodeView.from_obj(sim.kube.get_node("gpu-01")).ready, what="Ready again")
+    assert early.outcomes == [] and any(d.node.name == "gpu-00" and "Ready" in d.detail for d in early.plan.skip)
+    clock.advance(600)
+    sim.wait_for(lambda: NodeView.from_obj(sim.kube.get_node("gpu-00")).ready, what="Ready again")
+    clock.thaw()
     again = run_sweep(sim, history, cfg)
-    assert [(d.node.name, d.reason) for d in again.plan.take] == [("gpu-01", "recheck")]
-    assert {o.node: (o.verdict, o.action) for o in again.outcomes} == {"gpu-01": ("pass", "released")}
-    node = sim.core.read_node("gpu-01")
+    assert [(d.node.name, d.reason) for d in again.plan.take] == [("gpu-00", "recheck")]
+    assert {o.node: (o.verdict, o.action) for o in again.outcomes} == {"gpu-00": ("pass", "released")}
+    node = sim.core.read_node("gpu-00")
     assert not node.spec.taints and "sweeper.dev/remediation" not in (node.metadata.annotations or {})
 
 
