@@ -214,6 +214,8 @@ def run_cmd(playbook: str, node: str | None, extra: tuple[str, ...], tags: str |
             config_path: str | None, kubeconfig: str | None, context: str | None, state: str, as_json: bool) -> None:
     """Run one playbook, on one node (--node) or with no target (pure actions only).
 
+    What the play tainted or cordoned itself is handed back when it ends without a holding
+    verdict (reboot, replace, quarantine): on failure, on SIGTERM, on an undefined variable.
     Exit 0 when the play succeeds (a rescued failure counts as success), 1 when it fails,
     2 when the playbook or its variables are invalid.
     """
@@ -233,10 +235,18 @@ def run_cmd(playbook: str, node: str | None, extra: tuple[str, ...], tags: str |
         label = f" ({o.item})" if o.is_item else ""
         err.print(f"[{style}]{o.status:>8}[/{style}]  {o.name}{label}" + (f": {o.msg[:150]}" if o.msg else ""))
 
-    result = run_playbook(path, cfg, kube=kube, node_name=node, extra_vars=_extra_vars(extra),
-                          tags=tuple(t for t in (tags or "").split(",") if t),
-                          skip_tags=tuple(t for t in (skip_tags or "").split(",") if t),
-                          state=state if node else None, on_task=progress)
+    import threading
+
+    stop = threading.Event()  # SIGTERM: stop between tasks, run `always`, hand the node back
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        result = run_playbook(path, cfg, kube=kube, node_name=node, extra_vars=_extra_vars(extra),
+                              tags=tuple(t for t in (tags or "").split(",") if t),
+                              skip_tags=tuple(t for t in (skip_tags or "").split(",") if t),
+                              state=state if node else None, on_task=progress, cancelled=stop.is_set,
+                              log=lambda msg: click.echo(msg, err=True))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if as_json:
         click.echo(json.dumps({"playbook": result.name, "failed": result.failed, "cancelled": result.cancelled,
                                "tasks": [o.to_dict() for o in result.outcomes]}, indent=2, default=str))
