@@ -79,7 +79,7 @@ def run_playbook(path: Path, cfg: Config, *, kube: Any = None, node_name: str | 
                  skip_tags: tuple[str, ...] = (), state: str | None = None,
                  on_task: Callable[[TaskOutcome], None] | None = None, clock: Any = None,
                  cancelled: Callable[[], bool] | None = None,
-                 log: Callable[[str], None] | None = None) -> PlayResult:
+                 log: Callable[[str], None] | None = None, hand_back: bool = True) -> PlayResult:
     """Run the play. Whatever it tainted or cordoned itself is handed back when it ends without a
     holding verdict (reboot, replace, quarantine), however it ends: failed, cancelled (SIGTERM),
     or stopped by broken input such as an undefined variable, as the sweep controller does."""
@@ -128,7 +128,7 @@ def run_playbook(path: Path, cfg: Config, *, kube: Any = None, node_name: str | 
         raise
     finally:
         verdict = str(executor.vars.get("verdict") or "")
-        if node is not None and taken:
+        if node is not None and taken and hand_back:
             ctx.intent("untaint", "before", f"run ended: verdict {verdict or 'none'}")
             _hand_back(kube, cfg, node["name"], taken, verdict, executor.vars.get("handed_back"), say,
                        (lambda what: hist.action(run_id, node["name"], clock.now(), "release", what))  # type: ignore[index]

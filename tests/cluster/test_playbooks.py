@@ -127,3 +127,35 @@ def test_run_hands_back_when_stopped(make_sim, tmp_path: Path) -> None:
     assert result.cancelled and seen == ["taint"]
     assert _taints(sim, "gpu-00") == []
     assert said and said[0].startswith("handed back gpu-00: removed taint " + TAINT)
+
+
+def test_lint_warns_about_a_node_taken_with_no_hand_back(tmp_path: Path) -> None:
+    """A task that taints, cordons or drains with no enclosing `always` that hands the node back
+    is a warning at its line (exit 0, or 1 with --strict); inside such a block it is not. The
+    shipped playbooks have none."""
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("name: bare\ntasks:\n"
+                    "  - taint: {key: \"{{ taint_key }}\", value: \"{{ run_id }}\"}\n"
+                    "  - block:\n"
+                    "      - cordon: {}\n"
+                    "    always:\n"
+                    "      - debug: {msg: not a hand-back}\n")
+    guarded = tmp_path / "guarded.yaml"
+    guarded.write_text("name: guarded\ntasks:\n"
+                       "  - block:\n"
+                       "      - block:\n"
+                       "          - taint: {key: \"{{ taint_key }}\", value: \"{{ run_id }}\"}\n"
+                       "          - drain: {}\n"
+                       "    always:\n"
+                       "      - hand_back: {}\n")
+    runner = CliRunner()
+    res = runner.invoke(main, ["lint", str(bare)])
+    assert res.exit_code == 0, res.output
+    warned = [ln for ln in res.stdout.splitlines() if ": warning: " in ln]
+    assert [ln.split(": warning: ")[0] for ln in warned] == [f"{bare}:3", f"{bare}:5"]
+    assert "taint takes the node" in warned[0] and "cordon takes the node" in warned[1]
+    assert runner.invoke(main, ["lint", "--strict", str(bare)]).exit_code == 1
+    res = runner.invoke(main, ["lint", "--strict", "--json", str(guarded)])
+    assert res.exit_code == 0 and json.loads(res.stdout)["warnings"] == [], res.output
+    res = runner.invoke(main, ["lint", "--strict"])
+    assert res.exit_code == 0 and "warning" not in res.output, res.output
