@@ -208,12 +208,18 @@ def _extra_vars(pairs: tuple[str, ...]) -> dict[str, Any]:
 @click.option("--tags", help="Run only tasks with these tags (comma-separated).")
 @click.option("--skip-tags", help="Skip tasks with these tags (comma-separated).")
 @cluster_options
+@click.option("--no-hand-back", "keep", is_flag=True,
+              help="Leave what the play tainted or cordoned on the node even without a holding verdict "
+                   "(a maintenance playbook that means to keep the node out).")
 @click.option("--json", "as_json", is_flag=True, help="Print the per-task outcomes as JSON on stdout.")
 @run_cli
 def run_cmd(playbook: str, node: str | None, extra: tuple[str, ...], tags: str | None, skip_tags: str | None,
-            config_path: str | None, kubeconfig: str | None, context: str | None, state: str, as_json: bool) -> None:
+            keep: bool, config_path: str | None, kubeconfig: str | None, context: str | None, state: str,
+            as_json: bool) -> None:
     """Run one playbook, on one node (--node) or with no target (pure actions only).
 
+    What the play tainted or cordoned itself is handed back when it ends without a holding
+    verdict (reboot, replace, quarantine): on failure, on SIGTERM, on an undefined variable.
     Exit 0 when the play succeeds (a rescued failure counts as success), 1 when it fails,
     2 when the playbook or its variables are invalid.
     """
@@ -233,10 +239,18 @@ def run_cmd(playbook: str, node: str | None, extra: tuple[str, ...], tags: str |
         label = f" ({o.item})" if o.is_item else ""
         err.print(f"[{style}]{o.status:>8}[/{style}]  {o.name}{label}" + (f": {o.msg[:150]}" if o.msg else ""))
 
-    result = run_playbook(path, cfg, kube=kube, node_name=node, extra_vars=_extra_vars(extra),
-                          tags=tuple(t for t in (tags or "").split(",") if t),
-                          skip_tags=tuple(t for t in (skip_tags or "").split(",") if t),
-                          state=state if node else None, on_task=progress)
+    import threading
+
+    stop = threading.Event()  # SIGTERM: stop between tasks, run `always`, hand the node back
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        result = run_playbook(path, cfg, kube=kube, node_name=node, extra_vars=_extra_vars(extra),
+                              tags=tuple(t for t in (tags or "").split(",") if t),
+                              skip_tags=tuple(t for t in (skip_tags or "").split(",") if t),
+                              state=state if node else None, on_task=progress, cancelled=stop.is_set,
+                              log=lambda msg: click.echo(msg, err=True), hand_back=not keep)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if as_json:
         click.echo(json.dumps({"playbook": result.name, "failed": result.failed, "cancelled": result.cancelled,
                                "tasks": [o.to_dict() for o in result.outcomes]}, indent=2, default=str))
@@ -249,11 +263,14 @@ def run_cmd(playbook: str, node: str | None, extra: tuple[str, ...], tags: str |
 @main.command("lint")
 @click.argument("paths", nargs=-1, type=click.Path())
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Also check this config file.")
+@click.option("--strict", is_flag=True, help="Warnings count as problems (exit 1).")
 @click.option("--json", "as_json", is_flag=True, help="Print the problems as JSON.")
 @run_cli
-def lint_cmd(paths: tuple[str, ...], config_path: str | None, as_json: bool) -> None:
+def lint_cmd(paths: tuple[str, ...], config_path: str | None, strict: bool, as_json: bool) -> None:
     """Check playbooks, job templates (rendered and validated as Kubernetes objects),
     profiles and config. Every problem is printed as file:line: message; exit 1 if any.
+    Warnings (file:line: warning: ...), such as a task that takes the node with no `always`
+    that hands it back, are printed too but exit 0 unless --strict.
 
     Without PATHs: the shipped playbooks/, job-templates/, profiles/ and policies/.
     """
@@ -264,12 +281,14 @@ def lint_cmd(paths: tuple[str, ...], config_path: str | None, as_json: bool) -> 
                                            cfg.path("policies")]
     report = lint_paths(targets, cfg, Path(config_path) if config_path else None)
     if as_json:
-        click.echo(json.dumps({"checked": report.checked, "problems": report.problems}, indent=2))
+        click.echo(json.dumps({"checked": report.checked, "problems": report.problems, "warnings": report.warnings},
+                              indent=2))
     else:
-        for p in report.problems:
+        for p in report.problems + report.warnings:
             click.echo(p)
-        err.print(f"{len(report.checked)} file(s) checked, {len(report.problems)} problem(s)")
-    sys.exit(1 if report.problems else 0)
+        err.print(f"{len(report.checked)} file(s) checked, {len(report.problems)} problem(s)"
+                  + (f", {len(report.warnings)} warning(s)" if report.warnings else ""))
+    sys.exit(1 if report.problems or (strict and report.warnings) else 0)
 
 
 # -- ingest and profiles ---------------------------------------------------------------

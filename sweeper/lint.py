@@ -16,7 +16,7 @@ from sweeper.actions import ActionContext, load_all
 from sweeper.actions.jobs import render_job
 from sweeper.config import Config, load_config
 from sweeper.errors import ConfigError, PlaybookError
-from sweeper.playbook.model import load_playbook
+from sweeper.playbook.model import Task, load_playbook
 from sweeper.policy import parse_policy
 from sweeper.templating import ENV
 
@@ -31,6 +31,7 @@ SAMPLE_NODE = {"name": "ip-10-0-12-34.ec2.internal", "gpus": 8, "uid": "00000000
 class Report:
     checked: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
 
 def kind_of(path: Path, raw: Any) -> str:
@@ -80,6 +81,7 @@ def lint_paths(paths: list[Path], cfg: Config, config_file: Path | None = None) 
         kind = kind_of(f, raw)
         if kind == "playbook":
             report.problems += lint_playbook(f, cfg)
+            report.warnings += playbook_warnings(f)
         elif kind == "profile":
             try:
                 profiles.load_profile(f)
@@ -117,6 +119,34 @@ def lint_playbook(path: Path, cfg: Config) -> list[str]:
             if isinstance(name, str) and "{{" not in name and not (templates / name).exists():
                 problems.append(f"{t.where}: run_job: template {name!r} not found in {templates}")
     return [_with_line(p, str(path)) for p in problems]
+
+
+TAKES = ("taint", "cordon", "drain")  # actions that take a node out of scheduling or empty it
+GIVES = ("untaint", "uncordon", "hand_back")  # actions that hand it back
+
+
+def playbook_warnings(path: Path) -> list[str]:
+    """A task that takes the node with no enclosing `always` that hands it back: when the play
+    breaks after it, the node stays out (Ansible's own advice for cleanup is `always`:
+    https://docs.ansible.com/ansible/latest/playbook_guide/playbooks_blocks.html)."""
+    try:
+        pb = load_playbook(path, load_all())
+    except PlaybookError:
+        return []  # reported as a problem already
+    return [f"{t.where}: warning: {t.action} takes the node, but no enclosing block's `always` hands it back "
+            f"({', '.join(GIVES)}); if the play breaks, the node stays out until `sweeper run` or a sweep's "
+            "reconcile gives it back" for t in _unguarded(pb.tasks, False)]
+
+
+def _unguarded(tasks: tuple[Task, ...], guarded: bool) -> list[Task]:
+    out: list[Task] = []
+    for t in tasks:
+        if t.is_block:
+            inner = guarded or any(x.action in GIVES for a in t.always for x in a.walk())
+            out += _unguarded(t.block, inner) + _unguarded(t.rescue, inner) + _unguarded(t.always, guarded)
+        elif t.action in TAKES and not guarded:
+            out.append(t)
+    return out
 
 
 def lint_template(path: Path, cfg: Config) -> list[str]:

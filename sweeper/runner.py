@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sweeper import profiles
 from sweeper.actions import ActionContext, load_all
+from sweeper.actions.node import patch_node
 from sweeper.clock import WallClock
 from sweeper.config import Config
-from sweeper.errors import ConfigError, NotFound
+from sweeper.errors import ConfigError, NotFound, SweeperError
 from sweeper.fleet import NodeView
 from sweeper.playbook.executor import Executor, PlayResult, TaskOutcome, load
+from sweeper.policy import HOLDING
 from sweeper.sweep import new_run_id
 
 
@@ -22,13 +25,68 @@ def node_vars(view: NodeView, cfg: Config, uid: str = "") -> dict[str, Any]:
             "uid": uid, "profile": profile.as_vars()}
 
 
+@dataclass
+class Taken:
+    """What a play put on its node itself: the taints it added (exactly, value included) and
+    its cordon. Whatever was there before the play is not in here, so it is never removed."""
+
+    taints: list[dict[str, str]] = field(default_factory=list)
+    cordoned_by: str = ""
+
+    def note(self, o: TaskOutcome) -> None:
+        if o.action == "taint" and isinstance(o.result.get("added"), dict):
+            self.taints.append(o.result["added"])
+        elif o.action == "cordon" and o.result.get("cordoned_by"):
+            self.cordoned_by = str(o.result["cordoned_by"])
+
+    def __bool__(self) -> bool:
+        return bool(self.taints or self.cordoned_by)
+
+
+def give_back(kube: Any, cfg: Config, name: str, taken: Taken) -> list[str]:
+    """Take off the node what the play added and is still there (a taint with the same key, value
+    and effect; the cordon only while it carries this run's mark); what was removed."""
+    mark = f"{cfg.prefix}/cordoned-by"
+    removed: list[str] = []
+
+    def build(node: dict[str, Any]) -> list[dict[str, Any]] | None:
+        removed.clear()
+        spec = node.get("spec") or {}
+        taints = spec.get("taints") or []
+        keep = [t for t in taints if not any(
+            t.get("key") == a["key"] and (t.get("value") or "") == (a["value"] or "") and t.get("effect") == a["effect"]
+            for a in taken.taints)]
+        removed.extend(f"taint {t['key']}={t.get('value') or ''}:{t['effect']}" for t in taints if t not in keep)
+        ops: list[dict[str, Any]] = []
+        if len(keep) != len(taints):
+            ops.append({"op": "add", "path": "/spec/taints", "value": keep})
+        ann = dict(node["metadata"].get("annotations") or {})
+        if taken.cordoned_by and ann.get(mark) == taken.cordoned_by:
+            ann.pop(mark)
+            ops.append({"op": "add", "path": "/metadata/annotations", "value": ann})
+            if spec.get("unschedulable"):
+                ops.append({"op": "add", "path": "/spec/unschedulable", "value": False})
+                removed.append("cordon")
+        return ops or None
+
+    if patch_node(kube, name, build) is None:
+        return []
+    return removed
+
+
 def run_playbook(path: Path, cfg: Config, *, kube: Any = None, node_name: str | None = None,
                  extra_vars: dict[str, Any] | None = None, tags: tuple[str, ...] = (),
                  skip_tags: tuple[str, ...] = (), state: str | None = None,
-                 on_task: Callable[[TaskOutcome], None] | None = None, clock: Any = None) -> PlayResult:
+                 on_task: Callable[[TaskOutcome], None] | None = None, clock: Any = None,
+                 cancelled: Callable[[], bool] | None = None,
+                 log: Callable[[str], None] | None = None, hand_back: bool = True) -> PlayResult:
+    """Run the play. Whatever it tainted or cordoned itself is handed back when it ends without a
+    holding verdict (reboot, replace, quarantine), however it ends: failed, cancelled (SIGTERM),
+    or stopped by broken input such as an undefined variable, as the sweep controller does."""
     actions = load_all()
     playbook = load(path, actions)  # a broken playbook stops here, before anything is touched
     clock = clock or WallClock()
+    say = log or (lambda msg: None)
     run_id = new_run_id(clock.now())
     node = None
     if node_name:
@@ -46,17 +104,59 @@ def run_playbook(path: Path, cfg: Config, *, kube: Any = None, node_name: str | 
         hist.run_started(run_id, clock.now(), "run")
         sweep_id = hist.sweep_started(run_id, node["name"], clock.now(), playbook.name, node["profile"]["name"])
     ctx = ActionContext(config=cfg, clock=clock, kube=kube, node=node, run_id=run_id)
+    if cancelled is not None:
+        ctx.cancelled = cancelled
     if hist is not None and node is not None:
         ctx.on_result = lambda r: hist.result(sweep_id, r)  # type: ignore[union-attr]
         ctx.intent = lambda op, phase, detail: hist.intent(run_id, node["name"], clock.now(), op, phase, detail)  # type: ignore[union-attr,index]
         ctx.past = hist
     extra = {"run_id": run_id, "taint_key": cfg.taint_key, **({"node": node} if node else {}), **(extra_vars or {})}
-    result = Executor(actions, ctx, on_task, tags=tags, skip_tags=skip_tags).run(playbook, extra)
-    if hist is not None and sweep_id is not None:
-        verdict = str(result.vars.get("verdict") or ("error" if result.failed else "pass"))
-        decision = result.vars.get("decision")
-        hist.sweep_finished(sweep_id, clock.now(), verdict, [str(r) for r in result.vars.get("reasons", [])],
-                            decision if isinstance(decision, dict) else None)
-        hist.run_finished(run_id, clock.now(), "failed" if result.failed else "done", 1, {"playbook": playbook.name})
-        hist.close()
+    taken = Taken()
+    show = on_task or (lambda o: None)
+
+    def track(o: TaskOutcome) -> None:
+        taken.note(o)
+        show(o)
+
+    executor = Executor(actions, ctx, track, tags=tags, skip_tags=skip_tags)
+    result: PlayResult | None = None
+    broken = ""
+    try:
+        result = executor.run(playbook, extra)
+    except Exception as exc:
+        broken = str(exc)
+        raise
+    finally:
+        verdict = str(executor.vars.get("verdict") or "")
+        if node is not None and taken and hand_back:
+            ctx.intent("untaint", "before", f"run ended: verdict {verdict or 'none'}")
+            _hand_back(kube, cfg, node["name"], taken, verdict, executor.vars.get("handed_back"), say,
+                       (lambda what: hist.action(run_id, node["name"], clock.now(), "release", what))  # type: ignore[index]
+                       if hist is not None else None)
+            ctx.intent("untaint", "after", f"run ended: verdict {verdict or 'none'}")
+        if hist is not None and sweep_id is not None:
+            failed_ = result is None or result.failed
+            verdict = verdict or ("error" if failed_ else "pass")
+            decision = executor.vars.get("decision")
+            reasons = [str(r) for r in executor.vars.get("reasons", [])] or ([broken] if broken else [])
+            hist.sweep_finished(sweep_id, clock.now(), verdict, reasons, decision if isinstance(decision, dict) else None)
+            hist.run_finished(run_id, clock.now(), "failed" if failed_ else "done", 1, {"playbook": playbook.name})
+            hist.close()
     return result
+
+
+def _hand_back(kube: Any, cfg: Config, name: str, taken: Taken, verdict: str, handed_back: Any,
+               say: Callable[[str], None], record: Callable[[str], None] | None) -> None:
+    if verdict in HOLDING or handed_back == "held":
+        say(f"kept on {name} (verdict {verdict or 'held'}): what this play put there holds the node")
+        return
+    try:
+        removed = give_back(kube, cfg, name, taken)
+    except SweeperError as exc:  # the play's own error, if any, is the one to report
+        say(f"could not hand {name} back: {exc}; the next sweep's reconcile or a person must")
+        return
+    if removed:
+        what = ", ".join(removed)
+        say(f"handed back {name}: removed {what} (the play ended without a holding verdict)")
+        if record is not None:
+            record(f"sweeper run ended without a holding verdict: removed {what}")

@@ -289,3 +289,22 @@ def test_the_real_host_reads_a_mounted_root(tmp_path) -> None:
     os.remove(tmp_path / "sys/class/net/ens32/mtu")
     r = run_node_checks(opts, FakeNvml(gpus()), "", now=NOW, host=RealHost(str(tmp_path)))
     assert statuses(r, "net.mtu") == {"error"}
+
+
+def test_an_unprivileged_check_skips_what_it_cannot_read() -> None:
+    """The light check runs as a user without CAP_SYSLOG: it is told not to read the kernel log,
+    and a reading NVML refuses for permission (NVML_ERROR_NO_PERMISSION) is skip with the
+    reason, never a pass and never an error that fails the node."""
+    import pynvml
+
+    class Unprivileged(FakeNvml):
+        def nvmlDeviceGetRemappedRows(self, h: FakeGpu) -> tuple[int, int, int, int]:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
+
+    opts = CheckOptions(node="n1", expect_gpus=8, gpu_model="H100", skip_kernel_log="runs unprivileged")
+    r = run_node_checks(opts, Unprivileged(gpus()), None, now=NOW, uptime=100)
+    assert [(c.status, c.message) for c in by_name(r, "xid")] == [("skip", "kernel log not read: runs unprivileged")]
+    remap = by_name(r, "row_remap")
+    assert {c.status for c in remap} == {"skip"} and "unprivileged" in remap[0].message
+    assert r.status == "pass", "skips do not fail the node; the readings that came back passed"
+    assert CheckOptions.from_argv(["--skip-kernel-log", "why"]).skip_kernel_log == "why"

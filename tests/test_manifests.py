@@ -85,3 +85,46 @@ def test_job_templates_render_valid_jobs(template: str) -> None:
     else:
         assert limits["nvidia.com/gpu"] == "8", "a check takes all of the node's GPUs"
     assert job["spec"]["activeDeadlineSeconds"] == 900
+
+
+PRIVILEGED = {"reboot.yaml.j2", "gpu-reset.yaml.j2"}  # the only Jobs that need the host itself
+
+
+@pytest.mark.parametrize("template", sorted(p.name for p in (ROOT / "job-templates").glob("*.j2")))
+def test_job_templates_take_least_privilege(template: str) -> None:
+    """Every Job: no service account token, CPU and memory requests and limits; only reboot and
+    GPU reset privileged; the rest drop every capability they do not name, cannot escalate and
+    keep the runtime's seccomp profile; host paths are read-only. The light check, beside
+    someone else's job, runs as a non-root user with no capability and a read-only root.
+    Field meanings: https://kubernetes.io/docs/tasks/configure-pod-container/security-context/
+    and https://kubernetes.io/docs/concepts/security/pod-security-standards/ (restricted)."""
+    ctx = ActionContext(config=Config(), node={
+        "name": "ip-10-0-1-2.ec2.internal", "gpus": 8, "labels": {"kubernetes.io/hostname": "ip-10-0-1-2"},
+        "annotations": {}, "profile": load_profile(ROOT / "profiles" / "p5.48xlarge.yaml").as_vars()}, run_id="sw-1")
+    pod = render_job(ctx, template, 900, {})["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    host_paths = {v["name"] for v in pod.get("volumes", []) if "hostPath" in v}
+    for c in pod["containers"]:
+        for kind in ("requests", "limits"):
+            assert {"cpu", "memory"} <= set(c["resources"][kind]), (c["name"], kind)
+        sc = c.get("securityContext") or {}
+        mounts = [m for m in c.get("volumeMounts", []) if m["name"] in host_paths]
+        assert all(m.get("readOnly") is True for m in mounts), "host paths are mounted read-only"
+        if template in PRIVILEGED:
+            assert sc.get("privileged") is True
+            continue
+        assert not sc.get("privileged") and sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        assert (sc.get("seccompProfile") or pod["securityContext"]["seccompProfile"]) == {"type": "RuntimeDefault"}
+        assert "/dev/kmsg" not in {v["hostPath"]["path"] for v in pod.get("volumes", []) if "hostPath" in v}
+    if template == "sweeper-light.yaml.j2":
+        (c,) = pod["containers"]
+        psc = pod["securityContext"]
+        assert psc["runAsNonRoot"] is True and psc["runAsUser"] != 0 and "runAsUser" not in c["securityContext"]
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        assert "add" not in c["securityContext"]["capabilities"]
+        assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in c["env"]
+        assert "--skip-kernel-log" in c["args"], "the XID check says skip, with a reason, instead of failing"
+    if template == "sweeper-check.yaml.j2":
+        (c,) = pod["containers"]
+        assert c["securityContext"]["capabilities"]["add"] == ["SYSLOG"], "only what reading the kernel log needs"

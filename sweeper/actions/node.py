@@ -140,7 +140,10 @@ def taint(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     ctx.intent("taint", "before", f"{new['key']}={new['value']}:{new['effect']}")
     changed = patch_node(ctx.cluster(), ctx.node_name, build) is not None
     ctx.intent("taint", "after", f"{new['key']}:{new['effect']}")
-    return ok(f"tainted {new['key']}={new['value']}:{new['effect']}" if changed else "already tainted", changed)
+    # `added` names exactly what this task put on the node, so `sweeper run` can take it off again.
+    if changed:
+        return ok(f"tainted {new['key']}={new['value']}:{new['effect']}", True, added=new)
+    return ok("already tainted", False)
 
 
 @action("untaint", Arg("key", str, required=True), Arg("effect", str, default=None, choices=EFFECTS + (None,)),
@@ -171,7 +174,9 @@ def cordon(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
                 {"op": "add", "path": "/metadata/annotations", "value": ann}]
 
     changed = patch_node(ctx.cluster(), ctx.node_name, build) is not None
-    return ok("cordoned" if changed else "already unschedulable", changed)
+    if changed:
+        return ok("cordoned", True, cordoned_by=ctx.run_id)
+    return ok("already unschedulable", False)
 
 
 @action("uncordon", Arg("only_own", bool, default=True, help="only undo a cordon Sweeper made"),

@@ -25,6 +25,8 @@ from sweeper.xid import judge
 
 def read_kernel_log(opts: CheckOptions) -> tuple[str | None, str]:
     """The kernel log text, or None and why it could not be read."""
+    if opts.skip_kernel_log:
+        return None, opts.skip_kernel_log
     if opts.kernel_log:
         try:
             return Path(opts.kernel_log).read_text(errors="replace"), ""
@@ -63,6 +65,9 @@ def run_node_checks(opts: CheckOptions, nvml: Any, kernel_log: str | None, *, no
 
 def _xid_checks(opts: CheckOptions, kernel_log: str | None, why: str, uptime: float | None,
                 bus_to_gpu: dict[str, int], c: Collector) -> None:
+    if opts.skip_kernel_log:  # asked not to read it (an unprivileged check): never a pass
+        c.check("xid", "skip", f"kernel log not read: {opts.skip_kernel_log}")
+        return
     if kernel_log is None:
         c.check("xid", "error", f"kernel log unreadable: {why}", "critical")
         return

@@ -31,13 +31,16 @@ class GpuLost(Exception):
 
 
 def nvml_call(nvml: Any, fn: Callable[..., Any], *args: Any) -> tuple[str, Any]:
-    """('ok', value), ('unsupported', why) or ('error', message); raises GpuLost."""
+    """('ok', value), ('unsupported', why) or ('error', message); raises GpuLost. A reading NVML
+    refuses for want of privilege is 'unsupported' with that reason: a skip, never a pass."""
     try:
         return "ok", fn(*args)
     except nvml.NVMLError_NotSupported:
         return "unsupported", "not supported on this GPU"
     except nvml.NVMLError_FunctionNotFound:
         return "unsupported", "the driver lacks this call"
+    except nvml.NVMLError_NoPermission:  # an unprivileged check (the light one): no reading, never a pass
+        return "unsupported", "NVML refuses it to an unprivileged check (insufficient permissions)"
     except nvml.NVMLError_GpuIsLost as exc:
         raise GpuLost("GPU_LOST", f"NVML: {exc}") from exc
     except nvml.NVMLError_ResetRequired as exc:

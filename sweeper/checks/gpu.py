@@ -120,7 +120,7 @@ def _memory(opts: CheckOptions, nvml: Any, h: Any, i: int, c: Collector) -> None
 def _unread(c: Collector, name: str, state: str, value: Any, what: str, gpu: int) -> bool:
     """Record a reading that did not come back (skip when unsupported, else error); True if so."""
     if state == "unsupported":
-        c.check(name, "skip", f"{what} not supported on this GPU", gpu=gpu)
+        c.check(name, "skip", f"{what}: {value}", gpu=gpu)
         return True
     if state == "error":
         c.check(name, "error", f"cannot read {what}: {value}", "warning", gpu=gpu)

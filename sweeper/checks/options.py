@@ -13,6 +13,7 @@ class CheckOptions:
     expect_gpus: int = 8
     gpu_model: str = ""
     kernel_log: str = ""
+    skip_kernel_log: str = ""
     xid_window: float = 86400.0
     gpu_memory_gb: float = 0.0
     expect_nvlinks: int = -1
@@ -46,6 +47,8 @@ OPTIONS: list[tuple[str, type, object, str]] = [
     ("expect_gpus", int, 8, "number of GPUs the node's profile expects"),
     ("gpu_model", str, "", "substring the GPU model name must contain (empty: any)"),
     ("kernel_log", str, "", "file with the kernel log (default: read `dmesg`)"),
+    ("skip_kernel_log", str, "", "do not read the kernel log; the xid check is skip with this reason "
+                                 "(an unprivileged check cannot read it)"),
     ("xid_window", float, 86400.0, "seconds of kernel log to consider for XIDs"),
     ("gpu_memory_gb", float, 0.0, "memory per GPU the profile expects, in GB (0: not checked; 10% slack)"),
     ("expect_nvlinks", int, -1, "NVLink links per GPU the profile expects (0: none, -1: whatever answers)"),

@@ -28,19 +28,30 @@ def attributes(method: str, path: str) -> tuple[str, str, str, str | None] | Non
     return m.group("group") or "", resource + (f"/{sub}" if sub else ""), verb, m.group("ns")
 
 
-def rule_covers(rule: dict[str, Any], group: str, resource: str, verb: str) -> bool:
+def object_name(path: str) -> str | None:
+    """The name of the object a request addresses; None for a list or a create."""
+    m = _PATH.match(path)
+    parts = m.group("rest").split("/") if m else []
+    return parts[1] if len(parts) > 1 else None
+
+
+def rule_covers(rule: dict[str, Any], group: str, resource: str, verb: str, name: str | None = None) -> bool:
+    """A rule with resourceNames covers only requests that name one of them, so never a list or
+    a create (https://kubernetes.io/docs/reference/access-authn-authz/rbac/#referring-to-resources)."""
     def has(values: list[str], x: str) -> bool:
         return "*" in values or x in values
+    names = rule.get("resourceNames") or []
     return has(rule.get("apiGroups") or [], group) and has(rule.get("resources") or [], resource) \
-        and has(rule.get("verbs") or [], verb)
+        and has(rule.get("verbs") or [], verb) and (not names or name in names)
 
 
-def allowed(rules: list[Rule], group: str, resource: str, verb: str, namespace: str | None) -> int | None:
+def allowed(rules: list[Rule], group: str, resource: str, verb: str, namespace: str | None,
+            name: str | None = None) -> int | None:
     """The index of the first rule allowing the request (Roles before the ClusterRole), or None."""
     order = sorted(range(len(rules)), key=lambda i: rules[i][0] is None)
     for i in order:
         ns, rule = rules[i]
-        if (ns is None or ns == namespace) and rule_covers(rule, group, resource, verb):
+        if (ns is None or ns == namespace) and rule_covers(rule, group, resource, verb, name):
             return i
     return None
 

@@ -20,7 +20,7 @@ from sweeper.clock import iso
 from sweeper.sim.cluster import TERMINAL, SimCluster
 from sweeper.sim.errors import ApiError, bad_request, not_found
 from sweeper.sim.patch import apply_patch
-from sweeper.sim.rbac import Rule, allowed, attributes
+from sweeper.sim.rbac import Rule, allowed, attributes, object_name
 from sweeper.sim.store import RESOURCES, Resource
 from sweeper.sim.tables import table
 
@@ -99,7 +99,7 @@ class ApiServer:
         if scheme.lower() == "bearer" and token.strip() in self.service_accounts:
             user, rules = self.service_accounts[token.strip()]
             attrs = attributes(method, path)
-            if attrs is not None and allowed(rules, *attrs) is None:
+            if attrs is not None and allowed(rules, *attrs, object_name(path)) is None:
                 group, resource, verb, ns = attrs
                 self.denied.append((user, method, path))
                 res = f"{resource}.{group}" if group else resource

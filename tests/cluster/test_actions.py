@@ -41,7 +41,7 @@ tasks:
 
 def test_node_actions(make_sim, tmp_path: Path) -> None:
     sim: Sim = make_sim(nodes=1)
-    code, out = run(sim, tmp_path, NODE_PLAY, "--node", "gpu-00")
+    code, out = run(sim, tmp_path, NODE_PLAY, "--node", "gpu-00", "--no-hand-back")
     assert code == 0, out
     statuses = [t["status"] for t in out["tasks"]]
     assert statuses == ["changed", "ok", "changed", "changed", "changed", "changed", "changed", "ok"]

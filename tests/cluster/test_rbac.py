@@ -26,15 +26,29 @@ from sweeper.cli import main
 from sweeper.history import History
 from sweeper.sim.cluster import SimCluster
 from sweeper.sim.fleet import parse_fleet
-from sweeper.sim.rbac import allowed, attributes, rule_covers, rules_from_manifests
+from sweeper.sim.rbac import allowed, attributes, object_name, rule_covers, rules_from_manifests
 from sweeper.sim.server import ApiServer
 from tests.conftest import TEST_CONFIG, Sim, fleet_spec, run_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def manifest() -> list[dict]:
-    return [d for d in yaml.safe_load_all((ROOT / "deploy" / "cronjob.yaml").read_text()) if d]
+def manifest(name: str = "cronjob.yaml") -> list[dict]:
+    return [d for d in yaml.safe_load_all((ROOT / "deploy" / name).read_text()) if d]
+
+
+OPTIONAL = ("rbac-karpenter.yaml", "rbac-evictions.yaml")  # applied only with the feature that needs them
+
+
+def _unused(rules: list, calls: set) -> list:
+    return [(ns, rule["resources"], verb) for i, (ns, rule) in enumerate(rules) for verb in rule["verbs"]
+            if not any(allowed(rules, *c) == i and rule_covers({**rule, "verbs": [verb]}, *c[:3], c[4])
+                       for c in calls)]
+
+
+def _calls(sim: Sim, start: int, end: int | None = None) -> set:
+    """(group, resource, verb, namespace, name) of each request, as RBAC sees it."""
+    return {(*a, object_name(p)) for m, p in sim.cluster.store.requests[start:end] if (a := attributes(m, p)) is not None}
 
 
 def test_the_cluster_role_is_exactly_what_sweeper_uses(make_sim, history: History, tmp_path: Path) -> None:
@@ -49,19 +63,31 @@ def test_the_cluster_role_is_exactly_what_sweeper_uses(make_sim, history: Histor
                   remediation={"default": "manual", "by_pool": {"gpu": "karpenter"}, "by_profile": {}})
     report = run_sweep(sim, history, cfg)
     assert {o.node: o.verdict for o in report.outcomes}["gpu-01"] == "replace"
+    swept = len(sim.cluster.store.requests)
     # an operator's playbook that drains a node through the Eviction API
     book = tmp_path / "drain.yaml"
     book.write_text("name: drain\ntasks:\n  - drain: {timeout: 10m}\n")
     res = CliRunner().invoke(main, ["run", str(book), "--node", "gpu-03", "--kubeconfig", str(sim.kubeconfig),
                                     "--state", str(tmp_path / "run.db")])
     assert res.exit_code == 0, res.output
-    calls = {a for m, p in sim.cluster.store.requests[start:] if (a := attributes(m, p)) is not None}
-    rules = rules_from_manifests(manifest(), "sweeper", "sweeper")
+    calls = _calls(sim, start)
+    base = rules_from_manifests(manifest(), "sweeper", "sweeper")
+    optional = {name: rules_from_manifests(manifest(name), "sweeper", "sweeper") for name in OPTIONAL}
+    rules = base + [r for name in OPTIONAL for r in optional[name]]
     denied = sorted((c for c in calls if allowed(rules, *c) is None), key=str)
     assert denied == [], f"calls the RBAC does not allow: {denied}"
-    unused = [(ns, rule["resources"], verb) for i, (ns, rule) in enumerate(rules) for verb in rule["verbs"]
-              if not any(allowed(rules, *c) == i and rule_covers({**rule, "verbs": [verb]}, *c[:3]) for c in calls)]
-    assert unused == [], f"RBAC that no call needs: {unused}"
+    assert _unused(rules, calls) == [], "RBAC that no call needs"
+    # each optional document is needed by its own feature, and the default manifest lacks it
+    feature = {"rbac-karpenter.yaml": _calls(sim, start, swept), "rbac-evictions.yaml": _calls(sim, swept)}
+    for name in OPTIONAL:
+        assert optional[name] and _unused(optional[name], feature[name]) == [], name
+        needs = [c for c in feature[name] if allowed(optional[name], *c) is not None]
+        assert needs and all(allowed(base, *c) is None for c in needs), f"{name}: the default manifest lacks it"
+    # the lock's Lease by its name only: another Lease in the namespace is out of reach
+    lease = [c for c in calls if c[1] == "leases" and c[2] in ("get", "update")]
+    assert lease and {c[4] for c in lease} == {cfg.lock_name}
+    assert allowed(base, "coordination.k8s.io", "leases", "update", "sweeper", "someone-elses") is None
+    assert allowed(base, "coordination.k8s.io", "leases", "create", "sweeper") is not None
     assert len(calls) >= 15 and len(rules) >= 10
 
 
