@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -112,14 +113,16 @@ def _annotation(tp: Any, spec: Spec) -> Any:
         return Optional[_annotation(next(a for a in args if a is not type(None)), spec)]  # noqa: UP045
     if tp in (int, float, bool, str):
         return _scalar(tp, spec)
-    if origin is tuple and args[1:] == (Ellipsis,) and args[0] in (int, float, str):
-        return list[_scalar(args[0], dataclasses.replace(spec, min_length=None))]  # type: ignore[misc]
+    item_spec = dataclasses.replace(spec, min_length=None)
+    if (origin is tuple and args[1:] == (Ellipsis,) or origin is list) and args[0] in (int, float, str):
+        return list[_scalar(args[0], item_spec)]  # type: ignore[misc]
+    if origin is dict and args[1] in (int, float, str, bool):
+        return dict[args[0], _scalar(args[1], item_spec)]  # type: ignore[misc,valid-type]
     raise TypeError(f"no file type for {tp!r}: give the setting an annotation")
 
 
 def _optional(tp: Any) -> bool:
-    return type(None) in typing.get_args(tp) and typing.get_origin(tp) in (typing.Union, getattr(__import__(
-        "types"), "UnionType"))
+    return type(None) in typing.get_args(tp) and typing.get_origin(tp) in (typing.Union, types.UnionType)
 
 
 def model_of(cls: type, name: str | None = None) -> type[BaseModel]:
@@ -146,9 +149,11 @@ def runtime_values(cls: type, model: BaseModel) -> dict[str, Any]:
         if spec and spec.convert:
             value = spec.convert(value)
         elif isinstance(value, BaseModel):
-            value = value.model_dump()
-        elif isinstance(value, list) and typing.get_origin(hints[key]) is tuple:
-            value = tuple(v.model_dump(exclude_none=True) if isinstance(v, BaseModel) else v for v in value)
+            value = value.model_dump(exclude_none=True)
+        elif isinstance(value, list):
+            value = [v.model_dump(exclude_none=True) if isinstance(v, BaseModel) else v for v in value]
+            if typing.get_origin(hints[key]) is tuple:
+                value = tuple(value)
         out[key] = value
     return out
 
