@@ -35,7 +35,7 @@ class ConfigProblems(ConfigError):
     """A file with one or more problems; `problems` holds each as `file:line: key: ...`."""
 
     def __init__(self, problems: list[str]) -> None:
-        more = f" (and {len(problems) - 1} more problem(s); `sweeper lint` lists them)" if len(problems) > 1 else ""
+        more = f" (and {len(problems) - 1} more problem(s); `sweeper lint` lists each)" if len(problems) > 1 else ""
         super().__init__(problems[0] + more)
         self.problems = problems
 
