@@ -23,7 +23,7 @@ AFFINITIES = ("PIX", "PXB", "PHB", "NODE", "SYS")
 class Profile:
     """A profile file's keys, declared once (the loader, lint's messages and the README's table use it)."""
 
-    name: str = setting(help="the profile's name (default: the file's stem)", min_length=1)
+    name: str = setting(help="the profile's name", min_length=1, shown_default="the file's stem")
     gpus: int = setting(help="GPUs per node", ge=1, le=64)
     gpu_model: str = setting("", "a word the GPU's name must contain (H100, A100)")
     instance_types: tuple[str, ...] = setting((), "instance types that get this profile")

@@ -56,6 +56,7 @@ class Spec:
     annotation: Any = None  # an explicit pydantic type for a nested shape
     allowed: str = ""  # words for what `annotation` allows
     convert: Callable[[Any], Any] | None = None  # from the checked value to the runtime one
+    shown_default: str = ""  # the README's words for a default the loader fills in
 
     def constraints(self) -> dict[str, Any]:
         kw = {k: getattr(self, k) for k in ("ge", "gt", "le", "lt", "min_length", "pattern")
@@ -183,7 +184,8 @@ def locate(node: yaml.Node | None, loc: tuple[Any, ...]) -> tuple[int, yaml.Node
     line = node.start_mark.line
     for part in loc:
         if isinstance(node, yaml.MappingNode):
-            hit = next(((k, v) for k, v in node.value if str(getattr(k, "value", "")) == str(part)), None)
+            # the last of repeated keys, as PyYAML keeps the last value
+            hit = next(((k, v) for k, v in reversed(node.value) if str(getattr(k, "value", "")) == str(part)), None)
             if hit is None:
                 break
             line, node = hit[0].start_mark.line, hit[1]
@@ -229,9 +231,8 @@ def allowed_words(tp: Any, spec: Spec) -> str:
         words = "non-empty string"
     if spec.pattern:
         words += " (" + spec.pattern + ")"
-    if _optional(tp):
-        words += " or empty"
-    return " ".join([words, " and ".join(bounds)]).strip()
+    words = " ".join([words, " and ".join(bounds)]).strip()
+    return words + " or empty" if _optional(tp) else words
 
 
 def _num(v: float) -> str:
@@ -271,14 +272,14 @@ def problems_of(exc: ValidationError, origin: str, node: yaml.Node | None, model
             wrong, allowed = "missing", (allowed if spec else "a value (the key is required)")
         else:
             shown = _shown(e.get("input"), at)
-            if kind in ("greater_than", "greater_than_equal"):
+            if isinstance(e.get("input"), float) and not math.isfinite(e["input"]):
+                wrong = f"{shown} is not a finite number"
+            elif kind in ("greater_than", "greater_than_equal"):
                 wrong = f"{shown} is too small"
             elif kind in ("less_than", "less_than_equal"):
                 wrong = f"{shown} is too large"
             elif kind == "value_error":
                 wrong = f"{shown} is {e['msg'].replace('Value error, ', '')}"
-            elif kind == "finite_number":
-                wrong = f"{shown} is not a finite number"
             elif kind == "string_pattern_mismatch":
                 wrong = f"{shown} does not match"
             elif kind in ("literal_error", "enum"):
@@ -340,8 +341,10 @@ def reference_table(cls: type) -> str:
         spec = spec_of(f)
         if spec is None:
             continue
-        if f.default is not dataclasses.MISSING:
-            d: Any = f.default
+        if spec.shown_default:
+            d: Any = spec.shown_default
+        elif f.default is not dataclasses.MISSING:
+            d = f.default
         elif f.default_factory is not dataclasses.MISSING:
             d = f.default_factory()
         else:
