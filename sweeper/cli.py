@@ -15,6 +15,7 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from sweeper import __version__
 from sweeper.checks.options import OPTIONS, CheckOptions
@@ -35,12 +36,26 @@ def styled(verdict: str | None) -> str:
     return f"[{style}]{verdict or '-'}[/{style}]"
 
 
+def plain(*cells: Any) -> list[Text]:
+    """Text from files, nodes and the history, printed as it is: never read as rich markup."""
+    return [Text(str(c)) for c in cells]
+
+
+def styled_text(verdict: str | None) -> Text:
+    """A verdict in its colour, as plain text (a verdict read back from a file is data)."""
+    return Text(verdict or "-", style=VERDICT_STYLE.get(verdict or "", ""))
+
+
 def default_state() -> str:
     return os.environ.get("SWEEPER_STATE") or str(Path("state") / "sweeper.db")
 
 
+EXIT_BUG = 70  # EX_SOFTWARE of BSD's sysexits.h: an internal error, never confused with 1 (findings)
+_debug = {"on": False}
+
+
 def run_cli(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Map the error tree to exit codes with one clear line on stderr."""
+    """Map the error tree to exit codes with one clear line on stderr (`--debug`: the traceback)."""
     import functools
 
     @functools.wraps(fn)
@@ -48,21 +63,64 @@ def run_cli(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except SweeperError as exc:
-            click.echo(f"error: {exc}", err=True)  # one unwrapped line, so file:line stays greppable
-            sys.exit(exc.exit_code)
+            _fail(exc, exc.exit_code, str(exc))  # one unwrapped line, so file:line stays greppable
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except (RecursionError, MemoryError, OverflowError) as exc:
+            _fail(exc, 2, f"{_inputs()}: too large or too deeply nested to handle ({_what(exc)})")
+        except ValueError as exc:  # a value a file or an argument carried (a template's format, a number)
+            _fail(exc, 2, f"{_inputs()}: {_what(exc)}")
+        except Exception as exc:
+            if type(exc).__module__ == "sqlite3":  # the CLI never imports sqlite3; the history should have mapped it
+                _fail(exc, 3, f"history {_param('state') or ''}: {_what(exc)}")
+            if type(exc).__name__ == "MarkupError":  # text from a file or a node taken for rich markup
+                _fail(exc, 2, f"{_inputs()}: could not print: {_what(exc)}")
+            _fail(exc, EXIT_BUG, f"internal error, a bug in Sweeper (please report it): {_what(exc)}")
     return wrapper
+
+
+def _fail(exc: BaseException, code: int, line: str) -> None:
+    if _debug["on"]:
+        import traceback
+
+        traceback.print_exception(exc, file=sys.stderr)
+    else:
+        line += "" if code in (1, 3, 4) or isinstance(exc, SweeperError) else "; --debug shows the traceback"
+    click.echo(f"error: {line}", err=True)
+    sys.exit(code)
+
+
+def _what(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:200] + '...' if len(text) > 200 else text}"
+
+
+def _param(name: str) -> Any:
+    ctx = click.get_current_context(silent=True)
+    return ctx.params.get(name) if ctx else None
+
+
+def _inputs() -> str:
+    """The files the failing command was given, to name in its one line."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return "sweeper"
+    files = [str(v) for v in ctx.params.values() if isinstance(v, str) and v and Path(v).is_file()]
+    return f"sweeper {ctx.info_name}" + (f" ({', '.join(files)})" if files else "")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="sweeper")
-def main() -> None:
+@click.option("--debug", is_flag=True, help="On an error, print the traceback instead of one line.")
+def main(debug: bool) -> None:
     """Sweeper keeps the GPU nodes of a Kubernetes cluster healthy: it takes idle GPU nodes
     out of scheduling a few at a time, runs active health checks on them as Jobs, and hands
     each node back or holds it with a reason. Every result goes into a SQLite history.
 
     Exit codes: 0 done, 1 findings (check), 2 bad input, 3 cluster or state unreachable,
-    4 another sweep holds the lock.
+    4 another sweep holds the lock, 70 an internal error (a bug; --debug shows the traceback).
     """
+    _debug["on"] = debug
 
 
 def _config(path: str | None, **overrides: Any) -> Config:
@@ -276,7 +334,10 @@ def lint_cmd(paths: tuple[str, ...], config_path: str | None, strict: bool, as_j
     """
     from sweeper.lint import lint_paths
 
-    cfg = load_config(config_path) if config_path else Config()
+    try:
+        cfg = load_config(config_path) if config_path else Config()
+    except ConfigError:
+        cfg = Config()  # lint_paths reports each of the config's problems
     targets = [Path(p) for p in paths] or [cfg.path("playbooks"), cfg.path("job-templates"), cfg.path("profiles"),
                                            cfg.path("policies")]
     report = lint_paths(targets, cfg, Path(config_path) if config_path else None)
@@ -337,7 +398,10 @@ def ingest_cmd(node: str, file: str, fmt: str, profile_name: str | None, exit_co
     for key, value in (("expect_gpus", expect_gpus), ("expect_nics", expect_nics), ("min_busbw", min_busbw)):
         if value is not None:
             expect[key] = value
-    found, result = ingest(text, node, fmt, exit_code=exit_code, **expect)
+    try:
+        found, result = ingest(text, node, fmt, exit_code=exit_code, **expect)
+    except RecursionError as exc:  # json.loads on a document nested thousands deep
+        raise ConfigError(f"{file}: nested too deeply to read (deeper than Python's recursion limit)") from exc
     if not no_record:
         h = _history(state)
         run_id = new_run_id(time.time())
@@ -349,11 +413,11 @@ def ingest_cmd(node: str, file: str, fmt: str, profile_name: str | None, exit_co
     if as_json:
         click.echo(result.to_json())
     else:
-        t = Table(title=f"{node}: {found} -> {result.status}")
+        t = Table(title=Text(f"{node}: {found} -> {result.status}"))
         for col in ("check", "gpu", "status", "code", "message"):
             t.add_column(col)
         for c in result.checks:
-            t.add_row(c.name, "" if c.gpu is None else str(c.gpu), c.status, c.code or "", c.message[:90])
+            t.add_row(*plain(c.name, "" if c.gpu is None else str(c.gpu), c.status, c.code or "", c.message[:90]))
         out.print(t)
     sys.exit(0 if result.status in ("pass", "warn", "skip") else 1)
 
@@ -663,9 +727,9 @@ def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
         t.add_column(col)
     for r in rows:
         due = "now" if r["due"] is not None and r["due"] <= now else (iso(r["due"]) if r["due"] else "-")
-        t.add_row(r["node"], r["profile"] or "-", iso(r["last_sweep"]) if r["last_sweep"] else "never",
-                  styled(r["verdict"]) + (f" ({', '.join(r['rules'])})" if r["rules"] else ""), due,
-                  r["suspect"][:60] or "", "[red]held[/red]" if r["held"] else "")
+        t.add_row(*plain(r["node"], r["profile"] or "-", iso(r["last_sweep"]) if r["last_sweep"] else "never"),
+                  styled_text(r["verdict"]) + (f" ({', '.join(r['rules'])})" if r["rules"] else ""),
+                  *plain(due, r["suspect"][:60] or ""), Text("held", style="red") if r["held"] else "")
     out.print(t)
 
 
@@ -767,16 +831,16 @@ def state_prune(state: str, older_than: str, dry_run: bool, as_json: bool) -> No
 
 def print_history(console: Console, h: dict[str, Any]) -> None:
     if not h["sweeps"] and not h["actions"]:
-        console.print(f"no history for node {h['node']}")
+        console.print(Text(f"no history for node {h['node']}"))
         return
-    t = Table(title=f"history of {h['node']}")
+    t = Table(title=Text(f"history of {h['node']}"))
     for col in ("started", "run", "verdict", "rule", "why"):
         t.add_column(col)
     for s in h["sweeps"]:
         why = "; ".join(s["reasons"]) if s["verdict"] != "pass" else ""
-        t.add_row(iso(s["started"]), s["run_id"], styled(s["verdict"] or "unfinished"),
-                  ", ".join(s.get("rules") or []) or ("findings" if s["verdict"] not in ("pass", None) else ""),
-                  why[:150])
+        t.add_row(*plain(iso(s["started"]), s["run_id"]), styled_text(s["verdict"] or "unfinished"),
+                  *plain(", ".join(s.get("rules") or []) or ("findings" if s["verdict"] not in ("pass", None) else ""),
+                         why[:150]))
     console.print(t)
     if h.get("pruned_days"):
         days = h["pruned_days"]
@@ -788,15 +852,15 @@ def print_history(console: Console, h: dict[str, Any]) -> None:
         for col in ("when", "check", "gpu", "status", "code", "message"):
             pt.add_column(col)
         for s, p in problems[:30]:
-            pt.add_row(iso(s["started"]), p["name"], "" if p["gpu"] is None else str(p["gpu"]), p["status"],
-                       p["code"] or "", (p["message"] or "")[:90])
+            pt.add_row(*plain(iso(s["started"]), p["name"], "" if p["gpu"] is None else str(p["gpu"]), p["status"],
+                              p["code"] or "", (p["message"] or "")[:90]))
         console.print(pt)
     if h["actions"]:
         at = Table(title="actions")
         for col in ("when", "action", "detail"):
             at.add_column(col)
         for a in h["actions"][:20]:
-            at.add_row(iso(a["ts"]), a["action"] + (" (dry run)" if a["dry_run"] else ""), a["detail"][:110])
+            at.add_row(*plain(iso(a["ts"]), a["action"] + (" (dry run)" if a["dry_run"] else ""), a["detail"][:110]))
         console.print(at)
     if h["metrics"]:
         mt = Table(title="metric trends (counters summed over GPUs, temperatures the hottest)")
@@ -804,7 +868,7 @@ def print_history(console: Console, h: dict[str, Any]) -> None:
             mt.add_column(col)
         for name, series in sorted(h["metrics"].items()):
             vals = [v for _, v in series][-30:]
-            mt.add_row(name, sparkline(vals), f"{vals[-1]:g}")
+            mt.add_row(*plain(name, sparkline(vals), f"{vals[-1]:g}"))
         console.print(mt)
 
 

@@ -1,16 +1,22 @@
-"""Sweeper's configuration: one YAML file, strict keys, every safety limit with a default."""
+"""Sweeper's configuration: one YAML file, strict keys, every safety limit with a default.
+
+Each key is declared once below, with `setting()`: type, default, range, unit and help. That one
+declaration drives the loader, the `file:line` messages, `sweeper lint --config` and the README's
+table. The checking is pydantic v2's (see sweeper/schema.py for why pydantic), on a model derived
+from the dataclass; the dataclass stays the object the code passes around.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
-import yaml
+from pydantic import BaseModel, ConfigDict, Field, Strict
 
-from sweeper.clock import parse_duration
-from sweeper.errors import ConfigError
+from sweeper.schema import check, duration_type, model_of, read_yaml, reference_table, runtime_values, setting
 
 
 def home() -> Path:
@@ -19,68 +25,121 @@ def home() -> Path:
     return Path(env) if env else Path(__file__).resolve().parent.parent
 
 
+PROVIDERS = ("karpenter", "asg", "manual")
+_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a Kubernetes DNS-1123 label (namespaces, Lease names)
+_NAME_WORDS = "a DNS-1123 label: lowercase letters, digits and '-'"
+
+
+class _Remediation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    default: Literal["karpenter", "asg", "manual"] = "manual"
+    by_pool: dict[str, Literal["karpenter", "asg", "manual"]] = {}
+    by_profile: dict[str, Literal["karpenter", "asg", "manual"]] = {}
+
+
+class _Schedule(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: Annotated[str, Strict(), Field(min_length=1)]
+    cron: Annotated[str, Strict(), Field(min_length=1)]
+    playbook: Annotated[str, Strict(), Field(min_length=1)] | None = None
+    max_nodes: Annotated[int, Strict(), Field(ge=0)] | None = None
+    interval: duration_type(gt=0) | None = None  # type: ignore[valid-type]
+
+
+class _Source(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["prometheus", "loki"]
+    url: Annotated[str, Strict(), Field(min_length=1)]
+    query: Annotated[str, Strict()] | None = None
+    node_label: Annotated[str, Strict()] | None = None
+    window: duration_type(gt=0) | None = None  # type: ignore[valid-type]
+    timeout: duration_type(gt=0) | None = None  # type: ignore[valid-type]
+
+
 @dataclass(frozen=True)
 class Config:
-    namespace: str = "sweeper"
-    prefix: str = "sweeper.dev"
-    gpu_node_selector: str = "nvidia.com/gpu.present=true"
-    gpu_resources: tuple[str, ...] = ("nvidia.com/gpu", "amd.com/gpu")
-    gpu_resource_prefixes: tuple[str, ...] = ("nvidia.com/mig-",)
-    allowed_taint_keys: tuple[str, ...] = ("nvidia.com/gpu", "amd.com/gpu")
-    opt_out_label: str = "sweeper.dev/opt-out"
-    max_nodes: int = 4
-    max_percent: float = 10.0
-    min_node_age: float = 600.0
-    interval: float = 86400.0
-    playbook: str = "sweep-light.yaml"
-    check_image: str = "ghcr.io/sweeper-dev/sweeper:0.1.0"
-    check_timeout: float = 900.0
-    poll_interval: float = 5.0
-    job_ttl: float = 3600.0
-    page_size: int = 500
-    api_attempts: int = 6
-    min_healthy_nodes: int = 0  # never take a node if fewer schedulable healthy GPU nodes would remain
-    min_healthy_percent: float = 0.0
-    max_attempts: int = 3  # a node that failed this often within attempt_window waits for a person
-    attempt_window: float = 7 * 86400.0
-    breaker_failures: int = 5  # this many failing verdicts within breaker_window...
-    breaker_percent: float = 20.0  # ...or this share of GPU nodes, whichever is larger, opens the breaker
-    breaker_window: float = 3600.0
-    breaker_cooldown: float = 3600.0  # after a reset, one node at a time for this long
-    policy: str = "default.yaml"  # in policies/: how findings and history become a verdict
-    light_playbook: str = "light-busy.yaml"  # read-only checks on busy nodes ("" to turn off)
-    light_interval: float = 6 * 3600.0
-    light_max: int = 20  # light checks per run
-    yield_to_pending: bool = True  # take no node while GPU pods wait for capacity
-    abort_on_demand: bool = False  # also stop running checks (abortable ones) and hand their nodes back
-    max_replacements_per_hour: int = 2  # beyond this, a `replace` verdict becomes `quarantine` (a person decides)
-    check_priority_class: str = ""  # a low PriorityClass for check pods, so the scheduler prefers workloads
-    suspect_conditions: tuple[str, ...] = ("GpuXid", "GpuEcc", "GpuNvlink", "GpuCount")  # swept first when idle
-    handled_conditions: tuple[str, ...] = ()  # another remediator owns a node with one of these set
-    suspect_sources: tuple[dict[str, Any], ...] = ()  # [{type: prometheus|loki, url, query, node_label, window}]
-    # Remediation: which provider acts on `replace` (karpenter, asg or manual), by node pool
-    # (karpenter.sh/nodepool label), then by profile, then the default.
-    remediation: dict[str, Any] = field(default_factory=lambda: {"default": "manual"})
-    remediate_reboots: bool = False  # run the reboot (or GPU reset) Job for a `reboot` verdict (opt in)
-    gpu_reset: bool = True  # a reset-able cause (pending remap, the driver's reset request) resets GPUs, not the node
-    reboot_template: str = "reboot.yaml.j2"
-    gpu_reset_template: str = "gpu-reset.yaml.j2"
-    remediation_timeout: float = 1800.0  # a rebooted node not Ready again by then waits for a person
-    replacement_wait: float = 900.0  # how long to follow Karpenter's termination of a replaced node
-    asg_action: str = "set-unhealthy"  # or "terminate" (without decrementing the desired capacity)
-    aws_region: str = ""  # else from the node's providerID zone
-    webhook_url: str = ""  # Slack-compatible JSON on holds and replacements
-    webhook_attempts: int = 4
-    pushgateway_url: str = ""  # `sweeper sweep` pushes its metrics here when set
-    node_condition: bool = False  # set the GpuSweepHealthy condition for Karpenter node repair, draino, medik8s
-    schedules: tuple[dict[str, Any], ...] = ()  # `sweeper serve`: [{name, cron, playbook?, max_nodes?}]
-    lock_name: str = "sweeper-lock"
-    lock_ttl: float = 300.0  # seconds without renewal after which a dead sweeper's lock may be taken
-    orphan_grace: float = 3600.0  # Sweeper's taint with no record in history is removed after this long
-    playbook_dir: str = ""
-    template_dir: str = ""
-    profile_dir: str = ""
-    policy_dir: str = ""
+    """Every key of the config file: its type, default, range and meaning (the README's table is made
+    from this). Bounds: durations a sweep waits on must be > 0 (a zero timeout ends every check before
+    it starts); windows and ages may be 0 where 0 means "none"; percents are 0..100."""
+
+    namespace: str = setting("sweeper", "namespace of the Jobs, Events and the Lease", pattern=_NAME,
+                             allowed=_NAME_WORDS)
+    prefix: str = setting("sweeper.dev", "prefix of Sweeper's taint, labels and annotations", min_length=1)
+    gpu_node_selector: str = setting("nvidia.com/gpu.present=true", "label selector of the GPU nodes")
+    gpu_resources: tuple[str, ...] = setting(("nvidia.com/gpu", "amd.com/gpu"), "resources that make a pod a GPU pod")
+    gpu_resource_prefixes: tuple[str, ...] = setting(("nvidia.com/mig-",), "resource name prefixes that do too")
+    allowed_taint_keys: tuple[str, ...] = setting(("nvidia.com/gpu", "amd.com/gpu"),
+                                                  "taints that do not mean someone else has the node")
+    opt_out_label: str = setting("sweeper.dev/opt-out", "a node with this label is never taken")
+    max_nodes: int = setting(4, "nodes under sweep at once, counting those already held", ge=0)
+    max_percent: float = setting(10.0, "share of GPU nodes under sweep at once", ge=0, le=100)
+    min_node_age: float = setting(600.0, "a younger node is left alone", duration=True, ge=0)
+    interval: float = setting(86400.0, "a node is due again after this long", duration=True, gt=0)
+    playbook: str = setting("sweep-light.yaml", "the sweep playbook (in playbooks/)", min_length=1)
+    check_image: str = setting("ghcr.io/sweeper-dev/sweeper:0.1.0", "image of the check Jobs", min_length=1)
+    check_timeout: float = setting(900.0, "deadline of a check Job", duration=True, gt=0)
+    poll_interval: float = setting(5.0, "how often a running Job is looked at", duration=True, gt=0)
+    job_ttl: float = setting(3600.0, "finished Jobs are deleted after this long", duration=True, ge=0)
+    page_size: int = setting(500, "items per LIST page", ge=1)
+    api_attempts: int = setting(6, "tries of one API call on 429, 5xx and dropped connections", ge=1)
+    min_healthy_nodes: int = setting(0, "never take a node if fewer schedulable healthy GPU nodes would remain",
+                                     ge=0)
+    min_healthy_percent: float = setting(0.0, "the same floor as a share of GPU nodes", ge=0, le=100)
+    max_attempts: int = setting(3, "a node that failed this often within attempt_window waits for a person", ge=1)
+    attempt_window: float = setting(7 * 86400.0, "the window of max_attempts", duration=True, gt=0)
+    breaker_failures: int = setting(5, "this many failing verdicts within breaker_window...", ge=1)
+    breaker_percent: float = setting(20.0, "...or this share of GPU nodes, whichever is larger, opens the breaker",
+                                     ge=0, le=100)
+    breaker_window: float = setting(3600.0, "the window of the breaker", duration=True, gt=0)
+    breaker_cooldown: float = setting(3600.0, "after a reset, one node at a time for this long", duration=True,
+                                      ge=0)
+    policy: str = setting("default.yaml", "how findings and history become a verdict (in policies/)", min_length=1)
+    light_playbook: str = setting("light-busy.yaml", "read-only checks on busy nodes (\"\" to turn off)")
+    light_interval: float = setting(6 * 3600.0, "how often a busy node gets the light checks", duration=True, gt=0)
+    light_max: int = setting(20, "light checks per run", ge=0)
+    yield_to_pending: bool = setting(True, "take no node while GPU pods wait for capacity")
+    abort_on_demand: bool = setting(False, "also stop running (abortable) checks then and hand their nodes back")
+    max_replacements_per_hour: int = setting(2, "beyond this, a replace verdict becomes quarantine", ge=0)
+    check_priority_class: str = setting("", "a low PriorityClass for check pods")
+    suspect_conditions: tuple[str, ...] = setting(("GpuXid", "GpuEcc", "GpuNvlink", "GpuCount"),
+                                                  "node conditions that make an idle node swept first")
+    handled_conditions: tuple[str, ...] = setting((), "another remediator owns a node with one of these set")
+    suspect_sources: tuple[dict[str, Any], ...] = setting(
+        (), "outside signals: Prometheus or Loki queries", annotation=list[_Source],
+        allowed="list of {type: prometheus|loki, url, query, node_label, window, timeout}")
+    remediation: dict[str, Any] = setting(
+        help="provider of replace by node pool, then by profile, then the default",
+        factory=lambda: {"default": "manual"}, annotation=_Remediation,
+        allowed="{default, by_pool: {POOL: P}, by_profile: {PROFILE: P}}, P one of karpenter, asg, manual")
+    remediate_reboots: bool = setting(False, "run the reboot (or GPU reset) Job for a reboot verdict")
+    gpu_reset: bool = setting(True, "a reset-able cause resets GPUs, not the node")
+    reboot_template: str = setting("reboot.yaml.j2", "job template of a reboot", min_length=1)
+    gpu_reset_template: str = setting("gpu-reset.yaml.j2", "job template of a GPU reset", min_length=1)
+    remediation_timeout: float = setting(1800.0, "a rebooted node not Ready again by then waits for a person",
+                                         duration=True, gt=0)
+    replacement_wait: float = setting(900.0, "how long to follow Karpenter's termination of a replaced node",
+                                      duration=True, ge=0)
+    asg_action: str = setting("set-unhealthy", "what the asg provider does", choices=("set-unhealthy", "terminate"))
+    aws_region: str = setting("", "else from the node's providerID zone")
+    webhook_url: str = setting("", "Slack-compatible JSON on holds and replacements")
+    webhook_attempts: int = setting(4, "tries of one webhook post", ge=1)
+    pushgateway_url: str = setting("", "`sweeper sweep` pushes its metrics here when set")
+    node_condition: bool = setting(False, "set the GpuSweepHealthy node condition")
+    schedules: tuple[dict[str, Any], ...] = setting(
+        (), "`sweeper serve`: cron schedules", annotation=list[_Schedule],
+        allowed="list of {name, cron, playbook, max_nodes, interval}")
+    lock_name: str = setting("sweeper-lock", "name of the Lease that keeps two sweeps apart", pattern=_NAME,
+                                allowed=_NAME_WORDS)
+    # 1 s: a Lease counts whole seconds (leaseDurationSeconds), so less cannot be written; it is
+    # renewed every third of it.
+    lock_ttl: float = setting(300.0, "a dead sweeper's lock may be taken after this long without renewal",
+                              duration=True, ge=1)
+    orphan_grace: float = setting(3600.0, "Sweeper's taint with no record in history is removed after this long",
+                                  duration=True, ge=0)
+    playbook_dir: str = setting("", "where playbooks are (default: the shipped ones)")
+    template_dir: str = setting("", "where job templates are")
+    profile_dir: str = setting("", "where profiles are")
+    policy_dir: str = setting("", "where policies are")
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -96,68 +155,26 @@ class Config:
         return replace(self, **{k: v for k, v in kw.items() if v is not None})
 
 
-_DURATIONS = {"remediation_timeout", "replacement_wait", "min_node_age", "interval", "check_timeout", "poll_interval", "job_ttl", "lock_ttl", "orphan_grace",
-              "attempt_window", "breaker_window", "breaker_cooldown", "light_interval"}
+@functools.cache
+def file_model() -> type[BaseModel]:
+    """The pydantic model of the config file, derived from Config's declaration."""
+    return model_of(Config, "ConfigFile")
 
 
 def load_config(path: str | Path | None) -> Config:
+    """The config file, checked key by key; every problem as `file:line: key: what; allowed: ...`."""
     if path is None:
         return Config()
     p = Path(path)
-    try:
-        raw = yaml.safe_load(p.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read config {p}: {exc}") from exc
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{p}: the configuration must be a mapping")
-    known = {f.name for f in fields(Config)}
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ConfigError(f"{p}: unknown key(s) {unknown}; known keys: {sorted(known - {'extra'})}")
-    values: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key in _DURATIONS:
-            try:
-                value = parse_duration(value)
-            except ValueError as exc:
-                raise ConfigError(f"{p}: {key}: not a duration: {value!r}") from exc
-        elif key in ("suspect_sources", "schedules"):
-            if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
-                raise ConfigError(f"{p}: {key}: expected a list of mappings")
-            value = tuple(value)
-        elif key == "remediation":
-            value = _remediation(value, p)
-        elif isinstance(getattr(Config, key, None), tuple) or key in ("gpu_resources", "allowed_taint_keys",
-                                                                      "gpu_resource_prefixes", "suspect_conditions",
-                                                                      "handled_conditions"):
-            if not isinstance(value, list):
-                raise ConfigError(f"{p}: {key}: expected a list")
-            value = tuple(str(v) for v in value)
-        values[key] = value
-    cfg = Config(**values)
-    if cfg.asg_action not in ("set-unhealthy", "terminate"):
-        raise ConfigError(f"{p}: asg_action must be set-unhealthy or terminate")
-    for i, sch in enumerate(cfg.schedules):
-        if not sch.get("name") or not sch.get("cron"):
-            raise ConfigError(f"{p}: schedules[{i}]: a schedule needs a name and a cron expression")
-        extra = set(sch) - {"name", "cron", "playbook", "max_nodes", "interval"}
-        if extra:
-            raise ConfigError(f"{p}: schedules[{i}]: unknown key(s) {sorted(extra)}")
-    if cfg.max_nodes < 0 or not 0 <= cfg.max_percent <= 100:
-        raise ConfigError(f"{p}: max_nodes must be >= 0 and max_percent within 0..100")
-    return cfg
+    data, node = read_yaml(p, "config")
+    model = check(file_model(), data, str(p), node, Config, "mapping of config keys")
+    return Config(**runtime_values(Config, model))
 
 
-PROVIDERS = ("karpenter", "asg", "manual")
+def config_table() -> str:
+    """The README's table of config keys."""
+    return reference_table(Config)
 
 
-def _remediation(value: Any, p: Path) -> dict[str, Any]:
-    if not isinstance(value, dict) or set(value) - {"default", "by_pool", "by_profile"}:
-        raise ConfigError(f"{p}: remediation: a mapping of default, by_pool and by_profile")
-    out: dict[str, Any] = {"default": value.get("default", "manual"), "by_pool": dict(value.get("by_pool") or {}),
-                           "by_profile": dict(value.get("by_profile") or {})}
-    for where, provider in [("default", out["default"])] + [(f"by_pool.{k}", v) for k, v in out["by_pool"].items()] \
-            + [(f"by_profile.{k}", v) for k, v in out["by_profile"].items()]:
-        if provider not in PROVIDERS:
-            raise ConfigError(f"{p}: remediation.{where}: {provider!r} is not one of {', '.join(PROVIDERS)}")
-    return out
+if __name__ == "__main__":
+    print(config_table(), end="")

@@ -111,6 +111,9 @@ class History:
                 if "locked" not in str(exc) or attempt == 49:
                     raise StateError(f"cannot open the history at {self.path}: {exc}") from exc
                 time.sleep(0.1)
+            except sqlite3.DatabaseError as exc:  # "file is not a database": a corrupt or foreign file
+                raise StateError(f"cannot open the history at {self.path}: {exc} (a corrupt file, or not a "
+                                 "Sweeper history)") from exc
 
     def _open(self) -> None:
         self.db.execute("PRAGMA busy_timeout = 30000")

@@ -18,6 +18,7 @@ from sweeper.config import Config, load_config
 from sweeper.errors import ConfigError, PlaybookError
 from sweeper.playbook.model import Task, load_playbook
 from sweeper.policy import parse_policy
+from sweeper.schema import ConfigProblems
 from sweeper.templating import ENV
 
 K8S_VERSION = "1.31"
@@ -63,7 +64,7 @@ def lint_paths(paths: list[Path], cfg: Config, config_file: Path | None = None) 
         try:
             load_config(config_file)
         except ConfigError as exc:
-            report.problems.append(_with_line(str(exc), str(config_file)))
+            report.problems += _all_lines(exc, str(config_file))
     for f in files:
         report.checked.append(str(f))
         if f.suffix == ".j2":
@@ -86,7 +87,7 @@ def lint_paths(paths: list[Path], cfg: Config, config_file: Path | None = None) 
             try:
                 profiles.load_profile(f)
             except ConfigError as exc:
-                report.problems.append(_with_line(str(exc), str(f)))
+                report.problems += _all_lines(exc, str(f))
         elif kind == "policy":
             try:
                 parse_policy(raw, str(f))
@@ -95,6 +96,13 @@ def lint_paths(paths: list[Path], cfg: Config, config_file: Path | None = None) 
         else:
             report.problems.append(f"{f}:1: not a playbook (no tasks), a profile, a policy or a job template")
     return report
+
+
+def _all_lines(exc: ConfigError, path: str) -> list[str]:
+    """Every problem a checked file had (the loader reports them all at once)."""
+    if isinstance(exc, ConfigProblems):
+        return [_with_line(p, path) for p in exc.problems]
+    return [_with_line(str(exc), path)]
 
 
 def _with_line(message: str, path: str) -> str:

@@ -4,13 +4,15 @@ then a conservative default that still checks what it can."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
+from pydantic import BaseModel
 
 from sweeper.errors import ConfigError
+from sweeper.schema import check, model_of, read_yaml, reference_table, runtime_values, setting
 
 DEFAULT = "default"
 NIC_KINDS = ("efa", "ib", "gve", "ena", "none")
@@ -19,27 +21,30 @@ AFFINITIES = ("PIX", "PXB", "PHB", "NODE", "SYS")
 
 @dataclass(frozen=True)
 class Profile:
-    name: str
-    gpus: int
-    gpu_model: str = ""
-    instance_types: tuple[str, ...] = ()
-    gpu_products: tuple[str, ...] = ()
-    description: str = ""
-    gpu_memory_gb: int | None = None
-    nvlinks: int | None = None  # links per GPU; 0: no NVLink; None: whatever answers
-    pcie_gen: int | None = None
-    pcie_width: int | None = None
-    nic: str = "none"  # the fabric: efa, ib (ConnectX), gve or ena (Ethernet), none
-    nics: int | None = None  # fabric devices per node
-    nic_rate_gbps: float | None = None  # per port
-    mtu: int | None = None
-    mtu_driver: str = ""
-    nic_affinity: str = ""  # farthest acceptable path from a GPU to its nearest NIC
-    power_limit_w: float | None = None
-    thermal_margin_min: float = -2.0
-    pcie_replay_per_min: float = 8.0
-    nccl_busbw_min: float | None = None  # GB/s, all-reduce on one node at the largest message
-    uccl: tuple[str, ...] = ()  # UCCL APIs the node must be ready for
+    """A profile file's keys, declared once (the loader, lint's messages and the README's table use it)."""
+
+    name: str = setting(help="the profile's name", min_length=1, shown_default="the file's stem")
+    gpus: int = setting(help="GPUs per node", ge=1, le=64)
+    gpu_model: str = setting("", "a word the GPU's name must contain (H100, A100)")
+    instance_types: tuple[str, ...] = setting((), "instance types that get this profile")
+    gpu_products: tuple[str, ...] = setting((), "`nvidia.com/gpu.product` labels that get it")
+    description: str = setting("", "free text")
+    gpu_memory_gb: int | None = setting(None, "memory per GPU", ge=1)
+    nvlinks: int | None = setting(None, "NVLinks per GPU; 0: no NVLink; empty: whatever answers", ge=0)
+    pcie_gen: int | None = setting(None, "PCIe generation of each GPU's link", ge=1, le=7)
+    pcie_width: int | None = setting(None, "PCIe lanes of each GPU's link", ge=1, le=32)
+    nic: str = setting("none", "the fabric: efa, ib (ConnectX), gve or ena (Ethernet), none", choices=NIC_KINDS)
+    nics: int | None = setting(None, "fabric devices per node", ge=0)
+    nic_rate_gbps: float | None = setting(None, "rate per port, Gb/s", gt=0)
+    mtu: int | None = setting(None, "MTU of the primary interface", ge=576, le=65535)
+    mtu_driver: str = setting("", "the driver whose interface carries that MTU")
+    nic_affinity: str = setting("", "farthest acceptable path from a GPU to its nearest NIC",
+                                choices=("",) + AFFINITIES)
+    power_limit_w: float | None = setting(None, "power limit per GPU, W", gt=0)
+    thermal_margin_min: float = setting(-2.0, "lowest acceptable thermal margin, degrees C")
+    pcie_replay_per_min: float = setting(8.0, "PCIe replays per minute above which a GPU warns", ge=0)
+    nccl_busbw_min: float | None = setting(None, "GB/s, all-reduce on one node at the largest message", gt=0)
+    uccl: tuple[str, ...] = setting((), "UCCL APIs the node must be ready for")
     source: str = ""
 
     def check_args(self) -> list[str]:
@@ -69,20 +74,20 @@ class Profile:
         return d
 
 
-_TYPES: dict[str, tuple[type, ...]] = {
-    "name": (str,), "gpus": (int,), "gpu_model": (str,), "instance_types": (list,), "gpu_products": (list,),
-    "description": (str,), "gpu_memory_gb": (int,), "nvlinks": (int,), "pcie_gen": (int,), "pcie_width": (int,),
-    "nic": (str,), "nics": (int,), "nic_rate_gbps": (int, float), "mtu": (int,), "mtu_driver": (str,),
-    "nic_affinity": (str,), "power_limit_w": (int, float), "thermal_margin_min": (int, float),
-    "pcie_replay_per_min": (int, float), "nccl_busbw_min": (int, float), "uccl": (list,)}
+@functools.cache
+def file_model() -> type[BaseModel]:
+    return model_of(Profile, "ProfileFile")
 
 
 def load_profile(path: Path) -> Profile:
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: {exc}") from exc
-    return _profile(raw, path)
+    """A profile file, checked key by key; every problem as `file:line: key: what; allowed: ...`."""
+    data, node = read_yaml(path, "profile")
+    if isinstance(data, dict):
+        data.setdefault("name", path.stem)
+    model = check(file_model(), data, str(path), node, Profile, "mapping of profile keys")
+    kw = runtime_values(Profile, model)
+    kw["description"] = str(kw.get("description", "")).strip()
+    return Profile(**kw, source=str(path))
 
 
 def load_profiles(directory: Path) -> dict[str, Profile]:
@@ -90,38 +95,16 @@ def load_profiles(directory: Path) -> dict[str, Profile]:
     for path in sorted(directory.glob("*.yaml")):
         p = load_profile(path)
         if p.name in out:
-            raise ConfigError(f"{path}: profile {p.name!r} is also defined in {out[p.name].source}")
+            raise ConfigError(f"{path}:1: name: profile {p.name!r} is also defined in {out[p.name].source}")
         out[p.name] = p
     if DEFAULT not in out:
         out[DEFAULT] = Profile(DEFAULT, gpus=8, source="built-in")
     return out
 
 
-def _profile(raw: Any, path: Path) -> Profile:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: a profile is a mapping")
-    unknown = set(raw) - set(_TYPES)
-    if unknown:
-        raise ConfigError(f"{path}: unknown key(s) {sorted(unknown)}; known: {sorted(_TYPES)}")
-    for key, value in raw.items():
-        if value is not None and (not isinstance(value, _TYPES[key]) or isinstance(value, bool)):
-            raise ConfigError(f"{path}: {key} must be {' or '.join(t.__name__ for t in _TYPES[key])}, "
-                              f"not {type(value).__name__}")
-    if not isinstance(raw.get("gpus"), int) or raw["gpus"] < 1:
-        raise ConfigError(f"{path}: gpus must be a positive integer")
-    if raw.get("nic", "none") not in NIC_KINDS:
-        raise ConfigError(f"{path}: nic must be one of {', '.join(NIC_KINDS)}")
-    if raw.get("nic_affinity") and raw["nic_affinity"] not in AFFINITIES:
-        raise ConfigError(f"{path}: nic_affinity must be one of {', '.join(AFFINITIES)}")
-    kw: dict[str, Any] = {k: v for k, v in raw.items() if v is not None}
-    for key in ("instance_types", "gpu_products", "uccl"):
-        kw[key] = tuple(str(x) for x in kw.get(key, ()))
-    for key in ("nic_rate_gbps", "power_limit_w", "thermal_margin_min", "pcie_replay_per_min", "nccl_busbw_min"):
-        if key in kw:
-            kw[key] = float(kw[key])
-    kw["name"] = str(kw.get("name", path.stem))
-    kw["description"] = str(kw.get("description", "")).strip()
-    return Profile(**kw, source=str(path))
+def profile_table() -> str:
+    """The README's table of profile keys."""
+    return reference_table(Profile)
 
 
 def match(profiles: dict[str, Profile], labels: dict[str, str]) -> Profile:

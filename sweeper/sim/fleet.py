@@ -3,14 +3,23 @@ per-node faults."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, Strict
 
-from sweeper.clock import parse_duration
-from sweeper.errors import ConfigError
+from sweeper.schema import (
+    ConfigProblems,
+    check,
+    duration_type,
+    locate,
+    model_of,
+    read_yaml,
+    runtime_values,
+    setting,
+)
 
 # What each instance type *is* (the simulated hardware), not what Sweeper expects of it.
 _H100 = {"gpus": 8, "model": "NVIDIA H100 80GB HBM3", "cpu": "192", "memory": "2097152Mi", "device_id": "2330",
@@ -34,105 +43,128 @@ HARDWARE: dict[str, dict[str, Any]] = {
                     "nvlinks": 0, "pcie_gen": 0, "nic": "ena", "nics": 1, "nic_rate": 0, "arch": "x86_64", "memory_mib": 0},
 }
 
-FAULT_KEYS = {"xids", "missing_gpus", "hung_check", "garbage_output", "ecc_dbe", "remap_pending",
-              "remap_failure", "pod_lands_on_taint", "check_crash", "not_ready", "pcie_replay", "nvlink_down",
-              "low_bandwidth", "dcgm_runtime_error", "checks_never_schedule", "lose_check_pod", "ecc_growth",
-              "remap_growth", "pcie_downtrained", "nic_port_down", "nics_missing", "mtu", "poor_affinity",
-              "xid_storm", "sxids", "thermal", "throttle", "recovery_action", "gpu_lost", "persistence_off", "dcgm_fail", "ecc_fail_at"}
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+_Gpu = Annotated[int, Strict(), Field(ge=0)]
+_At = duration_type(ge=0)
+
+
+class _Xid(_Strict):
+    code: Annotated[int, Strict(), Field(ge=1)]
+    gpu: _Gpu = 0
+    at: _At = 0.0  # type: ignore[valid-type]
+    text: Annotated[str, Strict()] = ""
+
+
+class _Sxid(_Strict):
+    code: Annotated[int, Strict(), Field(ge=1)]
+    switch: _Gpu = 0
+    fatal: Annotated[bool, Strict()] = False
+    at: _At = 0.0  # type: ignore[valid-type]
+
+
+class _Storm(_Strict):
+    code: Annotated[int, Strict(), Field(ge=1)]
+    gpu: _Gpu = 0
+    count: Annotated[int, Strict(), Field(ge=1)] = 1000
+    at: _At = 0.0  # type: ignore[valid-type]
 
 
 @dataclass
 class Faults:
-    xids: list[dict[str, Any]] = field(default_factory=list)  # {code, gpu, at: seconds after start, text}
-    missing_gpus: int = 0
-    hung_check: bool = False
-    garbage_output: bool = False
-    check_crash: bool = False
-    ecc_dbe: dict[int, int] = field(default_factory=dict)
-    remap_pending: list[int] = field(default_factory=list)
-    remap_failure: list[int] = field(default_factory=list)
-    pod_lands_on_taint: int = 0  # times a GPU pod is bound just as Sweeper's taint lands
-    not_ready: bool = False
-    pcie_replay: list[int] = field(default_factory=list)  # GPUs whose PCIe link replays too often
-    nvlink_down: list[int] = field(default_factory=list)  # GPUs with an NVLink link down
-    low_bandwidth: float = 1.0  # NCCL bus bandwidth as a share of the healthy figure
-    dcgm_runtime_error: bool = False  # dcgmi cannot run at all
-    checks_never_schedule: bool = False  # the scheduler never binds Sweeper's check pods here
-    lose_check_pod: int = 0  # times the kubelet loses a running check pod (it vanishes)
-    ecc_growth: dict[int, float] = field(default_factory=dict)  # GPU -> corrected ECC errors per simulated day
-    ecc_fail_at: float | None = None  # when the growing GPUs start reporting uncorrectable errors
-    remap_growth: dict[int, float] = field(default_factory=dict)  # GPU -> remapped rows per simulated day
-    pcie_downtrained: list[int] = field(default_factory=list)  # GPUs whose link trained at x8
-    nic_port_down: list[int] = field(default_factory=list)  # fabric devices (by index) whose port is down
-    nics_missing: int = 0
-    mtu: int = 0  # the ENA/primary interface MTU (0: the healthy 9001)
-    poor_affinity: bool = False  # every NIC across the CPU socket from every GPU
-    xid_storm: dict[str, Any] = field(default_factory=dict)  # {code, gpu, count, at}
-    sxids: list[dict[str, Any]] = field(default_factory=list)  # NVSwitch errors: {code, switch, fatal, at}
-    thermal: list[int] = field(default_factory=list)  # GPUs past their thermal limit
-    throttle: list[int] = field(default_factory=list)  # GPUs held down by HW slowdown
-    recovery_action: dict[int, int] = field(default_factory=dict)  # GPU -> NVML recovery action
-    gpu_lost: list[int] = field(default_factory=list)
-    persistence_off: bool = False
-    dcgm_fail: dict[int, str] = field(default_factory=dict)  # GPU -> DCGM test that fails on it
+    """A node's faults as the fleet file names them (each key declared once, checked by the loader)."""
 
-    @classmethod
-    def from_dict(cls, node: str, raw: dict[str, Any]) -> Faults:
-        unknown = set(raw) - FAULT_KEYS
-        if unknown:
-            raise ConfigError(f"fleet: node {node}: unknown fault(s) {sorted(unknown)}; known: {sorted(FAULT_KEYS)}")
-        xids = []
-        for x in raw.get("xids", []):
-            if "code" not in x:
-                raise ConfigError(f"fleet: node {node}: each XID needs a code")
-            xids.append({"code": int(x["code"]), "gpu": int(x.get("gpu", 0)),
-                         "at": parse_duration(x.get("at", 0)), "text": str(x.get("text", ""))})
-        return cls(xids=xids, missing_gpus=int(raw.get("missing_gpus", 0)),
-                   hung_check=bool(raw.get("hung_check", False)),
-                   garbage_output=bool(raw.get("garbage_output", False)),
-                   check_crash=bool(raw.get("check_crash", False)),
-                   ecc_dbe={int(k): int(v) for k, v in (raw.get("ecc_dbe") or {}).items()},
-                   remap_pending=[int(g) for g in raw.get("remap_pending", [])],
-                   remap_failure=[int(g) for g in raw.get("remap_failure", [])],
-                   pod_lands_on_taint=int(raw.get("pod_lands_on_taint", 0)),
-                   not_ready=bool(raw.get("not_ready", False)),
-                   pcie_replay=[int(g) for g in raw.get("pcie_replay", [])],
-                   nvlink_down=[int(g) for g in raw.get("nvlink_down", [])],
-                   low_bandwidth=float(raw.get("low_bandwidth", 1.0)),
-                   dcgm_runtime_error=bool(raw.get("dcgm_runtime_error", False)),
-                   checks_never_schedule=bool(raw.get("checks_never_schedule", False)),
-                   lose_check_pod=int(raw.get("lose_check_pod", 0)),
-                   ecc_growth={int(k): float(v) for k, v in (raw.get("ecc_growth") or {}).items()},
-                   remap_growth={int(k): float(v) for k, v in (raw.get("remap_growth") or {}).items()},
-                   ecc_fail_at=None if raw.get("ecc_fail_at") is None else parse_duration(raw["ecc_fail_at"]),
-                   pcie_downtrained=[int(g) for g in raw.get("pcie_downtrained", [])],
-                   nic_port_down=[int(g) for g in raw.get("nic_port_down", [])],
-                   nics_missing=int(raw.get("nics_missing", 0)), mtu=int(raw.get("mtu", 0)),
-                   poor_affinity=bool(raw.get("poor_affinity", False)),
-                   xid_storm=_storm(node, raw.get("xid_storm")),
-                   sxids=[_sxid(node, x) for x in raw.get("sxids") or []],
-                   thermal=[int(g) for g in raw.get("thermal", [])],
-                   throttle=[int(g) for g in raw.get("throttle", [])],
-                   recovery_action={int(k): int(v) for k, v in (raw.get("recovery_action") or {}).items()},
-                   gpu_lost=[int(g) for g in raw.get("gpu_lost", [])],
-                   persistence_off=bool(raw.get("persistence_off", False)),
-                   dcgm_fail={int(k): str(v) for k, v in (raw.get("dcgm_fail") or {}).items()})
+    xids: list[dict[str, Any]] = setting(help="{code, gpu, at: after start, text}", factory=list,
+                                         annotation=list[_Xid], allowed="list of {code, gpu, at, text}")
+    missing_gpus: int = setting(0, ge=0)
+    hung_check: bool = setting(False)
+    garbage_output: bool = setting(False)
+    check_crash: bool = setting(False)
+    ecc_dbe: dict[int, int] = setting(factory=dict, ge=0)
+    remap_pending: list[int] = setting(factory=list, ge=0)
+    remap_failure: list[int] = setting(factory=list, ge=0)
+    pod_lands_on_taint: int = setting(0, "times a GPU pod is bound just as Sweeper's taint lands", ge=0)
+    not_ready: bool = setting(False)
+    pcie_replay: list[int] = setting(help="GPUs whose PCIe link replays too often", factory=list, ge=0)
+    nvlink_down: list[int] = setting(help="GPUs with an NVLink link down", factory=list, ge=0)
+    low_bandwidth: float = setting(1.0, "NCCL bus bandwidth as a share of the healthy figure", ge=0, le=1)
+    dcgm_runtime_error: bool = setting(False, "dcgmi cannot run at all")
+    checks_never_schedule: bool = setting(False, "the scheduler never binds Sweeper's check pods here")
+    lose_check_pod: int = setting(0, "times the kubelet loses a running check pod (it vanishes)", ge=0)
+    ecc_growth: dict[int, float] = setting(help="GPU -> corrected ECC errors per simulated day", factory=dict, ge=0)
+    ecc_fail_at: float | None = setting(None, "when the growing GPUs start reporting uncorrectable errors",
+                                        duration=True, ge=0)
+    remap_growth: dict[int, float] = setting(help="GPU -> remapped rows per simulated day", factory=dict, ge=0)
+    pcie_downtrained: list[int] = setting(help="GPUs whose link trained at x8", factory=list, ge=0)
+    nic_port_down: list[int] = setting(help="fabric devices (by index) whose port is down", factory=list, ge=0)
+    nics_missing: int = setting(0, ge=0)
+    mtu: int = setting(0, "the ENA/primary interface MTU (0: the healthy 9001)", ge=0, le=65535)
+    poor_affinity: bool = setting(False, "every NIC across the CPU socket from every GPU")
+    xid_storm: dict[str, Any] = setting(help="{code, gpu, count, at}", factory=dict, annotation=_Storm | None,
+                                        allowed="{code, gpu, count, at}",
+                                        convert=lambda v: v.model_dump() if v else {})
+    sxids: list[dict[str, Any]] = setting(help="NVSwitch errors", factory=list, annotation=list[_Sxid],
+                                          allowed="list of {code, switch, fatal, at}")
+    thermal: list[int] = setting(help="GPUs past their thermal limit", factory=list, ge=0)
+    throttle: list[int] = setting(help="GPUs held down by HW slowdown", factory=list, ge=0)
+    recovery_action: dict[int, int] = setting(help="GPU -> NVML recovery action", factory=dict, ge=0)
+    gpu_lost: list[int] = setting(factory=list, ge=0)
+    persistence_off: bool = setting(False)
+    dcgm_fail: dict[int, str] = setting(help="GPU -> DCGM test that fails on it", factory=dict)
 
 
-def _sxid(node: str, raw: Any) -> dict[str, Any]:
-    if not isinstance(raw, dict) or "code" not in raw:
-        raise ConfigError(f"fleet: node {node}: each SXID needs a code (and switch, fatal, at)")
-    return {"code": int(raw["code"]), "switch": int(raw.get("switch", 0)), "fatal": bool(raw.get("fatal", False)),
-            "at": parse_duration(raw.get("at", 0))}
+FAULT_KEYS = {f.name for f in fields(Faults)}
+_FAULTS = model_of(Faults, "FaultsFile")
 
 
-def _storm(node: str, raw: Any) -> dict[str, Any]:
-    if not raw:
-        return {}
-    if not isinstance(raw, dict) or "code" not in raw:
-        raise ConfigError(f"fleet: node {node}: xid_storm needs a code (and gpu, count, at)")
-    return {"code": int(raw["code"]), "gpu": int(raw.get("gpu", 0)), "count": int(raw.get("count", 1000)),
-            "at": parse_duration(raw.get("at", 0))}
+class _NodeGroup(_Strict):
+    instance_type: Literal[tuple(HARDWARE)] = "p5.48xlarge"  # type: ignore[valid-type]
+    name_prefix: Annotated[str, Strict()] | None = None
+    count: Annotated[int, Strict(), Field(ge=0, le=100_000)] = 1
+    zone: Annotated[str, Strict()] = "us-east-1a"
+    labels: dict[str, Annotated[str, Strict()]] = {}
+    age: duration_type(ge=0) = 2 * 86400.0  # type: ignore[valid-type]
+
+
+class _Workload(_Strict):
+    node: Annotated[str, Strict()] | None = None
+    gpus: Annotated[int, Strict(), Field(ge=0)] = 8
+    duration: duration_type(gt=0) | None = None  # type: ignore[valid-type]
+    count: Annotated[int, Strict(), Field(ge=0)] = 1
+
+
+class _Arrivals(_Strict):
+    per_hour: Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)] = 0.0
+    gpus: Annotated[int, Strict(), Field(ge=1)] = 8
+    duration: tuple[duration_type(gt=0), duration_type(gt=0)] | None = None  # type: ignore[valid-type]
+
+
+_Rate = Annotated[float, Strict(), Field(ge=0, le=1)]
+
+
+class _ApiFaults(_Strict):
+    rate: _Rate = 0.0
+    lost_reply_rate: _Rate = 0.0
+    latency: Annotated[float, Strict(), Field(ge=0, allow_inf_nan=False)] = 0.0
+    slow_rate: _Rate = 0.0
+    drop_rate: _Rate = 0.0
+
+
+class FleetFile(_Strict):
+    """The fleet file, described once: its loader and its file:line messages come from here."""
+
+    name: Annotated[str, Strict()] = "fleet"
+    seed: Annotated[int, Strict()] = 1
+    speed: Annotated[float, Strict(), Field(gt=0, allow_inf_nan=False)] = 600.0
+    namespace: Annotated[str, Strict()] = "sweeper"
+    node_groups: list[_NodeGroup] | None = None
+    workloads: list[_Workload] | None = None
+    arrivals: _Arrivals | None = None
+    faults: dict[str, _FAULTS | None] | None = None  # type: ignore[valid-type]
+    check_seconds: duration_type(gt=0) = 45.0  # type: ignore[valid-type]
+    api_faults: _ApiFaults | None = None
 
 
 @dataclass
@@ -172,56 +204,38 @@ class Fleet:
 
 
 def load_fleet(path: Path) -> Fleet:
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read fleet file {path}: {exc}") from exc
-    return parse_fleet(raw, str(path))
+    data, node = read_yaml(path, "fleet file")
+    return parse_fleet(data, str(path), node)
 
 
-def parse_fleet(raw: Any, origin: str = "fleet") -> Fleet:
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{origin}: a fleet file is a mapping")
-    known = {"name", "seed", "speed", "namespace", "node_groups", "workloads", "arrivals", "faults",
-             "check_seconds", "api_faults"}
-    unknown = set(raw) - known
-    if unknown:
-        raise ConfigError(f"{origin}: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
-    fleet = Fleet(name=str(raw.get("name", "fleet")), seed=int(raw.get("seed", 1)),
-                  speed=float(raw.get("speed", 600)), namespace=str(raw.get("namespace", "sweeper")),
-                  check_seconds=parse_duration(raw.get("check_seconds", 45)),
-                  api_fault_rate=float((raw.get("api_faults") or {}).get("rate", 0.0)),
-                  api_lost_reply_rate=float((raw.get("api_faults") or {}).get("lost_reply_rate", 0.0)),
-                  api_latency=float((raw.get("api_faults") or {}).get("latency", 0.0)),
-                  api_slow_rate=float((raw.get("api_faults") or {}).get("slow_rate", 0.0)),
-                  api_drop_rate=float((raw.get("api_faults") or {}).get("drop_rate", 0.0)))
-    faults = raw.get("faults") or {}
-    for group in raw.get("node_groups") or []:
-        itype = group.get("instance_type", "p5.48xlarge")
-        if itype not in HARDWARE:
-            raise ConfigError(f"{origin}: unknown instance type {itype!r}; known: {sorted(HARDWARE)}")
-        prefix = group.get("name_prefix", itype.split(".")[0] + "-")
-        for i in range(int(group.get("count", 1))):
-            name = f"{prefix}{i:0{max(2, len(str(group.get('count', 1))))}d}"
-            fleet.nodes.append(NodeSpec(name=name, instance_type=itype, zone=group.get("zone", "us-east-1a"),
-                                        labels=dict(group.get("labels") or {}),
-                                        age=parse_duration(group.get("age", "2d")), faults=Faults()))
-    names = {n.name for n in fleet.nodes}
-    for node, spec in faults.items():
-        if node not in names:
-            raise ConfigError(f"{origin}: faults name node {node!r}, which the fleet does not have")
-        next(n for n in fleet.nodes if n.name == node).faults = Faults.from_dict(node, spec or {})
-    for w in raw.get("workloads") or []:
-        dur = w.get("duration")
-        for _ in range(int(w.get("count", 1))):
-            fleet.workloads.append(Workload(node=w.get("node"), gpus=int(w.get("gpus", 8)),
-                                            duration=None if dur is None else parse_duration(dur)))
-    arr = raw.get("arrivals") or {}
-    fleet.arrivals_per_hour = float(arr.get("per_hour", 0.0))
-    fleet.arrival_gpus = int(arr.get("gpus", 8))
-    if "duration" in arr:
-        lo, hi = arr["duration"]
-        fleet.arrival_duration = (parse_duration(lo), parse_duration(hi))
+def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) -> Fleet:
+    """A fleet from its file's data; every problem as `file:line: key: what; allowed: ...`."""
+    spec = check(FleetFile, raw, origin, node, None, "fleet file")
+    assert isinstance(spec, FleetFile)
+    api = spec.api_faults or _ApiFaults()
+    fleet = Fleet(name=spec.name, seed=spec.seed, speed=spec.speed, namespace=spec.namespace,
+                  check_seconds=spec.check_seconds, api_fault_rate=api.rate, api_lost_reply_rate=api.lost_reply_rate,
+                  api_latency=api.latency, api_slow_rate=api.slow_rate, api_drop_rate=api.drop_rate)
+    for group in spec.node_groups or []:
+        prefix = group.instance_type.split(".")[0] + "-" if group.name_prefix is None else group.name_prefix
+        for i in range(group.count):
+            fleet.nodes.append(NodeSpec(name=f"{prefix}{i:0{max(2, len(str(group.count)))}d}",
+                                        instance_type=group.instance_type, zone=group.zone,
+                                        labels=dict(group.labels), age=group.age, faults=Faults()))
+    by_name = {n.name: n for n in fleet.nodes}
+    for name, faults in (spec.faults or {}).items():
+        if name not in by_name:
+            line, _ = locate(node, ("faults", name))
+            raise ConfigProblems([f"{origin}:{line}: faults.{name}: the fleet has no such node; allowed: one of "
+                                  f"{', '.join(list(by_name)[:8])}{', ...' if len(by_name) > 8 else ''}"])
+        by_name[name].faults = Faults(**runtime_values(Faults, faults)) if faults is not None else Faults()
+    for w in spec.workloads or []:
+        for _ in range(w.count):
+            fleet.workloads.append(Workload(node=w.node, gpus=w.gpus, duration=w.duration))
+    arr = spec.arrivals or _Arrivals()
+    fleet.arrivals_per_hour, fleet.arrival_gpus = arr.per_hour, arr.gpus
+    if arr.duration is not None:
+        fleet.arrival_duration = arr.duration
     return fleet
 
 

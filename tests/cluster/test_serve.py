@@ -36,7 +36,7 @@ def test_serve_runs_two_schedules_without_overlap_and_stops_cleanly(make_sim, tm
     cfg = tmp_path / "config.yaml"
     cfg.write_text("""
 max_percent: 100
-interval: 0s
+interval: 1s
 poll_interval: 0.05
 light_playbook: ""
 schedules:
