@@ -132,7 +132,7 @@ class ApiServer:
         store = self.cluster.store
         with store.lock:
             store.requests.append((method, path))
-        health = _health(path, "verbose" in q)
+        health = _health(path, "verbose" in parse_qs(url.query, keep_blank_values=True))
         if health is not None:
             return 200, health, "text/plain; charset=utf-8"
         discovery = self._discovery(path)
@@ -178,7 +178,12 @@ class ApiServer:
             return 201, review, "application/json"
         if method == "GET":
             if name:
-                return 200, store.get(plural, ns, name), "application/json"
+                obj = store.get(plural, ns, name)
+                if "as=Table" in headers.get("accept", ""):
+                    return 200, table(plural, [obj], {"resourceVersion": obj["metadata"]["resourceVersion"]},
+                                      self.cluster.clock.now(), q.get("includeObject", "Metadata")), \
+                        "application/json"
+                return 200, obj, "application/json"
             listed = store.list(plural, ns if res.namespaced else None, label_selector=q.get("labelSelector"),
                                 field_selector=q.get("fieldSelector"),
                                 limit=int(q["limit"]) if q.get("limit") else None, continue_token=q.get("continue"))
