@@ -524,3 +524,68 @@ def test_self_subject_reviews_answer_from_the_simulated_rbac(sim: Sim) -> None:
 
     assert can("create", "jobs", "batch", "sweeper") and not can("create", "jobs", "batch", "default")
     assert can("list", "nodes") and not can("delete", "nodes")
+
+
+def test_one_clock_for_the_served_simulator_and_an_outside_sweeper(tmp_path) -> None:
+    """`sweeper sim serve` runs on the wall clock by default, the only clock kubectl and a Sweeper in
+    another process can read. So what the simulator stamps (an Event's creationTimestamp, the check's
+    result document from its kubelet) and what Sweeper stamps (the Event's first and last timestamps,
+    its history) tell one time: each falls inside the sweep that wrote it. At the fleet's 600x the
+    kubelet's metric would sit hours after its sweep, and an Event's creation hours after its own
+    lastTimestamp."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+    from kubernetes import config as kubeconfig_loader
+
+    from sweeper.clock import parse_iso
+    from sweeper.history import History
+
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(yaml.safe_dump({"name": "clock", "seed": 3, "speed": 600, "check_seconds": 1,
+                                     "node_groups": [{"name_prefix": "gpu-", "count": 2,
+                                                      "instance_type": "p5.48xlarge", "age": "2d"}]}))
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("max_nodes: 2\nmax_percent: 100\nmin_node_age: 10m\npoll_interval: 0.2\ncheck_timeout: 5m\n"
+                   "light_playbook: ''\n")
+    kc, db = tmp_path / "kubeconfig", tmp_path / "history.db"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "sim", "serve", "--fleet", str(fleet), "--port",
+                               str(port), "--kubeconfig-out", str(kc)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        while not kc.exists():  # the kubeconfig is written once the server listens
+            assert server.poll() is None, server.stdout.read().decode()  # type: ignore[union-attr]
+            time.sleep(0.05)
+        run = subprocess.run([sys.executable, "-m", "sweeper.cli", "sweep", "--config", str(cfg), "--kubeconfig",
+                              str(kc), "--state", str(db), "--json"], capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0, run.stdout + run.stderr
+        cc = client.Configuration()
+        kubeconfig_loader.load_kube_config(config_file=str(kc), client_configuration=cc)
+        with client.ApiClient(cc) as api:
+            events = [e for e in client.CoreV1Api(api).list_namespaced_event("default").items
+                      if e.source and e.source.component == "sweeper"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    h = History(db)
+    try:
+        (r,) = list(h.db.query("select started, finished from runs"))
+        sweeps = {s["id"]: s for s in h.db.query("select id, node, started, finished from node_sweeps")}
+        metrics = list(h.db.query("select sweep_id, ts from metrics"))
+    finally:
+        h.close()
+    lo, hi = int(r["started"]), r["finished"] + 1  # Kubernetes times are whole seconds
+    assert len(sweeps) == 2 and metrics and events
+    for m in metrics:
+        s = sweeps[m["sweep_id"]]
+        assert int(s["started"]) <= m["ts"] <= s["finished"], "the kubelet's result is timed inside its sweep"
+    for e in events:
+        written = [e.first_timestamp.timestamp(), e.last_timestamp.timestamp()]
+        created = e.metadata.creation_timestamp.timestamp()
+        assert all(lo <= t <= hi for t in [*written, created]), (e.reason, r, written, created)
+        assert abs(created - parse_iso(e.last_timestamp.isoformat())) <= 1
