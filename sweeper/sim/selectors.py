@@ -134,28 +134,93 @@ FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
+# Where a field label reads another field or a zero value, as the apiserver's field sets do: an absent
+# `spec.unschedulable` is "false" (a bool prints as its zero value), a Job's `status.successful` is the
+# count in `status.succeeded` (k8s.io/kubernetes pkg/registry/{core/node,core/pod,batch/job}/strategy.go).
+FIELD_SOURCES: dict[tuple[str, str], tuple[str, str]] = {
+    ("nodes", "spec.unschedulable"): ("spec.unschedulable", "false"),
+    ("pods", "spec.hostNetwork"): ("spec.hostNetwork", "false"),
+    ("jobs", "status.successful"): ("status.succeeded", "0"),
+    ("events", "source"): ("source.component", ""),
+}
+
+
+def _split_unescaped(text: str, sep: str) -> list[str]:
+    """Split on `sep` where it is not escaped by a backslash (fields.ParseSelector's splitTerms)."""
+    parts, cur, i = [], "", 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text):
+            cur += text[i:i + 2]
+            i += 2
+            continue
+        if text[i] == sep:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += text[i]
+        i += 1
+    parts.append(cur)
+    return parts
+
+
+def _split_term(term: str) -> tuple[str, str, str] | None:
+    """(key, operator, escaped value) at the first unescaped operator, trying `!=`, `==`, `=`."""
+    i = 0
+    while i < len(term):
+        if term[i] == "\\":
+            i += 2
+            continue
+        for op in ("!=", "==", "="):
+            if term.startswith(op, i):
+                return term[:i], op, term[i + len(op):]
+        i += 1
+    return None
+
+
+def unescape_field_value(value: str) -> str:
+    """A field selector value with `\\\\`, `\\,` and `\\=` unescaped; any other escape, or a bare `,` or
+    `=`, is an error (fields.UnescapeValue)."""
+    out, i = "", 0
+    while i < len(value):
+        ch = value[i]
+        if ch == "\\":
+            if i + 1 >= len(value) or value[i + 1] not in "\\,=":
+                raise bad_request(f"invalid field selector value: invalid escape sequence in {value!r}")
+            out += value[i + 1]
+            i += 2
+            continue
+        if ch in ",=":
+            raise bad_request(f"invalid field selector value: unescaped {ch!r} in {value!r}")
+        out += ch
+        i += 1
+    return out
+
+
 def parse_field_selector(text: str | None, resource: str) -> Callable[[dict[str, Any]], bool]:
+    """Field selectors as fields.ParseSelector reads them
+    (https://kubernetes.io/docs/concepts/overview/working-with-objects/field-selectors/): terms split
+    on unescaped commas, `=`, `==` or `!=`, values with `\\,` `\\=` `\\\\` escapes."""
     if not text or not text.strip():
         return lambda obj: True
     allowed = FIELDS.get(resource, ("metadata.name", "metadata.namespace"))
     terms: list[tuple[str, str, str]] = []
-    for part in text.split(","):
+    for part in _split_unescaped(text, ","):
         part = part.strip()
         if not part:
             continue
-        m = re.match(r"^([A-Za-z0-9_.]+)\s*(!=|==|=)\s*(.*)$", part)
-        if not m:
+        split = _split_term(part)
+        if split is None or not re.fullmatch(r"[A-Za-z0-9_.]+", split[0].strip()):
             raise bad_request(f"invalid selector: {text!r}; can't understand {part!r}")
-        key, op, value = m.groups()
+        key, op, value = split[0].strip(), split[1], unescape_field_value(split[2])
         if key not in allowed:
             raise bad_request(f'field label not supported: {key}')
         terms.append((key, "!=" if op == "!=" else "=", value))
 
     def match(obj: dict[str, Any]) -> bool:
         for key, op, value in terms:
-            actual = _as_field(_get(obj, key))
-            if key == "source" and resource == "events":
-                actual = _as_field(_get(obj, "source.component"))
+            path, zero = FIELD_SOURCES.get((resource, key), (key, ""))
+            found = _get(obj, path)
+            actual = zero if found is None else _as_field(found)
             if (actual == value) != (op == "="):
                 return False
         return True

@@ -12,19 +12,25 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 import yaml
 
 from sweeper.clock import iso
+from sweeper.sim import openapi
 from sweeper.sim.cluster import TERMINAL, SimCluster
 from sweeper.sim.errors import ApiError, bad_request, not_found
-from sweeper.sim.patch import apply_patch
-from sweeper.sim.rbac import Rule, allowed, attributes, object_name
+from sweeper.sim.patch import STRATEGIC, apply_patch
+from sweeper.sim.rbac import (ADMIN_RULES, REVIEWS, Rule, access_review, allowed, attributes, object_name,
+                              rules_review)
 from sweeper.sim.store import RESOURCES, Resource
 from sweeper.sim.tables import table
 
-GROUPS = {"batch": "v1", "coordination.k8s.io": "v1", "karpenter.sh": "v1", "policy": "v1"}
+GROUPS = {r.group: r.version for r in RESOURCES.values() if r.group}
+APPLY = "application/apply-patch+yaml"
+# The checks a real apiserver lists under /healthz, /livez and /readyz?verbose
+# (https://kubernetes.io/docs/reference/using-api/health-checks/).
+HEALTH_CHECKS = ("ping", "log", "etcd", "poststarthook/start-apiextensions-controllers")
 _PATH = re.compile(
     r"^/(?:api/v1|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
     r"(?:/namespaces/(?P<ns>[^/]+)(?=/))?"
@@ -96,10 +102,12 @@ class ApiServer:
     def handle(self, method: str, raw_path: str, headers: dict[str, str], body: bytes) -> tuple[int, Any, str]:
         path = urlparse(raw_path).path
         scheme, _, token = headers.get("authorization", "").partition(" ")
+        rules: list[Rule] = ADMIN_RULES
         if scheme.lower() == "bearer" and token.strip() in self.service_accounts:
             user, rules = self.service_accounts[token.strip()]
             attrs = attributes(method, path)
-            if attrs is not None and allowed(rules, *attrs, object_name(path)) is None:
+            # Anyone may ask what they may do (the system:basic-user ClusterRole).
+            if attrs is not None and attrs[1] not in REVIEWS and allowed(rules, *attrs, object_name(path)) is None:
                 group, resource, verb, ns = attrs
                 self.denied.append((user, method, path))
                 res = f"{resource}.{group}" if group else resource
@@ -108,7 +116,7 @@ class ApiServer:
                                                  f'"{resource}" in API group "{group}"{where}')
         for hook in self.hooks:
             hook("before", method, path)
-        answer = self._handle(method, raw_path, headers, body)
+        answer = self._handle(method, raw_path, headers, body, rules)
         for hook in self.hooks:
             hook("after", method, path)
         if (self.lost_reply_rate and method != "GET" and not self._discovery(path)
@@ -117,13 +125,17 @@ class ApiServer:
             raise ApiError(503, "ServiceUnavailable", "simulated lost reply (the write was applied)")
         return answer
 
-    def _handle(self, method: str, raw_path: str, headers: dict[str, str], body: bytes) -> tuple[int, Any, str]:
+    def _handle(self, method: str, raw_path: str, headers: dict[str, str], body: bytes,
+                rules: list[Rule] | None = None) -> tuple[int, Any, str]:
         url = urlparse(raw_path)
         q = {k: v[-1] for k, v in parse_qs(url.query).items()}
         path = url.path
         store = self.cluster.store
         with store.lock:
             store.requests.append((method, path))
+        health = _health(path, "verbose" in parse_qs(url.query, keep_blank_values=True))
+        if health is not None:
+            return 200, health, "text/plain; charset=utf-8"
         discovery = self._discovery(path)
         if discovery is not None:
             return 200, discovery, "application/json"
@@ -139,23 +151,40 @@ class ApiServer:
         m = _PATH.match(path)
         if not m:
             raise not_found("path", path)
-        group = m.group("group") or ""
-        plural = m.group("plural")
+        # Each segment of the path is percent-decoded on its own, after the path is split, so that an
+        # escaped "/" stays inside its segment (as the apiserver's request info resolver does).
+        group = unquote(m.group("group") or "")
+        plural = unquote(m.group("plural"))
         res = RESOURCES.get(plural)
-        if res is None or res.group != group:
+        if res is None or res.group != group or (m.group("version") or "v1") != res.version:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        ns, name, sub = m.group("ns"), m.group("name"), m.group("sub")
-        if plural == "namespaces" and name and sub is None and ns is None:
-            pass
+        ns, name, sub = (unquote(x) if x is not None else None for x in (m.group("ns"), m.group("name"),
+                                                                          m.group("sub")))
         if res.namespaced is False and ns:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        dry_run = _dry_run(parse_qs(url.query).get("dryRun"))
         if method == "GET" and name and sub == "log":
             return 200, self._log(ns or "default", name, q), "text/plain"
         if method == "POST" and name and sub == "eviction":
-            return self._evict(ns or "default", name)
+            return self._evict(ns or "default", name, dry_run or _dry_run(
+                (_json(body).get("deleteOptions") or {}).get("dryRun") if body.strip() else None))
+        if method == "POST" and plural in REVIEWS:
+            review = _json(body)
+            spec = review.get("spec") or {}
+            review["status"] = rules_review(rules if rules is not None else ADMIN_RULES, spec.get("namespace")) \
+                if plural == "selfsubjectrulesreviews" else \
+                access_review(rules if rules is not None else ADMIN_RULES, spec)
+            review.update({"apiVersion": res.api_version, "kind": res.kind})
+            review.setdefault("metadata", {}).setdefault("creationTimestamp", None)
+            return 201, review, "application/json"
         if method == "GET":
             if name:
-                return 200, store.get(plural, ns, name), "application/json"
+                obj = store.get(plural, ns, name)
+                if "as=Table" in headers.get("accept", ""):
+                    return 200, table(plural, [obj], {"resourceVersion": obj["metadata"]["resourceVersion"]},
+                                      self.cluster.clock.now(), q.get("includeObject", "Metadata")), \
+                        "application/json"
+                return 200, obj, "application/json"
             listed = store.list(plural, ns if res.namespaced else None, label_selector=q.get("labelSelector"),
                                 field_selector=q.get("fieldSelector"),
                                 limit=int(q["limit"]) if q.get("limit") else None, continue_token=q.get("continue"))
@@ -165,32 +194,84 @@ class ApiServer:
             return 200, listed, "application/json"
         if method == "POST" and not name:
             obj = _json(body)
-            if plural == "pods":
-                obj.setdefault("status", {})["phase"] = "Pending"
-            if plural == "jobs":
-                _default_job(obj)
-                created = store.create(plural, ns, obj)
-                return 201, store.mutate("jobs", ns, created["metadata"]["name"], _job_selector), "application/json"
-            if plural == "events":
-                obj.setdefault("firstTimestamp", iso(self.cluster.clock.now()))
-                obj.setdefault("lastTimestamp", obj["firstTimestamp"])
-                obj.setdefault("count", 1)
-            return 201, store.create(plural, ns, obj), "application/json"
+            openapi.check_fields(res, obj, q.get("fieldValidation"))
+            return 201, self._create(res, ns, obj, dry_run), "application/json"
+        if method == "PATCH" and name and sub is None and headers.get("content-type", "").startswith(APPLY):
+            return self._apply(res, ns, name, q, body, dry_run)
         if method in ("PUT", "PATCH") and name:
-            return 200, self._write(method, res, ns, name, sub, headers, body), "application/json"
+            return 200, self._write(method, res, ns, name, sub, headers, body, dry_run,
+                                    q.get("fieldValidation")), "application/json"
         if method == "DELETE" and name:
-            return 200, self._delete(res, ns, name, q, body), "application/json"
+            return 200, self._delete(res, ns, name, q, body, dry_run), "application/json"
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {path}")
 
-    def _write(self, method: str, res: Resource, ns: str | None, name: str, sub: str | None,
-               headers: dict[str, str], body: bytes) -> dict[str, Any]:
+    def _create(self, res: Resource, ns: str | None, obj: dict[str, Any], dry_run: bool) -> dict[str, Any]:
+        """POST: what the apiserver's defaulting and the controllers' admission add, then the store."""
         store = self.cluster.store
+        plural = res.plural
+        if plural == "pods":
+            obj.setdefault("status", {})["phase"] = "Pending"
+        if plural == "events":
+            obj.setdefault("firstTimestamp", iso(self.cluster.clock.now()))
+            obj.setdefault("lastTimestamp", obj["firstTimestamp"])
+            obj.setdefault("count", 1)
+        if plural != "jobs":
+            return store.create(plural, ns, obj, dry_run=dry_run)
+        _default_job(obj)
+        with store.lock:
+            created = store.create(plural, ns, obj, dry_run=dry_run)
+            if dry_run:
+                _job_selector(created)
+                return created
+            return store.mutate("jobs", ns, created["metadata"]["name"], _job_selector)
+
+    def _apply(self, res: Resource, ns: str | None, name: str, q: dict[str, str], body: bytes,
+               dry_run: bool) -> tuple[int, Any, str]:
+        """Server-side apply (PATCH with application/apply-patch+yaml,
+        https://kubernetes.io/docs/reference/using-api/server-side-apply/): create the object when it
+        is absent, else merge the applied configuration into it. A simplification: fields are merged
+        as a strategic merge patch would merge them; there is no managedFields ownership, so no
+        conflicts between managers and no removal of fields a manager stops applying."""
+        if not q.get("fieldManager"):
+            raise ApiError(422, "Invalid", 'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: '
+                                           "is required for apply patch")
+        try:
+            applied = yaml.safe_load(body.decode() or "{}")
+        except (yaml.YAMLError, UnicodeDecodeError) as exc:
+            raise bad_request(f"error decoding YAML: {exc}") from exc
+        if not isinstance(applied, dict):
+            raise bad_request("the applied configuration must be an object")
+        meta = applied.get("metadata") or {}
+        if meta.get("name", name) != name:
+            raise bad_request("the name of the object does not match the name on the URL")
+        if applied.get("kind", res.kind) != res.kind or applied.get("apiVersion", res.api_version) != res.api_version:
+            raise bad_request(f"the applied configuration is a {applied.get('apiVersion')}/{applied.get('kind')}, "
+                              f"not a {res.api_version}/{res.kind}")
+        openapi.check_fields(res, applied, q.get("fieldValidation"))
+        store = self.cluster.store
+        with store.lock:
+            if store.peek(res.plural, ns, name) is None:
+                applied.setdefault("metadata", {})["name"] = name
+                return 201, self._create(res, ns, applied, dry_run), "application/json"
+            merged = json.dumps(applied).encode()
+            return 200, self._write("PATCH", res, ns, name, None, {"content-type": STRATEGIC}, merged,
+                                    dry_run, None), "application/json"
+
+    def _write(self, method: str, res: Resource, ns: str | None, name: str, sub: str | None,
+               headers: dict[str, str], body: bytes, dry_run: bool = False,
+               field_validation: str | None = None) -> dict[str, Any]:
+        store = self.cluster.store
+        ctype = headers.get("content-type", "")
+        if method == "PUT":
+            openapi.check_fields(res, _json(body), field_validation)
+        elif ctype.startswith((STRATEGIC, "application/merge-patch+json")):
+            openapi.check_fields(res, _json(body), field_validation)
         with store.lock:
             current = store.get(res.plural, ns, name)
             if method == "PUT":
                 new = _json(body)
             else:
-                new = apply_patch(headers.get("content-type", ""), current, body)
+                new = apply_patch(ctype, current, body)
             if sub == "status":
                 new = {**current, "status": new.get("status", current.get("status"))}
             elif sub is None and res.plural != "events" and "status" in current:
@@ -200,18 +281,27 @@ class ApiServer:
                 if meta.get(fixed, current["metadata"][fixed]) != current["metadata"][fixed]:
                     raise ApiError(422, "Invalid", f'{res.kind} "{name}" is invalid: metadata.{fixed}: '
                                    "Invalid value: field is immutable")
+            if dry_run:
+                return store.update(res.plural, ns, name, new, dry_run=True)
             if res.plural == "nodes":
                 self.cluster.before_node_write(name, current, new)
             return store.update(res.plural, ns, name, new)
 
-    def _delete(self, res: Resource, ns: str | None, name: str, q: dict[str, str], body: bytes) -> dict[str, Any]:
+    def _delete(self, res: Resource, ns: str | None, name: str, q: dict[str, str], body: bytes,
+                dry_run: bool = False) -> dict[str, Any]:
         store = self.cluster.store
         opts = _json(body) if body.strip() else {}
         policy = q.get("propagationPolicy") or opts.get("propagationPolicy")
         pre = opts.get("preconditions") or {}
+        dry_run = dry_run or _dry_run(opts.get("dryRun"))
         with store.lock:
-            obj = store.delete(res.plural, ns, name, pre.get("uid"), pre.get("resourceVersion"))
+            obj = store.delete(res.plural, ns, name, pre.get("uid"), pre.get("resourceVersion"), dry_run=dry_run)
             uid = obj["metadata"]["uid"]
+            if dry_run:
+                if res.plural in ("pods", "nodes", "jobs"):
+                    obj["metadata"]["deletionTimestamp"] = iso(self.cluster.clock.now())
+                    return obj
+                return _deleted(res, name, uid)
             if res.plural == "jobs" and policy is None:
                 policy = "Orphan"  # the batch/v1 REST default, kept for backwards compatibility
             for pod in list(store.iter("pods")):
@@ -233,10 +323,9 @@ class ApiServer:
         if res.plural in ("pods", "nodes", "jobs"):
             obj["metadata"]["deletionTimestamp"] = iso(self.cluster.clock.now())
             return obj
-        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                "details": {"name": name, "kind": res.plural, "uid": uid}}
+        return _deleted(res, name, uid)
 
-    def _evict(self, ns: str, name: str) -> tuple[int, Any, str]:
+    def _evict(self, ns: str, name: str, dry_run: bool = False) -> tuple[int, Any, str]:
         store = self.cluster.store
         with store.lock:
             pod = store.get("pods", ns, name)
@@ -245,7 +334,7 @@ class ApiServer:
                     raise ApiError(429, "TooManyRequests",
                                    "Cannot evict pod as it would violate the pod's disruption budget.",
                                    retry_after=None)
-            store.delete("pods", ns, name)
+            store.delete("pods", ns, name, dry_run=dry_run)
         return 201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}, \
             "application/json"
 
@@ -263,6 +352,13 @@ class ApiServer:
 
     def _discovery(self, path: str) -> dict[str, Any] | None:
         path = path.rstrip("/") or "/"
+        if path == "/openapi/v3":
+            return openapi.discovery()
+        if path.startswith("/openapi/v3/"):
+            doc = openapi.document(path[len("/openapi/v3/"):])
+            if doc is None:
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            return doc
         if path == "/version":
             return {"major": "1", "minor": "31", "gitVersion": "v1.31.4-sweeper-sim", "platform": "linux/amd64",
                     "goVersion": "go1.22", "compiler": "gc", "gitCommit": "", "gitTreeState": "clean",
@@ -297,6 +393,35 @@ def _resource_list(group_version: str, group: str) -> dict[str, Any]:
             resources.append({"name": f"{r.plural}/status", "singularName": "", "namespaced": r.namespaced,
                               "kind": r.kind, "verbs": ["get", "patch", "update"]})
     return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}
+
+
+def _deleted(res: Resource, name: str, uid: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+            "details": {"name": name, "kind": res.plural, "uid": uid}}
+
+
+def _dry_run(values: Any) -> bool:
+    """`dryRun=All` (query or DeleteOptions): validate and answer, persist nothing. Any other value is
+    refused, as the apiserver refuses it
+    (https://kubernetes.io/docs/reference/using-api/api-concepts/#dry-run)."""
+    if not values:
+        return False
+    values = [values] if isinstance(values, str) else list(values)
+    if any(v != "All" for v in values):
+        raise bad_request(f'Invalid dry run value: {values!r}; the only valid value is "All"')
+    return True
+
+
+def _health(path: str, verbose: bool) -> str | None:
+    """/healthz, /livez and /readyz (and each check under them) answer `ok`."""
+    parts = path.strip("/").split("/")
+    if parts[0] not in ("healthz", "livez", "readyz") or len(parts) > 2 + (parts[1:2] == ["poststarthook"]):
+        return None
+    if len(parts) > 1:
+        return "ok" if "/".join(parts[1:]) in HEALTH_CHECKS else None
+    if not verbose:
+        return "ok"
+    return "".join(f"[+]{c} ok\n" for c in HEALTH_CHECKS) + f"{parts[0]} check passed\n"
 
 
 def _container(pod: dict[str, Any]) -> str:

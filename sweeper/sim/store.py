@@ -46,6 +46,24 @@ RESOURCES: dict[str, Resource] = {r.plural: r for r in (
     Resource("leases", "Lease", "coordination.k8s.io", "v1", True),
     Resource("nodeclaims", "NodeClaim", "karpenter.sh", "v1", False),
     Resource("poddisruptionbudgets", "PodDisruptionBudget", "policy", "v1", True, ("pdb",)),
+    # Kinds the simulator stores and serves but runs no controller for: what `kubectl apply -f deploy/`
+    # creates (a CronJob is kept, never started; a PVC stays Pending).
+    Resource("configmaps", "ConfigMap", "", "v1", True, ("cm",)),
+    Resource("secrets", "Secret", "", "v1", True),
+    Resource("serviceaccounts", "ServiceAccount", "", "v1", True, ("sa",)),
+    Resource("persistentvolumeclaims", "PersistentVolumeClaim", "", "v1", True, ("pvc",)),
+    Resource("services", "Service", "", "v1", True, ("svc",)),
+    Resource("deployments", "Deployment", "apps", "v1", True, ("deploy",)),
+    Resource("cronjobs", "CronJob", "batch", "v1", True, ("cj",)),
+    Resource("roles", "Role", "rbac.authorization.k8s.io", "v1", True),
+    Resource("rolebindings", "RoleBinding", "rbac.authorization.k8s.io", "v1", True),
+    Resource("clusterroles", "ClusterRole", "rbac.authorization.k8s.io", "v1", False),
+    Resource("clusterrolebindings", "ClusterRoleBinding", "rbac.authorization.k8s.io", "v1", False),
+    # Reviews are answered, never stored (kubectl auth can-i).
+    Resource("selfsubjectrulesreviews", "SelfSubjectRulesReview", "authorization.k8s.io", "v1", False,
+             verbs=("create",)),
+    Resource("selfsubjectaccessreviews", "SelfSubjectAccessReview", "authorization.k8s.io", "v1", False,
+             verbs=("create",)),
 )}
 
 
@@ -91,7 +109,10 @@ class Store:
         """Stored objects without copies, for controllers that hold the lock."""
         return iter(list(self._objects[plural].values()))
 
-    def create(self, plural: str, namespace: str | None, obj: dict[str, Any]) -> dict[str, Any]:
+    def create(self, plural: str, namespace: str | None, obj: dict[str, Any], *,
+               dry_run: bool = False) -> dict[str, Any]:
+        """Store a new object; with `dry_run`, validate and answer what would be stored, storing
+        nothing (no resourceVersion is spent)."""
         res = RESOURCES[plural]
         with self.lock:
             obj = _copy(obj)
@@ -115,17 +136,20 @@ class Store:
             if key in self._objects[plural]:
                 raise already_exists(plural, meta["name"])
             meta["uid"] = str(uuid.uuid4())
-            meta["resourceVersion"] = self.next_rv()
             meta["creationTimestamp"] = meta.get("creationTimestamp") or iso(self.clock.now())
             meta.setdefault("generation", 1)
             obj["apiVersion"] = res.api_version
             obj["kind"] = res.kind
+            if dry_run:
+                meta.pop("resourceVersion", None)
+                return obj
+            meta["resourceVersion"] = self.next_rv()
             self._objects[plural][key] = obj
             self._sorted.pop(plural, None)
             return _copy(obj)
 
     def update(self, plural: str, namespace: str | None, name: str, obj: dict[str, Any],
-               *, check_rv: bool = True) -> dict[str, Any]:
+               *, check_rv: bool = True, dry_run: bool = False) -> dict[str, Any]:
         res = RESOURCES[plural]
         with self.lock:
             key = self._key(res, namespace, name)
@@ -146,9 +170,12 @@ class Store:
                 meta["deletionTimestamp"] = current["metadata"]["deletionTimestamp"]
             if obj.get("spec") != current.get("spec"):
                 meta["generation"] = current["metadata"].get("generation", 1) + 1
-            meta["resourceVersion"] = self.next_rv()
             obj["apiVersion"] = res.api_version
             obj["kind"] = res.kind
+            if dry_run:
+                meta["resourceVersion"] = current["metadata"]["resourceVersion"]
+                return obj
+            meta["resourceVersion"] = self.next_rv()
             self._objects[plural][key] = obj
             return _copy(obj)
 
@@ -165,7 +192,8 @@ class Store:
             return obj
 
     def delete(self, plural: str, namespace: str | None, name: str,
-               precondition_uid: str | None = None, precondition_rv: str | None = None) -> dict[str, Any]:
+               precondition_uid: str | None = None, precondition_rv: str | None = None,
+               *, dry_run: bool = False) -> dict[str, Any]:
         res = RESOURCES[plural]
         with self.lock:
             key = self._key(res, namespace, name)
@@ -177,6 +205,8 @@ class Store:
                                f'UID in object meta: {obj["metadata"]["uid"]}', kind=plural, name=name)
             if precondition_rv and obj["metadata"]["resourceVersion"] != precondition_rv:
                 raise conflict(plural, name)
+            if dry_run:
+                return _copy(obj)
             del self._objects[plural][key]
             self._sorted.pop(plural, None)
             obj["metadata"]["resourceVersion"] = self.next_rv()

@@ -118,3 +118,79 @@ def test_jobs_and_logs(served: Path) -> None:
     assert out.splitlines()[0].split()[:3] == ["NAME", "STATUS", "COMPLETIONS"]
     assert "hello" in out and "Complete" in out and "1/1" in out
     assert kubectl(served, "-n", "kubectl-test", "logs", "job/hello").strip() == "hello sweeper"
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def kubectl_fails(kc: Path, *args: str) -> str:
+    env = {**os.environ, "KUBECONFIG": str(kc), "HOME": str(kc.parent)}
+    proc = subprocess.run([KUBECTL, *args], capture_output=True, text=True, env=env, timeout=60)  # type: ignore[list-item]
+    assert proc.returncode != 0, f"kubectl {' '.join(args)} succeeded: {proc.stdout}"
+    return proc.stderr
+
+
+def test_apply_the_deploy_manifests(served: Path) -> None:
+    """kubectl apply validates against the server (it finds fieldValidation on each kind's PATCH in
+    /openapi/v3), creates what is missing and patches what is there; `--server-side` sends an apply
+    patch. Done twice, nothing changes the second time."""
+    out = kubectl(served, "apply", "-f", str(ROOT / "deploy" / "cronjob.yaml"))
+    for made in ("serviceaccount/sweeper created", "clusterrole.rbac.authorization.k8s.io/sweeper created",
+                 "rolebinding.rbac.authorization.k8s.io/sweeper-node-events created",
+                 "persistentvolumeclaim/sweeper-state created", "cronjob.batch/sweeper created",
+                 "configmap/sweeper-policies created"):
+        assert made in out, out
+    out = kubectl(served, "apply", "-f", str(ROOT / "deploy"))
+    assert "cronjob.batch/sweeper unchanged" in out and "created" not in out, out
+    out = kubectl(served, "apply", "--server-side", "-f", str(ROOT / "deploy" / "cronjob.yaml"))
+    assert "cronjob.batch/sweeper serverside-applied" in out, out
+    assert kubectl(served, "-n", "sweeper", "get", "cronjob", "sweeper", "-o", "jsonpath={.spec.schedule}") \
+        == "*/30 * * * *"
+    assert "FIELD: schedule <string>" in kubectl(served, "explain", "cronjob.spec.schedule")
+    typo = served.parent / "typo.yaml"
+    typo.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: typo, namespace: sweeper}\nsepc: {}\n")
+    assert 'unknown field "sepc"' in kubectl_fails(served, "apply", "-f", str(typo))
+    assert 'unknown field "sepc"' in kubectl_fails(served, "apply", "--server-side", "-f", str(typo))
+
+
+def test_server_dry_run_changes_nothing(served: Path) -> None:
+    """Every `--dry-run=server` write answers as the write would and leaves the object as it was."""
+    def version(*what: str) -> str:
+        return kubectl(served, "get", *what, "-o", "jsonpath={.metadata.resourceVersion}")
+
+    before = version("node", "gpu-p5-03")
+    assert "(server dry run)" in kubectl(served, "cordon", "gpu-p5-03", "--dry-run=server")
+    kubectl(served, "taint", "node", "gpu-p5-03", "a=b:NoSchedule", "--dry-run=server")  # says "tainted" all the same
+    assert "(server dry run)" in kubectl(served, "label", "node", "gpu-p5-03", "x=y", "--dry-run=server")
+    out = kubectl(served, "drain", "gpu-p5-02", "--dry-run=server", "--ignore-daemonsets", "--force")
+    assert "evicting pod training/" in out and "drained (server dry run)" in out
+    assert version("node", "gpu-p5-03") == before
+    nodes = kubectl(served, "get", "nodes")
+    assert "SchedulingDisabled" not in nodes
+    assert kubectl(served, "get", "node", "gpu-p5-03", "-o", "jsonpath={.spec.taints}") == ""
+    assert "gpu-p5-02" in kubectl(served, "get", "pods", "-n", "training", "-o", "wide")
+    kubectl(served, "create", "configmap", "dry", "--from-literal=a=b", "--dry-run=server")
+    assert "NotFound" in kubectl_fails(served, "get", "configmap", "dry")
+    kubectl(served, "create", "configmap", "wet", "--from-literal=a=b")
+    wet = version("configmap", "wet")
+    kubectl(served, "delete", "configmap", "wet", "--dry-run=server")
+    kubectl(served, "patch", "configmap", "wet", "-p", '{"data":{"a":"c"}}', "--dry-run=server")
+    assert version("configmap", "wet") == wet
+    assert kubectl(served, "get", "configmap", "wet", "-o", "jsonpath={.data.a}") == "b"
+    kubectl(served, "delete", "configmap", "wet")
+
+
+def test_field_selector_on_unschedulable(served: Path) -> None:
+    schedulable = kubectl(served, "get", "nodes", "--field-selector", "spec.unschedulable=false", "-o", "name")
+    assert len(schedulable.split()) == 16
+    assert kubectl(served, "get", "nodes", "--field-selector", "spec.unschedulable=true", "-o", "name").strip() == ""
+
+
+def test_auth_can_i_and_health(served: Path) -> None:
+    """`kubectl auth can-i --list` reads a SelfSubjectRulesReview: the kubeconfig's user is the admin."""
+    lines = kubectl(served, "auth", "can-i", "--list").splitlines()
+    assert lines[0].split()[:2] == ["Resources", "Non-Resource"] and lines[1].split() == ["*.*", "[]", "[]", "[*]"]
+    assert kubectl(served, "auth", "can-i", "delete", "nodes").strip() == "yes"
+    for path in ("/healthz", "/livez", "/readyz"):
+        assert kubectl(served, "get", "--raw", path) == "ok"
+    assert "readyz check passed" in kubectl(served, "get", "--raw", "/readyz?verbose")
