@@ -21,8 +21,16 @@ from sweeper.sim import openapi
 from sweeper.sim.cluster import TERMINAL, SimCluster
 from sweeper.sim.errors import ApiError, bad_request, not_found
 from sweeper.sim.patch import STRATEGIC, apply_patch
-from sweeper.sim.rbac import (ADMIN_RULES, REVIEWS, Rule, access_review, allowed, attributes, object_name,
-                              rules_review)
+from sweeper.sim.rbac import (
+    ADMIN_RULES,
+    REVIEWS,
+    Rule,
+    access_review,
+    allowed,
+    attributes,
+    object_name,
+    rules_review,
+)
 from sweeper.sim.store import RESOURCES, Resource
 from sweeper.sim.tables import table
 

@@ -141,7 +141,10 @@ def test_apply_the_deploy_manifests(served: Path) -> None:
                  "configmap/sweeper-policies created"):
         assert made in out, out
     out = kubectl(served, "apply", "-f", str(ROOT / "deploy"))
-    assert "cronjob.batch/sweeper unchanged" in out and "created" not in out, out
+    created = sorted(line.split()[0] for line in out.splitlines() if line.endswith(" created"))
+    assert "cronjob.batch/sweeper unchanged" in out and created == sorted(  # only the optional RBAC documents
+        f"clusterrole{b}.rbac.authorization.k8s.io/sweeper-{what}" for what in ("evictions", "karpenter")
+        for b in ("", "binding")), out
     out = kubectl(served, "apply", "--server-side", "-f", str(ROOT / "deploy" / "cronjob.yaml"))
     assert "cronjob.batch/sweeper serverside-applied" in out, out
     assert kubectl(served, "-n", "sweeper", "get", "cronjob", "sweeper", "-o", "jsonpath={.spec.schedule}") \
