@@ -75,6 +75,7 @@ class Config:
     node_condition: bool = False  # set the GpuSweepHealthy condition for Karpenter node repair, draino, medik8s
     schedules: tuple[dict[str, Any], ...] = ()  # `sweeper serve`: [{name, cron, playbook?, max_nodes?}]
     lock_name: str = "sweeper-lock"
+    control_name: str = "sweeper-control"  # the ConfigMap of pause, breaker and dismissals (see sweeper.control)
     lock_ttl: float = 300.0  # seconds without renewal after which a dead sweeper's lock may be taken
     orphan_grace: float = 3600.0  # Sweeper's taint with no record in history is removed after this long
     playbook_dir: str = ""
