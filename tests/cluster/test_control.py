@@ -11,9 +11,11 @@ from typing import Any
 
 from click.testing import CliRunner
 
+from sweeper.backtest import backtest
 from sweeper.cli import main
 from sweeper.control import Controls
 from sweeper.history import History
+from sweeper.policy import load_policy
 from tests.conftest import TEST_CONFIG, Sim, run_sweep
 
 TAINT = TEST_CONFIG.taint_key
@@ -144,6 +146,9 @@ def test_a_dismissal_holds_across_history_files(make_sim, history: History, tmp_
         assert "dismissed by a person" in o.reasons[0]
         acts = {a["action"]: a["detail"] for a in other.node_history("gpu-01")["actions"]}
         assert acts["control-seen"].startswith("dismissed.gpu-01: ")
+        # A backtest of this other history replays the dismissal it saw in the cluster.
+        bt = backtest(other, load_policy(TEST_CONFIG.path("policies") / TEST_CONFIG.policy), 0.0)
+        assert [(d.recorded, d.replayed) for d in bt.decisions if d.node == "gpu-01"] == [("warn", "warn")]
     finally:
         other.close()
 
