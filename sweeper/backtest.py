@@ -83,7 +83,8 @@ def backtest(history: Any, policy: Policy, since: float) -> Backtest:
     out = Backtest(policy.name, since)
     dismissals: dict[str, list[tuple[float, set[str]]]] = {}
     for d in history.dismissals():
-        dismissals.setdefault(d["node"], []).append((d["ts"], {finding_key(f) for f in d["findings"]}))
+        keys = {finding_key(f) for f in d["findings"]} | set(d.get("keys") or [])  # keys: seen in the cluster
+        dismissals.setdefault(d["node"], []).append((d["ts"], keys))
     for row in history.replay_rows(since):
         docs = history.sweep_documents(row["id"])
         at = row["decided"] if row["decided"] is not None else row["finished"]

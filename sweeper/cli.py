@@ -524,54 +524,83 @@ def breaker() -> None:
     is not a node fault), stops all sweeping, and stays open until a person resets it."""
 
 
+def _controls(config_path: str | None, kubeconfig: str | None, context: str | None) -> Any:
+    """The control ConfigMap of the cluster the kubeconfig names."""
+    from sweeper.control import Controls
+
+    cfg = _config(config_path)
+    return Controls(_kube(kubeconfig, context, cfg), cfg.namespace, cfg.control_name)
+
+
+def _note(state: str, action: str, detail: str, now: float) -> None:
+    """Record a person's switch in the local history, where there is one (a run records what it
+    sees in its own history)."""
+    if Path(state).exists():
+        _history(state).action("manual", "*", now, action, detail)
+
+
+def _breaker_line(b: dict[str, Any]) -> str:
+    if b.get("state") == "open":
+        return f"[red]open[/red] since {iso(b['opened_at'])}: {b.get('reason', '')}"
+    return "[green]closed[/green]" + (f" (reset by {b.get('closed_by')} at {iso(b['closed_at'])})"
+                                      if b.get("closed_at") else "")
+
+
 @breaker.command("status")
-@click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db")
+@cluster_options
 @click.option("--json", "as_json", is_flag=True)
 @run_cli
-def breaker_status(state: str, as_json: bool) -> None:
-    """Whether the breaker is open, since when and why."""
-    b = _history(state).get_control("breaker") or {"state": "closed"}
+def breaker_status(config_path: str | None, kubeconfig: str | None, context: str | None, state: str,
+                   as_json: bool) -> None:
+    """Whether the breaker is open, since when and why; and whether sweeping is paused."""
+    switches = _controls(config_path, kubeconfig, context).all()
+    b = switches.get("breaker") or {"state": "closed"}
+    pause = switches.get("pause")
     if as_json:
-        click.echo(json.dumps(b, indent=2))
-    elif b.get("state") == "open":
-        out.print(f"[red]open[/red] since {iso(b['opened_at'])}: {b.get('reason', '')}")
-    else:
-        out.print("[green]closed[/green]" + (f" (reset by {b.get('closed_by')} at {iso(b['closed_at'])})"
-                                             if b.get("closed_at") else ""))
+        click.echo(json.dumps({**b, "paused": pause}, indent=2))
+        return
+    out.print(_breaker_line(b))
+    if pause:
+        out.print(f"[yellow]paused[/yellow] by {pause.get('by', '?')} at {iso(pause['ts'])}: {pause.get('reason', '')}")
 
 
 @breaker.command("reset")
 @click.option("--reason", required=True, help="Why it is safe to sweep again (recorded).")
-@click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db")
+@cluster_options
 @run_cli
-def breaker_reset(reason: str, state: str) -> None:
+def breaker_reset(reason: str, config_path: str | None, kubeconfig: str | None, context: str | None,
+                  state: str) -> None:
     """Close the breaker; sweeps take one node at a time for the cooldown that follows."""
-    h = _history(state)
+    controls = _controls(config_path, kubeconfig, context)
     now = time.time()
-    b = h.get_control("breaker") or {}
-    h.set_control("breaker", {**b, "state": "closed", "closed_at": now, "closed_by": _who(), "close_reason": reason},
-                  now)
-    h.action("manual", "*", now, "breaker-reset", f"{_who()}: {reason}")
+    b = {k: v for k, v in (controls.get("breaker") or {}).items() if k != "ts"}
+    controls.set("breaker", {**b, "state": "closed", "closed_at": now, "closed_by": _who(), "close_reason": reason},
+                 now)
+    _note(state, "breaker-reset", f"{_who()}: {reason}", now)
     out.print("breaker closed")
 
 
 @main.command()
 @click.option("--reason", required=True, help="Why (recorded and shown by plan).")
-@click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db")
+@cluster_options
 @run_cli
-def pause(reason: str, state: str) -> None:
-    """Stop sweeps from taking nodes until `sweeper resume` (held nodes stay held)."""
-    h = _history(state)
-    h.set_control("pause", {"by": _who(), "reason": reason}, time.time())
+def pause(reason: str, config_path: str | None, kubeconfig: str | None, context: str | None, state: str) -> None:
+    """Stop sweeps from taking nodes until `sweeper resume` (held nodes stay held). The switch
+    lives in the cluster: it stops every sweeper that uses the same cluster."""
+    now = time.time()
+    _controls(config_path, kubeconfig, context).set("pause", {"by": _who(), "reason": reason}, now)
+    _note(state, "pause", f"{_who()}: {reason}", now)
     out.print("sweeping paused")
 
 
 @main.command()
-@click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db")
+@cluster_options
 @run_cli
-def resume(state: str) -> None:
+def resume(config_path: str | None, kubeconfig: str | None, context: str | None, state: str) -> None:
     """Undo `sweeper pause`."""
-    _history(state).set_control("pause", None, time.time())
+    now = time.time()
+    _controls(config_path, kubeconfig, context).set("pause", None, now)
+    _note(state, "resume", _who(), now)
     out.print("sweeping resumed")
 
 
@@ -591,12 +620,16 @@ def plan_cmd(config_path: str | None, kubeconfig: str | None, context: str | Non
     pods = kube.active_pods(page_size=cfg.page_size)
     from sweeper.sweep import Sweep
 
-    p = make_plan(nodes, pods, cfg, hist.last_swept(), time.time(), Sweep(kube, cfg, hist).gates())
+    gates = Sweep(kube, cfg, hist).gates()
+    p = make_plan(nodes, pods, cfg, hist.last_swept(), time.time(), gates)
     rows: list[dict[str, Any]] = [{"node": d.node.name, "take": d.take, "reason": d.reason, "detail": d.detail} for d in p.take + p.skip]
     if as_json:
-        click.echo(json.dumps({"gpu_nodes": p.gpu_nodes, "held": p.held, "budget": p.budget, "nodes": rows},
-                              indent=2))
+        click.echo(json.dumps({"gpu_nodes": p.gpu_nodes, "held": p.held, "budget": p.budget, "nodes": rows,
+                               "paused": gates.paused, "breaker": gates.breaker}, indent=2))
         return
+    for line in (gates.paused, gates.breaker):
+        if line:
+            out.print(f"[yellow]{line}[/yellow]")
     t = Table(title=f"{p.gpu_nodes} GPU nodes, {p.held} held, budget {p.budget}")
     for col in ("node", "take", "reason", "detail"):
         t.add_column(col)

@@ -130,6 +130,8 @@ class Config:
         allowed="list of {name, cron, playbook, max_nodes, interval}")
     lock_name: str = setting("sweeper-lock", "name of the Lease that keeps two sweeps apart", pattern=_NAME,
                                 allowed=_NAME_WORDS)
+    control_name: str = setting("sweeper-control", "the ConfigMap of pause, breaker and dismissals", pattern=_NAME,
+                                allowed=_NAME_WORDS)
     # 1 s: a Lease counts whole seconds (leaseDurationSeconds), so less cannot be written; it is
     # renewed every third of it.
     lock_ttl: float = setting(300.0, "a dead sweeper's lock may be taken after this long without renewal",

@@ -359,6 +359,16 @@ class History:
             findings = list(self.db.query("select name, code, gpu from checks where sweep_id = ? and status = 'fail'",
                                           [held[0]["id"]])) if held else []
             out.append({"node": a["node"], "ts": a["ts"], "findings": findings})
+        # Dismissals made by a sweeper with another history, seen in the cluster by a run of this one.
+        for a in self.db.query("select node, ts, detail from actions where action = 'control-seen' and dry_run = 0 "
+                               "and detail like 'dismissed.%' order by ts"):
+            try:
+                seen = json.loads(a["detail"].split(": ", 1)[1])
+            except (IndexError, ValueError):
+                continue  # 'cleared', or cut short
+            out.append({"node": a["node"], "ts": float(seen.get("at", a["ts"])), "findings": [],
+                        "keys": list(seen.get("keys") or [])})
+        out.sort(key=lambda d: d["ts"])
         return out
 
     @_locked

@@ -272,6 +272,20 @@ class Kube:
         return self._call(f"update lease {namespace}/{name}", lambda: self.coord.replace_namespaced_lease(
             name, namespace, body, _preload_content=False))
 
+    # -- configmaps --------------------------------------------------------------
+    def get_configmap(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._call(f"get configmap {namespace}/{name}", lambda: self.core.read_namespaced_config_map(
+            name, namespace, _preload_content=False))
+
+    def create_configmap(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        name = body.get("metadata", {}).get("name", "")
+        return self._call(f"create configmap {namespace}/{name}", lambda: self.core.create_namespaced_config_map(
+            namespace, body, _preload_content=False))
+
+    def patch_configmap(self, namespace: str, name: str, body: Any, content_type: str = JSON_PATCH) -> dict[str, Any]:
+        return self._call(f"patch configmap {namespace}/{name}", lambda: self.core.patch_namespaced_config_map(
+            name, namespace, body, _content_type=content_type, _preload_content=False))
+
     # -- events ------------------------------------------------------------------
     def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("create event", lambda: self.core.create_namespaced_event(

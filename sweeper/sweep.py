@@ -19,6 +19,7 @@ from sweeper.actions import ActionContext, load_all
 from sweeper.actions import node as node_actions
 from sweeper.clock import Clock, WallClock, iso, parse_iso
 from sweeper.config import Config
+from sweeper.control import KEYS, Controls, dismissal_key
 from sweeper.errors import Conflict, KubeError, NotFound, PlaybookError, Transient
 from sweeper.fleet import Gates, NodeView, Plan, plan
 from sweeper.kube import Kube
@@ -97,10 +98,11 @@ def new_run_id(now: float) -> str:
 class Sweep:
     def __init__(self, kube: Kube, config: Config, recorder: Recorder, clock: Clock | None = None,
                  emit: Callable[[str, dict[str, Any]], None] | None = None, dry_run: bool = False,
-                 mode: str = "sweep") -> None:
+                 mode: str = "sweep", controls: Controls | None = None) -> None:
         self.kube = kube
         self.cfg = config
         self.rec = recorder
+        self.controls = controls or Controls(kube, config.namespace, config.control_name)
         self.clock = clock or WallClock()
         self.emit = emit or (lambda event, data: None)
         self.dry_run = dry_run
@@ -161,8 +163,9 @@ class Sweep:
 
     def gates(self) -> Gates:
         now = self.clock.now()
-        pause = self.rec.get_control("pause")
-        breaker = self.rec.get_control("breaker") or {}
+        # A switch an older version kept in the history file counts until a run carries it over.
+        pause = self.controls.get("pause") or self.rec.get_control("pause")
+        breaker = self.controls.get("breaker") or self.rec.get_control("breaker") or {}
         is_open = breaker.get("state") == "open"
         cooling = breaker.get("state") == "closed" and now - float(breaker.get("closed_at", 0)) < self.cfg.breaker_cooldown
         return Gates(paused=(f"paused by {pause.get('by', '?')}: {pause.get('reason', '')}" if pause else ""),
@@ -176,7 +179,7 @@ class Sweep:
         driver, a broken check image, a network outage) is not a node fault. It stays open until a
         person resets it."""
         now = self.clock.now()
-        current = self.rec.get_control("breaker") or {}
+        current = self.controls.get("breaker") or {}
         if current.get("state") == "open":
             return True
         since = max(now - self.cfg.breaker_window, float(current.get("closed_at", 0.0)))
@@ -187,10 +190,61 @@ class Sweep:
             return False
         reason = (f"{total} failing verdicts on {len(failed)} node(s) within {self.cfg.breaker_window / 60:g} min "
                   f"(threshold {threshold})")
-        self.rec.set_control("breaker", {"state": "open", "opened_at": now, "reason": reason,
-                                         "nodes": sorted(failed)}, now)
+        self._switch("breaker", {"state": "open", "opened_at": now, "reason": reason, "nodes": sorted(failed)}, now)
         self.emit("breaker", {"reason": reason})
         return True
+
+    # -- the switches people flip (sweeper.control) ------------------------------------
+    def see_controls(self, run_id: str) -> None:
+        """Record in the history each switch that changed since this history last saw it, so that
+        `sweeper history` and a backtest know when a pause or a breaker was in force; and carry
+        over a pause or breaker that an older version kept in the history file."""
+        now = self.clock.now()
+        for key in KEYS:
+            old = self.rec.get_control(key)
+            if old is None:
+                continue
+            ts = float(old.pop("ts", now))
+            if self.controls.get(key) is None:
+                self.controls.set(key, {**old, "carried_from": "history"}, ts)
+                what = f"{key} carried from the history file to configmap {self.cfg.namespace}/{self.cfg.control_name}"
+            else:
+                what = f"{key} in the history file ignored: configmap {self.cfg.control_name} has its own"
+            self.rec.set_control(key, None, now)
+            self.rec.action(run_id, "*", now, "control-migrated", f"{what}: {json.dumps(old, sort_keys=True)}"[:1000])
+            self.emit("log", {"node": "-", "msg": what})
+        switches = self.controls.all()
+        for key in sorted(set(KEYS) | set(switches)):
+            current = switches.get(key)
+            if (self.rec.get_control(f"seen.{key}") or {}).get("value") == current:
+                continue
+            node = key.removeprefix("dismissed.") if key.startswith("dismissed.") else "*"
+            self.rec.action(run_id, node, now, "control-seen",
+                            f"{key}: {json.dumps(current, sort_keys=True) if current is not None else 'cleared'}"[:1000])
+            self.rec.set_control(f"seen.{key}", {"value": current} if current is not None else None, now)
+
+    def _switch(self, key: str, value: dict[str, Any] | None, now: float) -> None:
+        """Flip a switch in the cluster; this history saw it (no control-seen row next run)."""
+        self.controls.set(key, value, now)
+        current = self.controls.get(key)
+        self.rec.set_control(f"seen.{key}", {"value": current} if current is not None else None, now)
+
+    def _dismissal(self, run_id: str, node: str) -> dict[str, Any] | None:
+        """The findings a person dismissed on this node; one kept in the history file by an older
+        version is carried over to the cluster the first time it is needed."""
+        found = self.controls.get(dismissal_key(node))
+        if found is not None:
+            return found
+        old = self.rec.get_control(f"dismissed/{node}")
+        if old is None or self.dry_run:
+            return old
+        now = self.clock.now()
+        ts = float(old.pop("ts", now))
+        self._switch(dismissal_key(node), old, ts)
+        self.rec.set_control(f"dismissed/{node}", None, now)
+        self.rec.action(run_id, node, now, "control-migrated",
+                        f"dismissal carried from the history file to configmap {self.cfg.control_name}")
+        return old
 
     # -- a run --------------------------------------------------------------------
     def run(self) -> RunReport:
@@ -213,7 +267,9 @@ class Sweep:
         status = "done"
         report = RunReport(run_id, start, start, Plan(), dry_run=self.dry_run)
         try:
+            self.controls.refresh()
             if not self.dry_run:
+                self.see_controls(run_id)
                 report.reconciled = self.reconcile(run_id)
             p = report.plan = self.discover()
             self.emit("plan", {"run_id": run_id, "take": [d.node.name for d in p.take], "gpu_nodes": p.gpu_nodes,
@@ -268,8 +324,8 @@ class Sweep:
             done.append(self._reconcile_node(run_id, view, old, now))
         for s in self.rec.released_by_people(untainted, HOLDING):
             keys = sorted({finding_key(f) for f in s["findings"]})
-            self.rec.set_control(f"dismissed/{s['node']}", {"keys": keys, "verdict": s["verdict"],
-                                                            "sweep": s["id"], "at": now}, now)
+            self._switch(dismissal_key(s["node"]), {"keys": keys, "verdict": s["verdict"], "sweep": s["id"], "at": now},
+                         now)
             self.rec.action(run_id, s["node"], now, "false-positive",
                             f"a person released the node Sweeper held ({s['verdict']}); the same findings will "
                             f"not hold it again: {', '.join(keys)}")
@@ -443,7 +499,7 @@ class Sweep:
 
     def _play(self, run_id: str, sweep_id: int, node: NodeView, profile: profiles.Profile,
               playbook: Playbook | None = None) -> tuple[str, list[str], str, dict[str, Any] | None]:
-        dismissed = (self.rec.get_control(f"dismissed/{node.name}") or {}).get("keys", [])
+        dismissed = (self._dismissal(run_id, node.name) or {}).get("keys", [])
         node_vars = {**self._node_vars(node, profile), "dismissed": dismissed}
         ctx = ActionContext(
             config=self.cfg, clock=self.clock, kube=self.kube, node=node_vars, run_id=run_id,

@@ -44,6 +44,7 @@ RESOURCES: dict[str, Resource] = {r.plural: r for r in (
     Resource("namespaces", "Namespace", "", "v1", False, ("ns",)),
     Resource("jobs", "Job", "batch", "v1", True),
     Resource("leases", "Lease", "coordination.k8s.io", "v1", True),
+    Resource("configmaps", "ConfigMap", "", "v1", True, ("cm",)),
     Resource("nodeclaims", "NodeClaim", "karpenter.sh", "v1", False),
     Resource("poddisruptionbudgets", "PodDisruptionBudget", "policy", "v1", True, ("pdb",)),
     # Kinds the simulator stores and serves but runs no controller for: what `kubectl apply -f deploy/`

@@ -70,6 +70,10 @@ def test_the_cluster_role_is_exactly_what_sweeper_uses(make_sim, history: Histor
     res = CliRunner().invoke(main, ["run", str(book), "--node", "gpu-03", "--kubeconfig", str(sim.kubeconfig),
                                     "--state", str(tmp_path / "run.db")])
     assert res.exit_code == 0, res.output
+    # an operator's pause and resume: the control ConfigMap's first write creates it, the next patches it
+    for cmd in (["pause", "--reason", "maintenance"], ["resume"]):
+        res = CliRunner().invoke(main, [*cmd, "--kubeconfig", str(sim.kubeconfig), "--state", str(tmp_path / "run.db")])
+        assert res.exit_code == 0, res.output
     calls = _calls(sim, start)
     base = rules_from_manifests(manifest(), "sweeper", "sweeper")
     optional = {name: rules_from_manifests(manifest(name), "sweeper", "sweeper") for name in OPTIONAL}

@@ -25,6 +25,7 @@ from sweeper.history import History
 from sweeper.lock import SweepLock
 from sweeper.policy import load_policy
 from sweeper.sweep import Sweep
+from tests.cluster.test_control import set_switch, switch
 from tests.conftest import TEST_CONFIG, Sim, run_sweep
 
 TAINT = TEST_CONFIG.taint_key
@@ -236,26 +237,25 @@ def test_the_breaker_opens_on_a_burst_of_failures_and_stays_open(make_sim, histo
     first = run_sweep(sim, history, cfg)
     assert sum(1 for o in first.outcomes if o.action == "held") == 6
     assert ("breaker", ) == tuple(e for e, _ in first.events if e == "breaker")
-    assert history.get_control("breaker")["state"] == "open"
+    assert switch(sim, "breaker")["state"] == "open"
     for n in ("gpu-06", "gpu-07"):   # make two healthy nodes due again
         history.db.execute("update node_sweeps set started = 0, finished = 1 where node = ?", [n])
     history.db.conn.commit()
     later = run_sweep(sim, history, replace(cfg, interval=60))
     assert later.outcomes == [] and {d.reason for d in later.plan.skip} >= {"breaker-open"}
-    assert history.get_control("breaker")["state"] == "open", "it does not close itself"
+    assert switch(sim, "breaker")["state"] == "open", "it does not close itself"
     from click.testing import CliRunner
 
     from sweeper.cli import main
-    res = CliRunner().invoke(main, ["breaker", "status", "--state", str(history.path)])
+    res = CliRunner().invoke(main, ["breaker", "status", "--kubeconfig", str(sim.kubeconfig)])
     assert res.exit_code == 0 and "open" in res.stdout and "failing verdicts" in res.stdout
     res = CliRunner().invoke(main, ["breaker", "reset", "--reason", "bad driver rolled back",
-                                    "--state", str(history.path)])
+                                    "--kubeconfig", str(sim.kubeconfig), "--state", str(history.path)])
     assert res.exit_code == 0, res.output
-    closed = history.get_control("breaker")
+    closed = switch(sim, "breaker")
     assert closed["state"] == "closed" and closed["close_reason"] == "bad driver rolled back"
     # The CLI stamps the reset with the wall clock; restamp it on the simulated clock the sweep uses.
-    now = sim.cluster.clock.now()
-    history.set_control("breaker", {**closed, "closed_at": now}, now)
+    set_switch(sim, "breaker", {**closed, "closed_at": sim.cluster.clock.now()})
     after = run_sweep(sim, history, replace(cfg, interval=60))
     assert len(after.outcomes) == 1, "one node at a time during the cooldown"
 
@@ -265,11 +265,12 @@ def test_pause_floor_and_attempts(make_sim, history: History, tmp_path: Path) ->
 
     from sweeper.cli import main
     sim: Sim = make_sim(nodes=6)
-    res = CliRunner().invoke(main, ["pause", "--reason", "maintenance window", "--state", str(history.path)])
+    kc = ["--kubeconfig", str(sim.kubeconfig)]
+    res = CliRunner().invoke(main, ["pause", "--reason", "maintenance window", "--state", str(history.path), *kc])
     assert res.exit_code == 0
     paused = run_sweep(sim, history)
     assert paused.outcomes == [] and {d.reason for d in paused.plan.skip} == {"paused"}
-    CliRunner().invoke(main, ["resume", "--state", str(history.path)])
+    CliRunner().invoke(main, ["resume", "--state", str(history.path), *kc])
     floor = run_sweep(sim, history, replace(TEST_CONFIG, min_healthy_nodes=4))
     assert len(floor.outcomes) == 2, "6 healthy, a floor of 4: two may be taken"
     history.db.execute("update node_sweeps set verdict = 'quarantine'")
