@@ -1,12 +1,18 @@
 """Templates are sandboxed; values from the cluster are data and never run."""
 
+import resource
+import subprocess
+import sys
 import time
 import tracemalloc
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from sweeper.cli import main
 from sweeper.errors import PlaybookError
-from sweeper.templating import condition, render, render_deadline
+from sweeper.templating import LIMITS, condition, render, render_deadline
 
 HOSTILE = {"node": {"labels": {"team": "{{ 7 * 7 }}", "evil": "{{ lookup('pipe', 'id') }}",
                                "loop": "{% for x in range(10**9) %}x{% endfor %}"}}}
@@ -152,3 +158,74 @@ def test_a_deadline_never_fires_into_later_code() -> None:
         total += sum(range(1000))
     assert total > 0
     assert -1 in outcomes and 20000 in outcomes
+
+
+# -- through `sweeper run` -----------------------------------------------------------------------
+def _playbook(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "pb.yaml"
+    path.write_text("name: limits\ntasks:\n" + body)
+    return path
+
+
+ISSUE = {  # issue 11's examples, each as a task of its own
+    "string": "  - debug: {msg: \"{{ 'a' * 10**9 }}\"}\n",
+    "list": "  - debug: {msg: \"{{ [0] * 10**9 }}\"}\n",
+    "printf": "  - debug: {msg: \"{{ '%0999999999d' % 1 }}\"}\n",
+    "center": "  - debug: {msg: \"{{ 'x'.center(10**9) }}\"}\n",
+    "set_fact": "  - set_fact: {x: \"{{ 'a' * 600000 }}\"}\n"
+                "  - set_fact: {x: [\"{{ x }}\", \"{{ x }}\"]}\n"
+                "  - set_fact: {x: [\"{{ x }}\", \"{{ x }}\"]}\n",
+    "when": "  - debug: {msg: hi}\n    when: \"('a' * 10**9) | length > 0\"\n",
+    "loop": "  - debug: {msg: \"{{ item }}\"}\n    loop: \"{{ range(10**9) | list }}\"\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(ISSUE))
+def test_run_refuses_a_template_past_a_bound_with_one_line(tmp_path: Path, name: str) -> None:
+    path = _playbook(tmp_path, ISSUE[name])
+    tracemalloc.start()
+    try:
+        res = CliRunner().invoke(main, ["run", str(path)])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert res.exit_code == 2, res.output
+    lines = res.stderr.strip().splitlines()
+    assert lines[-1].startswith(f"error: {path}:") and "template limit" in lines[-1], res.stderr
+    assert "Traceback" not in res.output
+    assert peak < 32 * 2**20, f"peak {peak / 2**20:.1f} MiB"
+
+
+def test_a_tasks_timeout_stops_its_renders(tmp_path: Path) -> None:
+    """STYLE.md's `timeout` bounds the task; a render of that task is part of it."""
+    path = _playbook(tmp_path, f"  - debug: {{msg: \"{SPIN}\"}}\n    timeout: 0.3s\n")
+    res = CliRunner().invoke(main, ["run", str(path)])
+    assert res.exit_code == 2, res.output
+    assert f"error: {path}:3: debug.msg: rendering" in res.stderr
+    assert "ran past the task's timeout (0.3s)" in res.stderr
+
+
+def _bounded_run(path: Path) -> subprocess.CompletedProcess[str]:
+    """`sweeper run` in a child limited to 1 GiB of address space; the timeout exists only so
+    that a regression cannot hang the suite."""
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    return subprocess.run([sys.executable, "-c", "from sweeper.cli import main; main()", "run", str(path)],
+                          capture_output=True, text=True, timeout=300, preexec_fn=limit, check=False)
+
+
+def test_run_stops_at_the_default_render_deadline(tmp_path: Path) -> None:
+    """No task timeout: the default render deadline still ends nested loops in a template."""
+    path = _playbook(tmp_path, f"  - debug: {{msg: \"{SPIN}\"}}\n")
+    proc = _bounded_run(path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {path}:3: debug.msg: rendering {SPIN!r} ran past the render deadline ({LIMITS.seconds:g}s)"]
+
+
+def test_run_refuses_a_gigabyte_string_within_a_memory_limit(tmp_path: Path) -> None:
+    path = _playbook(tmp_path, ISSUE["list"] + ISSUE["string"])
+    proc = _bounded_run(path)
+    assert proc.returncode == 2, proc.stderr
+    assert "template limit: a sequence of 1,000,000,000" in proc.stderr and "Traceback" not in proc.stderr
