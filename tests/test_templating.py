@@ -229,3 +229,13 @@ def test_run_refuses_a_gigabyte_string_within_a_memory_limit(tmp_path: Path) -> 
     proc = _bounded_run(path)
     assert proc.returncode == 2, proc.stderr
     assert "template limit: a sequence of 1,000,000,000" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_lint_reports_a_job_template_past_a_bound(tmp_path: Path) -> None:
+    """`sweeper lint` renders Job templates with a sample node: a bomb there is one problem line."""
+    path = tmp_path / "bomb.yaml.j2"
+    path.write_text("apiVersion: batch/v1\nkind: Job\nmetadata:\n  name: {{ 'a' * 10**9 }}\n")
+    res = CliRunner().invoke(main, ["lint", str(path)])
+    assert res.exit_code == 1, res.output
+    assert f"{path}:" in res.stdout and "template limit: a string of 1,000,000,000" in res.stdout, res.stdout
+    assert "Traceback" not in res.output
