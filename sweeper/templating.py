@@ -194,11 +194,14 @@ def _replace_size(s: str, old: str, new: str, count: int | None) -> int:
     return len(s) + hits * max(len(new) - len(old), 0)
 
 
+_SCALARS = (str, int, float, type(None))  # as text, each is as long as the value itself, or short
+
+
 def _sum_sizes(values: Iterable[Any], start: int = 0) -> int:
     """The text size of several values together, stopping once past the string limit."""
     total = start
     for v in values:
-        total += len(v) if isinstance(v, str) else value_size(v, LIMITS.string)
+        total += len(v) if isinstance(v, str) else 24 if isinstance(v, _SCALARS) else value_size(v, LIMITS.string)
         if total > LIMITS.string:
             break
     return total
@@ -410,9 +413,11 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
         the output limit while it is produced, not after."""
         out: list[str] = []
         total = 0
+        limit = LIMITS.output
         for chunk in chunks:
             total += len(chunk)
-            _limit("rendered output", total, LIMITS.output)
+            if total > limit:
+                _limit("rendered output", total, limit)
             out.append(chunk)
         return "".join(out)
 
@@ -426,7 +431,7 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
 
     @staticmethod
     def _finalize(value: Any) -> Any:
-        if not isinstance(value, str):
+        if not isinstance(value, _SCALARS):
             _limit("an output value", value_size(value, LIMITS.output), LIMITS.output)
         return value
 
@@ -576,7 +581,8 @@ def _native(source: str, variables: dict[str, Any]) -> Any:
 
 
 def _text(source: str, variables: dict[str, Any]) -> str:
-    return ENV.concat(_template(source).generate(**variables))
+    template = _template(source)
+    return ENV.concat(template.root_render_func(template.new_context(variables)))
 
 
 def render(value: Any, variables: dict[str, Any], where: str = "") -> Any:
