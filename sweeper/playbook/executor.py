@@ -18,7 +18,7 @@ from sweeper.actions import Action, ActionContext, failed
 from sweeper.clock import parse_duration
 from sweeper.errors import KubeError, PlaybookError
 from sweeper.playbook.model import ABSENT, Playbook, Task, load_playbook
-from sweeper.templating import condition, render
+from sweeper.templating import check_fact, condition, render, render_deadline
 
 DEFAULT_DELAY = 5.0
 DEFAULT_UNTIL_RETRIES = 3
@@ -129,13 +129,25 @@ class Executor:
         if not self._selected(tags):
             return False
         conditions = when + task.when
-        if task.loop is ABSENT:
-            scope = self._scope(local)
-            false = self._false_condition(conditions, scope, task)
-            result = self._skipped(false) if false is not None else self._attempts(task, scope)
-        else:
-            result = self._loop(task, local, conditions)
+        with render_deadline(self._render_cap(task, local)):
+            if task.loop is ABSENT:
+                scope = self._scope(local)
+                false = self._false_condition(conditions, scope, task)
+                result = self._skipped(false) if false is not None else self._attempts(task, scope)
+            else:
+                result = self._loop(task, local, conditions)
         return self._finish(task, result)
+
+    def _render_cap(self, task: Task, local: dict[str, Any]) -> float | None:
+        """A task's `timeout` also bounds each render of that task (its when, loop, arguments,
+        until and the action's own templates). One that names the loop item is known only per
+        item; the default render deadline still holds for the renders before it."""
+        if task.timeout is None:
+            return None
+        try:
+            return _duration(task.timeout, self._scope(local), task, "timeout")
+        except PlaybookError:
+            return None
 
     def _block(self, task: Task, local: dict[str, Any], when: tuple[Any, ...], tags: tuple[str, ...],
                in_always: bool) -> bool:
@@ -232,15 +244,17 @@ class Executor:
         return result
 
     def _once(self, task: Task, act: Action, scope: dict[str, Any]) -> dict[str, Any]:
+        timeout = None if task.timeout is None else _duration(task.timeout, scope, task, "timeout")
+        with render_deadline(timeout):
+            return self._run_action(task, act, scope, timeout)
+
+    def _run_action(self, task: Task, act: Action, scope: dict[str, Any], timeout: float | None) -> dict[str, Any]:
         rendered: dict[str, Any] = {}
         raw_names = {a.name for a in act.args if a.raw}
         for k, v in task.args.items():
             rendered[k] = v if k in raw_names else render(v, scope, f"{task.where}: {task.action}.{k}")
-        timeout = None
-        if task.timeout is not None:
-            timeout = _duration(task.timeout, scope, task, "timeout")
-            if "timeout" in {a.name for a in act.args} and "timeout" not in rendered:
-                rendered["timeout"] = timeout
+        if timeout is not None and "timeout" in {a.name for a in act.args} and "timeout" not in rendered:
+            rendered["timeout"] = timeout
         args = act.validate(rendered, task.where)
         ctx = self.ctx
         ctx.vars = scope
@@ -257,6 +271,8 @@ class Executor:
         if timeout is not None and (ctx.timed_out or ctx.clock.now() - start > timeout):
             result = {**result, "failed": True, "timed_out": True,
                       "msg": f"the task timed out after {timeout:g}s: {result.get('msg', '')}".rstrip(": ")}
+        for key, value in ctx.facts.items():
+            check_fact(key, value, f"{task.where}: {task.action}")
         self.vars.update(ctx.facts)
         result.setdefault("changed", False)
         result.setdefault("failed", False)
