@@ -23,7 +23,7 @@ def home() -> Path:
 class Config:
     namespace: str = "sweeper"
     prefix: str = "sweeper.dev"
-    gpu_node_selector: str = "nvidia.com/gpu.present=true"
+    gpu_node_selector: str = ""  # optional: GPU nodes are found by capacity (fleet.gpu_nodes)
     gpu_resources: tuple[str, ...] = ("nvidia.com/gpu", "amd.com/gpu")
     gpu_resource_prefixes: tuple[str, ...] = ("nvidia.com/mig-",)
     allowed_taint_keys: tuple[str, ...] = ("nvidia.com/gpu", "amd.com/gpu")

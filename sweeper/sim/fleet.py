@@ -143,6 +143,7 @@ class NodeSpec:
     labels: dict[str, str]
     age: float
     faults: Faults
+    gpu_operator: bool = True  # False: no GPU feature discovery labels (nvidia.com/gpu.present), as on EKS, GKE, AKS
 
 
 @dataclass
@@ -205,7 +206,8 @@ def parse_fleet(raw: Any, origin: str = "fleet") -> Fleet:
             name = f"{prefix}{i:0{max(2, len(str(group.get('count', 1))))}d}"
             fleet.nodes.append(NodeSpec(name=name, instance_type=itype, zone=group.get("zone", "us-east-1a"),
                                         labels=dict(group.get("labels") or {}),
-                                        age=parse_duration(group.get("age", "2d")), faults=Faults()))
+                                        age=parse_duration(group.get("age", "2d")), faults=Faults(),
+                                        gpu_operator=bool(group.get("gpu_operator", True))))
     names = {n.name for n in fleet.nodes}
     for node, spec in faults.items():
         if node not in names:
