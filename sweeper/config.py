@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from sweeper import resources
 from sweeper.clock import parse_duration
 from sweeper.errors import ConfigError
 
 
 def home() -> Path:
-    """Where playbooks/, job-templates/ and profiles/ live: $SWEEPER_HOME or the source tree."""
-    env = os.environ.get("SWEEPER_HOME")
-    return Path(env) if env else Path(__file__).resolve().parent.parent
+    """Where playbooks/, job-templates/, profiles/ and policies/ live (see sweeper.resources)."""
+    return resources.home()
 
 
 @dataclass(frozen=True)
