@@ -199,13 +199,14 @@ class Gates:
 
 def suspect_signals(v: NodeView, cfg: Config, outside: dict[str, str] | None = None) -> list[str]:
     """Why a node is suspect: a condition another tool set, a signal from Prometheus or Loki,
-    or Sweeper's own suspect label (a light check or an outside signal put it there)."""
-    out = [f"allocatable {a} of {c} {r}" for r, a, c in v.short_of_capacity()]
-    out += [f"condition {c}" for c in v.conditions if c in cfg.suspect_conditions]
+    Sweeper's own suspect label (a light check or an outside signal put it there), or GPUs the
+    device plugin holds back from allocatable."""
+    out = [f"condition {c}" for c in v.conditions if c in cfg.suspect_conditions]
     if outside and v.name in outside:
         out.append(outside[v.name])
     elif v.labels.get(f"{cfg.prefix}/suspect") == "true":
         out.append(v.annotations.get(f"{cfg.prefix}/suspect-reason") or "a light check failed")
+    out += [f"allocatable {a} of {c} {r}" for r, a, c in v.short_of_capacity()]  # the device plugin's word
     return out
 
 

@@ -445,7 +445,8 @@ def test_a_person_releasing_a_held_node_marks_a_false_positive(make_sim, history
 
 def test_light_checks_on_busy_nodes_make_suspects(make_sim, history: History) -> None:
     sim: Sim = make_sim(nodes=3, faults={"gpu-01": {"xids": [{"code": 79, "gpu": 2}]}},
-                        workloads=[{"node": "gpu-01", "gpus": 8, "duration": None},
+                        # 7: the device plugin holds back the GPU that raised XID 79
+                        workloads=[{"node": "gpu-01", "gpus": 7, "duration": None},
                                    {"node": "gpu-02", "gpus": 8, "duration": None}])
     sim.wait_for(lambda: len(sim.core.list_namespaced_pod("training").items) == 2, what="workloads")
     first = run_sweep(sim, history)
