@@ -136,6 +136,7 @@ class SimCluster:
         self._next_arrival = self._draw_arrival(self.started)
         self._stop = threading.Event()
         self._short: set[str] = set()  # nodes whose device plugin holds GPUs back from allocatable
+        self._watched: set[str] = set()  # nodes with a lost GPU or XIDs among their faults
         self._thread: threading.Thread | None = None
         self.store.on_delete.append(self._forget)
         self._bootstrap()
@@ -188,6 +189,8 @@ class SimCluster:
             },
         }
         self.specs[spec.name] = spec
+        if spec.faults.gpu_lost or spec.faults.xids or spec.faults.xid_storm:
+            self._watched.add(spec.name)
         created = self.store.create("nodes", None, node)
         pool = labels.get("karpenter.sh/nodepool")
         if pool:
@@ -296,11 +299,10 @@ class SimCluster:
 
     def _device_plugin(self, now: float) -> None:
         """The device plugin's ListAndWatch as the kubelet reports it: allocatable drops by the
-        unhealthy GPUs, capacity stays; after a reboot clears the fault, it is whole again."""
-        for name, spec in self.specs.items():
-            f = spec.faults
-            if not (f.gpu_lost or f.xids or f.xid_storm or name in self._short):
-                continue
+        unhealthy GPUs, capacity stays; after a reboot clears the fault, it is whole again. Only
+        nodes whose fleet faults can make a GPU unhealthy are watched (a large fleet steps fast)."""
+        for name in self._watched | self._short:
+            spec = self.specs[name]
             node = self.store.peek("nodes", None, name)
             if node is None or GPU not in node["status"].get("capacity", {}):
                 continue
