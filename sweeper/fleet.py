@@ -43,8 +43,8 @@ class NodeView:
                  gpu_prefixes: tuple[str, ...] = ("nvidia.com/mig-",)) -> NodeView:
         meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
         alloc = status.get("allocatable") or {}
-        gpus = sum(int(alloc.get(r, 0) or 0) for r in gpu_resources)
         capacity = gpu_amounts(status.get("capacity") or {}, gpu_resources, gpu_prefixes)
+        gpus = sum(int(alloc.get(r, 0) or 0) for r in gpu_resources)
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
         return cls(name=meta["name"], labels=dict(meta.get("labels") or {}),
                    annotations=dict(meta.get("annotations") or {}), taints=tuple(spec.get("taints") or ()),
@@ -81,13 +81,14 @@ def _quantity(value: Any) -> int:
 
 
 def is_gpu_resource(name: str, gpu_resources: tuple[str, ...], gpu_prefixes: tuple[str, ...]) -> bool:
-    return name in gpu_resources or any(name.startswith(p) for p in gpu_prefixes)
+    return name in gpu_resources or name.startswith(tuple(gpu_prefixes))
 
 
 def gpu_amounts(resources: dict[str, Any], gpu_resources: tuple[str, ...],
                 gpu_prefixes: tuple[str, ...]) -> dict[str, int]:
     """The GPU resources of a capacity or allocatable map that are above zero."""
-    out = {r: _quantity(v) for r, v in resources.items() if is_gpu_resource(r, gpu_resources, gpu_prefixes)}
+    prefixes = tuple(gpu_prefixes)
+    out = {r: _quantity(v) for r, v in resources.items() if r in gpu_resources or r.startswith(prefixes)}
     return {r: v for r, v in out.items() if v > 0}
 
 
@@ -222,7 +223,8 @@ def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, l
     """Classify every GPU node (by capacity; see gpu_nodes): take (idle and due, within budget) or
     skip with a reason."""
     gates = gates or Gates()
-    views = [NodeView.from_obj(n, cfg.gpu_resources, cfg.gpu_resource_prefixes) for n in gpu_nodes(nodes, cfg)]
+    views = [v for v in (NodeView.from_obj(n, cfg.gpu_resources, cfg.gpu_resource_prefixes) for n in nodes)
+             if v.capacity]  # GPU nodes by capacity, as gpu_nodes() finds them
     busy = gpu_pods_by_node(pods, cfg)
     out = Plan(gpu_nodes=len(views))
     eligible: list[NodeView] = []
