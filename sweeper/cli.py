@@ -441,7 +441,9 @@ def profiles_cmd(config_path: str | None, with_nodes: bool, kubeconfig: str | No
     nodes: list[dict[str, str]] = []
     if with_nodes:
         kube = _kube(kubeconfig, context, cfg)
-        for obj in kube.list_nodes(cfg.gpu_node_selector, page_size=cfg.page_size):
+        from sweeper.fleet import gpu_nodes
+
+        for obj in gpu_nodes(kube.list_nodes(cfg.gpu_node_selector, page_size=cfg.page_size), cfg):
             labels = obj["metadata"].get("labels") or {}
             nodes.append({"node": obj["metadata"]["name"], "profile": prof.match(catalogue, labels).name,
                           "instance_type": labels.get("node.kubernetes.io/instance-type", "")})
@@ -611,6 +613,7 @@ def resume(config_path: str | None, kubeconfig: str | None, context: str | None,
 @run_cli
 def plan_cmd(config_path: str | None, kubeconfig: str | None, context: str | None, state: str, as_json: bool) -> None:
     """Which nodes a sweep would take now, and why every other GPU node is skipped. Changes nothing."""
+    from sweeper.fleet import looked_for
     from sweeper.fleet import plan as make_plan
 
     cfg = _config(config_path)
@@ -624,12 +627,19 @@ def plan_cmd(config_path: str | None, kubeconfig: str | None, context: str | Non
     p = make_plan(nodes, pods, cfg, hist.last_swept(), time.time(), gates)
     rows: list[dict[str, Any]] = [{"node": d.node.name, "take": d.take, "reason": d.reason, "detail": d.detail} for d in p.take + p.skip]
     if as_json:
-        click.echo(json.dumps({"gpu_nodes": p.gpu_nodes, "held": p.held, "budget": p.budget, "nodes": rows,
-                               "paused": gates.paused, "breaker": gates.breaker}, indent=2))
+        click.echo(json.dumps({"gpu_nodes": p.gpu_nodes, "found_by": looked_for(cfg), "held": p.held,
+                               "budget": p.budget, "nodes": rows, "paused": gates.paused, "breaker": gates.breaker},
+                              indent=2))
         return
     for line in (gates.paused, gates.breaker):
         if line:
-            out.print(f"[yellow]{line}[/yellow]")
+            out.print(Text(line, style="yellow"))  # a person's words: text, never markup
+    click.echo(f"{p.gpu_nodes} GPU nodes found ({looked_for(cfg)})")
+    if not p.gpu_nodes:
+        click.echo(f"No node of the {len(nodes)} listed has one of these resources in status.capacity. Is the GPU "
+                   "device plugin running on the GPU nodes? Set gpu_resources / gpu_resource_prefixes for "
+                   "another resource name" + (", or check gpu_node_selector." if cfg.gpu_node_selector else "."))
+        return
     t = Table(title=f"{p.gpu_nodes} GPU nodes, {p.held} held, budget {p.budget}")
     for col in ("node", "take", "reason", "detail"):
         t.add_column(col)
@@ -725,7 +735,7 @@ def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
               as_json: bool) -> None:
     """The fleet as a table: each GPU node's last sweep and verdict, when it is due, whether it is a
     suspect and whether Sweeper holds it."""
-    from sweeper.fleet import NodeView, suspect_signals
+    from sweeper.fleet import NodeView, gpu_nodes, suspect_signals
 
     cfg = _config(config_path)
     hist = _history(state)
@@ -736,7 +746,7 @@ def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
     if not offline:
         kube = _kube(kubeconfig, context, cfg)
         views = [NodeView.from_obj(o, cfg.gpu_resources)
-                 for o in kube.list_nodes(cfg.gpu_node_selector, page_size=cfg.page_size)]
+                 for o in gpu_nodes(kube.list_nodes(cfg.gpu_node_selector, page_size=cfg.page_size), cfg)]
     names = [v.name for v in views] if views else sorted(latest)
     by_name = {v.name: v for v in views}
     for name in names:

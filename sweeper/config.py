@@ -9,20 +9,19 @@ from the dataclass; the dataclass stays the object the code passes around.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
+from sweeper import resources
 from sweeper.schema import check, duration_type, model_of, read_yaml, reference_table, runtime_values, setting
 
 
 def home() -> Path:
-    """Where playbooks/, job-templates/ and profiles/ live: $SWEEPER_HOME or the source tree."""
-    env = os.environ.get("SWEEPER_HOME")
-    return Path(env) if env else Path(__file__).resolve().parent.parent
+    """Where playbooks/, job-templates/, profiles/ and policies/ live (see sweeper.resources)."""
+    return resources.home()
 
 
 PROVIDERS = ("karpenter", "asg", "manual")
@@ -65,7 +64,7 @@ class Config:
     namespace: str = setting("sweeper", "namespace of the Jobs, Events and the Lease", pattern=_NAME,
                              allowed=_NAME_WORDS)
     prefix: str = setting("sweeper.dev", "prefix of Sweeper's taint, labels and annotations", min_length=1)
-    gpu_node_selector: str = setting("nvidia.com/gpu.present=true", "label selector of the GPU nodes")
+    gpu_node_selector: str = setting("", "optional label selector narrowing the GPU nodes, which are found by capacity")
     gpu_resources: tuple[str, ...] = setting(("nvidia.com/gpu", "amd.com/gpu"), "resources that make a pod a GPU pod")
     gpu_resource_prefixes: tuple[str, ...] = setting(("nvidia.com/mig-",), "resource name prefixes that do too")
     allowed_taint_keys: tuple[str, ...] = setting(("nvidia.com/gpu", "amd.com/gpu"),

@@ -8,6 +8,7 @@ from typing import Any
 
 from sweeper.clock import parse_iso
 from sweeper.config import Config
+from sweeper.result import CheckResult, Result
 
 # Taints that mean someone else is handling the node (never take it).
 FOREIGN_TAINTS = {
@@ -34,11 +35,15 @@ class NodeView:
     conditions: tuple[str, ...] = ()  # types of the node's conditions whose status is True, Ready aside
     boot_id: str = ""
     uid: str = ""
+    capacity: dict[str, int] = field(default_factory=dict)  # GPU resources in status.capacity
+    allocatable: dict[str, int] = field(default_factory=dict)  # the same in status.allocatable
 
     @classmethod
-    def from_obj(cls, obj: dict[str, Any], gpu_resources: tuple[str, ...] = ("nvidia.com/gpu",)) -> NodeView:
+    def from_obj(cls, obj: dict[str, Any], gpu_resources: tuple[str, ...] = ("nvidia.com/gpu",),
+                 gpu_prefixes: tuple[str, ...] = ("nvidia.com/mig-",)) -> NodeView:
         meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
         alloc = status.get("allocatable") or {}
+        capacity = gpu_amounts(status.get("capacity") or {}, gpu_resources, gpu_prefixes)
         gpus = sum(int(alloc.get(r, 0) or 0) for r in gpu_resources)
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
         return cls(name=meta["name"], labels=dict(meta.get("labels") or {}),
@@ -49,10 +54,74 @@ class NodeView:
                    provider_id=spec.get("providerID", ""),
                    conditions=tuple(c.get("type", "") for c in status.get("conditions") or []
                                     if c.get("status") == "True" and c.get("type") != "Ready"),
-                   boot_id=(status.get("nodeInfo") or {}).get("bootID", ""), uid=meta.get("uid", ""))
+                   boot_id=(status.get("nodeInfo") or {}).get("bootID", ""), uid=meta.get("uid", ""),
+                   capacity=capacity, allocatable={r: _quantity(alloc.get(r)) for r in capacity})
 
     def sweep_taint(self, key: str) -> dict[str, Any] | None:
         return next((t for t in self.taints if t.get("key") == key), None)
+
+    def short_of_capacity(self) -> list[tuple[str, int, int]]:
+        """(resource, allocatable, capacity) for each GPU resource the device plugin holds back:
+        GPUs it marked unhealthy leave allocatable, while capacity still counts them."""
+        return [(r, self.allocatable.get(r, 0), c) for r, c in sorted(self.capacity.items())
+                if self.allocatable.get(r, 0) < c]
+
+    def gpu_vars(self) -> dict[str, Any]:
+        """What playbooks see of the node's GPU resources: capacity, allocatable and the shortfall."""
+        return {"capacity": dict(self.capacity), "allocatable": dict(self.allocatable),
+                "unhealthy": [{"resource": r, "allocatable": a, "capacity": c}
+                              for r, a, c in self.short_of_capacity()]}
+
+
+def _quantity(value: Any) -> int:
+    try:
+        return int(str(value or 0))
+    except ValueError:
+        return 0
+
+
+def is_gpu_resource(name: str, gpu_resources: tuple[str, ...], gpu_prefixes: tuple[str, ...]) -> bool:
+    return name in gpu_resources or name.startswith(tuple(gpu_prefixes))
+
+
+def gpu_amounts(resources: dict[str, Any], gpu_resources: tuple[str, ...],
+                gpu_prefixes: tuple[str, ...]) -> dict[str, int]:
+    """The GPU resources of a capacity or allocatable map that are above zero."""
+    prefixes = tuple(gpu_prefixes)
+    out = {r: _quantity(v) for r, v in resources.items() if r in gpu_resources or r.startswith(prefixes)}
+    return {r: v for r, v in out.items() if v > 0}
+
+
+def gpu_nodes(nodes: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
+    """The nodes with a configured GPU resource in status.capacity. The device plugin (NVIDIA's,
+    AMD's) registers it on every cloud and install, where labels differ: GKE sets
+    cloud.google.com/gke-accelerator, AKS kubernetes.azure.com/accelerator, EKS accelerated AMIs
+    none by default, and only the GPU Operator's feature discovery sets nvidia.com/gpu.present."""
+    return [n for n in nodes
+            if gpu_amounts((n.get("status") or {}).get("capacity") or {}, cfg.gpu_resources,
+                           cfg.gpu_resource_prefixes)]
+
+
+def looked_for(cfg: Config) -> str:
+    """How discovery finds GPU nodes, in words: "by capacity of nvidia.com/gpu, ..., selector X"."""
+    names = list(cfg.gpu_resources) + [f"{p}*" for p in cfg.gpu_resource_prefixes]
+    selector = f", selector {cfg.gpu_node_selector}" if cfg.gpu_node_selector else ""
+    return f"by capacity of {', '.join(names)}{selector}"
+
+
+def allocatable_finding(node: str, unhealthy: list[dict[str, Any]], now: float) -> Result | None:
+    """The GPUs the device plugin holds back from allocatable, as a failing check: NVIDIA's plugin
+    marks a GPU unhealthy on an XID it treats as critical, or when NVML loses it, and the kubelet
+    then reports allocatable below capacity (github.com/NVIDIA/k8s-device-plugin,
+    internal/rm/health.go). The node status gives counts, not which GPUs."""
+    checks = tuple(CheckResult(
+        name="gpu.allocatable", status="fail", severity="critical", code="GPU_UNHEALTHY",
+        message=(f"{int(u['capacity']) - int(u['allocatable'])} {u['resource']} unhealthy per the device plugin: "
+                 f"allocatable {u['allocatable']} of {u['capacity']}"))
+        for u in unhealthy if int(u["allocatable"]) < int(u["capacity"]))
+    if not checks:
+        return None
+    return Result(node=node, source="device-plugin", started=now, finished=now, checks=checks)
 
 
 @dataclass(frozen=True)
@@ -77,7 +146,7 @@ def requests_gpu(pod: dict[str, Any], cfg: Config) -> bool:
         res = c.get("resources") or {}
         for section in ("requests", "limits"):
             for name, value in (res.get(section) or {}).items():
-                gpu = name in cfg.gpu_resources or any(name.startswith(p) for p in cfg.gpu_resource_prefixes)
+                gpu = is_gpu_resource(name, cfg.gpu_resources, cfg.gpu_resource_prefixes)
                 if gpu and str(value) not in ("0", ""):
                     return True
     return False
@@ -131,12 +200,14 @@ class Gates:
 
 def suspect_signals(v: NodeView, cfg: Config, outside: dict[str, str] | None = None) -> list[str]:
     """Why a node is suspect: a condition another tool set, a signal from Prometheus or Loki,
-    or Sweeper's own suspect label (a light check or an outside signal put it there)."""
+    Sweeper's own suspect label (a light check or an outside signal put it there), or GPUs the
+    device plugin holds back from allocatable."""
     out = [f"condition {c}" for c in v.conditions if c in cfg.suspect_conditions]
     if outside and v.name in outside:
         out.append(outside[v.name])
     elif v.labels.get(f"{cfg.prefix}/suspect") == "true":
         out.append(v.annotations.get(f"{cfg.prefix}/suspect-reason") or "a light check failed")
+    out += [f"allocatable {a} of {c} {r}" for r, a, c in v.short_of_capacity()]  # the device plugin's word
     return out
 
 
@@ -149,9 +220,11 @@ def healthy_schedulable(v: NodeView, cfg: Config) -> bool:
 
 def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, last_swept: dict[str, float],
          now: float, gates: Gates | None = None) -> Plan:
-    """Classify every GPU node: take (idle and due, within budget) or skip with a reason."""
+    """Classify every GPU node (by capacity; see gpu_nodes): take (idle and due, within budget) or
+    skip with a reason."""
     gates = gates or Gates()
-    views = [NodeView.from_obj(n, cfg.gpu_resources) for n in nodes]
+    views = [v for v in (NodeView.from_obj(n, cfg.gpu_resources, cfg.gpu_resource_prefixes) for n in nodes)
+             if v.capacity]  # GPU nodes by capacity, as gpu_nodes() finds them
     busy = gpu_pods_by_node(pods, cfg)
     out = Plan(gpu_nodes=len(views))
     eligible: list[NodeView] = []
@@ -188,7 +261,9 @@ def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, l
         out.skip += [Decision(v, False, stop[0], stop[1]) for v in eligible]
         eligible = []
     suspects = {v.name: suspect_signals(v, cfg, gates.suspects) for v in eligible}
-    eligible.sort(key=lambda v: (v.name in last_swept, not suspects[v.name], last_swept.get(v.name, 0.0), v.name))
+    # GPUs the device plugin marked unhealthy come first: the sickest nodes are checked before any other.
+    eligible.sort(key=lambda v: (not v.short_of_capacity(), v.name in last_swept, not suspects[v.name],
+                                 last_swept.get(v.name, 0.0), v.name))
     for i, v in enumerate(eligible):
         if i < out.budget:
             last = last_swept.get(v.name)
@@ -239,8 +314,8 @@ def _skip_reason(v: NodeView, gpu_pods: list[str], cfg: Config, last_swept: dict
             return "foreign-taint", f"{key}:{t.get('effect')}"
     if gpu_pods:
         return "busy", f"{len(gpu_pods)} GPU pod(s): {', '.join(gpu_pods[:3])}"
-    if v.gpus <= 0:
-        return "no-gpus", "allocatable reports no GPUs"
+    if not any(v.capacity.get(r) for r in cfg.gpu_resources):
+        return "no-gpus", f"no whole GPUs ({', '.join(cfg.gpu_resources)}) in capacity"
     if now - v.created < cfg.min_node_age:
         return "too-young", f"joined {int(now - v.created)}s ago (minimum {int(cfg.min_node_age)}s)"
     last = last_swept.get(v.name)

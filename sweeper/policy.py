@@ -423,7 +423,7 @@ BUILT_IN = Policy(findings=Findings(
            "RECOVERY_REBOOT": "reboot", "NVLINK_DOWN": "reboot", "PCIE_DOWNTRAINED": "reboot",
            "NIC_PORT_DOWN": "reboot", "NIC_COUNT": "reboot", "EFA_COUNT": "reboot", "EFA_NONE": "reboot",
            "NIC_AFFINITY": "warn"},
-    checks={"gpu.count": "reboot", "dcgm.gpu_count": "reboot", "sxid": "reboot"},
+    checks={"gpu.count": "reboot", "dcgm.gpu_count": "reboot", "sxid": "reboot", "gpu.allocatable": "reboot"},
     dcgm={"80": "replace", "84": "reboot", "85": "reboot", "6": "reboot", "4": "reboot", "14": "reboot",
           "120": "reboot", "125": "reboot", "126": "reboot", "128": "reboot", "29": "warn"},
     xid_actions={"replace": "replace", "reboot": "reboot", "reset_gpu": "reboot"}))

@@ -21,7 +21,7 @@ from sweeper.sweep import new_run_id
 
 def node_vars(view: NodeView, cfg: Config, uid: str = "") -> dict[str, Any]:
     profile = profiles.match(profiles.load_profiles(cfg.path("profiles")), view.labels)
-    return {"name": view.name, "labels": view.labels, "annotations": view.annotations, "gpus": view.gpus,
+    return {"name": view.name, "labels": view.labels, "annotations": view.annotations, "gpus": view.gpus, "gpu_resources": view.gpu_vars(),
             "uid": uid, "profile": profile.as_vars()}
 
 

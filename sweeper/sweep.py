@@ -21,7 +21,7 @@ from sweeper.clock import Clock, WallClock, iso, parse_iso
 from sweeper.config import Config
 from sweeper.control import KEYS, Controls, dismissal_key
 from sweeper.errors import Conflict, KubeError, NotFound, PlaybookError, Transient
-from sweeper.fleet import Gates, NodeView, Plan, plan
+from sweeper.fleet import Gates, NodeView, Plan, gpu_nodes, plan
 from sweeper.kube import Kube
 from sweeper.lock import SweepLock
 from sweeper.notify import Webhook, message
@@ -126,7 +126,7 @@ class Sweep:
 
     # -- discovery ----------------------------------------------------------------
     def discover(self) -> Plan:
-        nodes = self.kube.list_nodes(self.cfg.gpu_node_selector, page_size=self.cfg.page_size)
+        nodes = gpu_nodes(self.kube.list_nodes(self.cfg.gpu_node_selector, page_size=self.cfg.page_size), self.cfg)
         pods = self.kube.active_pods(page_size=self.cfg.page_size)
         if not self.dry_run:
             self.trip_breaker(len(nodes))
@@ -453,7 +453,7 @@ class Sweep:
     def _node_vars(node: NodeView, profile: profiles.Profile) -> dict[str, Any]:
         """What playbooks and job templates see as `node`."""
         return {"name": node.name, "labels": node.labels, "annotations": node.annotations, "gpus": node.gpus,
-                "profile": profile.as_vars()}
+                "gpu_resources": node.gpu_vars(), "profile": profile.as_vars()}
 
     def _cap_replacements(self, verdict: str, reasons: list[str]) -> tuple[str, list[str]]:
         """Beyond max_replacements_per_hour, a node that should be replaced is held for a person."""

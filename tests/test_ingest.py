@@ -56,8 +56,8 @@ def test_profiles_and_which_node_gets_which(make_sim) -> None:
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert {p["profile"] for p in doc["profiles"]} >= {"p5.48xlarge", "default"}
-    assert {n["node"]: n["profile"] for n in doc["nodes"]} == {"p5-00": "p5.48xlarge", "b2-00": "p6-b200.48xlarge",
-                                                                  "cpu-00": "default"}
+    # cpu-00 carries the GPU Operator's label but no GPU in its capacity: not a GPU node
+    assert {n["node"]: n["profile"] for n in doc["nodes"]} == {"p5-00": "p5.48xlarge", "b2-00": "p6-b200.48xlarge"}
 
 
 def test_ingest_judges_against_a_profile(tmp_path: Path) -> None:

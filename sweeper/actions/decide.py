@@ -7,6 +7,7 @@ from typing import Any
 
 from sweeper.actions import ActionContext, Arg, action, ok
 from sweeper.errors import ConfigError
+from sweeper.fleet import allocatable_finding
 from sweeper.policy import Policy, load_policy
 from sweeper.policy import decide as policy_decide
 
@@ -44,6 +45,11 @@ def decide(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     dismissed = set(node.get("dismissed") or [])
     policy = policy_for(ctx, args.get("policy") or "")
     now = ctx.clock.now()
+    held_back = allocatable_finding(str(node.get("name", "")),
+                                    list((node.get("gpu_resources") or {}).get("unhealthy") or []), now)
+    if held_back is not None:  # GPUs the device plugin marked unhealthy: a finding of their own
+        ctx.on_result(held_back)
+        docs.append(held_back.to_dict())
     v = policy_decide(docs, dismissed, policy, node=str(node.get("name", "")),
                       profile=str((node.get("profile") or {}).get("name", "")), now=now, past=ctx.past)
     decision = {"verdict": v.verdict, "causes": list(v.causes), "rules": list(v.rules), "decided": now,

@@ -36,6 +36,10 @@ GPU = "nvidia.com/gpu"
 RUN_SECONDS = "sim.sweeper.dev/run-seconds"
 TERMINAL = ("Succeeded", "Failed")
 TRAINING_NS = "training"
+# The application XIDs NVIDIA's device plugin does not treat as a sick GPU; any other XID marks the
+# GPU unhealthy (github.com/NVIDIA/k8s-device-plugin, internal/rm/health.go; DP_DISABLE_HEALTHCHECKS
+# adds to the list).
+DEVICE_PLUGIN_SKIPPED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 
 def gpu_request(pod: dict[str, Any]) -> int:
@@ -131,6 +135,8 @@ class SimCluster:
         self._last_step = self.started
         self._next_arrival = self._draw_arrival(self.started)
         self._stop = threading.Event()
+        self._short: set[str] = set()  # nodes whose device plugin holds GPUs back from allocatable
+        self._watched: set[str] = set()  # nodes with a lost GPU or XIDs among their faults
         self._thread: threading.Thread | None = None
         self.store.on_delete.append(self._forget)
         self._bootstrap()
@@ -154,7 +160,7 @@ class SimCluster:
             "node.kubernetes.io/instance-type": spec.instance_type,
             "topology.kubernetes.io/zone": spec.zone, "topology.kubernetes.io/region": spec.zone[:-1],
         }
-        if hw["gpus"]:
+        if hw["gpus"] and spec.gpu_operator:  # GPU feature discovery's labels, only with the GPU Operator
             labels.update({"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": str(hw["gpus"]),
                            "nvidia.com/gpu.product": hw["model"].replace(" ", "-")})
         labels.update(spec.labels)
@@ -169,7 +175,7 @@ class SimCluster:
                          "creationTimestamp": iso(now - spec.age)},
             "spec": {"providerID": f"aws:///{spec.zone}/{iid}"},
             "status": {
-                "capacity": dict(resources), "allocatable": dict(resources),
+                "capacity": dict(resources), "allocatable": self._allocatable(spec, resources, now),
                 "conditions": [{"type": "Ready", "status": "False" if spec.faults.not_ready else "True",
                                 "reason": "KubeletNotReady" if spec.faults.not_ready else "KubeletReady",
                                 "message": "kubelet is posting ready status",
@@ -183,6 +189,8 @@ class SimCluster:
             },
         }
         self.specs[spec.name] = spec
+        if spec.faults.gpu_lost or spec.faults.xids or spec.faults.xid_storm:
+            self._watched.add(spec.name)
         created = self.store.create("nodes", None, node)
         pool = labels.get("karpenter.sh/nodepool")
         if pool:
@@ -243,6 +251,7 @@ class SimCluster:
         with self.store.lock:
             now = self.clock.now()
             self._machines(now)
+            self._device_plugin(now)
             self._arrivals(now)
             self._schedule(now)
             self._kubelet(now)
@@ -264,6 +273,48 @@ class SimCluster:
             if now >= when:
                 self.joining.remove((when, spec))
                 self.add_node(spec)
+
+    def unhealthy_gpus(self, node_name: str, now: float) -> set[int]:
+        """The GPUs NVIDIA's device plugin has marked unhealthy since the node booted: a GPU NVML
+        lost, or one that raised an XID the plugin treats as critical, which is any XID but the
+        application errors it skips (see DEVICE_PLUGIN_SKIPPED_XIDS)."""
+        spec = self.specs.get(node_name)
+        return self._unhealthy(spec, now) if spec else set()
+
+    def _unhealthy(self, spec: NodeSpec, now: float) -> set[int]:
+        f, boot = spec.faults, self._boot(spec.name)
+        out = set(f.gpu_lost)
+        out |= {x["gpu"] for x in f.xids if x["code"] not in DEVICE_PLUGIN_SKIPPED_XIDS
+                and boot <= self.started + x["at"] <= now}
+        storm = f.xid_storm
+        if storm and storm["code"] not in DEVICE_PLUGIN_SKIPPED_XIDS and boot <= self.started + storm["at"] <= now:
+            out.add(storm["gpu"])
+        return {g for g in out if 0 <= g < HARDWARE[spec.instance_type]["gpus"] - f.missing_gpus}
+
+    def _allocatable(self, spec: NodeSpec, capacity: dict[str, str], now: float) -> dict[str, str]:
+        alloc = dict(capacity)
+        if GPU in alloc:
+            alloc[GPU] = str(max(0, int(capacity[GPU]) - len(self._unhealthy(spec, now))))
+        return alloc
+
+    def _device_plugin(self, now: float) -> None:
+        """The device plugin's ListAndWatch as the kubelet reports it: allocatable drops by the
+        unhealthy GPUs, capacity stays; after a reboot clears the fault, it is whole again. Only
+        nodes whose fleet faults can make a GPU unhealthy are watched (a large fleet steps fast)."""
+        for name in self._watched | self._short:
+            spec = self.specs[name]
+            node = self.store.peek("nodes", None, name)
+            if node is None or GPU not in node["status"].get("capacity", {}):
+                continue
+            want = self._allocatable(spec, node["status"]["capacity"], now)[GPU]
+            if node["status"]["allocatable"].get(GPU) != want:
+                def report(n: dict[str, Any], want: str = want) -> None:
+                    n["status"]["allocatable"][GPU] = want
+                self.store.mutate("nodes", None, name, report)
+            if want == node["status"]["capacity"][GPU]:
+                self._short.discard(name)
+            else:
+                self._short.add(name)
 
     @staticmethod
     def _set_ready(node: dict[str, Any], ready: bool, now: float) -> None:

@@ -126,6 +126,7 @@ class _NodeGroup(_Strict):
     zone: Annotated[str, Strict()] = "us-east-1a"
     labels: dict[str, Annotated[str, Strict()]] = {}
     age: duration_type(ge=0) = 2 * 86400.0  # type: ignore[valid-type]
+    gpu_operator: Annotated[bool, Strict()] = True  # false: no GPU feature discovery labels
 
 
 class _Workload(_Strict):
@@ -175,6 +176,7 @@ class NodeSpec:
     labels: dict[str, str]
     age: float
     faults: Faults
+    gpu_operator: bool = True  # False: no GPU feature discovery labels (nvidia.com/gpu.present), as on EKS, GKE, AKS
 
 
 @dataclass
@@ -221,7 +223,8 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
         for i in range(group.count):
             fleet.nodes.append(NodeSpec(name=f"{prefix}{i:0{max(2, len(str(group.count)))}d}",
                                         instance_type=group.instance_type, zone=group.zone,
-                                        labels=dict(group.labels), age=group.age, faults=Faults()))
+                                        labels=dict(group.labels), age=group.age, faults=Faults(),
+                                        gpu_operator=group.gpu_operator))
     by_name = {n.name: n for n in fleet.nodes}
     for name, faults in (spec.faults or {}).items():
         if name not in by_name:
