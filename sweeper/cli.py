@@ -61,7 +61,7 @@ def main() -> None:
     each node back or holds it with a reason. Every result goes into a SQLite history.
 
     Exit codes: 0 done, 1 findings (check), 2 bad input, 3 cluster or state unreachable,
-    4 another sweep holds the lock.
+    4 another sweep holds the lock, 5 the sweep stopped on a repeated fault of the check itself.
     """
 
 
@@ -129,6 +129,10 @@ def sweep(config_path: str | None, kubeconfig: str | None, context: str | None, 
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
         _print_outcomes(report)
+    if report.tool_stop:
+        from sweeper.errors import ToolErrors
+
+        raise ToolErrors(report.tool_stop)  # exit 5: the check is broken, not the nodes
 
 
 def _printer(console: Console) -> Callable[[str, dict[str, Any]], None]:
@@ -144,6 +148,8 @@ def _printer(console: Console) -> Callable[[str, dict[str, Any]], None]:
         elif event == "done":
             console.print(f"  {d['node']}: {styled(d['verdict'])} -> {d['action']}"
                           + (f"  ({'; '.join(d['reasons'])[:160]})" if d["verdict"] != "pass" else ""))
+        elif event == "tool-stop":
+            console.print(f"[red bold]run stopped[/red bold]: {d['reason']}")
         elif event == "breaker":
             console.print(f"[red bold]circuit breaker open[/red bold]: {d['reason']}; no more nodes are taken "
                           "until `sweeper breaker reset`")

@@ -47,6 +47,7 @@ class Config:
     breaker_percent: float = 20.0  # ...or this share of GPU nodes, whichever is larger, opens the breaker
     breaker_window: float = 3600.0
     breaker_cooldown: float = 3600.0  # after a reset, one node at a time for this long
+    tool_error_limit: int = 3  # the same fault of the check on this many nodes stops the run (0: never)
     policy: str = "default.yaml"  # in policies/: how findings and history become a verdict
     light_playbook: str = "light-busy.yaml"  # read-only checks on busy nodes ("" to turn off)
     light_interval: float = 6 * 3600.0

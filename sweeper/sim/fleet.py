@@ -169,6 +169,8 @@ class Fleet:
     api_latency: float = 0.0  # seconds of real time added to a share of requests (api_faults.slow_rate)
     api_slow_rate: float = 0.0
     api_drop_rate: float = 0.0  # share of requests whose connection is dropped without an answer
+    missing_images: list[str] = field(default_factory=list)  # registry.missing: references that do not exist
+    image_lacks: dict[str, list[str]] = field(default_factory=dict)  # registry.lacking: image -> absent programs
 
 
 def load_fleet(path: Path) -> Fleet:
@@ -183,7 +185,7 @@ def parse_fleet(raw: Any, origin: str = "fleet") -> Fleet:
     if not isinstance(raw, dict):
         raise ConfigError(f"{origin}: a fleet file is a mapping")
     known = {"name", "seed", "speed", "namespace", "node_groups", "workloads", "arrivals", "faults",
-             "check_seconds", "api_faults"}
+             "check_seconds", "api_faults", "registry"}
     unknown = set(raw) - known
     if unknown:
         raise ConfigError(f"{origin}: unknown key(s) {sorted(unknown)}; known: {sorted(known)}")
@@ -195,6 +197,13 @@ def parse_fleet(raw: Any, origin: str = "fleet") -> Fleet:
                   api_latency=float((raw.get("api_faults") or {}).get("latency", 0.0)),
                   api_slow_rate=float((raw.get("api_faults") or {}).get("slow_rate", 0.0)),
                   api_drop_rate=float((raw.get("api_faults") or {}).get("drop_rate", 0.0)))
+    registry = raw.get("registry") or {}
+    if not isinstance(registry, dict) or set(registry) - {"missing", "lacking"} \
+            or not isinstance(registry.get("lacking") or {}, dict):
+        raise ConfigError(f"{origin}: registry has two keys: missing (a list of images) and lacking "
+                          "(image: [programs])")
+    fleet.missing_images = [str(i) for i in registry.get("missing") or []]
+    fleet.image_lacks = {str(k): [str(p) for p in v or []] for k, v in (registry.get("lacking") or {}).items()}
     faults = raw.get("faults") or {}
     for group in raw.get("node_groups") or []:
         itype = group.get("instance_type", "p5.48xlarge")

@@ -24,7 +24,7 @@ from sweeper.sim.rbac import Rule, allowed, attributes
 from sweeper.sim.store import RESOURCES, Resource
 from sweeper.sim.tables import table
 
-GROUPS = {"batch": "v1", "coordination.k8s.io": "v1", "karpenter.sh": "v1", "policy": "v1"}
+GROUPS = {"batch": "v1", "coordination.k8s.io": "v1", "karpenter.sh": "v1", "policy": "v1", "node.k8s.io": "v1"}
 _PATH = re.compile(
     r"^/(?:api/v1|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
     r"(?:/namespaces/(?P<ns>[^/]+)(?=/))?"

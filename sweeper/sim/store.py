@@ -46,6 +46,9 @@ RESOURCES: dict[str, Resource] = {r.plural: r for r in (
     Resource("leases", "Lease", "coordination.k8s.io", "v1", True),
     Resource("nodeclaims", "NodeClaim", "karpenter.sh", "v1", False),
     Resource("poddisruptionbudgets", "PodDisruptionBudget", "policy", "v1", True, ("pdb",)),
+    Resource("configmaps", "ConfigMap", "", "v1", True, ("cm",)),
+    Resource("secrets", "Secret", "", "v1", True),
+    Resource("runtimeclasses", "RuntimeClass", "node.k8s.io", "v1", False),
 )}
 
 
