@@ -148,8 +148,6 @@ def _printer(console: Console) -> Callable[[str, dict[str, Any]], None]:
         elif event == "done":
             console.print(f"  {d['node']}: {styled(d['verdict'])} -> {d['action']}"
                           + (f"  ({'; '.join(d['reasons'])[:160]})" if d["verdict"] != "pass" else ""))
-        elif event == "tool-stop":
-            console.print(f"[red bold]run stopped[/red bold]: {d['reason']}")
         elif event == "breaker":
             console.print(f"[red bold]circuit breaker open[/red bold]: {d['reason']}; no more nodes are taken "
                           "until `sweeper breaker reset`")

@@ -128,7 +128,7 @@ class Sweep:
         self.failed_checks: dict[str, int] = {}
         self._tool_faults: dict[str, str] = {}  # node -> the fault of the check seen in its results
         self.tool_errors: dict[str, str] = {}  # node -> that fault, where it ended the node's sweep `error`
-        self.tool_stop = ""  # set when one fault of the check has ended tool_error_limit nodes
+        self.tool_stop = ""  # the fault of the check that ended tool_error_limit nodes: take no more
 
     # -- discovery ----------------------------------------------------------------
     def discover(self) -> Plan:
@@ -239,21 +239,23 @@ class Sweep:
             else:
                 light = self.light_candidates(p)
                 take = [d.node for d in p.take]
+                probe_failed = False
                 if take and self._probe_first():
                     # The last run stopped on a fault of the check: one node first, the rest if it ran.
-                    report.outcomes.append(self.sweep_node(run_id, take.pop(0)))
-                    if report.outcomes[0].node in self.tool_errors:
-                        self.tool_stop = self.tool_stop or self._stop_reason(self.tool_errors[report.outcomes[0].node],
-                                                                              1, probe=True)
+                    first = self.sweep_node(run_id, take.pop(0))
+                    report.outcomes.append(first)
+                    probe_failed = first.node in self.tool_errors
+                    self.tool_stop = self.tool_stop or self.tool_errors.get(first.node, "")
                 if take or light:
                     with ThreadPoolExecutor(max_workers=len(take) + len(light), thread_name_prefix="sweep") as pool:
                         futures = [pool.submit(self.sweep_node, run_id, v) for v in take]
                         futures += [pool.submit(self.light_check, run_id, v) for v in light]
                         report.outcomes += [f.result() for f in futures]
+                if p.take or light:
                     self.trip_breaker(p.gpu_nodes)
                 report.tool_errors = dict(self.tool_errors)
                 if self.tool_stop:
-                    report.tool_stop = self.tool_stop
+                    report.tool_stop = self._stop_reason(self.tool_stop, probe_failed)
                     self._announce_stop(run_id, report)
         except BaseException:
             status = "failed"
@@ -336,12 +338,14 @@ class Sweep:
         last = self.rec.last_run()
         return bool(last and (last.get("summary") or {}).get("tool_stop"))
 
-    def _stop_reason(self, cause: str, nodes: int, probe: bool = False) -> str:
+    def _stop_reason(self, cause: str, probe: bool) -> str:
         if probe:
-            return (f"stopped: the last run stopped on a fault of the check, and the first node of this one "
-                    f"failed the same way ({cause}); fix the check, then sweep again")
-        return (f"stopped after the same fault of the check on {nodes} nodes ({cause}); no more nodes are taken. "
-                "This says nothing about the nodes: fix the check, then sweep again (the next run tries one node first)")
+            return (f"run stopped: the last run stopped on a fault of the check and this run's first node ended "
+                    f"with one too ({cause}); no more nodes were taken. Fix the check, then sweep again")
+        nodes = sorted(n for n, c in self.tool_errors.items() if c == cause)
+        return (f"run stopped: the same fault of the check ended {len(nodes)} nodes ({cause}); no more nodes were "
+                f"taken. It says nothing about the nodes ({', '.join(nodes[:5])}{', ...' if len(nodes) > 5 else ''}), "
+                "which were handed back. Fix the check, then sweep again: the next run tries one node first")
 
     def _count_tool_error(self, node: str, verdict: str) -> None:
         """A node whose sweep ended `error` because its check never ran; the same cause on
@@ -353,11 +357,11 @@ class Sweep:
             self.tool_errors[node] = cause
             same = sum(1 for c in self.tool_errors.values() if c == cause)
             if self.cfg.tool_error_limit > 0 and same >= self.cfg.tool_error_limit and not self.tool_stop:
-                self.tool_stop = self._stop_reason(cause, same)
+                self.tool_stop = cause
 
     def _announce_stop(self, run_id: str, report: RunReport) -> None:
         """Say why the run stopped: its output, an Event on the lock's Lease, the webhook."""
-        why = self.tool_stop
+        why = report.tool_stop
         self.emit("tool-stop", {"reason": why, "nodes": sorted(self.tool_errors)})
         self.rec.action(run_id, "-", self.clock.now(), "tool-stop", why[:1000])
         ts = iso(self.clock.now())
