@@ -190,7 +190,7 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
                 why = "" if started else _unscheduled(pods) or why
             if not ran:
                 fault.see(pods, ctx.clock.now())
-                if not pods and not started and polls % 6 == 1:
+                if not pods and not started and polls % 6 == 0:  # no pod yet after a few polls: refused?
                     fault.see_events(ctx, namespace, name, ctx.clock.now())
             if cond is not None:
                 if cond.get("reason") == "DeadlineExceeded" and fault.code and not ran:

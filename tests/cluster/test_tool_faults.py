@@ -22,7 +22,7 @@ from sweeper.sweep import ATTEMPT_VERDICTS, Sweep
 from tests.conftest import TEST_CONFIG, Sim, fleet_spec, run_sweep
 
 BAD_IMAGE = "ghcr.io/sweeper-dev/sweeper:0.1.0-typo"
-CFG = replace(TEST_CONFIG, check_timeout=600)
+CFG = replace(TEST_CONFIG, check_timeout=1800)  # 3 s of real time: room for a loaded machine
 
 
 def taints(sim: Sim, node: str) -> list[str]:
@@ -184,7 +184,7 @@ def test_a_hung_check_is_a_running_container_that_never_finishes(make_sim, histo
 def test_ten_nodes_with_the_same_tool_error_stop_the_run_with_exit_5(make_sim, tmp_path: Path) -> None:
     sim: Sim = make_sim(fleet_spec(nodes=12, registry={"missing": [BAD_IMAGE]}))
     cfg = tmp_path / "config.yaml"
-    cfg.write_text(yaml.safe_dump({"max_nodes": 10, "max_percent": 100, "poll_interval": 0.02, "check_timeout": 120,
+    cfg.write_text(yaml.safe_dump({"max_nodes": 10, "max_percent": 100, "poll_interval": 0.02, "check_timeout": 1800,
                                    "interval": 0, "check_image": BAD_IMAGE, "light_playbook": ""}))
     state = tmp_path / "h.db"
     base = ["--kubeconfig", str(sim.kubeconfig), "--state", str(state), "--config", str(cfg)]
