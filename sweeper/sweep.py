@@ -224,6 +224,7 @@ class Sweep:
 
     def _run(self, run_id: str, start: float, requests_before: int) -> RunReport:
         self.rec.run_started(run_id, start, "dry-run" if self.dry_run else self.mode)
+        self._tool_faults, self.tool_errors, self.tool_stop = {}, {}, ""  # this run's own tally
         status = "done"
         report = RunReport(run_id, start, start, Plan(), dry_run=self.dry_run)
         try:
