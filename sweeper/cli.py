@@ -118,7 +118,8 @@ def main(debug: bool) -> None:
     each node back or holds it with a reason. Every result goes into a SQLite history.
 
     Exit codes: 0 done, 1 findings (check), 2 bad input, 3 cluster or state unreachable,
-    4 another sweep holds the lock, 70 an internal error (a bug; --debug shows the traceback).
+    4 another sweep holds the lock, 5 the sweep stopped on a repeated fault of the check itself,
+    70 an internal error (a bug; --debug shows the traceback).
     """
     _debug["on"] = debug
 
@@ -187,6 +188,10 @@ def sweep(config_path: str | None, kubeconfig: str | None, context: str | None, 
         click.echo(json.dumps(report.to_dict(), indent=2))
     else:
         _print_outcomes(report)
+    if report.tool_stop:
+        from sweeper.errors import ToolErrors
+
+        raise ToolErrors(report.tool_stop)  # exit 5: the check is broken, not the nodes
 
 
 def _printer(console: Console) -> Callable[[str, dict[str, Any]], None]:

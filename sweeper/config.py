@@ -92,6 +92,8 @@ class Config:
     breaker_window: float = setting(3600.0, "the window of the breaker", duration=True, gt=0)
     breaker_cooldown: float = setting(3600.0, "after a reset, one node at a time for this long", duration=True,
                                       ge=0)
+    tool_error_limit: int = setting(3, "the same fault of the check on this many nodes stops the run (0: never)",
+                                    ge=0)
     policy: str = setting("default.yaml", "how findings and history become a verdict (in policies/)", min_length=1)
     light_playbook: str = setting("light-busy.yaml", "read-only checks on busy nodes (\"\" to turn off)")
     light_interval: float = setting(6 * 3600.0, "how often a busy node gets the light checks", duration=True, gt=0)

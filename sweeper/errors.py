@@ -43,6 +43,13 @@ class LockHeld(SweeperError):
         self.holder = holder
 
 
+class ToolErrors(SweeperError):
+    """The run stopped: the same fault of the check itself (its image, its spec, admission) repeated
+    on several nodes. Nothing is known about those nodes; fix the check, then sweep again."""
+
+    exit_code = 5
+
+
 class KubeError(SweeperError):
     """The Kubernetes API answered with an error or could not be reached."""
 

@@ -309,6 +309,24 @@ class History:
             latest[node] = value
         return latest
 
+    @_locked
+    def last_run(self) -> dict[str, Any] | None:
+        """The latest run that finished its pass (not a dry run): id, mode and summary."""
+        rows = list(self.db.query("select id, mode, summary from runs where status = 'done' and mode != 'dry-run' "
+                                  "order by started desc limit 1"))
+        if not rows:
+            return None
+        return {"id": rows[0]["id"], "mode": rows[0]["mode"], "summary": json.loads(rows[0]["summary"] or "{}")}
+
+    @_locked
+    def tool_errors_since(self, since: float) -> dict[str, int]:
+        """Node to its sweeps finished since `since` that ended `error` because the check could not
+        run at all (a fault of the tool, cause check.tool): they say nothing about the node."""
+        rows = self.db.query("select node, count(*) as n from node_sweeps where finished >= ? and dry_run = 0 "
+                             "and kind = 'sweep' and verdict = 'error' and causes like '%\"check.tool|%' "
+                             "group by node", [since])
+        return {r["node"]: r["n"] for r in rows}
+
     # -- the fleet ---------------------------------------------------------------------------
     @_locked
     def fleet(self) -> list[dict[str, Any]]:

@@ -31,12 +31,18 @@ class Metrics:
         self.run_seconds = Gauge("sweeper_run_duration_seconds", "Duration of the last run", ["mode"], registry=r)
         self.runs = Counter("sweeper_runs", "Runs finished", ["mode", "status"], registry=r)
         self.api_requests = Counter("sweeper_api_requests", "Kubernetes API requests made", registry=r)
+        self.tool_errors = Counter("sweeper_tool_errors", "Sweeps that ended error because the check could not run "
+                                   "(its image, its spec, admission): faults of the tool, not of nodes", ["reason"],
+                                   registry=r)
+        self.tool_stop = Gauge("sweeper_tool_error_stop", "1 when the last run stopped on a repeated fault of the check",
+                               registry=r)
         self.api_errors = Counter("sweeper_api_errors", "Kubernetes API requests that failed (after retries too)",
                                   registry=r)
 
     def observe_run(self, report: Any, mode: str, api_errors: int = 0, breaker_open: bool = False,
                     paused: bool = False, failed_checks: dict[str, int] | None = None,
-                    remedies: list[Any] | None = None) -> None:
+                    remedies: list[Any] | None = None, tool_errors: dict[str, str] | None = None,
+                    tool_stop: bool = False) -> None:
         for o in report.outcomes:
             if not o.verdict or o.action in ("raced", "skipped", "would-take"):
                 continue
@@ -55,6 +61,9 @@ class Metrics:
                 self.replacements.labels(rem.provider).inc()
             elif rem.provider in ("reboot", "gpu-reset"):
                 self.remediations.labels(rem.provider).inc()
+        for cause in (tool_errors or {}).values():
+            self.tool_errors.labels(cause.split(":", 1)[0]).inc()  # the reason only: a bounded label
+        self.tool_stop.set(1 if tool_stop else 0)
         self.breaker.set(1 if breaker_open else 0)
         self.paused.set(1 if paused else 0)
         self.run_seconds.labels(mode).set(max(0.0, report.finished - report.started))

@@ -105,3 +105,24 @@ def error_result(node: str, source: str, message: str, now: float, code: str | N
     return Result(node=node, source=source, started=now, finished=now,
                   checks=(CheckResult(name=f"{source}.read", status="error", severity="critical",
                                       message=message, code=code),))
+
+
+TOOL_CHECK = "check.tool"  # the check could not run at all: a fault of the tool, never of the node
+TOOL_SEP = " — "  # a tool fault's message: what went wrong (the same on every node), then its detail
+
+
+def tool_result(node: str, now: float, code: str, summary: str, detail: str = "") -> Result:
+    """The check never ran (its image, its spec, admission, a missing program): `error`, with
+    the cause in words. `summary` names the cause alike on every node, so that a run can see
+    the same tool fault repeat; `detail` carries what is particular to this pod."""
+    message = summary + (TOOL_SEP + detail if detail and detail not in summary else "")
+    return Result(node=node, source="sweeper", started=now, finished=now, checks=(CheckResult(
+        TOOL_CHECK, "error", message, "critical", code=code),))
+
+
+def tool_cause(checks: list[dict[str, Any]]) -> str:
+    """The cause of a tool fault among result checks ('' if none): its code and summary."""
+    for c in checks:
+        if c.get("name") == TOOL_CHECK and c.get("status") == "error":
+            return f"{c.get('code') or ''}: {str(c.get('message') or '').split(TOOL_SEP)[0]}"
+    return ""

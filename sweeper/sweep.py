@@ -29,7 +29,7 @@ from sweeper.playbook.executor import Executor, TaskOutcome, load
 from sweeper.playbook.model import Playbook
 from sweeper.policy import HOLDING, finding_key
 from sweeper.remedy import Remediator, Remedy
-from sweeper.result import Metric, Result
+from sweeper.result import Metric, Result, tool_cause
 
 ATTEMPT_VERDICTS = ("reboot", "replace", "quarantine", "error")
 
@@ -52,6 +52,8 @@ class Recorder(Protocol):
     def get_control(self, key: str) -> dict[str, Any] | None: ...
     def set_control(self, key: str, value: dict[str, Any] | None, ts: float) -> None: ...
     def failures_since(self, since: float, verdicts: tuple[str, ...]) -> dict[str, int]: ...
+    def tool_errors_since(self, since: float) -> dict[str, int]: ...
+    def last_run(self) -> dict[str, Any] | None: ...
     def released_by_people(self, nodes: list[str], holding: tuple[str, ...]) -> list[dict[str, Any]]: ...
     def unfinished_runs(self) -> list[str]: ...
     # what the policy's history rules read (policy.Past)
@@ -80,6 +82,8 @@ class RunReport:
     dry_run: bool = False
     api_requests: int = 0
     reconciled: list[dict[str, str]] = field(default_factory=list)
+    tool_errors: dict[str, str] = field(default_factory=dict)  # node -> the fault of the check that ended it
+    tool_stop: str = ""  # why the run stopped taking nodes: the same fault of the check repeated
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -88,6 +92,7 @@ class RunReport:
             "budget": self.plan.budget, "api_requests": self.api_requests,
             "nodes": [o.__dict__ for o in self.outcomes], "reconciled": self.reconciled,
             "skipped": [{"node": d.node.name, "reason": d.reason, "detail": d.detail} for d in self.plan.skip],
+            "tool_errors": self.tool_errors, "tool_stop": self.tool_stop,
         }
 
 
@@ -123,6 +128,9 @@ class Sweep:
         self.webhook = Webhook(config.webhook_url, config.webhook_attempts) if config.webhook_url else None
         self.remedies: list[Remedy] = []
         self.failed_checks: dict[str, int] = {}
+        self._tool_faults: dict[str, str] = {}  # node -> the fault of the check seen in its results
+        self.tool_errors: dict[str, str] = {}  # node -> that fault, where it ended the node's sweep `error`
+        self.tool_stop = ""  # the fault of the check that ended tool_error_limit nodes: take no more
 
     # -- discovery ----------------------------------------------------------------
     def discover(self) -> Plan:
@@ -171,8 +179,14 @@ class Sweep:
         return Gates(paused=(f"paused by {pause.get('by', '?')}: {pause.get('reason', '')}" if pause else ""),
                      breaker=(f"breaker open since {iso(breaker['opened_at'])}: {breaker.get('reason', '')}; "
                               "close it with `sweeper breaker reset`" if is_open else ""),
-                     cooldown=cooling,
-                     attempts=self.rec.failures_since(now - self.cfg.attempt_window, ATTEMPT_VERDICTS))
+                     cooldown=cooling, attempts=self._attempts(now))
+
+    def _attempts(self, now: float) -> dict[str, int]:
+        """Failed sweeps per node within the attempt window; a check that could not run at all is a
+        fault of the tool and does not count against the node."""
+        failed = self.rec.failures_since(now - self.cfg.attempt_window, ATTEMPT_VERDICTS)
+        tool = self.rec.tool_errors_since(now - self.cfg.attempt_window)
+        return {n: k - tool.get(n, 0) for n, k in failed.items() if k > tool.get(n, 0)}
 
     def trip_breaker(self, gpu_nodes: int) -> bool:
         """Open the breaker when too many nodes failed within the window: a systemic fault (a bad
@@ -264,6 +278,7 @@ class Sweep:
 
     def _run(self, run_id: str, start: float, requests_before: int) -> RunReport:
         self.rec.run_started(run_id, start, "dry-run" if self.dry_run else self.mode)
+        self._tool_faults, self.tool_errors, self.tool_stop = {}, {}, ""  # this run's own tally
         status = "done"
         report = RunReport(run_id, start, start, Plan(), dry_run=self.dry_run)
         try:
@@ -280,12 +295,25 @@ class Sweep:
                     report.outcomes.append(NodeOutcome(d.node.name, "", [d.detail], "would-take"))
             else:
                 light = self.light_candidates(p)
-                if p.take or light:
-                    with ThreadPoolExecutor(max_workers=len(p.take) + len(light), thread_name_prefix="sweep") as pool:
-                        futures = [pool.submit(self.sweep_node, run_id, d.node) for d in p.take]
+                take = [d.node for d in p.take]
+                probe_failed = False
+                if take and self._probe_first():
+                    # The last run stopped on a fault of the check: one node first, the rest if it ran.
+                    first = self.sweep_node(run_id, take.pop(0))
+                    report.outcomes.append(first)
+                    probe_failed = first.node in self.tool_errors
+                    self.tool_stop = self.tool_stop or self.tool_errors.get(first.node, "")
+                if take or light:
+                    with ThreadPoolExecutor(max_workers=len(take) + len(light), thread_name_prefix="sweep") as pool:
+                        futures = [pool.submit(self.sweep_node, run_id, v) for v in take]
                         futures += [pool.submit(self.light_check, run_id, v) for v in light]
-                        report.outcomes = [f.result() for f in futures]
+                        report.outcomes += [f.result() for f in futures]
+                if p.take or light:
                     self.trip_breaker(p.gpu_nodes)
+                report.tool_errors = dict(self.tool_errors)
+                if self.tool_stop:
+                    report.tool_stop = self._stop_reason(self.tool_stop, probe_failed)
+                    self._announce_stop(run_id, report)
         except BaseException:
             status = "failed"
             raise
@@ -362,11 +390,59 @@ class Sweep:
         return {"node": name, "action": "left held",
                 "why": f"taint from run {old} has no record here; released after {int(self.cfg.orphan_grace)}s"}
 
+    # -- faults of the check itself ---------------------------------------------------------
+    def _probe_first(self) -> bool:
+        last = self.rec.last_run()
+        return bool(last and (last.get("summary") or {}).get("tool_stop"))
+
+    def _stop_reason(self, cause: str, probe: bool) -> str:
+        if probe:
+            return (f"run stopped: the last run stopped on a fault of the check and this run's first node ended "
+                    f"with one too ({cause}); no more nodes were taken. Fix the check, then sweep again")
+        nodes = sorted(n for n, c in self.tool_errors.items() if c == cause)
+        return (f"run stopped: the same fault of the check ended {len(nodes)} nodes ({cause}); no more nodes were "
+                f"taken. It says nothing about the nodes ({', '.join(nodes[:5])}{', ...' if len(nodes) > 5 else ''}), "
+                "which were handed back. Fix the check, then sweep again: the next run tries one node first")
+
+    def _count_tool_error(self, node: str, verdict: str) -> None:
+        """A node whose sweep ended `error` because its check never ran; the same cause on
+        tool_error_limit nodes stops the run from taking more."""
+        cause = self._tool_faults.get(node, "")
+        if verdict != "error" or not cause:
+            return
+        with self._lock:
+            self.tool_errors[node] = cause
+            same = sum(1 for c in self.tool_errors.values() if c == cause)
+            if self.cfg.tool_error_limit > 0 and same >= self.cfg.tool_error_limit and not self.tool_stop:
+                self.tool_stop = cause
+
+    def _announce_stop(self, run_id: str, report: RunReport) -> None:
+        """Say why the run stopped: its output, an Event on the lock's Lease, the webhook."""
+        why = report.tool_stop
+        self.emit("tool-stop", {"reason": why, "nodes": sorted(self.tool_errors)})
+        self.rec.action(run_id, "-", self.clock.now(), "tool-stop", why[:1000])
+        ts = iso(self.clock.now())
+        try:
+            self.kube.create_event(self.cfg.namespace, {
+                "metadata": {"generateName": f"{self.cfg.lock_name}.", "namespace": self.cfg.namespace},
+                "involvedObject": {"kind": "Lease", "namespace": self.cfg.namespace, "name": self.cfg.lock_name,
+                                   "apiVersion": "coordination.k8s.io/v1"},
+                "reason": "SweepStoppedToolErrors", "message": why[:1024], "type": "Warning",
+                "source": {"component": "sweeper"}, "reportingComponent": "sweeper", "reportingInstance": run_id,
+                "firstTimestamp": ts, "lastTimestamp": ts, "count": 1})
+        except KubeError as exc:
+            self.emit("log", {"node": "-", "msg": f"could not record an event: {exc}"})
+        if self.webhook:
+            _, what = self.webhook.send(message(f"run {run_id}", "stopped", [why], f"{len(self.tool_errors)} tool errors"))
+            self.rec.action(run_id, "-", self.clock.now(), "notify", what)
+
     # -- one node -----------------------------------------------------------------
     def sweep_node(self, run_id: str, view: NodeView) -> NodeOutcome:
         t0 = time.monotonic()
         name = view.name
         profile = profiles.match(self.profiles, view.labels)
+        if self.tool_stop:
+            return NodeOutcome(name, "", [f"not taken: {self.tool_stop}"], "skipped")
         try:
             node = self.hold(run_id, view)
         except (Conflict, NotFound, Transient) as exc:
@@ -394,6 +470,7 @@ class Sweep:
                 if verdict == "replace":
                     self._replacing -= 1
             self.emit("done", {"node": name, "verdict": verdict, "reasons": reasons, "action": action})
+            self._count_tool_error(name, verdict)
         self.after_verdict(run_id, node, profile, verdict, reasons, decision, action)
         return NodeOutcome(name, verdict, reasons, action, time.monotonic() - t0)
 
@@ -401,7 +478,8 @@ class Sweep:
         """Feed a finished run into the Prometheus metrics."""
         gates = self.gates()
         metrics.observe_run(report, mode, api_errors=getattr(self.kube, "errors", 0), breaker_open=bool(gates.breaker),
-                            paused=bool(gates.paused), failed_checks=self.failed_checks, remedies=self.remedies)
+                            paused=bool(gates.paused), failed_checks=self.failed_checks, remedies=self.remedies,
+                            tool_errors=report.tool_errors, tool_stop=bool(report.tool_stop))
 
     def after_verdict(self, run_id: str, node: NodeView, profile: profiles.Profile, verdict: str, reasons: list[str],
                       decision: dict[str, Any] | None, action: str) -> None:
@@ -529,8 +607,11 @@ class Sweep:
 
     def _on_result(self, sweep_id: int, node: str, r: Result) -> None:
         self.rec.result(sweep_id, r)
+        cause = tool_cause([c.to_dict() for c in r.checks])
         with self._lock:
             self.failed_checks[node] = self.failed_checks.get(node, 0) + sum(1 for c in r.checks if c.status == "fail")
+            if cause:
+                self._tool_faults.setdefault(node, cause)
 
     def _record(self, run_id: str, sweep_id: int, node: str, kind: str, data: dict[str, Any]) -> None:
         if kind == "metric":

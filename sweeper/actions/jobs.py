@@ -15,12 +15,23 @@ from sweeper.clock import parse_duration
 from sweeper.errors import KubeError, NotFound, PlaybookError
 from sweeper.fleet import pending_gpu_pods
 from sweeper.parsers import dcgm, nccl, sweeper_result
-from sweeper.result import CheckResult, Result, error_result
+from sweeper.result import CheckResult, Result, error_result, tool_result
 from sweeper.templating import render
 
 SCHEDULE_TIMEOUT = 300.0
 MAX_POLL = 30.0
 CLIENT_GRACE = 60.0
+TOOL_FAULT_GRACE = 120.0  # a container that cannot start for this long is given up on (the kubelet retries)
+# Why a container waits without ever having run; each is a fault of the check (its image, its
+# spec, the cluster's config), not of the node's hardware.
+# https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#container-state-waiting
+PULL_WAITING = ("ErrImagePull", "ImagePullBackOff")
+TOOL_WAITING = (*PULL_WAITING, "InvalidImageName", "ErrImageNeverPull", "CreateContainerConfigError",
+                "CreateContainerError", "RunContainerError")
+# The shell's "command not found" and "not executable", and a container runtime that cannot exec the
+# entrypoint at all (containerd reports StartError with 128).
+TOOL_EXIT = {126: "a program the check calls is not executable in its image",
+             127: "a program the check calls is not in its image (command not found)"}
 
 
 def job_name(node: str, run_id: str, template: str) -> str:
@@ -106,6 +117,12 @@ def _read_result(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]],
         log = ""
         ctx.log(f"cannot read the log of {pod['metadata']['name']}: {exc}")
     message = term.get("message") or ""
+    if term.get("reason") == "StartError" or exit_code in TOOL_EXIT:
+        image = statuses[0].get("image", "") if statuses else ""
+        what = TOOL_EXIT.get(exit_code) or "the check container could not start"  # type: ignore[arg-type]
+        tail = (log.strip().splitlines() or [""])[-1] if log.strip() else message.strip()
+        return tool_result(node, now, "StartError" if term.get("reason") == "StartError" else f"exit {exit_code}",
+                           f"{what} (image {image}, exit {exit_code})", tail[:500])
     if parser == "dcgm":
         expect = parser_args.get("expect_gpus")
         return dcgm.parse(log or message, node, now, exit_code=exit_code,
@@ -154,30 +171,44 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     result: Result | None = None
     inconclusive = ""
     polls = 0
-    started = False
+    started = False  # the kubelet accepted a pod (status.startTime: set before any image is pulled)
+    ran = False  # a check container did run: only then is a deadline a hung check, a fault of the node
+    fault = _Fault()  # why the container cannot start, or why the pod is not even created
     why = ""  # the scheduler's word on the pod, from the last time the pods were read
     try:
         while True:
             polls += 1
             current = ctx.kube.get_job(namespace, name)
             cond = _condition(current)
-            # The pod list is needed for the result, until the pod starts (a check that never ran is no
-            # verdict), and now and then to see a pod that never schedules.
+            # The pod list is needed for the result, until the container runs (a check that never ran
+            # is no verdict), and now and then to see a pod that never schedules.
             pods = ctx.kube.namespaced_pods(namespace, f"job-name={name}") \
-                if cond is not None or not started or polls % 6 == 1 else []
+                if cond is not None or not ran or polls % 6 == 1 else []
             started = started or any((p.get("status") or {}).get("startTime") for p in pods)
+            ran = ran or any(_container_ran(p) for p in pods)
             if pods:
                 why = "" if started else _unscheduled(pods) or why
+            if not ran:
+                fault.see(pods, ctx.clock.now())
+                if not pods and not started and polls % 6 == 0:  # no pod yet after a few polls: refused?
+                    fault.see_events(ctx, namespace, name, ctx.clock.now())
             if cond is not None:
-                if cond.get("reason") == "DeadlineExceeded" and not started:
+                if cond.get("reason") == "DeadlineExceeded" and fault.code and not ran:
+                    result = fault.result(node, ctx.clock.now())
+                elif cond.get("reason") == "DeadlineExceeded" and not started:
                     inconclusive = _never_scheduled(ctx, node, why) if why else \
                         "the check pod never started before its deadline" + _node_gone(ctx, node)
+                elif cond.get("reason") == "DeadlineExceeded" and not ran:
+                    result = _never_ran(node, ctx.clock.now(), pods)
                 elif cond.get("reason") == "DeadlineExceeded":
                     result = _hung(node, ctx.clock.now(), timeout)
                 else:
                     result = _read_result(ctx, namespace, pods, node, args["parser"], args["parser_args"] or {})
                 break
             elapsed = ctx.clock.now() - start
+            if fault.code and not ran and ctx.clock.now() - fault.since > min(TOOL_FAULT_GRACE, timeout * 0.5):
+                result = fault.result(node, ctx.clock.now())
+                break
             if ctx.cancelled():
                 inconclusive = "the sweep was stopped before the check finished"
                 break
@@ -192,7 +223,8 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
                 inconclusive = _never_scheduled(ctx, node, why)
                 break
             if elapsed > timeout + CLIENT_GRACE:
-                result = _hung(node, ctx.clock.now(), timeout)
+                result = _hung(node, ctx.clock.now(), timeout) if ran else \
+                    fault.result(node, ctx.clock.now()) if fault.code else _never_ran(node, ctx.clock.now(), pods)
                 break
             # Poll less often as the check runs on: a result is noticed at most ~10% late,
             # and fifty 10-minute checks do not cost the API server thousands of requests.
@@ -233,3 +265,75 @@ def _hung(node: str, now: float, timeout: float) -> Result:
     return Result(node=node, source="sweeper", started=now, finished=now, checks=(CheckResult(
         "check.deadline", "fail", f"the check did not finish within {int(timeout)}s: a hung check is a node fault",
         "critical", code="DeadlineExceeded"),))
+
+
+def _container_ran(pod: dict[str, Any]) -> bool:
+    """A container of the pod is running or has run (a start that failed is not running)."""
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        state = cs.get("state") or {}
+        if "running" in state or ("terminated" in state and state["terminated"].get("reason") != "StartError"):
+            return True
+    return False
+
+
+class _Fault:
+    """What keeps a check from running, as first seen: a container's waiting reason and message
+    from the pod's status, or the Job controller's FailedCreate Event (admission refused the pod)."""
+
+    def __init__(self) -> None:
+        self.code = ""
+        self.summary = ""
+        self.detail = ""
+        self.since = 0.0
+
+    def _set(self, code: str, summary: str, detail: str, now: float) -> None:
+        if code != self.code:
+            self.since = now
+        self.code, self.summary, self.detail = code, summary, detail
+
+    def see(self, pods: list[dict[str, Any]], now: float) -> None:
+        for p in pods:
+            for cs in (p.get("status") or {}).get("containerStatuses") or []:
+                w = (cs.get("state") or {}).get("waiting") or {}
+                reason, msg = w.get("reason", ""), w.get("message", "")
+                if reason in PULL_WAITING:
+                    # ErrImagePull carries the registry's answer; ImagePullBackOff only says it waits.
+                    detail = f"{reason}: {msg}" if reason == "ErrImagePull" or not self.detail else self.detail
+                    self._set("ErrImagePull", f'the check image "{cs.get("image", "")}" cannot be pulled', detail, now)
+                    return
+                if reason in TOOL_WAITING:
+                    self._set(reason, f"the check container cannot start: {reason}: {msg}", "", now)
+                    return
+        if pods and self.code and self.code != "FailedCreate":
+            self.code = ""  # the container got past it
+
+    def see_events(self, ctx: ActionContext, namespace: str, job: str, now: float) -> None:
+        """Admission (Pod Security, a missing RuntimeClass, a policy webhook) refuses the pod: the Job
+        has no pod at all, only the job controller's FailedCreate Event with the apiserver's 403."""
+        try:
+            events = ctx.kube.list_events(namespace, f"involvedObject.kind=Job,involvedObject.name={job},"
+                                                     "reason=FailedCreate")
+        except KubeError as exc:
+            ctx.log(f"cannot read the events of Job {job}: {exc}")
+            return
+        if not events:
+            return
+        last = max(events, key=lambda e: e.get("lastTimestamp") or "")
+        text = str(last.get("message") or "")
+        words = re.sub(r'^(?:Error creating: )?pods "[^"]*" is forbidden: ', "", text)
+        self._set("FailedCreate", f"the check pod was refused at creation: {words}", text, now)
+
+    def result(self, node: str, now: float) -> Result:
+        return tool_result(node, now, self.code, self.summary + "; a fault of the check, not of the node",
+                           self.detail)
+
+
+def _never_ran(node: str, now: float, pods: list[dict[str, Any]]) -> Result:
+    """The pod was accepted by the kubelet but its container never ran before the deadline (for
+    instance a volume that never mounted): the check's fault, not a hung check."""
+    waiting = [((cs.get("state") or {}).get("waiting") or {}) for p in pods
+               for cs in (p.get("status") or {}).get("containerStatuses") or []]
+    reason = next((w.get("reason") for w in waiting if w.get("reason")), "ContainerCreating")
+    msg = next((w.get("message") for w in waiting if w.get("message")), "")
+    return tool_result(node, now, str(reason), f"the check container never started before its deadline ({reason}); "
+                       "a fault of the check, not of the node", str(msg))

@@ -7,6 +7,7 @@ import argparse
 import hashlib
 import math
 import random
+import re
 import threading
 import uuid
 from functools import partial
@@ -40,6 +41,53 @@ TRAINING_NS = "training"
 # GPU unhealthy (github.com/NVIDIA/k8s-device-plugin, internal/rm/health.go; DP_DISABLE_HEALTHCHECKS
 # adds to the list).
 DEVICE_PLUGIN_SKIPPED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+POD_SECURITY = "pod-security.kubernetes.io/enforce"
+SHELLS = ("sh", "bash", "ash", "dash")
+# A reference's repository path: lowercase components (the registry host may differ), then a tag or digest.
+# https://github.com/distribution/reference/blob/main/regexp.go
+_PATH_PART = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
+_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+def valid_image(ref: str) -> bool:
+    """Whether an image reference parses (else the kubelet's InvalidImageName)."""
+    name, _, digest = ref.partition("@")
+    if not name or any(ch.isspace() for ch in ref) or (digest and ":" not in digest):
+        return False
+    head, _, last = name.rpartition("/")
+    repo_last, _, tag = last.partition(":")
+    if ":" in last and not _TAG.match(tag):
+        return False
+    parts = (head.split("/") if head else []) + [repo_last]
+    if len(parts) > 1 and ("." in parts[0] or ":" in parts[0] or parts[0] == "localhost"):
+        parts = parts[1:]  # the registry host
+    return all(_PATH_PART.match(p) for p in parts)
+
+
+def _quoted(names: list[str]) -> str:
+    return ", ".join(f'"{n}"' for n in names)
+
+
+def pod_security_violations(pod: dict[str, Any]) -> list[str]:
+    """The baseline Pod Security Standard's checks that a pod violates, in the apiserver's words
+    and order (check id order: hostNamespaces, hostPathVolumes, privileged). The restricted
+    level's own extra checks are not simulated.
+    https://kubernetes.io/docs/concepts/security/pod-security-standards/#baseline"""
+    spec = pod.get("spec") or {}
+    out = []
+    hosts = [f"{k}=true" for k in ("hostNetwork", "hostPID", "hostIPC") if spec.get(k)]
+    if hosts:
+        out.append(f"host namespaces ({', '.join(hosts)})")
+    paths = [v.get("name", "") for v in spec.get("volumes") or [] if "hostPath" in v]
+    if paths:
+        out.append(f"hostPath volumes ({'volume' if len(paths) == 1 else 'volumes'} {_quoted(paths)})")
+    priv = [c.get("name", "") for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])
+            if ((c.get("securityContext") or {}).get("privileged"))]
+    if priv:
+        out.append(f"privileged ({'container' if len(priv) == 1 else 'containers'} {_quoted(priv)} "
+                   "must not set securityContext.privileged=true)")
+    return out
 
 
 def gpu_request(pod: dict[str, Any]) -> int:
@@ -132,6 +180,12 @@ class SimCluster:
         self.terminating: dict[str, float] = {}  # node -> when Karpenter has drained and removed it
         self.joining: list[tuple[float, NodeSpec]] = []  # replacement nodes and when they register
         self.replacements = 0
+        # The simulated registry: images that do not exist, and programs an image lacks.
+        self.missing_images: set[str] = set(fleet.missing_images)
+        self.image_lacks: dict[str, set[str]] = {k: set(v) for k, v in fleet.image_lacks.items()}
+        self._pulls: dict[tuple[str, str], tuple[int, float, float]] = {}  # pod -> (attempts, last, next)
+        self._create_retry: dict[str, tuple[float, float]] = {}  # Job uid -> (next pod creation, back-off)
+        self._pod_serial = 0
         self._last_step = self.started
         self._next_arrival = self._draw_arrival(self.started)
         self._stop = threading.Event()
@@ -365,8 +419,9 @@ class SimCluster:
         if plural == "pods":
             key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
             self._finish.pop(key, None)
+            self._pulls.pop(key, None)
         if plural == "jobs":
-            pass
+            self._create_retry.pop(obj["metadata"].get("uid", ""), None)
 
     # -- controllers -------------------------------------------------------------
     def _draw_arrival(self, after: float) -> float:
@@ -467,13 +522,19 @@ class SimCluster:
                 others = sum(gpu_request(p) for p in self.store.iter("pods")
                              if p is not pod and p["spec"].get("nodeName") == node_name
                              and p["status"].get("phase") == "Running")
-                if gpu_request(pod) > alloc - others:
+                if not pod["status"].get("startTime") and gpu_request(pod) > alloc - others:
                     def reject(o: dict[str, Any], alloc: int = alloc, others: int = others) -> None:
                         o["status"].update({"phase": "Failed", "reason": "UnexpectedAdmissionError",
                                             "message": f"Allocate failed due to requested number of devices "
                                                        f"unavailable for {GPU}. Requested: {gpu_request(o)}, "
                                                        f"Available: {alloc - others}"})
                     self.store.mutate("pods", *key, reject)
+                    continue
+                fault = self._container_fault(pod, key, now)
+                if fault is not None:
+                    if self._waiting(pod) != fault:
+                        self.store.mutate("pods", *key, partial(self._wait, now=now, reason=fault[0],
+                                                                message=fault[1]))
                     continue
                 self.store.mutate("pods", *key, lambda o: self._start_pod(o, now))
                 continue
@@ -494,7 +555,7 @@ class SimCluster:
         key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
         containers = pod["spec"].get("containers") or [{}]
         pod["status"].update({
-            "phase": "Running", "startTime": iso(now), "hostIP": "10.0.0.1",
+            "phase": "Running", "startTime": pod["status"].get("startTime") or iso(now), "hostIP": "10.0.0.1",
             "podIP": f"10.1.{self.rng.randint(0, 250)}.{self.rng.randint(1, 250)}",
             "conditions": [{"type": t, "status": "True", "lastTransitionTime": iso(now)}
                            for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")],
@@ -505,8 +566,106 @@ class SimCluster:
         })
         self._finish[key] = self._planned_finish(pod, now)
         self.logs.setdefault(key, "")
+        argv = self._argv(pod)
+        if argv and self._lacks(pod, argv[0]):
+            # containerd cannot exec the entrypoint: the container ends at once with StartError, 128.
+            self._terminate(pod, now, 128, "StartError",
+                            "failed to create containerd task: failed to create shim task: OCI runtime create "
+                            "failed: runc create failed: unable to start container process: exec: "
+                            f'"{argv[0]}": executable file not found in $PATH: unknown', "")
+
+    # -- the kubelet's faults of the tool: images, container config, programs ----------------
+    def _lacks(self, pod: dict[str, Any], program: str) -> bool:
+        image = ((pod["spec"].get("containers") or [{}])[0]).get("image", "")
+        return program.rsplit("/", 1)[-1] in self.image_lacks.get(image, set())
+
+    def _shell_missing(self, pod: dict[str, Any]) -> str:
+        """The program a shell-wrapped command calls that its image lacks ('' if none)."""
+        argv = self._argv(pod)
+        if len(argv) < 3 or argv[0].rsplit("/", 1)[-1] not in SHELLS or argv[1] != "-c":
+            return ""
+        words = argv[2].split()
+        return words[0] if words and self._lacks(pod, words[0]) else ""
+
+    @staticmethod
+    def _waiting(pod: dict[str, Any]) -> tuple[str, str] | None:
+        for cs in pod["status"].get("containerStatuses") or []:
+            w = (cs.get("state") or {}).get("waiting")
+            if w:
+                return w.get("reason", ""), w.get("message", "")
+        return None
+
+    def _container_fault(self, pod: dict[str, Any], key: tuple[str, str], now: float) -> tuple[str, str] | None:
+        """Why the kubelet cannot start the pod's containers yet: (waiting reason, message), or None.
+        The image comes first (pulled before the container is configured), then volumes, then
+        the environment. https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#container-state-waiting"""
+        containers = pod["spec"].get("containers") or []
+        for c in containers:
+            image = c.get("image", "")
+            if not valid_image(image):
+                return ("InvalidImageName", f'Failed to apply default image tag "{image}": couldn\'t parse image '
+                        f'name "{image}": invalid reference format')
+            if image in self.missing_images:
+                # Each failed pull is ErrImagePull; between pulls the kubelet backs off (10s, doubling to
+                # 5 min) and says ImagePullBackOff. https://kubernetes.io/docs/concepts/containers/images/#imagepullbackoff
+                attempts, last, nxt = self._pulls.get(key, (0, now, now))
+                if now >= nxt:
+                    attempts, last = attempts + 1, now
+                    self._pulls[key] = (attempts, last, now + min(300.0, 10.0 * 2 ** (attempts - 1)))
+                if last == now:
+                    return ("ErrImagePull", f'rpc error: code = NotFound desc = failed to pull and unpack image '
+                            f'"{image}": failed to resolve reference "{image}": {image}: not found')
+                return "ImagePullBackOff", f'Back-off pulling image "{image}"'
+        ns = key[0]
+        for v in pod["spec"].get("volumes") or []:
+            for plural, field in (("configmaps", "configMap"), ("secrets", "secret")):
+                src = v.get(field)
+                if src is None or src.get("optional"):
+                    continue
+                name = src.get("name") or src.get("secretName") or ""
+                if self.store.peek(plural, ns, name) is None:
+                    return "ContainerCreating", ""  # MountVolume.SetUp fails until the object exists
+        for c in containers:
+            for ref in c.get("envFrom") or []:
+                for kind, plural, field in (("configmap", "configmaps", "configMapRef"), ("secret", "secrets", "secretRef")):
+                    src = ref.get(field)
+                    if src and not src.get("optional") and self.store.peek(plural, ns, src.get("name", "")) is None:
+                        return "CreateContainerConfigError", f'{kind} "{src.get("name", "")}" not found'
+            for env in c.get("env") or []:
+                vf = env.get("valueFrom") or {}
+                for kind, label, plural, field in (("configmap", "ConfigMap", "configmaps", "configMapKeyRef"),
+                                                   ("secret", "Secret", "secrets", "secretKeyRef")):
+                    src = vf.get(field)
+                    if not src or src.get("optional"):
+                        continue
+                    obj = self.store.peek(plural, ns, src.get("name", ""))
+                    if obj is None:
+                        return "CreateContainerConfigError", f'{kind} "{src.get("name", "")}" not found'
+                    if src.get("key") not in (obj.get("data") or {}):
+                        return ("CreateContainerConfigError",
+                                f"couldn't find key {src.get('key')} in {label} {ns}/{src.get('name', '')}")
+        return None
+
+    def _wait(self, pod: dict[str, Any], now: float, reason: str, message: str) -> None:
+        """The pod is accepted by the kubelet (startTime is set before any image is pulled) but its
+        container waits. https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-phase"""
+        containers = pod["spec"].get("containers") or [{}]
+        unready = f"containers with unready status: [{' '.join(c.get('name', 'main') for c in containers)}]"
+        st = pod["status"]
+        st.setdefault("startTime", iso(now))
+        st.setdefault("hostIP", "10.0.0.1")
+        st["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": iso(now)},
+                            {"type": "Initialized", "status": "True", "lastTransitionTime": iso(now)},
+                            *({"type": t, "status": "False", "reason": "ContainersNotReady", "message": unready,
+                               "lastTransitionTime": iso(now)} for t in ("ContainersReady", "Ready"))]
+        waiting = {"reason": reason, **({"message": message} if message else {})}
+        st["containerStatuses"] = [{"name": c.get("name", "main"), "image": c.get("image", ""), "imageID": "",
+                                    "ready": False, "started": False, "restartCount": 0,
+                                    "state": {"waiting": waiting}, "lastState": {}} for c in containers]
 
     def _planned_finish(self, pod: dict[str, Any], now: float) -> float | None:
+        if self._shell_missing(pod):
+            return now + 1.0
         if self._is_check(pod):
             spec = self.specs.get(pod["spec"]["nodeName"])
             if spec and spec.faults.hung_check:
@@ -564,6 +723,9 @@ class SimCluster:
     # -- the programs pods run ------------------------------------------------------
     def _run(self, pod: dict[str, Any], node_name: str, now: float) -> tuple[int, str, str]:
         """(exit code, log, termination message) of a pod's main container."""
+        missing = self._shell_missing(pod)
+        if missing:
+            return 127, f"sh: 1: {missing}: not found\n", ""  # the shell's "command not found"
         if not self._is_check(pod):
             argv = self._argv(pod)
             prog = argv[0].rsplit("/", 1)[-1] if argv else ""
@@ -747,13 +909,17 @@ class SimCluster:
                 else:
                     new["completionTime"] = iso(now)
                 new["conditions"] = conds + [cond]
-            elif not active and not job["spec"].get("suspend"):
-                self._job_pod(job, now)
+            elif not active and not job["spec"].get("suspend") and self._job_pod(job, now):
                 new["active"] = 1
             if any(status.get(k) != v for k, v in new.items()):
                 self.store.mutate("jobs", ns, name, partial(_update_status, **new))
 
-    def _job_pod(self, job: dict[str, Any], now: float) -> None:
+    def _job_pod(self, job: dict[str, Any], now: float) -> bool:
+        """Create the Job's pod through admission; False if it was rejected (retried with back-off)."""
+        uid = job["metadata"]["uid"]
+        retry = self._create_retry.get(uid)
+        if retry and now < retry[0]:
+            return False
         tmpl = job["spec"]["template"]
         meta = dict(tmpl.get("metadata") or {})
         name, uid = job["metadata"]["name"], job["metadata"]["uid"]
@@ -765,4 +931,53 @@ class SimCluster:
                             "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid,
                                                  "controller": True, "blockOwnerDeletion": True}]},
                "spec": dict(tmpl.get("spec") or {}), "status": {"phase": "Pending"}}
-        self.store.create("pods", job["metadata"]["namespace"], pod)
+        ns = job["metadata"]["namespace"]
+        self._pod_serial += 1  # the apiserver names a generateName pod before admission sees it
+        pod["metadata"]["name"] = f"{name}-{hashlib.sha1(f'{uid}/{self._pod_serial}'.encode()).hexdigest()[:5]}"
+        refused = self.admit_pod(ns, pod)
+        if refused:
+            delay = min(360.0, 2 * retry[1]) if retry else 10.0
+            self._create_retry[uid] = (now + delay, delay)
+            self._job_event(job, now, "FailedCreate", f"Error creating: {refused}")
+            return False
+        self._create_retry.pop(uid, None)
+        self.store.create("pods", ns, pod)
+        return True
+
+    def admit_pod(self, namespace: str, pod: dict[str, Any]) -> str:
+        """The apiserver's admission of a new pod: '' if admitted, else its 403 message.
+        RuntimeClass: a pod naming a RuntimeClass that does not exist is rejected at creation
+        (plugin/pkg/admission/runtimeclass, https://kubernetes.io/docs/concepts/containers/runtime-class/).
+        Pod Security Admission: the namespace's pod-security.kubernetes.io/enforce level
+        (https://kubernetes.io/docs/concepts/security/pod-security-admission/)."""
+        what = f'pods "{pod["metadata"].get("name", "")}" is forbidden'
+        rc = pod["spec"].get("runtimeClassName")
+        if rc and self.store.peek("runtimeclasses", None, rc) is None:
+            return f'{what}: pod rejected: RuntimeClass "{rc}" not found'
+        labels = ((self.store.peek("namespaces", None, namespace) or {}).get("metadata") or {}).get("labels") or {}
+        level = labels.get(POD_SECURITY, "privileged")
+        if level in ("baseline", "restricted"):
+            version = labels.get(f"{POD_SECURITY}-version", "latest")
+            bad = pod_security_violations(pod)
+            if bad:
+                return f'{what}: violates PodSecurity "{level}:{version}": {", ".join(bad)}'
+        return ""
+
+    def _job_event(self, job: dict[str, Any], now: float, reason: str, message: str) -> None:
+        """A Warning Event on the Job from the job controller, counted up when it repeats (as the
+        event recorder aggregates)."""
+        ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
+        ev_name = f"{name}.{hashlib.sha1(reason.encode()).hexdigest()[:12]}"
+
+        def again(e: dict[str, Any]) -> None:
+            e.update({"count": int(e.get("count", 1)) + 1, "lastTimestamp": iso(now), "message": message})
+        if self.store.peek("events", ns, ev_name) is not None:
+            self.store.mutate("events", ns, ev_name, again)
+            return
+        self.store.create("events", ns, {
+            "metadata": {"name": ev_name, "namespace": ns},
+            "involvedObject": {"kind": "Job", "namespace": ns, "name": name, "uid": job["metadata"]["uid"],
+                               "apiVersion": "batch/v1"},
+            "reason": reason, "message": message, "type": "Warning", "source": {"component": "job-controller"},
+            "reportingComponent": "job-controller", "firstTimestamp": iso(now), "lastTimestamp": iso(now),
+            "count": 1})

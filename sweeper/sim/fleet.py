@@ -153,6 +153,11 @@ class _ApiFaults(_Strict):
     drop_rate: _Rate = 0.0
 
 
+class _Registry(_Strict):
+    missing: list[Annotated[str, Strict()]] = []  # image references that do not exist
+    lacking: dict[str, list[Annotated[str, Strict()]]] = {}  # image -> programs it does not carry
+
+
 class FleetFile(_Strict):
     """The fleet file, described once: its loader and its file:line messages come from here."""
 
@@ -166,6 +171,7 @@ class FleetFile(_Strict):
     faults: dict[str, _FAULTS | None] | None = None  # type: ignore[valid-type]
     check_seconds: duration_type(gt=0) = 45.0  # type: ignore[valid-type]
     api_faults: _ApiFaults | None = None
+    registry: _Registry | None = None
 
 
 @dataclass
@@ -203,6 +209,8 @@ class Fleet:
     api_latency: float = 0.0  # seconds of real time added to a share of requests (api_faults.slow_rate)
     api_slow_rate: float = 0.0
     api_drop_rate: float = 0.0  # share of requests whose connection is dropped without an answer
+    missing_images: list[str] = field(default_factory=list)  # registry.missing: references that do not exist
+    image_lacks: dict[str, list[str]] = field(default_factory=dict)  # registry.lacking: image -> absent programs
 
 
 def load_fleet(path: Path) -> Fleet:
@@ -225,6 +233,9 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
                                         instance_type=group.instance_type, zone=group.zone,
                                         labels=dict(group.labels), age=group.age, faults=Faults(),
                                         gpu_operator=group.gpu_operator))
+    registry = spec.registry or _Registry()
+    fleet.missing_images = list(registry.missing)
+    fleet.image_lacks = {k: list(v) for k, v in registry.lacking.items()}
     by_name = {n.name: n for n in fleet.nodes}
     for name, faults in (spec.faults or {}).items():
         if name not in by_name:

@@ -65,6 +65,7 @@ RESOURCES: dict[str, Resource] = {r.plural: r for r in (
              verbs=("create",)),
     Resource("selfsubjectaccessreviews", "SelfSubjectAccessReview", "authorization.k8s.io", "v1", False,
              verbs=("create",)),
+    Resource("runtimeclasses", "RuntimeClass", "node.k8s.io", "v1", False),
 )}
 
 
