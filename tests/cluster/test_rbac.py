@@ -76,10 +76,12 @@ def test_the_cluster_role_is_exactly_what_sweeper_uses(make_sim, history: Histor
         assert res.exit_code == 0, res.output
     # a check pod refused at creation (Pod Security): its Job's FailedCreate Event is listed, and the
     # run that stops on the repeated tool error says so in an Event on its Lease
+    admin = len(sim.cluster.store.requests)  # the cluster admin labels the namespace: not Sweeper's call
     sim.core.patch_namespace("sweeper", {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "baseline"}}})
+    labelled = len(sim.cluster.store.requests)
     refused = run_sweep(sim, history, replace(cfg, interval=1, tool_error_limit=1))
-    assert refused.tool_stop and all(o.verdict in ("error", "") for o in refused.outcomes), refused.tool_stop
-    calls = _calls(sim, start)
+    assert "refused at creation" in refused.tool_stop, refused.outcomes
+    calls = _calls(sim, start, admin) | _calls(sim, labelled)
     base = rules_from_manifests(manifest(), "sweeper", "sweeper")
     optional = {name: rules_from_manifests(manifest(name), "sweeper", "sweeper") for name in OPTIONAL}
     rules = base + [r for name in OPTIONAL for r in optional[name]]
