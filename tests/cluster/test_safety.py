@@ -258,9 +258,9 @@ def test_a_stalled_sweeper_does_not_hand_back_a_node_another_run_holds(make_sim,
     finally:
         os.kill(a.pid, signal.SIGCONT)
     _out, err = a.communicate(timeout=120)
+    assert sweep_taints(sim) == {"gpu-00": b_report["run_id"]}, "B's taint on the failing node stays"
     assert a.returncode == 4, err.decode()[-2000:]
     assert "stopped writing" in err.decode()
-    assert sweep_taints(sim) == {"gpu-00": b_report["run_id"]}, "B's taint on the failing node stays"
     assert jobs_left(sim) == []
     c = subprocess.run(_sweep_cmd(sim.kubeconfig, state, cfg_b), capture_output=True, text=True, timeout=120)
     assert c.returncode == 0, c.stderr[-2000:]
