@@ -154,7 +154,7 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=40)
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--seed", type=int, default=7)
-    ap.add_argument("--max-requests", type=int, default=120, help="kill after 1..N API requests of a run")
+    ap.add_argument("--max-requests", type=int, default=300, help="kill after 1..N API requests of a run")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     r = chaos(args.kills, args.nodes, args.seed, args.max_requests)
