@@ -294,7 +294,7 @@ class Sweep:
         dead = [old for old in self.rec.unfinished_runs() if old != run_id]
         for old in dead:
             self.rec.run_finished(old, now, "crashed", 0, {"reconciled_by": run_id})
-        self.close_open_sweeps(run_id, now)
+        cut = {(r["run_id"], r["node"]) for r in self.close_open_sweeps(run_id, now) if not r["proven"]}
         for job in self.kube.list_jobs(self.cfg.namespace, "app.kubernetes.io/managed-by=sweeper"):
             owner = (job["metadata"].get("labels") or {}).get(f"{self.cfg.prefix}/run-id", "")
             if owner != run_id:
@@ -311,7 +311,7 @@ class Sweep:
             old = str(taint.get("value", ""))
             if old not in dead and f"{self.cfg.prefix}/verdict" in view.annotations:
                 continue  # held on purpose by a run that finished: nothing to reconcile
-            done.append(self._reconcile_node(run_id, view, old, now))
+            done.append(self._reconcile_node(run_id, view, old, now, (old, view.name) in cut))
         for s in self.rec.released_by_people(untainted, HOLDING):
             keys = sorted({finding_key(f) for f in s["findings"]})
             self.rec.set_control(f"dismissed/{s['node']}", {"keys": keys, "verdict": s["verdict"],
@@ -348,7 +348,8 @@ class Sweep:
             closed.append({**row, "verdict": verdict})
         return closed
 
-    def _reconcile_node(self, run_id: str, view: NodeView, old: str, now: float) -> dict[str, str]:
+    def _reconcile_node(self, run_id: str, view: NodeView, old: str, now: float, cut: bool) -> dict[str, str]:
+        """`cut`: the dead run's sweep of the node was just closed as inconclusive, with no verdict."""
         name = view.name
         story = self.rec.story(old, name) if old else {"sweep": None, "intents": []}
         sweep = story["sweep"]
@@ -359,8 +360,6 @@ class Sweep:
             self.rec.action(run_id, name, now, "reconcile-keep-held", f"{sweep['verdict']} recorded by run {old}")
             return {"node": name, "action": "kept held", "why": f"verdict {sweep['verdict']} from run {old}"}
         if sweep or story["intents"]:
-            cut = sweep and sweep["verdict"] == "inconclusive" and \
-                any(r.startswith(f"run {old} stopped") for r in json.loads(sweep["reasons"] or "[]"))
             why = (f"run {old} reached {sweep['verdict']} but stopped before handing the node back"
                    if sweep and sweep["finished"] and not cut else f"run {old} stopped before its checks finished")
             self.release(run_id, name, f"reconcile: {why}", owner=old)
