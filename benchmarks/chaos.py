@@ -60,12 +60,13 @@ def measure(cluster: SimCluster, state: Path, cfg: Config) -> dict[str, Any]:
     h = History(state)
     try:
         open_rows = h.db.execute("select count(*) from node_sweeps where finished is null").fetchone()[0]
-        lost = []
-        for row in h.db.query("select run_id, node, verdict from node_sweeps where finished is not null"):
+        lost = []  # a row left open counts too when its verdict was reached
+        for row in h.db.query("select run_id, node, verdict from node_sweeps"):
             proven = h.proven_verdict(row["run_id"], row["node"])
             if proven and proven["verdict"] != row["verdict"] and \
                     (proven["verdict"], row["verdict"]) != ("replace", "quarantine"):  # the run's own cap
-                lost.append(f"{row['node']} (run {row['run_id']}): {proven['verdict']} recorded as {row['verdict']}")
+                lost.append(f"{row['node']} (run {row['run_id']}): {proven['verdict']} recorded as "
+                            f"{row['verdict'] or 'nothing (left open)'}")
         held, stray = {}, []
         for node, (run, ann) in sorted(taints.items()):
             last = list(h.db.query("select verdict from node_sweeps where node = ? and finished is not null and "
