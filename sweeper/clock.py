@@ -14,6 +14,9 @@ class Clock(Protocol):
 
     def sleep(self, seconds: float) -> None: ...
 
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        """Sleep until the event is set or the time is up; True if it was set."""
+
 
 class WallClock:
     def now(self) -> float:
@@ -22,6 +25,9 @@ class WallClock:
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
             time.sleep(seconds)
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        return event.wait(max(0.0, seconds))
 
 
 class ScaledClock:
@@ -54,6 +60,9 @@ class ScaledClock:
     def sleep(self, seconds: float) -> None:
         if seconds > 0:
             time.sleep(seconds / self.speed)
+
+    def wait(self, event: threading.Event, seconds: float) -> bool:
+        return event.wait(max(0.0, seconds) / self.speed)
 
     def advance(self, seconds: float) -> None:
         """Jump forward (days between sweep cycles in the demo)."""

@@ -50,6 +50,13 @@ class ToolErrors(SweeperError):
     exit_code = 5
 
 
+class LockLost(SweeperError):
+    """The sweep lock is no longer this run's (another sweeper took it, or it could not be renewed
+    in time): the run stopped writing to the cluster and the history at once."""
+
+    exit_code = 4
+
+
 class KubeError(SweeperError):
     """The Kubernetes API answered with an error or could not be reached."""
 

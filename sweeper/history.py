@@ -226,7 +226,11 @@ class History:
     @_locked
     def released_by_people(self, nodes: list[str], holding: tuple[str, ...]) -> list[dict[str, Any]]:
         """Nodes whose latest sweep held them, with no hand-back by Sweeper since: the given nodes no
-        longer carry the taint, so a person released them. Each with the findings of that sweep."""
+        longer carry the taint, so a person released them. Each with the findings of that sweep.
+
+        Sweeper's own hand-backs are read from the intent log: an `untaint` begun by any run after
+        the holding verdict (unless that run then found another run's taint and left it) means
+        Sweeper, not a person, released the node, even when the run died before recording it."""
         out = []
         for node in nodes:
             last = list(self.db.query("select * from node_sweeps where node = ? and finished is not null "
@@ -236,7 +240,12 @@ class History:
             s = last[0]
             after = list(self.db.query("select 1 from actions where node = ? and ts >= ? and action in "
                                        "('release', 'false-positive') limit 1", [node, s["finished"]]))
-            if after:
+            untainted = list(self.db.query(
+                "select 1 from intents i where i.node = ? and i.ts >= ? and i.op = 'untaint' "
+                "and i.phase in ('before', 'after') and not exists (select 1 from intents j where "
+                "j.run_id = i.run_id and j.node = i.node and j.op = 'untaint' and j.phase = 'left' and j.id > i.id) "
+                "limit 1", [node, s["finished"]]))
+            if after or untainted:
                 continue
             s["findings"] = list(self.db.query("select name, code, gpu from checks where sweep_id = ? "
                                                "and status = 'fail'", [s["id"]]))
@@ -246,6 +255,31 @@ class History:
     @_locked
     def unfinished_runs(self) -> list[str]:
         return [r["id"] for r in self.db.query("select id from runs where finished is null")]
+
+    @_locked
+    def open_sweeps(self, exclude_run: str) -> list[dict[str, Any]]:
+        """Sweep rows (light checks included) left unfinished by runs other than `exclude_run`,
+        each with `proven`: the verdict its run's intent log proves, or None."""
+        rows = list(self.db.query("select id, run_id, node, started, kind from node_sweeps where finished is null "
+                                  "and run_id != ? order by id", [exclude_run]))
+        for r in rows:
+            r["proven"] = self.proven_verdict(r["run_id"], r["node"])
+        return rows
+
+    @_locked
+    def proven_verdict(self, run_id: str, node: str) -> dict[str, Any] | None:
+        """The verdict a run's hand-back of a node proves, from the intent log: the hand-back only
+        begins once the verdict is reached (`untaint` with `verdict V`, or `keep-held` V), so
+        its first intent is enough. {"verdict", "ts"}, or None."""
+        proven = None
+        for r in self.db.query("select op, phase, ts, detail from intents where run_id = ? and node = ? "
+                               "and op in ('untaint', 'keep-held') order by id", [run_id, node]):
+            detail = r["detail"] or ""
+            if r["op"] == "keep-held" and detail:
+                proven = {"verdict": detail, "ts": r["ts"]}
+            elif r["op"] == "untaint" and detail.startswith("verdict "):
+                proven = {"verdict": detail[len("verdict "):], "ts": r["ts"]}
+        return proven
 
     # -- reading -----------------------------------------------------------------
     @_locked

@@ -7,6 +7,7 @@ Errors become the `KubeError` family; one retry policy covers every call.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
@@ -84,8 +85,18 @@ def translate(exc: ApiException, what: str) -> KubeError:
     return KubeError(text, status, reason)
 
 
+@dataclass
+class _Tally:
+    requests: int = 0
+    errors: int = 0
+
+
 class Kube:
-    """The calls Sweeper makes, each retried under one policy and counted."""
+    """The calls Sweeper makes, each retried under one policy and counted.
+
+    `fence`, when set, is called before every attempt of a write (except the Lease's own): a
+    sweep sets it, on its own view of the adapter (`fenced`), to the lock's check, so that a
+    run that no longer holds the sweep lock stops writing at once."""
 
     def __init__(self, api_client: client.ApiClient, clock: Clock | None = None,
                  retry: RetryPolicy | None = None, seed: int | None = None) -> None:
@@ -97,8 +108,22 @@ class Kube:
         self.clock = clock or WallClock()
         self.retry = retry or RetryPolicy()
         self._rng = random.Random(seed)
-        self.requests = 0
-        self.errors = 0
+        self._tally = _Tally()
+        self.fence: Callable[[], None] | None = None
+
+    @property
+    def requests(self) -> int:
+        return self._tally.requests
+
+    @property
+    def errors(self) -> int:
+        return self._tally.errors
+
+    def fenced(self, fence: Callable[[], None]) -> Kube:
+        """A view of this adapter (same connection, same counters) whose writes call `fence` first."""
+        view = copy.copy(self)
+        view.fence = fence
+        return view
 
     @classmethod
     def from_config(cls, kubeconfig: str | None = None, context: str | None = None,
@@ -123,11 +148,14 @@ class Kube:
         self.api_client.close()
 
     # -- the one retry loop ------------------------------------------------------
-    def _call(self, what: str, fn: Callable[[], Any], *, raw: bool = True, attempts: int | None = None) -> Any:
+    def _call(self, what: str, fn: Callable[[], Any], *, raw: bool = True, attempts: int | None = None,
+              write: bool = False) -> Any:
         limit = attempts or self.retry.attempts
         attempt = 0
         while True:
-            self.requests += 1
+            if write and self.fence is not None:
+                self.fence()  # LockLost: this run no longer holds the sweep lock
+            self._tally.requests += 1
             try:
                 resp = fn()
                 if not raw:
@@ -139,7 +167,7 @@ class Kube:
             except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
                 err = Transient(f"{what}: connection failed: {exc.__class__.__name__}: {_truncate(str(exc))}")
                 err.retry_after = None  # type: ignore[attr-defined]
-            self.errors += 1
+            self._tally.errors += 1
             if not isinstance(err, Transient) or attempt + 1 >= limit:
                 raise err
             self.clock.sleep(self.retry.delay(attempt, getattr(err, "retry_after", None), self._rng))
@@ -167,12 +195,12 @@ class Kube:
 
     def patch_node(self, name: str, body: Any, content_type: str = JSON_PATCH) -> dict[str, Any]:
         return self._call(f"patch node {name}", lambda: self.core.patch_node(
-            name, body, _content_type=content_type, _preload_content=False))
+            name, body, _content_type=content_type, _preload_content=False), write=True)
 
     def patch_node_status(self, name: str, body: Any) -> dict[str, Any]:
         """A strategic merge of the node's status (its conditions, by type)."""
         return self._call(f"patch node status {name}", lambda: self.core.patch_node_status(
-            name, body, _content_type="application/strategic-merge-patch+json", _preload_content=False))
+            name, body, _content_type="application/strategic-merge-patch+json", _preload_content=False), write=True)
 
     # -- Karpenter ---------------------------------------------------------------
     def list_nodeclaims(self) -> list[dict[str, Any]]:
@@ -184,13 +212,14 @@ class Kube:
         """Delete a NodeClaim (Karpenter drains and terminates its node); False when already gone."""
         try:
             self._call(f"delete nodeclaim {name}", lambda: self.custom.delete_cluster_custom_object(
-                "karpenter.sh", "v1", "nodeclaims", name, _preload_content=False))
+                "karpenter.sh", "v1", "nodeclaims", name, _preload_content=False), write=True)
         except NotFound:
             return False
         return True
 
     def delete_node(self, name: str) -> dict[str, Any]:
-        return self._call(f"delete node {name}", lambda: self.core.delete_node(name, _preload_content=False))
+        return self._call(f"delete node {name}", lambda: self.core.delete_node(name, _preload_content=False),
+                          write=True)
 
     # -- pods --------------------------------------------------------------------
     def list_pods(self, field_selector: str = "", label_selector: str = "",
@@ -226,14 +255,14 @@ class Kube:
         raised to the caller, which waits on its own deadline, not retried here."""
         body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace}}
         self._call(f"evict pod {namespace}/{name}", lambda: self.core.create_namespaced_pod_eviction(
-            name, namespace, body, _preload_content=False), attempts=1)
+            name, namespace, body, _preload_content=False), attempts=1, write=True)
 
     # -- jobs --------------------------------------------------------------------
     def create_job(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         name = body.get("metadata", {}).get("name", "")
         try:
             return self._call(f"create job {namespace}/{name}", lambda: self.batch.create_namespaced_job(
-                namespace, body, _preload_content=False))
+                namespace, body, _preload_content=False), write=True)
         except AlreadyExists:
             # A retried create whose first attempt went through: the Job is ours.
             return self.get_job(namespace, name)
@@ -253,7 +282,7 @@ class Kube:
         """Delete a Job and its pods (Background propagation; the REST default would orphan them)."""
         try:
             self._call(f"delete job {namespace}/{name}", lambda: self.batch.delete_namespaced_job(
-                name, namespace, propagation_policy="Background", _preload_content=False))
+                name, namespace, propagation_policy="Background", _preload_content=False), write=True)
             return True
         except NotFound:
             return False
@@ -280,16 +309,16 @@ class Kube:
     def create_configmap(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         name = body.get("metadata", {}).get("name", "")
         return self._call(f"create configmap {namespace}/{name}", lambda: self.core.create_namespaced_config_map(
-            namespace, body, _preload_content=False))
+            namespace, body, _preload_content=False), write=True)
 
     def patch_configmap(self, namespace: str, name: str, body: Any, content_type: str = JSON_PATCH) -> dict[str, Any]:
         return self._call(f"patch configmap {namespace}/{name}", lambda: self.core.patch_namespaced_config_map(
-            name, namespace, body, _content_type=content_type, _preload_content=False))
+            name, namespace, body, _content_type=content_type, _preload_content=False), write=True)
 
     # -- events ------------------------------------------------------------------
     def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._call("create event", lambda: self.core.create_namespaced_event(
-            namespace, body, _preload_content=False))
+            namespace, body, _preload_content=False), write=True)
 
     def list_events(self, namespace: str, field_selector: str = "") -> list[dict[str, Any]]:
         return list(self._pages("list events", lambda **kw: self.core.list_namespaced_event(namespace, **kw), 500,

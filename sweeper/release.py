@@ -38,7 +38,12 @@ def release(kube: Any, cfg: Config, names: list[str], everything: bool, reason: 
         detail = f"held by run {taint.get('value', '?')}" + (
             f", verdict {v.annotations[f'{cfg.prefix}/verdict']}" if f"{cfg.prefix}/verdict" in v.annotations else "")
         if not dry_run:
-            node_actions.release(kube, cfg, name)
+            # Only the taint as read goes: a run that held the node again since keeps it.
+            done = node_actions.release(kube, cfg, name, str(taint.get("value", "")))
+            if done.left_to:
+                rows.append({"node": name, "action": "left alone",
+                             "detail": f"held again since, by run {done.left_to}"})
+                continue
             if recorder is not None:
                 recorder.action("manual", name, clock.now(), "release", f"sweeper release: {reason} ({detail})")
         rows.append({"node": name, "action": "would release" if dry_run else "released", "detail": detail})

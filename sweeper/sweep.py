@@ -12,7 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from sweeper import profiles, signals
 from sweeper.actions import ActionContext, load_all
@@ -20,7 +20,7 @@ from sweeper.actions import node as node_actions
 from sweeper.clock import Clock, WallClock, iso, parse_iso
 from sweeper.config import Config
 from sweeper.control import KEYS, Controls, dismissal_key
-from sweeper.errors import Conflict, KubeError, NotFound, PlaybookError, Transient
+from sweeper.errors import Conflict, KubeError, LockLost, NotFound, PlaybookError, Transient
 from sweeper.fleet import Gates, NodeView, Plan, gpu_nodes, plan
 from sweeper.kube import Kube
 from sweeper.lock import SweepLock
@@ -56,11 +56,36 @@ class Recorder(Protocol):
     def last_run(self) -> dict[str, Any] | None: ...
     def released_by_people(self, nodes: list[str], holding: tuple[str, ...]) -> list[dict[str, Any]]: ...
     def unfinished_runs(self) -> list[str]: ...
+    def open_sweeps(self, exclude_run: str) -> list[dict[str, Any]]: ...
     # what the policy's history rules read (policy.Past)
     def sweeps(self, node: str, since: float, until: float) -> list[dict[str, Any]]: ...
     def series(self, node: str, metric: str, since: float, until: float) -> list[tuple[float, int | None, float]]: ...
     def peer_values(self, profile: str, metric: str, since: float, until: float,
                     exclude: str) -> dict[str, float]: ...
+
+
+RECORDER_WRITES = frozenset({"run_started", "run_finished", "sweep_started", "sweep_finished", "result", "action",
+                             "intent", "set_control"})
+
+
+class FencedRecorder:
+    """The history as a run that holds the sweep lock writes to it: each write checks the lock
+    first, so that a run that lost it adds nothing to a story another run has taken over."""
+
+    def __init__(self, rec: Recorder, fence: Callable[[], None]) -> None:
+        self._rec = rec
+        self._fence = fence
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._rec, name)
+        if name not in RECORDER_WRITES:
+            return attr
+        fence = self._fence
+
+        def write(*args: Any, **kwargs: Any) -> Any:
+            fence()
+            return attr(*args, **kwargs)
+        return write
 
 
 @dataclass
@@ -114,7 +139,7 @@ class Sweep:
         self.mode = mode  # recorded with the run: "sweep", or the schedule of `sweeper serve`
         self.actions = load_all()
         self.stop = threading.Event()
-        self.lock_lost = threading.Event()
+        self.lock: SweepLock | None = None
         self._replacing = 0  # replace verdicts of this run not yet recorded
         self._lock = threading.Lock()
         self.profiles = profiles.load_profiles(config.path("profiles"))
@@ -124,7 +149,7 @@ class Sweep:
                                if config.light_playbook else None)
         self.remediator = Remediator(kube, config, self.clock, dry_run=dry_run,
                                      log=lambda m: self.emit("log", {"node": "-", "msg": m}),
-                                     cancelled=lambda: self.stop.is_set())
+                                     cancelled=self.cancelled)
         self.webhook = Webhook(config.webhook_url, config.webhook_attempts) if config.webhook_url else None
         self.remedies: list[Remedy] = []
         self.failed_checks: dict[str, int] = {}
@@ -261,22 +286,40 @@ class Sweep:
         return old
 
     # -- a run --------------------------------------------------------------------
+    def cancelled(self) -> bool:
+        """Stopped (SIGTERM), or the sweep lock is no longer this run's."""
+        return self.stop.is_set() or (self.lock is not None and not self.lock.holds())
+
+    def fence(self) -> None:
+        """Raise LockLost unless this run still holds the sweep lock (a no-op on a dry run)."""
+        if self.lock is not None:
+            self.lock.fence()
+
     def run(self) -> RunReport:
+        """One pass. While it holds the lock, every write of the run, to the cluster and to the
+        history, is fenced by it: a run that lost the lock stops and raises LockLost."""
         start = self.clock.now()
         requests_before = self.kube.requests
         run_id = new_run_id(start)
-        lock = None
+        kube, rec, controls_kube = self.kube, self.rec, self.controls.kube
         if not self.dry_run:
-            lock = SweepLock(self.kube, self.cfg.namespace, self.cfg.lock_name, run_id, self.cfg.lock_ttl, self.clock)
-            lock.acquire()  # LockHeld: another sweep is running
-            self.lock_lost = lock.lost
+            self.lock = SweepLock(kube, self.cfg.namespace, self.cfg.lock_name, run_id, self.cfg.lock_ttl, self.clock)
+            self.lock.acquire()  # LockHeld: another sweep is running
+            self.kube = self.remediator.kube = kube.fenced(self.lock.fence)
+            self.controls.kube = controls_kube.fenced(self.lock.fence)  # the switches it writes are fenced too
+            self.rec = cast(Recorder, FencedRecorder(rec, self.lock.fence))
         try:
-            return self._run(run_id, start, requests_before)
+            return self._run(run_id, start, requests_before, rec)
         finally:
-            if lock is not None:
-                lock.release()
+            self.kube = self.remediator.kube = kube
+            self.controls.kube = controls_kube
+            self.rec = rec
+            if self.lock is not None:
+                self.lock.release()
+                self.lock = None
 
-    def _run(self, run_id: str, start: float, requests_before: int) -> RunReport:
+    def _run(self, run_id: str, start: float, requests_before: int, own: Recorder) -> RunReport:
+        """`own`: the history unfenced, for the run's own row (a fenced run says so there)."""
         self.rec.run_started(run_id, start, "dry-run" if self.dry_run else self.mode)
         self._tool_faults, self.tool_errors, self.tool_stop = {}, {}, ""  # this run's own tally
         status = "done"
@@ -314,6 +357,10 @@ class Sweep:
                 if self.tool_stop:
                     report.tool_stop = self._stop_reason(self.tool_stop, probe_failed)
                     self._announce_stop(run_id, report)
+        except LockLost as exc:
+            status = "fenced"
+            self.emit("fenced", {"run_id": run_id, "msg": str(exc)})
+            raise
         except BaseException:
             status = "failed"
             raise
@@ -321,7 +368,7 @@ class Sweep:
             report.finished = self.clock.now()
             report.api_requests = self.kube.requests - requests_before
             taken = sum(1 for o in report.outcomes if o.action in ("released", "held"))
-            self.rec.run_finished(run_id, report.finished, status, taken, report.to_dict())
+            own.run_finished(run_id, report.finished, status, taken, report.to_dict())
         return report
 
     # -- crash recovery -------------------------------------------------------------------
@@ -333,6 +380,7 @@ class Sweep:
         dead = [old for old in self.rec.unfinished_runs() if old != run_id]
         for old in dead:
             self.rec.run_finished(old, now, "crashed", 0, {"reconciled_by": run_id})
+        cut = {(r["run_id"], r["node"]) for r in self.close_open_sweeps(run_id, now) if not r["proven"]}
         for job in self.kube.list_jobs(self.cfg.namespace, "app.kubernetes.io/managed-by=sweeper"):
             owner = (job["metadata"].get("labels") or {}).get(f"{self.cfg.prefix}/run-id", "")
             if owner != run_id:
@@ -349,7 +397,7 @@ class Sweep:
             old = str(taint.get("value", ""))
             if old not in dead and f"{self.cfg.prefix}/verdict" in view.annotations:
                 continue  # held on purpose by a run that finished: nothing to reconcile
-            done.append(self._reconcile_node(run_id, view, old, now))
+            done.append(self._reconcile_node(run_id, view, old, now, (old, view.name) in cut))
         for s in self.rec.released_by_people(untainted, HOLDING):
             keys = sorted({finding_key(f) for f in s["findings"]})
             self._switch(dismissal_key(s["node"]), {"keys": keys, "verdict": s["verdict"], "sweep": s["id"], "at": now},
@@ -364,28 +412,49 @@ class Sweep:
                 self.emit("reconcile", d)
         return done
 
-    def _reconcile_node(self, run_id: str, view: NodeView, old: str, now: float) -> dict[str, str]:
+    def close_open_sweeps(self, run_id: str, now: float) -> list[dict[str, Any]]:
+        """Close every sweep row, light checks included, that a dead run left open, tainted node or
+        not: with the verdict its intent log proves (the hand-back had begun: `untaint` with
+        `verdict V`, or `keep-held V`), else `inconclusive` with the reason."""
+        closed = []
+        for row in self.rec.open_sweeps(run_id):
+            old, proven = row["run_id"], row.get("proven")
+            if proven:
+                verdict, reasons = str(proven["verdict"]), [
+                    f"recorded by reconcile: run {old} reached {proven['verdict']} and began handing the node "
+                    "back, then stopped before recording it"]
+                at = float(proven["ts"])
+            elif row.get("kind") == "light":
+                verdict, reasons, at = "inconclusive", [f"run {old} stopped before the light check finished"], now
+            else:
+                verdict, reasons, at = "inconclusive", [f"run {old} stopped before its checks finished"], now
+            self.rec.sweep_finished(row["id"], at, verdict, reasons)
+            self.rec.action(run_id, row["node"], now, "reconcile-record", f"{row.get('kind', 'sweep')} of run {old}: "
+                            f"{verdict}" + ("" if proven else " (no verdict in its intent log)"))
+            closed.append({**row, "verdict": verdict})
+        return closed
+
+    def _reconcile_node(self, run_id: str, view: NodeView, old: str, now: float, cut: bool) -> dict[str, str]:
+        """`cut`: the dead run's sweep of the node was just closed as inconclusive, with no verdict."""
         name = view.name
         story = self.rec.story(old, name) if old else {"sweep": None, "intents": []}
         sweep = story["sweep"]
         if sweep and sweep["finished"] and sweep["verdict"] in HOLDING:
             reasons = json.loads(sweep["reasons"] or "[]")
             if f"{self.cfg.prefix}/verdict" not in view.annotations:
-                node_actions.keep_held(self.kube, self.cfg, name, sweep["verdict"], "; ".join(reasons))
+                node_actions.keep_held(self.kube, self.cfg, name, sweep["verdict"], "; ".join(reasons), old)
             self.rec.action(run_id, name, now, "reconcile-keep-held", f"{sweep['verdict']} recorded by run {old}")
             return {"node": name, "action": "kept held", "why": f"verdict {sweep['verdict']} from run {old}"}
         if sweep or story["intents"]:
             why = (f"run {old} reached {sweep['verdict']} but stopped before handing the node back"
-                   if sweep and sweep["finished"] else f"run {old} stopped before its checks finished")
-            if sweep and not sweep["finished"]:
-                self.rec.sweep_finished(sweep["id"], now, "inconclusive", [why])
-            self.release(run_id, name, f"reconcile: {why}")
+                   if sweep and sweep["finished"] and not cut else f"run {old} stopped before its checks finished")
+            self.release(run_id, name, f"reconcile: {why}", owner=old)
             return {"node": name, "action": "released", "why": why}
         since = view.annotations.get(f"{self.cfg.prefix}/held-since")
         age = now - parse_iso(since) if since else float("inf")
         if age >= self.cfg.orphan_grace:
             why = f"Sweeper's taint from run {old or '?'} with no record in this history, {int(age)}s old"
-            self.release(run_id, name, f"reconcile: {why}")
+            self.release(run_id, name, f"reconcile: {why}", owner=old)
             return {"node": name, "action": "released", "why": why}
         return {"node": name, "action": "left held",
                 "why": f"taint from run {old} has no record here; released after {int(self.cfg.orphan_grace)}s"}
@@ -499,6 +568,7 @@ class Sweep:
                     "Warning" if holding or verdict == "error" else "Normal")
         if not holding or action != "held":
             return
+        self.fence()  # a remedy may reach past the Kubernetes API (a cloud provider)
         try:
             remedy = self.remediator.remediate(run_id, node, profile.name, verdict, decision,
                                                self._node_vars(node, profile))
@@ -584,7 +654,7 @@ class Sweep:
             on_result=lambda r: self.rec.result(sweep_id, r),
             intent=lambda op, phase, detail: self.rec.intent(run_id, node.name, self.clock.now(), op, phase, detail),
             log=lambda msg: self.emit("log", {"node": node.name, "msg": msg}),
-            cancelled=lambda: self.stop.is_set() or self.lock_lost.is_set(),
+            cancelled=self.cancelled,
             on_record=lambda kind, data: self._record(run_id, sweep_id, node.name, kind, data), past=self.rec)
         ctx.on_result = lambda r: self._on_result(sweep_id, node.name, r)
 
@@ -647,7 +717,7 @@ class Sweep:
         landed = node_actions.gpu_pods_on(self.kube, self.cfg, name)
         if landed:
             self.emit("raced", {"node": name, "pods": landed})
-            self.release(run_id, name, f"GPU pod(s) landed before the taint: {', '.join(landed)}")
+            self.release(run_id, name, f"GPU pod(s) landed before the taint: {', '.join(landed)}", owner=run_id)
             return None
         return NodeView.from_obj(updated or self.kube.get_node(name), self.cfg.gpu_resources)
 
@@ -660,23 +730,38 @@ class Sweep:
         """Record what the playbook's `always` did; do it here if the playbook did not."""
         reason = "; ".join(reasons)
         holding = verdict in HOLDING
-        if done_by_play not in ("released", "held") or (done_by_play == "held") != holding:
+        left = done_by_play == "left"
+        if not left and (done_by_play not in ("released", "held") or (done_by_play == "held") != holding):
             if holding:
                 self.rec.intent(run_id, name, self.clock.now(), "keep-held", "before", verdict)
-                node_actions.keep_held(self.kube, self.cfg, name, verdict, reason)
-                self.rec.intent(run_id, name, self.clock.now(), "keep-held", "after", verdict)
+                left = not node_actions.keep_held(self.kube, self.cfg, name, verdict, reason, run_id)
+                self.rec.intent(run_id, name, self.clock.now(), "keep-held", "left" if left else "after", verdict)
             else:
                 self.rec.intent(run_id, name, self.clock.now(), "untaint", "before", f"verdict {verdict}")
-                node_actions.release(self.kube, self.cfg, name, clear_suspect=verdict in ("pass", "warn"))
-                self.rec.intent(run_id, name, self.clock.now(), "untaint", "after", f"verdict {verdict}")
+                done = node_actions.release(self.kube, self.cfg, name, run_id, clear_suspect=verdict in ("pass", "warn"))
+                left = bool(done.left_to)
+                self.rec.intent(run_id, name, self.clock.now(), "untaint", "left" if left else "after",
+                                f"taint of run {done.left_to}" if left else f"verdict {verdict}")
+        if left:
+            self.rec.action(run_id, name, self.clock.now(), "left", f"{verdict}: another run's taint is on the "
+                            "node; left in place")
+            return "left"
         if holding:
             self.rec.action(run_id, name, self.clock.now(), "keep-held", f"{verdict}: {reason[:1000]}")
             return "held"
         self.rec.action(run_id, name, self.clock.now(), "release", f"verdict {verdict}")
         return "released"
 
-    def release(self, run_id: str, name: str, why: str) -> None:
+    def release(self, run_id: str, name: str, why: str, owner: str) -> bool:
+        """Take run `owner`'s taint off (this run's, or a dead run's being reconciled); False when
+        another run's taint is there instead, which stays."""
         self.rec.intent(run_id, name, self.clock.now(), "untaint", "before", why)
-        node_actions.release(self.kube, self.cfg, name)
+        done = node_actions.release(self.kube, self.cfg, name, owner)
+        if done.left_to:
+            self.rec.intent(run_id, name, self.clock.now(), "untaint", "left", f"taint of run {done.left_to}")
+            self.rec.action(run_id, name, self.clock.now(), "left", f"{why}; but the node carries the taint of run "
+                            f"{done.left_to} now: left in place")
+            return False
         self.rec.intent(run_id, name, self.clock.now(), "untaint", "after", why)
         self.rec.action(run_id, name, self.clock.now(), "release", why)
+        return True

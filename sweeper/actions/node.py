@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sweeper.actions import ActionContext, Arg, action, failed, ok
@@ -55,20 +56,43 @@ def meta_op(node: dict[str, Any], field: str, values: dict[str, str | None]) -> 
     return None if new == current else [{"op": "add", "path": f"/metadata/{field}", "value": new}]
 
 
-def release(kube: Any, cfg: Config, name: str, clear_suspect: bool = False) -> bool:
-    """Take Sweeper's taint and annotations off and leave everything else as found; after a
-    conclusive good verdict, also the suspect label. True if anything changed."""
+@dataclass(frozen=True)
+class Released:
+    """What a hand-back did: `changed` when anything was written; `left_to`, the run whose taint
+    was found on the node and left in place (never removed by another run)."""
+
+    changed: bool
+    left_to: str = ""
+
+
+def _foreign(node: dict[str, Any], cfg: Config, owner: str) -> str:
+    """The run id of a Sweeper taint on the node that is not `owner`'s, or ""."""
+    for t in (node.get("spec") or {}).get("taints") or []:
+        if t.get("key") == cfg.taint_key and str(t.get("value", "")) != owner:
+            return str(t.get("value", "")) or "?"
+    return ""
+
+
+def release(kube: Any, cfg: Config, name: str, owner: str, clear_suspect: bool = False) -> Released:
+    """Take run `owner`'s taint and Sweeper's annotations off and leave everything else as found;
+    after a conclusive good verdict, also the suspect label. A taint of any other run is left
+    alone, node and all: the JSON patch tests the taint it removes, value included."""
     prefix = cfg.prefix
+    other = [""]
 
     def build(node: dict[str, Any]) -> list[dict[str, Any]] | None:
+        other[0] = _foreign(node, cfg, owner)
+        if other[0]:
+            return None
         taints = (node.get("spec") or {}).get("taints") or []
         keep = [t for t in taints if t.get("key") != cfg.taint_key]
+        ops: list[dict[str, Any]] = [{"op": "test", "path": f"/spec/taints/{i}", "value": t}
+                                     for i, t in enumerate(taints) if t.get("key") == cfg.taint_key]
         ann = dict(node["metadata"].get("annotations") or {})
         if ann.pop(f"{prefix}/added-do-not-disrupt", None):
             ann.pop(DO_NOT_DISRUPT, None)
         for k in ("held-by", "held-since", "verdict", "reason", "remediation", "remediated-at", "boot-id", "recheck"):
             ann.pop(f"{prefix}/{k}", None)
-        ops: list[dict[str, Any]] = []
         if ann.pop(f"{prefix}/cordoned-by", None) and (node.get("spec") or {}).get("unschedulable"):
             ops.append({"op": "add", "path": "/spec/unschedulable", "value": False})
         if len(keep) != len(taints):
@@ -80,16 +104,22 @@ def release(kube: Any, cfg: Config, name: str, clear_suspect: bool = False) -> b
             ops.append({"op": "add", "path": "/metadata/labels", "value": labels})  # checked and handed back
         if ann != (node["metadata"].get("annotations") or {}):
             ops.append({"op": "add", "path": "/metadata/annotations", "value": ann})
-        return ops or None
+        return ops if any(op["op"] != "test" for op in ops) else None
 
-    return patch_node(kube, name, build) is not None
+    changed = patch_node(kube, name, build) is not None
+    return Released(changed, other[0])
 
 
-def keep_held(kube: Any, cfg: Config, name: str, verdict: str, reason: str) -> None:
-    """Keep the taint, say why on the node, and stop shielding it from Karpenter."""
+def keep_held(kube: Any, cfg: Config, name: str, verdict: str, reason: str, owner: str) -> bool:
+    """Keep run `owner`'s taint, say why on the node, and stop shielding it from Karpenter.
+    False, and nothing written, when the node carries another run's taint."""
     prefix = cfg.prefix
+    other = [""]
 
     def build(node: dict[str, Any]) -> list[dict[str, Any]] | None:
+        other[0] = _foreign(node, cfg, owner)
+        if other[0]:
+            return None
         ann = dict(node["metadata"].get("annotations") or {})
         if ann.pop(f"{prefix}/added-do-not-disrupt", None):
             ann.pop(DO_NOT_DISRUPT, None)
@@ -98,6 +128,7 @@ def keep_held(kube: Any, cfg: Config, name: str, verdict: str, reason: str) -> N
         return [{"op": "add", "path": "/metadata/annotations", "value": ann}]
 
     patch_node(kube, name, build)
+    return not other[0]
 
 
 def hold(kube: Any, cfg: Config, node: dict[str, Any], run_id: str, now: float) -> dict[str, Any]:
@@ -151,8 +182,11 @@ def taint(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
 def untaint(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     def build(node: dict[str, Any]) -> list[dict[str, Any]] | None:
         taints = (node.get("spec") or {}).get("taints") or []
+        # Sweeper's own taint key: only this run's taint goes, never another run's.
         keep = [t for t in taints if not (t.get("key") == args["key"]
-                                          and args["effect"] in (None, t.get("effect")))]
+                                          and args["effect"] in (None, t.get("effect"))
+                                          and (t.get("key") != ctx.config.taint_key
+                                               or str(t.get("value", "")) == ctx.run_id))]
         return None if len(keep) == len(taints) else [{"op": "add", "path": "/spec/taints", "value": keep}]
 
     ctx.intent("untaint", "before", args["key"])
@@ -307,15 +341,24 @@ def hand_back(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     kube = ctx.cluster()
     if verdict in HOLDING:
         ctx.intent("keep-held", "before", verdict)
-        keep_held(kube, ctx.config, ctx.node_name, verdict, reason)
+        if not keep_held(kube, ctx.config, ctx.node_name, verdict, reason, ctx.run_id):
+            ctx.intent("keep-held", "left", verdict)
+            ctx.facts["handed_back"] = "left"
+            return ok(f"left alone: the node carries another run's taint (verdict {verdict}: {reason[:200]})",
+                      False, action="left", verdict=verdict)
         ctx.intent("keep-held", "after", verdict)
         ctx.facts["handed_back"] = "held"
         return ok(f"kept held: {verdict}: {reason[:200]}", True, action="held", verdict=verdict)
     ctx.intent("untaint", "before", f"verdict {verdict}")
-    changed = release(kube, ctx.config, ctx.node_name, clear_suspect=verdict in ("pass", "warn"))
+    done = release(kube, ctx.config, ctx.node_name, ctx.run_id, clear_suspect=verdict in ("pass", "warn"))
+    if done.left_to:
+        ctx.intent("untaint", "left", f"taint of run {done.left_to}")
+        ctx.facts["handed_back"] = "left"
+        return ok(f"left alone: the node carries the taint of run {done.left_to} (verdict {verdict})", False,
+                  action="left", verdict=verdict)
     ctx.intent("untaint", "after", f"verdict {verdict}")
     ctx.facts["handed_back"] = "released"
-    return ok(f"released (verdict {verdict})", changed, action="released", verdict=verdict)
+    return ok(f"released (verdict {verdict})", done.changed, action="released", verdict=verdict)
 
 
 CONDITION = "GpuSweepHealthy"

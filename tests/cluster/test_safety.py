@@ -20,7 +20,7 @@ import yaml
 from sweeper.actions import node as node_actions
 from sweeper.backtest import backtest
 from sweeper.clock import iso_micro
-from sweeper.errors import LockHeld
+from sweeper.errors import LockHeld, LockLost
 from sweeper.history import History
 from sweeper.lock import SweepLock
 from sweeper.policy import load_policy
@@ -137,14 +137,30 @@ def test_reconcile_finishes_the_story_of_a_dead_run(make_sim, history: History) 
     assert report.plan.held == 2, "nodes kept held count against the budget"
 
 
+def lost_verdicts(h: History) -> list[dict[str, Any]]:
+    """Sweep rows whose verdict is not the one their run's intent log proves (a hand-back begins
+    only after the verdict; a replacement capped into a quarantine is the run's own decision)."""
+    out = []
+    for row in h.db.query("select id, run_id, node, verdict from node_sweeps where finished is not null"):
+        proven = h.proven_verdict(row["run_id"], row["node"])
+        if proven and proven["verdict"] != row["verdict"] and (proven["verdict"], row["verdict"]) != \
+                ("replace", "quarantine"):
+            out.append({**row, "proven": proven["verdict"]})
+    return out
+
+
 # -- SIGKILL at every step ---------------------------------------------------------------------
 STEPS = [
     ("after", "PUT", "/leases/", 1),       # lock taken, nothing else done
     ("after", "PATCH", "/nodes/", 1),      # first node tainted
     ("before", "POST", "/jobs", 1),        # tainted, Job not yet created
     ("after", "POST", "/jobs", 1),         # Job created
+    ("after", "POST", "/jobs", 4),         # every Job created, the busy node's light check too
     ("after", "GET", "/jobs/", 3),         # mid-check, polling
+    ("after", "GET", "/jobs/sweep-gpu-03-", 1),     # mid light check on the busy node
+    ("after", "DELETE", "/jobs/sweep-gpu-03-", 1),  # light check done, its verdict not recorded
     ("after", "DELETE", "/jobs/", 1),      # Job deleted, verdict not acted on
+    ("after", "PATCH", "/nodes/gpu-00", 2),  # a passing node untainted, its verdict not yet recorded
     ("after", "PATCH", "/nodes/", 3),      # some nodes handed back
 ]
 
@@ -157,7 +173,10 @@ def _sweep_cmd(kc: Path, state: Path, cfg: Path) -> list[str]:
 @pytest.mark.parametrize("stage,method,fragment,nth", STEPS)
 def test_sigkill_at_every_step_then_run_again(make_sim, tmp_path: Path, stage: str, method: str, fragment: str,
                                               nth: int) -> None:
-    sim: Sim = make_sim(nodes=3, faults={"gpu-02": {"xids": [{"code": 79, "gpu": 1}]}})
+    # gpu-03 is busy (a training job holds its GPUs), so the run also light-checks it.
+    sim: Sim = make_sim(nodes=4, faults={"gpu-02": {"xids": [{"code": 79, "gpu": 1}]}},
+                        workloads=[{"node": "gpu-03", "gpus": 8, "duration": None}])
+    sim.wait_for(lambda: sim.core.list_namespaced_pod("training").items, what="the busy node's workload")
     cfg = tmp_path / "config.yaml"
     cfg.write_text(yaml.safe_dump({"max_nodes": 3, "max_percent": 100, "poll_interval": 0.05,
                                    "check_timeout": 300, "lock_ttl": 1, "api_attempts": 3}))
@@ -178,6 +197,9 @@ def test_sigkill_at_every_step_then_run_again(make_sim, tmp_path: Path, stage: s
     proc.wait(timeout=60)
     sim.server.hooks.clear()
     assert seen["killed"], f"the sweep never reached {stage} {method} {fragment} #{nth}"
+    h = History(state)
+    left_open = h.db.execute("select count(*) from node_sweeps where finished is null").fetchone()[0]
+    h.close()
     time.sleep(1.2)  # the dead run's lock expires (lock_ttl 1s)
     again = subprocess.run(_sweep_cmd(sim.kubeconfig, state, cfg), capture_output=True, text=True, timeout=60)
     assert again.returncode == 0, again.stderr
@@ -186,12 +208,153 @@ def test_sigkill_at_every_step_then_run_again(make_sim, tmp_path: Path, stage: s
     assert sim.batch.list_namespaced_job("sweeper").items == []
     h = History(state)
     assert h.unfinished_runs() == []
-    open_sweeps = list(h.db.query("select node, run_id from node_sweeps where finished is null"))
-    assert open_sweeps == [], "every node's story is complete"
+    open_sweeps = list(h.db.query("select node, run_id, kind from node_sweeps where finished is null"))
+    assert open_sweeps == [], f"every node's story is complete ({left_open} left open by the kill)"
+    assert lost_verdicts(h) == [], "a verdict the intent log proves is the one recorded"
     if "gpu-02" in taints:
         last = h.node_history("gpu-02")["sweeps"][0]
         assert last["verdict"] == "reboot", "a held node has its reason on record"
+    if (method, fragment, nth) == ("PATCH", "/nodes/gpu-00", 2):
+        first = h.node_history("gpu-00")["sweeps"][-1]
+        assert first["verdict"] == "pass", "the pass handed back before the kill is not lost"
     h.close()
+
+
+def test_a_stalled_sweeper_does_not_hand_back_a_node_another_run_holds(make_sim, tmp_path: Path) -> None:
+    """Sweeper A holds a failing node and is stopped (SIGSTOP: in production a frozen VM, a long
+    pause or a partition) past its lock's TTL; B takes the expired Lease, reconciles A as dead and
+    holds the same node for XID 79; A resumes. A finds the Lease no longer its own and stops
+    writing (exit 4): B's taint stays, and a later run records no dismissal.
+
+    A takes one node, so that it is stopped inside an HTTP call with no history write open (the
+    history file is shared; a writer stopped mid-transaction would lock B out of it)."""
+    sim: Sim = make_sim(nodes=3, faults={"gpu-00": {"xids": [{"code": 79, "gpu": 1}]}})
+    base = {"max_percent": 100, "poll_interval": 0.05, "check_timeout": 300, "lock_ttl": 1, "api_attempts": 3}
+    cfg_a, cfg_b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    cfg_a.write_text(yaml.safe_dump({**base, "max_nodes": 1}))
+    cfg_b.write_text(yaml.safe_dump({**base, "max_nodes": 3}))
+    state = tmp_path / "h.db"
+    a = subprocess.Popen(_sweep_cmd(sim.kubeconfig, state, cfg_a), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    stopped = threading.Event()
+
+    def hook(st: str, m: str, path: str) -> None:
+        # A's first poll of its check Job: the node is held and the check runs.
+        if st == "after" and m == "GET" and "/jobs/sweep-gpu-00-" in path and not stopped.is_set():
+            os.kill(a.pid, signal.SIGSTOP)
+            stopped.set()
+
+    sim.server.hooks.append(hook)
+    try:
+        assert stopped.wait(60), "sweeper A never polled its check Job"
+        sim.server.hooks.clear()
+        # A's last renewal came before the stop: past lock_ttl (1s) the Lease has expired for B, and A,
+        # once resumed, can no longer vouch for it without renewing.
+        time.sleep(1.5)
+        b = subprocess.run(_sweep_cmd(sim.kubeconfig, state, cfg_b), capture_output=True, text=True, timeout=120)
+        assert b.returncode == 0, b.stderr[-2000:]
+        b_report = json.loads(b.stdout)
+        assert {n["node"]: (n["verdict"], n["action"]) for n in b_report["nodes"]} == {
+            "gpu-00": ("reboot", "held"), "gpu-01": ("pass", "released"), "gpu-02": ("pass", "released")}
+        assert sweep_taints(sim) == {"gpu-00": b_report["run_id"]}
+    finally:
+        os.kill(a.pid, signal.SIGCONT)
+    _out, err = a.communicate(timeout=120)
+    assert sweep_taints(sim) == {"gpu-00": b_report["run_id"]}, "B's taint on the failing node stays"
+    assert a.returncode == 4, err.decode()[-2000:]
+    assert "stopped writing" in err.decode()
+    assert jobs_left(sim) == []
+    c = subprocess.run(_sweep_cmd(sim.kubeconfig, state, cfg_b), capture_output=True, text=True, timeout=120)
+    assert c.returncode == 0, c.stderr[-2000:]
+    assert sweep_taints(sim) == {"gpu-00": b_report["run_id"]}
+    h = History(state)
+    try:
+        acts = [a["action"] for a in h.db.query("select action from actions where node = 'gpu-00'")]
+        assert "false-positive" not in acts, "nobody released the node: no dismissal"
+        assert next(h.db.query("select status from runs where id != ? and id != ? order by started limit 1",
+                               [b_report["run_id"], json.loads(c.stdout)["run_id"]]))["status"] == "fenced"
+        assert list(h.db.query("select * from node_sweeps where finished is null")) == []
+    finally:
+        h.close()
+
+
+def test_a_lock_taken_over_fences_every_write(make_sim) -> None:
+    """Once another sweeper has taken the expired Lease, the old holder's writes stop before they
+    reach the API server: the fence renews conditionally on the version it last wrote, and the
+    conflict says the Lease is someone else's (Kubernetes optimistic concurrency:
+    https://kubernetes.io/docs/reference/using-api/api-concepts/#resource-versions)."""
+    sim: Sim = make_sim(nodes=1)
+    clock = sim.cluster.clock
+    a = SweepLock(sim.kube, "sweeper", TEST_CONFIG.lock_name, "sw-a", 300, clock)
+    a.acquire()
+    view = sim.kube.fenced(a.fence)
+    view.create_event("default", {"metadata": {"generateName": "x."}, "involvedObject": {"kind": "Node",
+                                                                                          "name": "gpu-00"}})
+    a._stop.set()  # A stalls: no renewal from here on
+    clock.advance(400)  # past its lease duration
+    b = SweepLock(sim.kube, "sweeper", TEST_CONFIG.lock_name, "sw-b", 300, clock)
+    b.acquire()
+    writes = len(sim.writes_to("gpu-00"))
+    with pytest.raises(LockLost, match="stopped writing"):
+        view.patch_node("gpu-00", {"metadata": {"labels": {"x": "y"}}}, content_type="application/merge-patch+json")
+    assert len(sim.writes_to("gpu-00")) == writes, "the write never reached the API server"
+    assert not a.holds() and b.holds()
+    b.release()
+
+
+def test_a_stale_lock_that_nobody_took_renews_and_writes_on(make_sim) -> None:
+    sim: Sim = make_sim(nodes=1)
+    clock = sim.cluster.clock
+    a = SweepLock(sim.kube, "sweeper", TEST_CONFIG.lock_name, "sw-a", 300, clock)
+    a.acquire()
+    a._stop.set()
+    clock.advance(400)
+    assert a.holds(), "a conditional renewal proves nobody took it in between"
+    a.release()
+
+
+def test_releasing_the_lock_stops_its_renewals_at_once(make_sim) -> None:
+    """release() wakes the renewal thread instead of waiting out its sleep."""
+    from sweeper.clock import WallClock
+
+    sim: Sim = make_sim(nodes=1)
+    lock = SweepLock(sim.kube, "sweeper", TEST_CONFIG.lock_name, "sw-a", 3000, WallClock())
+    lock.acquire()
+    lock.release()
+    assert lock._thread is not None and not lock._thread.is_alive()
+
+
+def test_a_hand_back_removes_only_its_own_runs_taint(make_sim) -> None:
+    sim: Sim = make_sim(nodes=1)
+    node_actions.hold(sim.kube, TEST_CONFIG, sim.kube.get_node("gpu-00"), "sw-b", sim.cluster.clock.now())
+    done = node_actions.release(sim.kube, TEST_CONFIG, "gpu-00", "sw-a")
+    assert (done.changed, done.left_to) == (False, "sw-b")
+    assert not node_actions.keep_held(sim.kube, TEST_CONFIG, "gpu-00", "reboot", "XID 79", "sw-a")
+    assert sweep_taints(sim) == {"gpu-00": "sw-b"}
+    ann = sim.core.read_node("gpu-00").metadata.annotations
+    assert ann["sweeper.dev/held-by"] == "sw-b" and "sweeper.dev/verdict" not in ann, "nothing else touched"
+    done = node_actions.release(sim.kube, TEST_CONFIG, "gpu-00", "sw-b")
+    assert (done.changed, done.left_to) == (True, "") and sweep_taints(sim) == {}
+
+
+def test_a_kill_between_untaint_and_record_is_no_dismissal(make_sim, history: History) -> None:
+    """A re-check of a held node passed and handed it back, and the run died before recording it:
+    the next run records the pass from the intent log, and no person's dismissal."""
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"xids": [{"code": 79, "gpu": 3}]}})
+    first = run_sweep(sim, history)
+    assert {o.node: o.action for o in first.outcomes}["gpu-01"] == "held"
+    # Run sw-dead held it again for a re-check, passed, untainted it, and was killed there.
+    now = sim.cluster.clock.now()
+    history.run_started("sw-dead", now, "sweep")
+    sid = history.sweep_started("sw-dead", "gpu-01", now, "light sweep", "p5.48xlarge")
+    node_actions.hold(sim.kube, TEST_CONFIG, sim.kube.get_node("gpu-01"), "sw-dead", now)
+    history.intent("sw-dead", "gpu-01", now, "untaint", "before", "verdict pass")
+    node_actions.release(sim.kube, TEST_CONFIG, "gpu-01", "sw-dead")
+    second = run_sweep(sim, history)
+    assert not any(d.get("action") == "marked a false positive" for d in second.reconciled)
+    assert "false-positive" not in [a["action"] for a in history.node_history("gpu-01")["actions"]]
+    row = next(history.db.query("select verdict, finished from node_sweeps where id = ?", [sid]))
+    assert row["verdict"] == "pass" and row["finished"]
+    assert lost_verdicts(history) == []
 
 
 def test_api_faults_at_five_percent(make_sim, history: History) -> None:
