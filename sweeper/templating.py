@@ -462,8 +462,12 @@ ENV = _env()
 # `signal.setitimer`, main thread only, which `serve` and the sweep's workers are not). Every
 # single operation a template can start is bounded in size above, so the exception always
 # arrives within moments. One watchdog thread serves every render (a timer thread per render
-# would cost a thread start each). Arming and firing share a lock, and disarming clears an
-# exception that was set but not yet delivered, so a deadline never fires into later code.
+# would cost a thread start each). An exception delivered while the thread runs a garbage
+# collector's callback is swallowed there ("Exception ignored in ..."), so the watchdog fires
+# again every REFIRE seconds until the render is disarmed. Arming and firing share a lock, and
+# disarming clears an exception that was set but not yet delivered, so a deadline never fires
+# into later code.
+REFIRE = 0.5
 def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id),
                                                ctypes.py_object(exc) if exc is not None else None)
@@ -473,6 +477,7 @@ class _Watchdog:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._armed: dict[int, int] = {}  # token -> thread id
+        self._fired: set[int] = set()  # armed tokens whose exception was set at least once
         self._heap: list[tuple[float, int]] = []  # (deadline, token)
         self._tokens = 0
         self._wake_at = float("inf")
@@ -493,8 +498,11 @@ class _Watchdog:
         return token
 
     def disarm(self, token: int) -> None:
+        """Idempotent: the render's own thread calls it once it is done, however it ended."""
         with self._cond:
-            if self._armed.pop(token, None) is None:  # it fired: clear it if not yet delivered
+            self._armed.pop(token, None)
+            if token in self._fired:  # it fired: clear what is set but not yet delivered
+                self._fired.discard(token)
                 _set_async_exc(threading.get_ident(), None)
 
     def _run(self) -> None:
@@ -505,7 +513,9 @@ class _Watchdog:
                 now = time.monotonic()
                 if self._heap and self._heap[0][0] <= now:
                     _, token = heapq.heappop(self._heap)
-                    _set_async_exc(self._armed.pop(token), RenderTimeout)
+                    _set_async_exc(self._armed[token], RenderTimeout)
+                    self._fired.add(token)
+                    heapq.heappush(self._heap, (now + REFIRE, token))  # until the render is disarmed
                     continue
                 self._wake_at = self._heap[0][0] if self._heap else float("inf")
                 self._cond.wait(None if not self._heap else self._wake_at - now)
@@ -545,6 +555,7 @@ def _guarded(where: str, source: str, fn: Callable[[], Any]) -> Any:
         finally:
             _WATCHDOG.disarm(token)
     except RenderTimeout:
+        _WATCHDOG.disarm(token)  # again: the exception may have arrived inside the first disarm
         raise PlaybookError(f"{where}: rendering {snippet!r} ran past {whose} ({seconds:g}s)") from None
     except (PlaybookError, TemplateError):
         raise  # render() and condition() word these as before

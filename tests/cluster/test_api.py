@@ -294,7 +294,9 @@ def test_dry_run_all_validates_and_persists_nothing(make_sim) -> None:
     store is left as it was (https://kubernetes.io/docs/reference/using-api/api-concepts/#dry-run)."""
     sim: Sim = make_sim(nodes=2, workloads=[{"node": "gpu-01", "gpus": 8, "duration": None}])
     core = sim.core
-    pod = sim.wait_for(lambda: core.list_namespaced_pod("training").items, what="the workload")[0]
+    # the workload settles first (bound, then Running): from then on nothing writes but this test
+    pod = sim.wait_for(lambda: [p for p in core.list_namespaced_pod("training").items if p.status.phase == "Running"],
+                       what="the workload to run")[0]
     before = sim.cluster.store.resource_version
     cm = client.V1ConfigMap(metadata=client.V1ObjectMeta(name="dry", namespace="default"), data={"a": "b"})
     made = core.create_namespaced_config_map("default", cm, dry_run="All")
