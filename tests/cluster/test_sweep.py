@@ -110,10 +110,13 @@ def test_faulty_nodes_are_held_with_their_reason(make_sim, history: History) -> 
 
 def test_a_hung_check_ends_at_its_deadline_as_a_failure(make_sim, history: History) -> None:
     sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"hung_check": True}})
-    report = run_sweep(sim, history, replace(TEST_CONFIG, check_timeout=120))
+    # A hung check is a container that ran and never finished; the deadline leaves the simulated
+    # kubelet ample time (3 s of real time at 600x) to start it on a busy machine, so the check
+    # is judged hung, never "never started".
+    report = run_sweep(sim, history, replace(TEST_CONFIG, check_timeout=1800))
     o = outcome(report, "gpu-01")
     assert (o.verdict, o.action) == ("quarantine", "held")
-    assert "did not finish within 120s" in o.reasons[0]
+    assert "did not finish within 1800s" in o.reasons[0]
     assert sim.batch.list_namespaced_job("sweeper").items == [], "the hung Job is cleaned up"
     assert sim.core.list_namespaced_pod("sweeper").items == [], "and its pod"
     check = history.node_history("gpu-01")["sweeps"][0]["problems"][0]

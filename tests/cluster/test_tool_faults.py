@@ -174,7 +174,7 @@ def test_a_hung_check_is_a_running_container_that_never_finishes(make_sim, histo
     """The distinction the deadline rests on: the hung check's container ran (a node fault), the
     unpullable one never did (the tool's)."""
     sim: Sim = make_sim(fleet_spec(nodes=2, faults={"gpu-01": {"hung_check": True}}))
-    report = run_sweep(sim, history, replace(CFG, check_timeout=120))
+    report = run_sweep(sim, history, replace(CFG, check_timeout=1800))  # 3 s of real time: ample to start it
     hung = next(o for o in report.outcomes if o.node == "gpu-01")
     assert (hung.verdict, hung.action) == ("quarantine", "held")
     assert report.tool_errors == {}
