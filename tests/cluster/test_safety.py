@@ -3,6 +3,7 @@ sweeper killed with SIGKILL at every distinct step of a sweep."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -642,13 +643,21 @@ def test_abort_on_demand_and_the_replacement_cap(make_sim, history: History) -> 
                                          "gpu-03": {"hung_check": True}})
     cfg = replace(TEST_CONFIG, max_replacements_per_hour=1, check_timeout=3000, abort_on_demand=True)
 
-    def demand() -> None:  # a job too big for any free node arrives mid-check
+    def demand() -> None:  # a job too big for any free node arrives while the hung check still runs
         pod = client.V1Pod(metadata=client.V1ObjectMeta(name="big", namespace="training"),
                            spec=client.V1PodSpec(containers=[client.V1Container(
                                name="c", image="i", resources=client.V1ResourceRequirements(limits={"nvidia.com/gpu": "16"}))]))
-        threading.Timer(0.3, lambda: sim.core.create_namespaced_pod("training", pod)).start()
+        threading.Thread(target=lambda: sim.core.create_namespaced_pod("training", pod)).start()
 
-    _on_first_job(sim, demand)
+    # When the three checks that finish have had their Jobs deleted (their results are read), not
+    # after a real-time delay that a busy machine may outlast while a check still runs.
+    deleted = itertools.count(1)  # next() is atomic: the server answers on several threads
+
+    def after_three_checks(stage: str, method: str, path: str) -> None:
+        if stage == "after" and method == "DELETE" and "/jobs/" in path and next(deleted) == 3:
+            demand()
+
+    sim.server.hooks.append(after_three_checks)
     report = run_sweep(sim, history, cfg)
     got = {o.node: o for o in report.outcomes}
     assert got["gpu-03"].verdict == "inconclusive" and "pending GPU pod" in got["gpu-03"].reasons[0]
