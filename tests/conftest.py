@@ -104,3 +104,20 @@ def run_sweep(sim: Sim, history: History, cfg: Config = TEST_CONFIG, **kw: Any) 
     report = sw.run()
     report.events = events  # type: ignore[attr-defined]
     return report
+
+
+def held_then_released_by_a_person(make_sim: Callable[..., Sim], history: History) -> tuple[Sim, Config, Any]:
+    """An XID 79 node held by one run, a person taking Sweeper's taint off, and the next run, which
+    marks that a false positive: the simulated cluster, the config and that next run's report."""
+    from dataclasses import replace
+
+    sim = make_sim(nodes=2, faults={"gpu-01": {"xids": [{"code": 79, "gpu": 3}]}})
+    cfg = replace(TEST_CONFIG, interval=0)
+    first = run_sweep(sim, history, cfg)
+    assert {o.node: o.action for o in first.outcomes}["gpu-01"] == "held"
+    node = sim.core.read_node("gpu-01")
+    sim.core.patch_node("gpu-01", {"spec": {"taints": [t.to_dict() for t in node.spec.taints
+                                                       if t.key != cfg.taint_key]}})
+    second = run_sweep(sim, history, cfg)
+    assert any(d.get("action") == "marked a false positive" for d in second.reconciled)
+    return sim, cfg, second

@@ -16,7 +16,7 @@ from sweeper.cli import main
 from sweeper.control import Controls
 from sweeper.history import History
 from sweeper.policy import load_policy
-from tests.conftest import TEST_CONFIG, Sim, run_sweep
+from tests.conftest import TEST_CONFIG, Sim, held_then_released_by_a_person, run_sweep
 
 TAINT = TEST_CONFIG.taint_key
 NS, NAME = TEST_CONFIG.namespace, TEST_CONFIG.control_name
@@ -125,15 +125,7 @@ def test_a_breaker_a_run_opened_is_seen_and_reset_from_another_machine(make_sim,
 
 
 def test_a_dismissal_holds_across_history_files(make_sim, history: History, tmp_path: Path) -> None:
-    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"xids": [{"code": 79, "gpu": 3}]}})
-    cfg = replace(TEST_CONFIG, interval=0)
-    first = run_sweep(sim, history, cfg)
-    assert {o.node: o.action for o in first.outcomes}["gpu-01"] == "held"
-    # A person looks, decides the node is fine, and takes Sweeper's taint off.
-    node = sim.core.read_node("gpu-01")
-    sim.core.patch_node("gpu-01", {"spec": {"taints": [t.to_dict() for t in node.spec.taints if t.key != TAINT]}})
-    second = run_sweep(sim, history, cfg)
-    assert any(d.get("action") == "marked a false positive" for d in second.reconciled)
+    sim, cfg, second = held_then_released_by_a_person(make_sim, history)
     assert switch(sim, "dismissed.gpu-01")["keys"], "the dismissal lives in the cluster"
     assert [d["node"] for d in history.dismissals()] == ["gpu-01"], "and its record in the history, for backtests"
     assert seen(history) == [], "a switch a run flips itself is not news to its own history"

@@ -27,7 +27,7 @@ from sweeper.lock import SweepLock
 from sweeper.policy import load_policy
 from sweeper.sweep import Sweep
 from tests.cluster.test_control import set_switch, switch
-from tests.conftest import TEST_CONFIG, Sim, run_sweep
+from tests.conftest import TEST_CONFIG, Sim, held_then_released_by_a_person, run_sweep
 
 TAINT = TEST_CONFIG.taint_key
 
@@ -582,15 +582,7 @@ def test_simulated_faults_checks_never_schedule_lost_pods_slow_api(make_sim, his
 
 
 def test_a_person_releasing_a_held_node_marks_a_false_positive(make_sim, history: History) -> None:
-    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"xids": [{"code": 79, "gpu": 3}]}})
-    cfg = replace(TEST_CONFIG, interval=0)
-    first = run_sweep(sim, history, cfg)
-    assert {o.node: o.action for o in first.outcomes}["gpu-01"] == "held"
-    # A person looks, decides the node is fine, and takes Sweeper's taint off.
-    node = sim.core.read_node("gpu-01")
-    sim.core.patch_node("gpu-01", {"spec": {"taints": [t.to_dict() for t in node.spec.taints if t.key != TAINT]}})
-    second = run_sweep(sim, history, cfg)
-    assert any(d.get("action") == "marked a false positive" for d in second.reconciled)
+    sim, cfg, second = held_then_released_by_a_person(make_sim, history)
     o = {x.node: x for x in second.outcomes}["gpu-01"]
     assert (o.verdict, o.action) == ("warn", "released"), "the same XID does not hold it again"
     assert "dismissed by a person" in o.reasons[0]
