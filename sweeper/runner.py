@@ -16,13 +16,12 @@ from sweeper.errors import ConfigError, NotFound, SweeperError
 from sweeper.fleet import NodeView
 from sweeper.playbook.executor import Executor, PlayResult, TaskOutcome, load
 from sweeper.policy import HOLDING
-from sweeper.sweep import new_run_id
+from sweeper.sweep import Sweep, new_run_id
 
 
 def node_vars(view: NodeView, cfg: Config, uid: str = "") -> dict[str, Any]:
     profile = profiles.match(profiles.load_profiles(cfg.path("profiles")), view.labels)
-    return {"name": view.name, "labels": view.labels, "annotations": view.annotations, "gpus": view.gpus, "gpu_resources": view.gpu_vars(),
-            "uid": uid, "profile": profile.as_vars()}
+    return {**Sweep._node_vars(view, profile), "uid": uid}  # the sweep's own builder, plus the uid
 
 
 @dataclass
