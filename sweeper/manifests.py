@@ -1,21 +1,110 @@
-"""`python -m sweeper.manifests > deploy/cronjob.yaml`: the deployable manifest, the
-hand-written `deploy/base.yaml` followed by one ConfigMap per directory Sweeper reads
-(playbooks, job templates, profiles, policies), so that what runs in the cluster is what
-the repository holds."""
+"""The deployable manifests, generated so that what runs in the cluster is what the repository holds:
+
+    python -m sweeper.manifests > deploy/cronjob.yaml              # the CronJob (`sweeper sweep`)
+    python -m sweeper.manifests serve > deploy/serve/serve.yaml    # or a Deployment (`sweeper serve`)
+
+Each is the hand-written `deploy/base.yaml` (namespace, RBAC, configuration), the history's volume,
+the controller, and one ConfigMap per directory Sweeper reads (playbooks, job templates, profiles,
+policies). Options name the storage class of the history's volume (`--platform`, `--storage-class`)
+and where the controller pod may run (`--toleration`, `--node-selector`).
+
+The history has one writer. The two controllers use volumes of different names, so they never share
+one, and each manifest carries the other controller switched off (the CronJob suspended, the
+Deployment at zero replicas): applying one after the other leaves exactly one of them sweeping.
+
+The CronJob's `activeDeadlineSeconds` is derived from the configuration: the longest playbook it or
+a schedule runs (the sum of its Jobs' timeouts, templated with the playbook's vars), the light
+checks beside it, the wait for a replaced node, and a margin."""
 
 from __future__ import annotations
 
+import argparse
+import math
+import sys
+import tempfile
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from sweeper.config import home
+from sweeper.clock import parse_duration
+from sweeper.config import Config, home, load_config
+from sweeper.errors import ConfigError, SweeperError
+from sweeper.playbook.model import Playbook, Task
+from sweeper.templating import render as render_template
 
 DIRECTORIES = {"playbooks": "sweeper-playbooks", "job-templates": "sweeper-job-templates",
                "profiles": "sweeper-profiles", "policies": "sweeper-policies"}
 NAMESPACE = "sweeper"
+IMAGE = "ghcr.io/sweeper-dev/sweeper:0.1.0"
+# The history's volume per controller: different names, so a CronJob and a Deployment never write one file.
+STATE_CLAIMS = {"cronjob": "sweeper-state", "serve": "sweeper-serve-state"}
+# The storage class each platform's own CSI driver serves. EKS: no class is the default since 1.30;
+# deploy/eks/storageclass-gp3.yaml makes `gp3` for the EBS CSI driver
+# (https://docs.aws.amazon.com/eks/latest/userguide/ebs-csi.html). AKS: `managed-csi`, Azure Disk CSI
+# (https://learn.microsoft.com/azure/aks/azure-disk-csi). GKE: `standard-rwo`, Compute Engine PD CSI
+# (https://cloud.google.com/kubernetes-engine/docs/how-to/persistent-volumes/gce-pd-csi-driver).
+PLATFORMS = {"eks": "gp3", "aks": "managed-csi", "gke": "standard-rwo"}
+# Where system pods run: AKS system node pools and many EKS add-on node groups carry
+# CriticalAddonsOnly=true:NoSchedule (https://learn.microsoft.com/azure/aks/use-system-pools).
+# Tolerating it lets the controller run there; it does not keep it off other nodes.
+SYSTEM_TOLERATIONS = ({"key": "CriticalAddonsOnly", "operator": "Exists"},)
+MARGIN = 900.0  # API work, scheduling and image pulls around the Jobs of one run
 
 
+@dataclass(frozen=True)
+class Options:
+    """What differs between clusters: the history's storage class and where the controller runs."""
+
+    storage_class: str = PLATFORMS["eks"]
+    tolerations: tuple[dict[str, str], ...] = SYSTEM_TOLERATIONS
+    node_selector: dict[str, str] = field(default_factory=dict)
+    image: str = IMAGE
+
+
+# -- the CronJob's deadline -------------------------------------------------------------------------------
+def _resolved_vars(playbook: Playbook, config: Config) -> dict[str, Any]:
+    """The playbook's vars, each templated with the others (a var may name another, as dcgm_timeout
+    names dcgm_level)."""
+    scope: dict[str, Any] = {"check_timeout": config.check_timeout, **playbook.vars}
+    for _ in range(5):
+        scope = {k: render_template(v, scope, playbook.source) if isinstance(v, str) and "{" in v else v
+                 for k, v in scope.items()}
+    return scope
+
+
+def _job_seconds(tasks: tuple[Task, ...], scope: dict[str, Any]) -> float:
+    total = 0.0
+    for t in tasks:
+        total += _job_seconds(t.block, scope) + _job_seconds(t.rescue, scope) + _job_seconds(t.always, scope)
+        if t.action == "run_job":
+            raw = t.args.get("timeout", t.timeout if t.timeout is not None else scope.get("check_timeout"))
+            total += parse_duration(render_template(raw, scope, t.where))
+    return total
+
+
+def playbook_seconds(config: Config, name: str) -> float:
+    """The longest one node can spend in a playbook: the sum of its Jobs' timeouts."""
+    from sweeper.actions import load_all
+    from sweeper.playbook.executor import load
+
+    book = load(str(config.path("playbooks") / name), load_all())
+    return _job_seconds(book.tasks, _resolved_vars(book, config))
+
+
+def deadline_seconds(config: Config) -> int:
+    """activeDeadlineSeconds of a CronJob run: longer than the longest playbook it (`playbook`) or any
+    of the config's `schedules` runs, beside the light checks, plus the wait for a replaced node and a
+    margin; rounded up to whole minutes."""
+    names = [config.playbook] + [str(s["playbook"]) for s in config.schedules if s.get("playbook")]
+    longest = max(playbook_seconds(config, n) for n in names)
+    light = playbook_seconds(config, config.light_playbook) if config.light_playbook else 0.0
+    total = max(longest, light) + config.replacement_wait + MARGIN
+    return int(math.ceil(total / 60.0) * 60)
+
+
+# -- the documents ----------------------------------------------------------------------------------------
 def configmaps(root: Path) -> list[dict[str, object]]:
     out: list[dict[str, object]] = []
     for directory, name in DIRECTORIES.items():
@@ -27,15 +116,180 @@ def configmaps(root: Path) -> list[dict[str, object]]:
     return out
 
 
-def render(root: Path | None = None) -> str:
+def _labels(component: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "sweeper", "app.kubernetes.io/component": component}
+
+
+def state_claim(mode: str, opts: Options) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": STATE_CLAIMS[mode], "namespace": NAMESPACE, "labels": _labels(mode)},
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": opts.storage_class,
+                     "resources": {"requests": {"storage": "5Gi"}}}}
+
+
+def pod_template(mode: str, opts: Options) -> dict[str, Any]:
+    """The controller's pod: non-root, read-only root, requests and limits, never disrupted by Karpenter
+    while it holds nodes (https://karpenter.sh/docs/concepts/disruption/#pod-level-controls), tolerating
+    the system pools' taint."""
+    serve = mode == "serve"
+    command = ["sweeper", "serve", "--port", "8080"] if serve else ["sweeper", "sweep"]
+    command += ["--config", "/etc/sweeper/config.yaml", "--state", "/var/lib/sweeper/history.db"]
+    container: dict[str, Any] = {
+        "name": "sweeper", "image": opts.image, "command": command,
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "capabilities": {"drop": ["ALL"]}},
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "volumeMounts": [
+            {"name": "config", "mountPath": "/etc/sweeper/config.yaml", "subPath": "config.yaml", "readOnly": True},
+            *({"name": d, "mountPath": f"/etc/sweeper/{d}", "readOnly": True} for d in DIRECTORIES),
+            {"name": "state", "mountPath": "/var/lib/sweeper"},
+            {"name": "tmp", "mountPath": "/tmp"}]}
+    if serve:
+        container["ports"] = [{"name": "http", "containerPort": 8080}]
+        probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 30}
+        container["readinessProbe"] = probe
+        container["livenessProbe"] = {**probe, "failureThreshold": 4}
+    spec: dict[str, Any] = {
+        "serviceAccountName": "sweeper",
+        "restartPolicy": "Always" if serve else "Never",
+        "terminationGracePeriodSeconds": 120,  # time to hand held nodes back on SIGTERM
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001},
+        "tolerations": [dict(t) for t in opts.tolerations],
+        "containers": [container],
+        "volumes": [{"name": "config", "configMap": {"name": "sweeper-config"}},
+                    *({"name": d, "configMap": {"name": n}} for d, n in DIRECTORIES.items()),
+                    {"name": "state", "persistentVolumeClaim": {"claimName": STATE_CLAIMS[mode]}},
+                    {"name": "tmp", "emptyDir": {}}]}
+    if opts.node_selector:
+        spec["nodeSelector"] = dict(opts.node_selector)
+    if not spec["tolerations"]:
+        del spec["tolerations"]
+    return {"metadata": {"labels": _labels("serve" if serve else "controller"),
+                         "annotations": {"karpenter.sh/do-not-disrupt": "true"}},
+            "spec": spec}
+
+
+def cronjob(config: Config, opts: Options, suspend: bool = False) -> dict[str, Any]:
+    return {"apiVersion": "batch/v1", "kind": "CronJob",
+            "metadata": {"name": "sweeper", "namespace": NAMESPACE, "labels": _labels("controller")},
+            "spec": {"schedule": "*/30 * * * *", "suspend": suspend,
+                     "concurrencyPolicy": "Forbid",  # never two sweeps at once
+                     "startingDeadlineSeconds": 600, "successfulJobsHistoryLimit": 3, "failedJobsHistoryLimit": 5,
+                     "jobTemplate": {"spec": {
+                         "backoffLimit": 0,  # a failed run is picked up by the next one, not retried blindly
+                         "activeDeadlineSeconds": deadline_seconds(config),
+                         "template": pod_template("cronjob", opts)}}}}
+
+
+def deployment(opts: Options, replicas: int = 1) -> dict[str, Any]:
+    """`sweeper serve`: one replica, and Recreate, so the old pod has stopped before the new one opens
+    the history (https://kubernetes.io/docs/concepts/workloads/controllers/deployment/#recreate-deployment)."""
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "sweeper", "namespace": NAMESPACE, "labels": _labels("serve")},
+            "spec": {"replicas": replicas, "strategy": {"type": "Recreate"},
+                     "selector": {"matchLabels": _labels("serve")},
+                     "template": pod_template("serve", opts)}}
+
+
+def service() -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "sweeper", "namespace": NAMESPACE, "labels": _labels("serve")},
+            "spec": {"selector": _labels("serve"), "ports": [{"name": "http", "port": 8080, "targetPort": "http"}]}}
+
+
+def _config_of(base: str) -> Config:
+    """The configuration the base's ConfigMap holds, with the repository's playbooks."""
+    cm = next(d for d in yaml.safe_load_all(base) if d and d.get("kind") == "ConfigMap"
+              and d["metadata"]["name"] == "sweeper-config")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.yaml"
+        path.write_text(cm["data"]["config.yaml"])
+        return load_config(path)
+
+
+def _dump(comment: str, doc: dict[str, Any]) -> str:
+    return f"# {comment}\n" + yaml.safe_dump(doc, sort_keys=False, width=120, allow_unicode=True).rstrip("\n")
+
+
+def render(root: Path | None = None, mode: str = "cronjob", opts: Options | None = None) -> str:
     root = root or home()
+    opts = opts or Options()
     base = (root / "deploy" / "base.yaml").read_text()
-    parts = [base.rstrip("\n")]
+    config = _config_of(base)
+    config = replace(config, playbook_dir=str(root / "playbooks"))
+    other = "deploy/cronjob.yaml" if mode == "serve" else "deploy/serve/serve.yaml"
+    parts = [base.rstrip("\n"),
+             _dump(f"The history (SQLite) of the {mode} controller, on the storage class's volume; its own "
+                   f"name, so the other controller never writes it.", state_claim(mode, opts))]
+    if mode == "serve":
+        parts += [_dump("`sweeper serve`: the one writer of its history, sweeping on the config's schedules.",
+                        deployment(opts)),
+                  _dump("/metrics, /healthz and the fleet report.", service()),
+                  _dump(f"Switched off here, so that applying this file over {other} leaves one controller.",
+                        cronjob(config, opts, suspend=True))]
+    else:
+        parts += [_dump(f"One sweep every 30 minutes; the deadline is derived from the config (python -m "
+                        f"sweeper.manifests).", cronjob(config, opts)),
+                  _dump(f"Switched off here, so that applying this file over {other} leaves one controller.",
+                        deployment(opts, replicas=0))]
     for cm in configmaps(root):
-        parts.append(f"# {cm['metadata']['name']}: generated from {cm['metadata']['name'].split('-', 1)[1]}/"  # type: ignore[index]
-                     "\n" + yaml.safe_dump(cm, sort_keys=False, width=120, allow_unicode=True).rstrip("\n"))
+        parts.append(_dump(f"{cm['metadata']['name']}: generated from "  # type: ignore[index]
+                           f"{cm['metadata']['name'].split('-', 1)[1]}/", cm))  # type: ignore[index]
     return "\n---\n".join(parts) + "\n"
 
 
+# -- the command ----------------------------------------------------------------------------------------
+def _toleration(spec: str) -> dict[str, str]:
+    """KEY, KEY=VALUE, KEY:EFFECT or KEY=VALUE:EFFECT, as in `kubectl taint`."""
+    head, _, effect = spec.partition(":")
+    key, eq, value = head.partition("=")
+    if not key:
+        raise ConfigError(f"--toleration {spec!r}: KEY[=VALUE][:EFFECT]")
+    tol = {"key": key, "operator": "Equal" if eq else "Exists"}
+    if eq:
+        tol["value"] = value
+    if effect:
+        if effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+            raise ConfigError(f"--toleration {spec!r}: the effect is NoSchedule, PreferNoSchedule or NoExecute")
+        tol["effect"] = effect
+    return tol
+
+
+def options(argv: list[str]) -> tuple[str, Options]:
+    ap = argparse.ArgumentParser(prog="python -m sweeper.manifests", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", nargs="?", choices=("cronjob", "serve"), default="cronjob")
+    ap.add_argument("--platform", choices=sorted(PLATFORMS), default="eks",
+                    help="the storage class of the platform's own CSI driver (eks: gp3, aks: managed-csi, "
+                         "gke: standard-rwo)")
+    ap.add_argument("--storage-class", help="the history volume's storage class, whatever the platform")
+    ap.add_argument("--toleration", action="append", metavar="KEY[=VALUE][:EFFECT]",
+                    help="a taint the controller tolerates (repeatable; default: CriticalAddonsOnly)")
+    ap.add_argument("--node-selector", action="append", metavar="KEY=VALUE", default=[],
+                    help="a label the controller's node must carry (repeatable)")
+    ap.add_argument("--image", default=IMAGE, help="the controller image")
+    a = ap.parse_args(argv)
+    selector = {}
+    for s in a.node_selector:
+        k, eq, v = s.partition("=")
+        if not k or not eq:
+            raise ConfigError(f"--node-selector {s!r}: KEY=VALUE")
+        selector[k] = v
+    tolerations = tuple(_toleration(t) for t in a.toleration) if a.toleration else SYSTEM_TOLERATIONS
+    return a.mode, Options(storage_class=a.storage_class or PLATFORMS[a.platform], tolerations=tolerations,
+                           node_selector=selector, image=a.image)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        mode, opts = options(sys.argv[1:] if argv is None else argv)
+        print(render(mode=mode, opts=opts), end="")
+    except SweeperError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    return 0
+
+
 if __name__ == "__main__":
-    print(render(), end="")
+    sys.exit(main())
