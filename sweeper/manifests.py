@@ -229,8 +229,8 @@ def render(root: Path | None = None, mode: str = "cronjob", opts: Options | None
                   _dump(f"Switched off here, so that applying this file over {other} leaves one controller.",
                         cronjob(config, opts, suspend=True))]
     else:
-        parts += [_dump(f"One sweep every 30 minutes; the deadline is derived from the config (python -m "
-                        f"sweeper.manifests).", cronjob(config, opts)),
+        parts += [_dump("One sweep every 30 minutes; the deadline is derived from the config (python -m "
+                        "sweeper.manifests).", cronjob(config, opts)),
                   _dump(f"Switched off here, so that applying this file over {other} leaves one controller.",
                         deployment(opts, replicas=0))]
     for cm in configmaps(root):

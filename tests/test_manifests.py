@@ -9,17 +9,23 @@ import yaml
 from sweeper.actions import ActionContext
 from sweeper.actions.jobs import render_job
 from sweeper.config import Config, load_config
+from sweeper.errors import ConfigError
 from sweeper.profiles import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = "1.31"
 
 
+def docs_of(name: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all((ROOT / "deploy" / name).read_text()) if d]
+
+
 def test_cronjob_manifest_validates_and_its_config_loads(tmp_path: Path) -> None:
-    docs = [d for d in yaml.safe_load_all((ROOT / "deploy" / "cronjob.yaml").read_text()) if d]
+    docs = docs_of("cronjob.yaml")
     kinds = [d["kind"] for d in docs]
     assert kinds == ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-                     "Role", "RoleBinding", "PersistentVolumeClaim", "ConfigMap", "CronJob"] + ["ConfigMap"] * 4
+                     "Role", "RoleBinding", "ConfigMap", "PersistentVolumeClaim", "CronJob", "Deployment"] \
+        + ["ConfigMap"] * 4
     for d in docs:
         kubernetes_validate.validate(d, K8S, strict=True)
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
@@ -29,6 +35,7 @@ def test_cronjob_manifest_validates_and_its_config_loads(tmp_path: Path) -> None
     assert cfg.max_nodes == 4 and cfg.check_timeout == 900 and cfg.playbook_dir == "/etc/sweeper/playbooks"
     cron = next(d for d in docs if d["kind"] == "CronJob")
     assert cron["spec"]["concurrencyPolicy"] == "Forbid" and cron["spec"]["startingDeadlineSeconds"] > 0
+    assert cron["spec"]["suspend"] is False
     pod = cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     c = pod["containers"][0]
@@ -38,14 +45,117 @@ def test_cronjob_manifest_validates_and_its_config_loads(tmp_path: Path) -> None
     assert mounted == {d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"}
 
 
-def test_the_manifest_is_regenerated_from_the_repository() -> None:
-    from sweeper.manifests import render
+@pytest.mark.parametrize("name", ["cronjob.yaml", "serve/serve.yaml", "rbac-evictions.yaml",
+                                  "rbac-karpenter.yaml", "eks/storageclass-gp3.yaml"])
+def test_every_manifest_validates(name: str) -> None:
+    docs = docs_of(name)
+    assert docs
+    for d in docs:
+        kubernetes_validate.validate(d, K8S, strict=True)
 
-    assert (ROOT / "deploy" / "cronjob.yaml").read_text() == render(ROOT), \
-        "deploy/cronjob.yaml is stale: python -m sweeper.manifests > deploy/cronjob.yaml"
-    docs = [d for d in yaml.safe_load_all((ROOT / "deploy" / "cronjob.yaml").read_text()) if d]
-    playbooks = next(d for d in docs if d["metadata"]["name"] == "sweeper-playbooks")
-    assert set(playbooks["data"]) == {p.name for p in (ROOT / "playbooks").glob("*.yaml")}
+
+def test_the_namespace_admits_the_check_jobs() -> None:
+    """Check Jobs mount host paths, run as root with capabilities, and reboot / GPU reset are privileged:
+    only the `privileged` Pod Security level admits them, so a cluster whose default is baseline or
+    restricted would refuse every check pod
+    (https://kubernetes.io/docs/concepts/security/pod-security-standards/,
+    https://kubernetes.io/docs/concepts/security/pod-security-admission/)."""
+    for name in ("cronjob.yaml", "serve/serve.yaml"):
+        ns = next(d for d in docs_of(name) if d["kind"] == "Namespace")
+        assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+def test_the_controller_is_never_disrupted_and_runs_beside_system_pods() -> None:
+    """Karpenter leaves a node alone while a pod on it carries karpenter.sh/do-not-disrupt
+    (https://karpenter.sh/docs/concepts/disruption/#pod-level-controls); AKS system pools carry
+    CriticalAddonsOnly=true:NoSchedule (https://learn.microsoft.com/azure/aks/use-system-pools)."""
+    for name in ("cronjob.yaml", "serve/serve.yaml"):
+        for _, template in controller_pods_of(docs_of(name)):
+            assert template["metadata"]["annotations"]["karpenter.sh/do-not-disrupt"] == "true"
+            assert {"key": "CriticalAddonsOnly", "operator": "Exists"} in template["spec"]["tolerations"]
+
+
+def test_the_tolerations_storage_class_and_node_selector_are_options() -> None:
+    from sweeper.manifests import options, render
+
+    mode, opts = options(["serve", "--platform", "aks", "--toleration", "sku=gpu:NoSchedule",
+                          "--toleration", "dedicated", "--node-selector", "agentpool=system"])
+    assert mode == "serve" and opts.storage_class == "managed-csi"
+    docs = [d for d in yaml.safe_load_all(render(ROOT, mode, opts)) if d]
+    pvc = next(d for d in docs if d["kind"] == "PersistentVolumeClaim")
+    assert pvc["spec"]["storageClassName"] == "managed-csi"
+    dep = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert dep["tolerations"] == [{"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"},
+                                  {"key": "dedicated", "operator": "Exists"}]
+    assert dep["nodeSelector"] == {"agentpool": "system"}
+    for d in docs:
+        kubernetes_validate.validate(d, K8S, strict=True)
+    assert options(["--platform", "gke"])[1].storage_class == "standard-rwo"
+    assert options(["--platform", "gke", "--storage-class", "premium-rwo"])[1].storage_class == "premium-rwo"
+    with pytest.raises(ConfigError):
+        options(["--toleration", "a=b:Sometimes"])
+
+
+def test_the_history_claim_names_a_storage_class() -> None:
+    """EKS clusters since 1.30 have no default StorageClass, so a claim without one stays Pending
+    (https://docs.aws.amazon.com/eks/latest/userguide/ebs-csi.html); the shipped manifest names the
+    EBS CSI driver's gp3, which deploy/eks/storageclass-gp3.yaml makes."""
+    pvc = next(d for d in docs_of("cronjob.yaml") if d["kind"] == "PersistentVolumeClaim")
+    assert pvc["spec"]["storageClassName"] == "gp3"
+    sc = docs_of("eks/storageclass-gp3.yaml")[0]
+    assert sc["metadata"]["name"] == "gp3" and sc["provisioner"] == "ebs.csi.aws.com"
+
+
+def test_serve_and_the_cronjob_never_write_one_history() -> None:
+    """The serve Deployment: one replica, Recreate (the old pod stops before the new one starts:
+    https://kubernetes.io/docs/concepts/workloads/controllers/deployment/#recreate-deployment), its own
+    claim. Each manifest carries the other controller switched off, so applying one over the other
+    leaves exactly one sweeping."""
+    serve, cron = docs_of("serve/serve.yaml"), docs_of("cronjob.yaml")
+
+    def claim(docs: list[dict], kind: str) -> str:
+        (_, template), = [(d, t) for d, t in controller_pods_of(docs) if d["kind"] == kind]
+        (vol,) = [v for v in template["spec"]["volumes"] if "persistentVolumeClaim" in v]
+        return str(vol["persistentVolumeClaim"]["claimName"])
+
+    dep = next(d for d in serve if d["kind"] == "Deployment")
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    assert dep["spec"]["template"]["spec"]["containers"][0]["command"][:2] == ["sweeper", "serve"]
+    assert next(d for d in serve if d["kind"] == "CronJob")["spec"]["suspend"] is True
+    assert next(d for d in cron if d["kind"] == "Deployment")["spec"]["replicas"] == 0
+    assert claim(serve, "Deployment") != claim(cron, "CronJob")
+    assert claim(serve, "Deployment") in {d["metadata"]["name"] for d in serve if d["kind"] == "PersistentVolumeClaim"}
+    cm = next(d for d in serve if d["kind"] == "ConfigMap")
+    assert yaml.safe_load(cm["data"]["config.yaml"])["schedules"], "serve sweeps on the config's schedules"
+
+
+def controller_pods_of(docs: list[dict]) -> list[tuple[dict, dict]]:
+    return [(d, d["spec"]["jobTemplate"]["spec"]["template"] if d["kind"] == "CronJob" else d["spec"]["template"])
+            for d in docs if d["kind"] in ("CronJob", "Deployment")]
+
+
+def test_the_cronjob_deadline_outlasts_its_longest_playbook(tmp_path: Path) -> None:
+    """activeDeadlineSeconds ends the Job, running or not
+    (https://kubernetes.io/docs/concepts/workloads/controllers/job/#job-termination-and-cleanup): it is
+    derived from the config, so a DCGM level 4 (hours) is not cut off by a deadline made for 15 minutes."""
+    from sweeper.manifests import MARGIN, deadline_seconds, playbook_seconds
+
+    cfg = Config(playbook_dir=str(ROOT / "playbooks"))
+    assert playbook_seconds(cfg, "sweep-light.yaml") == 900
+    assert playbook_seconds(cfg, "quarantine-deep.yaml") == 45 * 60 + 20 * 60
+    cron = next(d for d in docs_of("cronjob.yaml") if d["kind"] == "CronJob")
+    deadline = cron["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"]
+    assert deadline >= playbook_seconds(cfg, "sweep-dcgm.yaml") + MARGIN, "the dcgm schedule fits"
+    level4 = tmp_path / "playbooks"
+    level4.mkdir()
+    text = (ROOT / "playbooks" / "quarantine-deep.yaml").read_text().replace("dcgm_level: 3", "dcgm_level: 4")
+    (level4 / "deep4.yaml").write_text(text)
+    for name in ("sweep-light.yaml", "light-busy.yaml"):
+        (level4 / name).write_text((ROOT / "playbooks" / name).read_text())
+    cfg4 = Config(playbook_dir=str(level4), schedules=({"name": "deep", "cron": "0 3 * * 6", "playbook": "deep4.yaml"},))
+    assert playbook_seconds(cfg4, "deep4.yaml") == 3 * 3600 + 20 * 60
+    assert deadline_seconds(cfg4) > 3 * 3600 + 20 * 60 > deadline
+    assert deadline_seconds(cfg4) % 60 == 0
 
 
 def test_the_dockerfile_has_the_basics() -> None:
