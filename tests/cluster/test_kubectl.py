@@ -156,6 +156,27 @@ def test_apply_the_deploy_manifests(served: Path) -> None:
     assert 'unknown field "sepc"' in kubectl_fails(served, "apply", "--server-side", "-f", str(typo))
 
 
+def test_serve_and_the_cronjob_replace_each_other(served: Path) -> None:
+    """deploy/serve/serve.yaml and deploy/cronjob.yaml each carry the other controller switched off, so
+    applying one over the other leaves one sweeper; `kubectl apply -f deploy/` is not recursive
+    (https://kubernetes.io/docs/reference/kubectl/generated/kubectl_apply/: -R, --recursive), so it
+    never applies the serve manifest by accident."""
+    def state() -> tuple[str, str]:
+        suspended = kubectl(served, "-n", "sweeper", "get", "cronjob", "sweeper", "-o", "jsonpath={.spec.suspend}")
+        replicas = kubectl(served, "-n", "sweeper", "get", "deployment", "sweeper", "-o",
+                           "jsonpath={.spec.replicas}")
+        return suspended, replicas
+
+    kubectl(served, "apply", "-f", str(ROOT / "deploy" / "cronjob.yaml"))
+    assert state() == ("false", "0")
+    out = kubectl(served, "apply", "-f", str(ROOT / "deploy" / "serve" / "serve.yaml"))
+    assert "persistentvolumeclaim/sweeper-serve-state created" in out and "service/sweeper created" in out, out
+    assert "deployment.apps/sweeper configured" in out and "cronjob.batch/sweeper configured" in out, out
+    assert state() == ("true", "1")
+    kubectl(served, "apply", "-f", str(ROOT / "deploy"))
+    assert state() == ("false", "0")
+
+
 def test_server_dry_run_changes_nothing(served: Path) -> None:
     """Every `--dry-run=server` write answers as the write would and leaves the object as it was."""
     def version(*what: str) -> str:
