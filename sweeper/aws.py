@@ -15,6 +15,31 @@ class AwsError(SweeperError):
     exit_code = 3
 
 
+# boto3's credential chain, in the order it looks
+# (https://boto3.amazonaws.com/v1/documentation/api/latest/guide/credentials.html).
+CHAIN = ("AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY", "AWS_WEB_IDENTITY_TOKEN_FILE+AWS_ROLE_ARN (IRSA)",
+         "AWS_CONTAINER_CREDENTIALS_FULL_URI (EKS Pod Identity)", "~/.aws/credentials and ~/.aws/config",
+         "the instance metadata service")
+ACTIONS = ("autoscaling:DescribeAutoScalingInstances", "autoscaling:SetInstanceHealth",
+           "autoscaling:TerminateInstanceInAutoScalingGroup")  # every call below, and nothing else
+
+
+def require_credentials(why: str) -> None:
+    """Raise AwsError (exit 3) when boto3's credential chain finds nothing: said before any node is
+    taken, not as a node held later because its replacement failed. IRSA's token is exchanged when
+    first used; EKS Pod Identity's agent is asked here, and an agent that does not answer is an error."""
+    import boto3
+
+    try:
+        found = boto3.Session().get_credentials()
+    except Exception as exc:  # a broken profile or token file is as missing as none
+        raise AwsError(f"{why}, but boto3 could not load AWS credentials: {exc}") from exc
+    if found is None:
+        raise AwsError(f"{why}, but boto3 found no AWS credentials (looked in: {'; '.join(CHAIN)}): give "
+                       f"Sweeper's service account an IAM role through IRSA or EKS Pod Identity allowed "
+                       f"{', '.join(ACTIONS)}")
+
+
 def instance_of(provider_id: str) -> tuple[str, str]:
     """(zone, instance id) from a node's spec.providerID, `aws:///us-east-1a/i-0abc...`."""
     m = _PROVIDER_ID.match(provider_id or "")

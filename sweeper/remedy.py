@@ -49,6 +49,21 @@ def resettable(causes: list[str]) -> bool:
     return bool(causes) and all(one(c) for c in causes)
 
 
+def providers(cfg: Config) -> set[str]:
+    """Every provider the config's `remediation` names."""
+    r = cfg.remediation
+    return ({str(r.get("default", "manual"))} | {str(p) for p in (r.get("by_pool") or {}).values()}
+            | {str(p) for p in (r.get("by_profile") or {}).values()})
+
+
+def preflight(cfg: Config, injected_autoscaling: bool = False) -> None:
+    """Raise (exit 3, one line) when a provider the config names cannot act: asg without AWS credentials."""
+    if "asg" in providers(cfg) and not injected_autoscaling:
+        from sweeper.aws import require_credentials
+
+        require_credentials("remediation names the asg provider")
+
+
 class Remediator:
     def __init__(self, kube: Any, cfg: Config, clock: Clock, *, dry_run: bool = False,
                  autoscaling: Callable[[str], Any] | None = None, log: Callable[[str], None] = lambda m: None,
@@ -57,6 +72,10 @@ class Remediator:
         self._autoscaling = autoscaling
         self.log = log
         self.cancelled = cancelled
+
+    def preflight(self) -> None:
+        """Before any node is taken: the providers the config names can act (AWS credentials for asg)."""
+        preflight(self.cfg, self._autoscaling is not None)
 
     # -- which provider ------------------------------------------------------------------
     def provider_for(self, view: NodeView, profile: str) -> str:

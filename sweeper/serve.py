@@ -25,6 +25,7 @@ from sweeper.config import Config
 from sweeper.errors import ConfigError, LockHeld, SweeperError
 from sweeper.metrics import Metrics
 from sweeper.policy import load_policy
+from sweeper.remedy import preflight
 from sweeper.report import gather, render
 from sweeper.sweep import Sweep
 
@@ -49,6 +50,7 @@ class Server:
                  log: Callable[[str], None] = print, misfire_grace: float = 300.0) -> None:
         if not cfg.schedules:
             raise ConfigError("no schedules in the config: add `schedules: [{name, cron, playbook}]`")
+        preflight(cfg)  # at start-up: a provider that cannot act (asg without AWS credentials) exits 3
         self.cfg, self.kube, self.history, self.log = cfg, kube, history, log
         self.metrics = Metrics()
         self.scheduler = BackgroundScheduler(timezone="UTC", job_defaults={

@@ -298,6 +298,7 @@ class Sweep:
     def run(self) -> RunReport:
         """One pass. While it holds the lock, every write of the run, to the cluster and to the
         history, is fenced by it: a run that lost the lock stops and raises LockLost."""
+        self.remediator.preflight()  # a provider that cannot act stops the run before it takes a node
         start = self.clock.now()
         requests_before = self.kube.requests
         run_id = new_run_id(start)

@@ -302,3 +302,65 @@ def test_a_pending_remap_is_reset_not_rebooted(make_sim, history: History) -> No
     assert "GPU(s) 5 reset" in detail
     again = run_sweep(sim, history, cfg)
     assert {o.node: (o.verdict, o.action) for o in again.outcomes} == {"gpu-00": ("pass", "released")}
+
+
+@pytest.fixture
+def no_aws_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """Nothing anywhere in boto3's credential chain
+    (https://boto3.amazonaws.com/v1/documentation/api/latest/guide/credentials.html): no AWS_* variables,
+    no shared files, and the instance metadata service switched off so the test never waits for it."""
+    import os
+
+    for k in [k for k in os.environ if k.startswith("AWS_")]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+def test_a_missing_aws_credential_stops_the_sweep_before_it_takes_a_node(make_sim, tmp_path: Any,
+                                                                         no_aws_credentials: None) -> None:
+    """`remediation` names asg and boto3 finds no credentials: exit 3 with one line naming what is
+    missing, before the lock or any node is touched; not a node held later for a failed replacement."""
+    from click.testing import CliRunner
+
+    from sweeper.cli import main
+
+    sim: Sim = make_sim(nodes=3, faults={"gpu-01": {"remap_failure": [1]}})
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("max_nodes: 3\nmax_percent: 100\nremediation: {default: manual, by_pool: {gpu: asg}}\n")
+    before = len(sim.cluster.store.requests)
+    res = CliRunner().invoke(main, ["sweep", "--config", str(cfg), "--kubeconfig", str(sim.kubeconfig),
+                                    "--state", str(tmp_path / "h.db")])
+    assert res.exit_code == 3, res.output
+    (line,) = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert "asg" in line and "no AWS credentials" in line and "IRSA" in line and "Pod Identity" in line
+    assert "autoscaling:SetInstanceHealth" in line
+    assert [r for r in sim.cluster.store.requests[before:] if r[0] != "GET"] == [], "nothing written, no lock taken"
+    taints = [t for n in sim.core.list_node().items for t in n.spec.taints or []]
+    assert taints == []
+
+
+def test_serve_checks_the_aws_credential_at_start_up(no_aws_credentials: None) -> None:
+    from sweeper.aws import AwsError
+    from sweeper.serve import Server
+
+    cfg = replace(TEST_CONFIG, remediation={"default": "asg", "by_pool": {}, "by_profile": {}},
+                  schedules=({"name": "light", "cron": "*/30 * * * *"},))
+    with pytest.raises(AwsError, match="no AWS credentials"):
+        Server(cfg, kube=None, history=None, port=0)
+
+
+def test_an_irsa_role_is_a_credential_without_a_call(no_aws_credentials: None, monkeypatch: pytest.MonkeyPatch,
+                                                     tmp_path: Any) -> None:
+    """IRSA puts a web identity token file and a role ARN in the pod's environment
+    (https://docs.aws.amazon.com/eks/latest/userguide/iam-roles-for-service-accounts.html); boto3
+    exchanges the token when the credentials are first used, so the check at start asks nothing."""
+    from sweeper.remedy import preflight
+
+    token = tmp_path / "token"
+    token.write_text("eyJ.token.sig")
+    monkeypatch.setenv("AWS_WEB_IDENTITY_TOKEN_FILE", str(token))
+    monkeypatch.setenv("AWS_ROLE_ARN", "arn:aws:iam::111122223333:role/sweeper")
+    preflight(replace(TEST_CONFIG, remediation={"default": "asg", "by_pool": {}, "by_profile": {}}))
+    preflight(TEST_CONFIG)  # manual only: no AWS at all
