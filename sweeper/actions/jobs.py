@@ -58,8 +58,10 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
         # The parts that keep a check Job safe are built here, not left to each template.
         "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
             {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [hostname]}]}]}}},
-        "tolerations": [{"key": ctx.config.taint_key, "operator": "Exists", "effect": "NoSchedule"},
-                        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        # Sweeper's own taint, and the GPU pools' taints that leave a node sweepable (allowed_taint_keys:
+        # GKE's nvidia.com/gpu=present, AKS's sku=gpu when listed), so the check lands where it was sent.
+        "tolerations": [{"key": ctx.config.taint_key, "operator": "Exists", "effect": "NoSchedule"}]
+        + [{"key": k, "operator": "Exists", "effect": "NoSchedule"} for k in ctx.config.allowed_taint_keys],
         "all_gpus": {"nvidia.com/gpu": str(node.get("gpus", 0))},
         "priority_class": ctx.config.check_priority_class,
         **extra}
