@@ -100,7 +100,10 @@ def deadline_seconds(config: Config) -> int:
     names = [config.playbook] + [str(s["playbook"]) for s in config.schedules if s.get("playbook")]
     longest = max(playbook_seconds(config, n) for n in names)
     light = playbook_seconds(config, config.light_playbook) if config.light_playbook else 0.0
-    total = max(longest, light) + config.replacement_wait + MARGIN
+    # A run that keeps taking nodes until a deadline of its own (`run_deadline`, where the config has
+    # it) may start its longest playbook just before that deadline.
+    rolling = float(getattr(config, "run_deadline", 0) or 0)
+    total = rolling + max(longest, light) + config.replacement_wait + MARGIN
     return int(math.ceil(total / 60.0) * 60)
 
 
