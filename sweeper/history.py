@@ -387,6 +387,33 @@ class History:
         return out
 
     @_locked
+    def sweep_timeline(self, since: float) -> list[dict[str, Any]]:
+        """Every conclusive sweep since `since`, oldest first: node, started, verdict, reasons, rules, kind."""
+        rows = list(self.db.query(
+            "select node, started, verdict, reasons, rules, kind, profile from node_sweeps where started >= ? "
+            "and finished is not null and dry_run = 0 and kind in ('sweep', 'light') order by started", [since]))
+        for r in rows:
+            r["reasons"] = json.loads(r["reasons"] or "[]")
+            r["rules"] = json.loads(r["rules"] or "[]")
+        return rows
+
+    @_locked
+    def metric_by_node(self, metric: str, since: float, until: float) -> dict[str, dict[int | None, list[tuple[float, float]]]]:
+        """Node to GPU (None: the node as a whole) to its readings of a metric in the window, oldest first."""
+        out: dict[str, dict[int | None, list[tuple[float, float]]]] = {}
+        for node, gpu, ts, value in self.db.execute(
+                "select node, gpu, ts, value from metrics where name = ? and ts >= ? and ts <= ? order by ts",
+                [metric, since, until]).fetchall():
+            out.setdefault(node, {}).setdefault(gpu, []).append((ts, value))
+        return out
+
+    @_locked
+    def replaced(self) -> dict[str, float]:
+        """Node to when Sweeper saw its replacement through (the provider took it away)."""
+        return {r[0]: r[1] for r in self.db.execute(
+            "select node, max(ts) from actions where action = 'replaced' and dry_run = 0 group by node").fetchall()}
+
+    @_locked
     def metric_latest(self, metric: str, since: float) -> list[dict[str, Any]]:
         """Each node's latest reading of a metric (lowest over GPUs), with its profile."""
         rows = self.db.execute(
