@@ -154,8 +154,10 @@ def node_states(data: ReportData) -> dict[str, dict[str, Any]]:
         last = latest.get(name)
         in_cluster = None if data.gpu_nodes is None else name in data.gpu_nodes
         replaced_at = data.replaced.get(name)
-        if in_cluster is False or (in_cluster is None and replaced_at and (not last or replaced_at >= last["started"])):
-            state = "replaced" if replaced_at or (last and last["verdict"] == "replace") else "gone"
+        if replaced_at and (last is None or replaced_at >= last["started"]):
+            state = "replaced"  # even where a plan made before the replacement still lists it
+        elif in_cluster is False:
+            state = "replaced" if last and last["verdict"] == "replace" else "gone"
         elif last is None:
             state = "never swept"
         elif last["verdict"] in HOLDING:
