@@ -72,7 +72,7 @@ def run_demo(console: Console, state: Path, *, cycles: int, hours_between: float
         page.write_text(render(data, "Sweeper demo fleet"))
         console.print(f"\nhistory: {state}   (sweeper history NODE --state {state})")
         console.print(f"fleet report: {page}")
-        console.print(f"  open it in a browser: coverage, every sweep on a time axis, the trend"
+        console.print("  open it in a browser: coverage, every sweep on a time axis, the trend"
                       + (f" that replaced {trended['node']}" if trended else "")
                       + f", NCCL bandwidth, a page per node (sweeper report --state {state} --offline)")
         console.print(f"demo finished in {time.monotonic() - t0:.1f}s of real time, "

@@ -88,9 +88,9 @@ def gather(history: Any, policy: Policy, since: float, now: float, interval: flo
             for gpu, all_pts in by_gpu.items():
                 pts = [p for p in all_pts if p[0] >= end - tr.window]
                 if len(pts) >= 2:
-                    s = slope_per_day(pts)
-                    if steepest is None or s > steepest[0]:
-                        steepest = (s, gpu, pts)
+                    slope = slope_per_day(pts)
+                    if steepest is None or slope > steepest[0]:
+                        steepest = (slope, gpu, pts)
             if steepest is None or steepest[0] <= 0:
                 continue
             data.trends.append({"node": name, "metric": tr.metric, "rule": tr.name, "limit": tr.slope_per_day,
