@@ -7,6 +7,7 @@ file) with its sweeps, findings, actions and metric trends per GPU."""
 from __future__ import annotations
 
 import html
+import json
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ STATE_COLORS = {"in service": "#2e9d5b", "held": "#d03b3b", "never swept": "#8a9
 GPU_COLORS = ("#3b7dd8", "#d03b3b", "#2e9d5b", "#b455c9", "#e0b020", "#17a2b8", "#e8743b", "#6c757d")
 BANDWIDTH = "nccl.busbw_largest"
 MAX_TIMELINE_NODES = 400
-MAX_NODE_PAGES = 200
+MAX_NODE_PAGES = 100
 MAX_TREND_CARDS = 12
 
 
@@ -43,6 +44,7 @@ class ReportData:
     floors: dict[str, float] = field(default_factory=dict)  # profile -> NCCL floor
     pages: list[dict[str, Any]] = field(default_factory=list)  # one per node given a page
     more_pages: int = 0  # nodes left without a page (see `sweeper report --node`)
+    _states: dict[str, dict[str, Any]] | None = None
 
 
 # -- where the GPU node list comes from ---------------------------------------------------------
@@ -81,8 +83,17 @@ def gather(history: Any, policy: Policy, since: float, now: float, interval: flo
     for s in data.timeline:
         fired.setdefault(s["node"], set()).update(s["rules"])
     for tr in policy.trends:
-        for name, by_gpu in history.metric_by_node(tr.metric, since, now).items():
-            # The rule's window, ending at the node's latest reading: what its last decision saw.
+        # The whole window's slope (in SQLite) picks the candidates: the nodes whose rule fired and
+        # the steepest others; each is then judged as its rule sees it, over the rule's window
+        # ending at the node's latest reading.
+        rough: dict[str, float] = {}
+        for name, _gpu, _n, slope in history.metric_slopes(tr.metric, since, now):
+            rough[name] = max(slope, rough.get(name, slope))
+        steep = sorted((n for n, sl in rough.items() if sl > 0), key=lambda n: -rough[n])[:MAX_TREND_CARDS * 2]
+        for name in dict.fromkeys([n for n in rough if tr.name in fired.get(n, set())] + steep):
+            by_gpu: dict[int | None, list[tuple[float, float]]] = {}
+            for ts, gpu, value in history.series(name, tr.metric, since, now):
+                by_gpu.setdefault(gpu, []).append((ts, value))
             end = max(pts[-1][0] for pts in by_gpu.values())
             steepest: tuple[float, int | None, list[tuple[float, float]]] | None = None
             for gpu, all_pts in by_gpu.items():
@@ -144,6 +155,12 @@ def coverage_window(data: ReportData) -> float:
 def node_states(data: ReportData) -> dict[str, dict[str, Any]]:
     """Every node the report knows (the cluster's GPU nodes and the history's): its state (in
     service, held, never swept, replaced, gone), profile, latest sweep and latest full sweep."""
+    if data._states is None:
+        data._states = _node_states(data)
+    return data._states
+
+
+def _node_states(data: ReportData) -> dict[str, dict[str, Any]]:
     latest = {r["node"]: r for r in data.fleet}
     full: dict[str, float] = {}
     for s in data.timeline:
@@ -228,7 +245,8 @@ def _timeline(data: ReportData, pages: set[str], states: dict[str, dict[str, Any
         by_node.setdefault(s["node"], []).append(s)
     if not by_node:
         return "<p class=empty>No sweeps in this window.</p>"
-    nodes = sorted(by_node)[:MAX_TIMELINE_NODES]
+    # Nodes with a sweep that did not pass come first, so a large fleet's trouble is never cut off.
+    nodes = sorted(by_node, key=lambda n: (all(s["verdict"] == "pass" for s in by_node[n]), n))[:MAX_TIMELINE_NODES]
     t0 = min(s["started"] for s in data.timeline)
     t1 = max(data.generated, t0 + 3600)
     row, label, plot = 16, 170, 760
@@ -251,7 +269,7 @@ def _timeline(data: ReportData, pages: set[str], states: dict[str, dict[str, Any
                      f'{_esc(gone)}</text><line x1="{label}" x2="{label + plot}" y1="{y}" y2="{y}" class=lane />')
         for s in by_node[node]:
             verdict = s["verdict"] or ""
-            why = "; ".join(s["reasons"]) if verdict != "pass" else "all checks passed"
+            why = "; ".join(json.loads(s["reasons"] or "[]")) if verdict != "pass" else "all checks passed"
             rule = f" [{', '.join(s['rules'])}]" if s["rules"] else ""
             light = s["kind"] == "light"
             tip = f"{node} {_when(s['started'])} UTC: {verdict}{' (light check)' if light else ''}{rule}: {why}"
