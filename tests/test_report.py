@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from click.testing import CliRunner
 from rich.console import Console
 
@@ -228,3 +229,18 @@ def test_the_report_command_on_the_demo_history_offline(demo: dict[str, Any], tm
     left = page[page.index("<table class=left>"):page.index("<h2>Sweeps over time</h2>")]
     assert "gpu-p5-06" not in held and "gpu-p5-13" in held
     assert re.search(r"gpu-p5-06</a></td><td>p5.48xlarge</td><td>replaced</td>", left)
+
+
+def test_an_unreachable_cluster_falls_back_to_the_recorded_plan(plan_history: History, tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "dead",
+        "clusters": [{"name": "dead", "cluster": {"server": "http://127.0.0.1:9"}}],
+        "contexts": [{"name": "dead", "context": {"cluster": "dead", "user": "u"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}]}))
+    out = tmp_path / "r.html"
+    res = CliRunner().invoke(main, ["report", "--state", str(plan_history.path), "--kubeconfig", str(kubeconfig),
+                                    "--since", "3650d", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "GPU nodes from the last run's plan: the cluster did not answer" in " ".join(res.stderr.split())
+    assert "GPU nodes from the plan of run run-1" in out.read_text()
