@@ -471,8 +471,10 @@ def _node_page(page: dict[str, Any]) -> str:
             if len(values) == 1:  # a counter that never moved needs no chart
                 flat.append(f"{_esc(s['metric'])} {next(iter(values)):g}")
                 continue
+            key = "".join(f'<span><i style="background:{GPU_COLORS[i % len(GPU_COLORS)]}"></i>{_esc(name)}</span>'
+                          for i, (name, _) in enumerate(lines)) if len(lines) > 1 else ""
             charts.append(f"<figure class=metric data-metric=\"{_esc(s['metric'])}\"><figcaption>{_esc(s['metric'])}"
-                          f" per GPU</figcaption>{_line_chart(lines)}</figure>")
+                          f" per GPU</figcaption>{_line_chart(lines)}<div class=legend>{key}</div></figure>")
         parts.append("<h4>Metric trends</h4><div class=cards>" + "".join(charts) + "</div>" +
                      (f"<p class=note>unchanged on every GPU: {', '.join(flat)}</p>" if flat else ""))
     parts.append("</section>")
@@ -488,7 +490,7 @@ border-radius:6px;padding:10px 16px;min-width:120px}.tile b{display:block;font-s
 table{border-collapse:collapse;background:#fff;width:100%}td,th{border:1px solid #dde2ea;padding:4px 8px;text-align:left;
 vertical-align:top}th{background:#f0f3f7}svg text{font-size:10px;fill:#334}svg.timeline text.node{font-size:10px}
 svg .grid{stroke:#e3e7ee}svg .lane{stroke:#f0f2f6}svg circle.sweep{stroke:#fff;stroke-width:1}
-.legend span{margin-right:12px;white-space:nowrap}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px;
+.legend span{margin-right:12px;white-space:nowrap}figure .legend{font-size:11px;max-width:380px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px;
 border-radius:5px}.cards{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0;background:#fff;border:1px solid #dde2ea;
 border-radius:6px;padding:8px}figcaption{font-size:12px;margin-bottom:4px;max-width:380px}.scroll{overflow-x:auto}
 section.node{border-top:1px solid #dde2ea;margin-top:16px}.state{color:#fff;border-radius:4px;padding:1px 6px;
