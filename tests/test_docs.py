@@ -106,3 +106,14 @@ def test_the_worked_dcgm_gate_lints_and_runs_by_name(make_sim, tmp_path: Path) -
     assert "DCGM level 1 passed on" in out["gpu-00"].stderr
     assert out["gpu-01"].exit_code == 1, out["gpu-01"].output
     assert "DCGM level 1 failed on gpu-01" in out["gpu-01"].stderr and "GPU 4" in out["gpu-01"].stderr
+
+
+def test_the_semantics_table_names_every_golden_playbook() -> None:
+    """docs/playbooks.md's semantics table and tests/semantics/golden/ hold the same rules."""
+    doc = (ROOT / "docs" / "playbooks.md").read_text()
+    table = doc[doc.index("## Semantics"):]
+    named = {g for row in table.splitlines() if row.startswith("| `")
+             for g in re.findall(r"`([a-z_]+)`", row.rsplit("|", 2)[1])}
+    golden = {p.stem for p in (ROOT / "tests" / "semantics" / "golden").glob("*.yaml")
+              if not p.stem.endswith(".expect")}
+    assert named == golden, f"in the table only: {sorted(named - golden)}; golden only: {sorted(golden - named)}"
