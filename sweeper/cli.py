@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -782,28 +783,50 @@ def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
 
 
 @main.command("report")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Sweeper config YAML.")
-@click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
-              help="SQLite history file.")
+@cluster_options
 @click.option("--since", default="30d", show_default=True, help="How far back the report looks.")
 @click.option("--policy", "policy_name", help="Policy whose trend rules the report charts (default: the config's).")
 @click.option("-o", "--output", default="sweeper-report.html", show_default=True, type=click.Path(dir_okay=False),
               help="Where to write the HTML file ('-' for stdout).")
+@click.option("--node", "node", help="Write this node's page alone: its sweeps, findings, actions and metrics "
+              "per GPU.")
+@click.option("--offline", is_flag=True, help="Do not ask the cluster for its GPU nodes: use the last run's plan.")
 @run_cli
-def report_cmd(config_path: str | None, state: str, since: str, policy_name: str | None, output: str) -> None:
-    """The fleet at a glance as one self-contained HTML file (opens with no network): a heatmap of
-    nodes by sweeps, the nodes held and why, trends behind decisions, per-profile NCCL bandwidth,
-    and coverage."""
+def report_cmd(config_path: str | None, kubeconfig: str | None, context: str | None, state: str, since: str,
+               policy_name: str | None, output: str, node: str | None, offline: bool) -> None:
+    """The fleet at a glance as one self-contained HTML file (opens with no network): coverage of
+    every GPU node per profile, every sweep on a time axis, the nodes held and why, nodes replaced,
+    trends behind decisions, per-profile NCCL bandwidth, and a page per node.
+
+    GPU nodes come from the cluster when it answers, else from the last run's recorded plan.
+
+    \b
+    Examples:
+      sweeper report -o fleet.html
+      sweeper report --node gpu-p5-07 -o gpu-p5-07.html --offline
+    """
     from sweeper import profiles as prof
-    from sweeper.report import gather, render
+    from sweeper.report import cluster_gpu_nodes, gather, render, render_node
 
     _need_state(state)
     cfg = _config(config_path)
     cutoff = _since(since) or 0.0
     floors = {p.name: p.nccl_busbw_min for p in prof.load_profiles(cfg.path("profiles")).values()
               if p.nccl_busbw_min}
-    data = gather(_history(state), _policy(cfg, policy_name), cutoff, time.time(), cfg.interval, floors)
-    page = render(data)
+    gpu_nodes, source = None, ""
+    if not offline and node is None:
+        try:
+            kube = _kube(kubeconfig, context, cfg)
+            kube.retry = dataclasses.replace(kube.retry, attempts=1)  # no waiting on a cluster that is not there
+            gpu_nodes, source = cluster_gpu_nodes(kube, cfg), "the cluster"
+        except SweeperError as exc:
+            err.print(Text(f"GPU nodes from the last run's plan: the cluster did not answer ({exc})"))
+    hist = _history(state)
+    if node is not None and not hist.node_history(node)["sweeps"]:
+        raise ConfigError(f"--node: no sweep of {node!r} in {state}")
+    data = gather(hist, _policy(cfg, policy_name), cutoff, time.time(), cfg.interval, floors,
+                  gpu_nodes=gpu_nodes, node_source=source, node=node)
+    page = render_node(data) if node is not None else render(data)
     if output == "-":
         click.echo(page, nl=False)
         return
@@ -811,7 +834,7 @@ def report_cmd(config_path: str | None, state: str, since: str, policy_name: str
         Path(output).write_text(page)
     except OSError as exc:
         raise ConfigError(f"cannot write {output}: {exc}") from exc
-    err.print(f"wrote {output} ({len(page) / 1024:.0f} KiB, {len(data.fleet)} nodes)")
+    err.print(f"wrote {output} ({len(page) / 1024:.0f} KiB, {len(data.pages)} node page(s))")
 
 
 @main.command("backtest")

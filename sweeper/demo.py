@@ -15,13 +15,13 @@ from sweeper.config import Config
 from sweeper.history import History
 from sweeper.kube import Kube, RetryPolicy
 from sweeper.policy import load_policy
-from sweeper.report import gather, render
+from sweeper.report import cluster_gpu_nodes, gather, render
 from sweeper.sim.cluster import SimCluster
 from sweeper.sim.fleet import DEMO_FLEET, parse_fleet
 from sweeper.sim.server import ApiServer
 from sweeper.sweep import Sweep
 
-DEMO_CONFIG = Config(max_nodes=4, max_percent=25, min_node_age=600, interval=20 * 3600, poll_interval=5,
+DEMO_CONFIG = Config(playbook="sweep-nccl.yaml", max_nodes=4, max_percent=25, min_node_age=600, interval=20 * 3600, poll_interval=5,
                      check_timeout=900, remediate_reboots=True, node_condition=True,
                      remediation={"default": "manual", "by_pool": {"gpu": "karpenter"}, "by_profile": {}})
 
@@ -56,13 +56,25 @@ def run_demo(console: Console, state: Path, *, cycles: int, hours_between: float
         if failing:
             console.rule(f"why {failing} is held: sweeper history {failing}")
             print_history(console, hist.node_history(failing))
-        page = Path(state).with_name("report.html")
         cfg = DEMO_CONFIG
-        data = gather(hist, load_policy(cfg.path("policies") / cfg.policy), 0.0, cluster.clock.now(), cfg.interval,
-                      {"p5.48xlarge": 460.0})
+        policy = load_policy(cfg.path("policies") / cfg.policy)
+        trends = {t.name for t in policy.trends}
+        trended = next((r for r in hist.fleet() if trends & set(r.get("rules") or [])), None)
+        if trended:
+            node, rule = trended["node"], next(r for r in trended["rules"] if r in trends)
+            metric = next(t.metric for t in policy.trends if t.name == rule)
+            console.rule(f"replaced on its trend, before it failed: sweeper history {node} --check "
+                         f"{metric.split('.')[0]}")
+            print_history(console, hist.node_history(node, check=metric.split(".")[0]))
+        page = Path(state).with_name("report.html")
+        data = gather(hist, policy, 0.0, cluster.clock.now(), cfg.interval, {"p5.48xlarge": 460.0},
+                      gpu_nodes=cluster_gpu_nodes(kube, cfg), node_source="the cluster")
         page.write_text(render(data, "Sweeper demo fleet"))
         console.print(f"\nhistory: {state}   (sweeper history NODE --state {state})")
-        console.print(f"fleet report: {page}   (open it in a browser; sweeper report --state {state})")
+        console.print(f"fleet report: {page}")
+        console.print("  open it in a browser: coverage, every sweep on a time axis, the trend"
+                      + (f" that replaced {trended['node']}" if trended else "")
+                      + f", NCCL bandwidth, a page per node (sweeper report --state {state} --offline)")
         console.print(f"demo finished in {time.monotonic() - t0:.1f}s of real time, "
                       f"{(cluster.clock.now() - cluster.started) / 3600:.1f}h of simulated time")
         kube.close()
@@ -84,6 +96,10 @@ def _describe(f: Any) -> str:
         parts.append("row remap pending")
     if f.ecc_dbe:
         parts.append("double-bit ECC")
+    if f.ecc_growth:
+        parts.append("corrected ECC climbing on GPU " + ",".join(str(g) for g in f.ecc_growth))
+    if f.remap_growth:
+        parts.append("remapped rows climbing on GPU " + ",".join(str(g) for g in f.remap_growth))
     return ", ".join(parts)
 
 

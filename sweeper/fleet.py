@@ -139,6 +139,7 @@ class Plan:
     gpu_nodes: int = 0
     held: int = 0
     budget: int = 0
+    profiles: dict[str, str] = field(default_factory=dict)  # every GPU node seen -> its profile's name
 
 
 def requests_gpu(pod: dict[str, Any], cfg: Config) -> bool:

@@ -387,6 +387,38 @@ class History:
         return out
 
     @_locked
+    def sweep_timeline(self, since: float) -> list[dict[str, Any]]:
+        """Every conclusive sweep since `since`, oldest first: node, started, verdict, reasons (as JSON
+        text: a fleet's worth is read only for the rows drawn), rules, kind."""
+        rows = list(self.db.query(
+            "select node, started, verdict, reasons, rules, kind from node_sweeps where started >= ? "
+            "and finished is not null and dry_run = 0 and kind in ('sweep', 'light') order by started", [since]))
+        for r in rows:
+            r["rules"] = json.loads(r["rules"]) if r["rules"] and r["rules"] != "[]" else []
+        return rows
+
+    @_locked
+    def metric_slopes(self, metric: str, since: float, until: float) -> list[tuple[str, int | None, int, float]]:
+        """(node, GPU, readings, least-squares slope per day) of a metric in the window, for every
+        node and GPU with two readings or more, computed in SQLite (a fleet's worth of rows never
+        reaches Python). Time is in days from `since`, which keeps the sums well conditioned."""
+        rows = self.db.execute(
+            "select node, gpu, count(*), sum(x), sum(v), sum(x * x), sum(x * v) from (select node, gpu, "
+            "(ts - ?) / 86400.0 as x, value as v from metrics where name = ? and ts >= ? and ts <= ?) "
+            "group by node, gpu having count(*) >= 2", [since, metric, since, until]).fetchall()
+        out = []
+        for node, gpu, n, sx, sv, sxx, sxv in rows:
+            den = n * sxx - sx * sx
+            out.append((node, gpu, n, (n * sxv - sx * sv) / den if den > 1e-12 else 0.0))
+        return out
+
+    @_locked
+    def replaced(self) -> dict[str, float]:
+        """Node to when Sweeper saw its replacement through (the provider took it away)."""
+        return {r[0]: r[1] for r in self.db.execute(
+            "select node, max(ts) from actions where action = 'replaced' and dry_run = 0 group by node").fetchall()}
+
+    @_locked
     def metric_latest(self, metric: str, since: float) -> list[dict[str, Any]]:
         """Each node's latest reading of a metric (lowest over GPUs), with its profile."""
         rows = self.db.execute(

@@ -118,6 +118,7 @@ class RunReport:
             "nodes": [o.__dict__ for o in self.outcomes], "reconciled": self.reconciled,
             "skipped": [{"node": d.node.name, "reason": d.reason, "detail": d.detail} for d in self.plan.skip],
             "tool_errors": self.tool_errors, "tool_stop": self.tool_stop,
+            "gpu_node_profiles": self.plan.profiles,
         }
 
 
@@ -171,7 +172,10 @@ class Sweep:
             gates = replace(gates, suspects=found)
             if not self.dry_run:
                 nodes = self.mark_suspects(nodes, found)
-        return plan(nodes, pods, self.cfg, self.rec.last_swept(), self.clock.now(), gates)
+        p = plan(nodes, pods, self.cfg, self.rec.last_swept(), self.clock.now(), gates)
+        # Every GPU node this pass saw, with its profile: the report's coverage counts the never swept.
+        p.profiles = {d.node.name: profiles.match(self.profiles, d.node.labels).name for d in p.take + p.skip}
+        return p
 
     def mark_suspects(self, nodes: list[dict[str, Any]], found: dict[str, str]) -> list[dict[str, Any]]:
         """Label and event each node an outside signal names, once; the nodes as they are after."""

@@ -86,6 +86,8 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "gpu-p5-14: gpu-reset: gpus-reset" in out, "a pending remap is a GPU reset"
     assert "gpu-p5-09: karpenter: nodeclaim-deleted" in out, "the missing GPU survives a reboot: replaced"
     assert re.search(r"gpu-p5-13 .*held .*quarantine", out), "the hung check waits for a person"
+    assert re.search(r"gpu-p5-06: replace -> held\s+\(corrected-ecc-rising", out), \
+        "the node whose corrected ECC climbs is replaced on its slope"
     assert "sweeper history" in out and (tmp_path / "report.html").exists()
 
 

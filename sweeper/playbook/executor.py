@@ -221,10 +221,14 @@ class Executor:
         while True:
             attempt += 1
             result = self._once(task, act, scope)
+            if retries:
+                # Ansible sets `attempts` before judging changed_when, failed_when and until
+                # (TaskExecutor._execute, lib/ansible/executor/task_executor.py: "Make attempts
+                # and retries available early to allow their use in changed/failed_when").
+                result["attempts"] = attempt
             self._apply_when_flags(task, scope, result)
             if retries == 0 or result.get("timed_out"):
                 break
-            result["attempts"] = attempt
             view = {**scope, **({task.register: result} if task.register else {})}
             if task.until is not None:
                 done = condition(task.until, view, f"{task.where}: until")

@@ -268,5 +268,8 @@ DEMO_FLEET: dict[str, Any] = {
         "gpu-p5-09": {"missing_gpus": 1},
         "gpu-p5-13": {"hung_check": True},
         "gpu-p5-14": {"remap_pending": [5]},
+        # Busy until its job ends at 20h, watched meanwhile by light checks: corrected ECC errors on
+        # GPU 2 climb far faster than the trend rule allows, and would turn uncorrectable on day 3.
+        "gpu-p5-06": {"ecc_growth": {2: 240}, "ecc_fail_at": "3d"},
     },
 }

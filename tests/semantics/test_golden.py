@@ -90,5 +90,5 @@ def test_golden(name: str) -> None:
 
 def test_every_row_of_the_semantics_table_has_a_golden() -> None:
     rows = {"when", "loop", "register", "until", "changed_failed_when", "ignore_errors", "rescue", "always",
-            "timeout"}
+            "timeout", "attempts"}
     assert rows <= set(CASES)

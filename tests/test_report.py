@@ -1,0 +1,246 @@
+"""The fleet report: coverage over every GPU node (never swept counted), nodes that left the
+cluster shown as replaced, a page per node; and the demo's report opened in headless Chromium,
+its DOM read back: nothing fetched, every sweep placed at its time, the trend that replaced a
+node, NCCL bandwidth, and every in-page link landing on a node's page."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from rich.console import Console
+
+from sweeper.cli import main, print_history
+from sweeper.history import History
+from sweeper.policy import load_policy
+from sweeper.report import gather, render
+from sweeper.result import Metric, Result
+from tests.weeks import ROOT
+
+POLICY = load_policy(ROOT / "policies" / "default.yaml")
+T0 = 1_800_000_000.0
+HOUR = 3600.0
+
+
+def _sweep(h: History, run: str, node: str, at: float, verdict: str, reasons: list[str] | None = None,
+           rules: list[str] | None = None, ecc: float | None = None) -> None:
+    sid = h.sweep_started(run, node, at, "sweep-light", "p5.48xlarge")
+    if ecc is not None:
+        h.result(sid, Result(node=node, source="sweeper", started=at, finished=at + 60,
+                             metrics=(Metric("ecc.aggregate_corrected", ecc, "", gpu=2),)))
+    h.sweep_finished(sid, at + 120, verdict, reasons or [], {"verdict": verdict, "rules": rules or [],
+                                                            "causes": [], "decided": at + 100, "policy": "default"})
+
+
+@pytest.fixture
+def plan_history(tmp_path: Path) -> History:
+    """16 GPU nodes in the last run's plan, 8 of them ever swept; gpu-07 replaced and gone."""
+    h = History(tmp_path / "h.db")
+    h.run_started("run-1", T0, "sweep")
+    for i in range(8):
+        _sweep(h, "run-1", f"gpu-{i:02d}", T0 + i * 60, "pass", ecc=float(i))
+    _sweep(h, "run-1", "gpu-07", T0 + 600, "replace", ["corrected-ecc-rising: GPU 2 rising"], ["corrected-ecc-rising"])
+    h.action("run-1", "gpu-07", T0 + 700, "replaced", "karpenter: NodeClaim deleted; node terminated")
+    plan = {f"gpu-{i:02d}": "p5.48xlarge" for i in range(16) if i != 7} | {"gpu-new": "p5.48xlarge"}
+    h.run_finished("run-1", T0 + 800, "done", 8, {"gpu_node_profiles": plan})
+    return h
+
+
+def test_coverage_counts_the_never_swept_gpu_nodes_of_the_last_plan(plan_history: History) -> None:
+    data = gather(plan_history, POLICY, 0.0, T0 + HOUR, 20 * HOUR)
+    page = render(data)
+    # 7 of the 16 GPU nodes in the plan were swept (gpu-07 left): 44%, not the 100% of the history alone
+    assert re.search(r"<b>16</b>GPU nodes", page) and re.search(r"<b>7 \(44%\)</b>swept within interval", page)
+    assert re.search(r"<b>9</b>never swept", page)
+    assert "GPU nodes from the plan of run run-1" in page
+    assert "sweeps since the start of the history" in page and "sweeps since -" not in page
+
+
+def test_a_replaced_node_that_left_is_shown_as_replaced_not_held(plan_history: History) -> None:
+    page = render(gather(plan_history, POLICY, 0.0, T0 + HOUR, 20 * HOUR))
+    held = page[page.index("<h2>Nodes held, and why</h2>"):page.index("<h2>Nodes that left the cluster</h2>")]
+    assert "No node is held." in held and "gpu-07" not in held
+    left = page[page.index("<h2>Nodes that left the cluster</h2>"):page.index("<h2>Sweeps over time</h2>")]
+    assert "gpu-07" in left and "<td>replaced</td>" in left and "corrected-ecc-rising" in left
+
+
+def test_without_a_plan_or_cluster_a_replaced_node_is_still_not_held(tmp_path: Path) -> None:
+    h = History(tmp_path / "h.db")
+    h.run_started("run-1", T0, "sweep")
+    _sweep(h, "run-1", "gpu-00", T0, "replace", ["second-reboot-same-cause"], ["second-reboot-same-cause"])
+    h.action("run-1", "gpu-00", T0 + 60, "replaced", "karpenter: NodeClaim deleted; node terminated")
+    page = render(gather(h, POLICY, 0.0, T0 + HOUR, 20 * HOUR))
+    assert "No node is held." in page and "from the history alone" in page
+
+
+def test_report_node_writes_one_node_page_with_its_metric_per_gpu(plan_history: History, tmp_path: Path) -> None:
+    out = tmp_path / "gpu-03.html"
+    res = CliRunner().invoke(main, ["report", "--state", str(plan_history.path), "--node", "gpu-03", "--since",
+                                    "3650d", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    page = out.read_text()
+    assert 'id="node-gpu-03"' in page and page.count("<section class=node") == 1
+    assert "sweeper history gpu-03" in page
+    res = CliRunner().invoke(main, ["report", "--state", str(plan_history.path), "--node", "nope", "-o", "-"])
+    assert res.exit_code == 2 and "no sweep of 'nope'" in res.stderr
+
+
+def test_the_cluster_s_gpu_nodes_win_over_the_recorded_plan(make_sim, tmp_path: Path) -> None:
+    """With a kubeconfig the report asks the cluster (one paged LIST of nodes) for its GPU nodes."""
+    sim = make_sim(nodes=3)
+    h = History(tmp_path / "h.db")
+    h.run_started("run-1", T0, "sweep")
+    _sweep(h, "run-1", "gpu-00", T0, "pass")
+    h.run_finished("run-1", T0 + 60, "done", 1, {"gpu_node_profiles": {"gpu-00": "p5.48xlarge"}})
+    h.close()
+    out = tmp_path / "r.html"
+    res = CliRunner().invoke(main, ["report", "--state", str(tmp_path / "h.db"), "--kubeconfig", str(sim.kubeconfig),
+                                    "--since", "3650d", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    page = out.read_text()
+    assert "GPU nodes from the cluster" in page and re.search(r"<b>3</b>GPU nodes", page)
+    assert re.search(r"<b>2</b>never swept", page)
+
+
+# -- the demo's report in a real browser ------------------------------------------------------------
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from sweeper.demo import run_demo
+
+    state = tmp_path_factory.mktemp("demo") / "history.db"
+    console = Console(record=True, width=200)
+    summary = run_demo(console, state, cycles=5, hours_between=6.0, printer=lambda kind, data: None,
+                       print_history=print_history)
+    return {"state": state, "page": state.with_name("report.html"), "out": console.export_text(),
+            "summary": summary}
+
+
+def test_the_demo_replaces_a_node_on_its_trend_before_it_fails(demo: dict[str, Any]) -> None:
+    out = demo["out"]
+    assert "replaced on its trend, before it failed: sweeper history gpu-p5-06" in out
+    assert re.search(r"│ [^│]*│ [^│]*│ replace\s*│ corrected-ecc-rising", out), "the rule beside the verdict"
+    assert re.search(r"ecc\.aggregate_corrected\s*│ [▁▂▃▄▅▆▇█]{4,}", out), "the climb as a sparkline"
+    assert re.search(r"ecc\.aggregate_uncorrected\s*│ ▁+\s*│ 0 ", out), "replaced before a single uncorrectable error"
+    assert "fleet report: " in out and "a page per node" in out
+    h = History(demo["state"])
+    assert h.replaced().keys() >= {"gpu-p5-06"}
+    assert h.metric_latest("nccl.busbw_largest", 0.0), "the demo records NCCL bandwidth for the report"
+
+
+def _browser() -> Any:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    if not chromium or not driver:
+        pytest.skip("headless Chromium and chromedriver are not installed (Debian: apt-get install chromium "
+                    "chromium-driver); .ci/run installs them")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        pytest.skip("selenium is not installed (pip install -e '.[test]')")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"):
+        opts.add_argument(arg)
+    return webdriver.Chrome(service=Service(driver), options=opts)
+
+
+def test_the_demo_report_in_headless_chromium(demo: dict[str, Any]) -> None:
+    browser = _browser()
+    try:
+        browser.get(demo["page"].as_uri())
+        js = browser.execute_script
+        # one self-contained file: the browser fetched nothing for it
+        assert js("return performance.getEntriesByType('resource').length") == 0
+        assert js("return document.querySelectorAll('script, link, img, iframe').length") == 0
+        tiles = js("return Object.fromEntries([...document.querySelectorAll('[data-tile]')]"
+                   ".map(t => [t.dataset.tile, t.querySelector('b').textContent]))")
+        cluster_gpu_nodes = sum(1 for s in demo["summary"].values())
+        assert tiles["GPU nodes"] == str(cluster_gpu_nodes), "coverage over the cluster's GPU nodes"
+        assert tiles["never swept"] == str(sum(1 for s in demo["summary"].values() if s["sweeps"] == 0))
+        assert tiles["replaced"] == "2"
+        row = js("return [...document.querySelectorAll('table.coverage tbody tr')].map(r => "
+                 "[...r.cells].map(c => c.textContent))")
+        assert row[0][:2] == ["p5.48xlarge", str(cluster_gpu_nodes)]
+
+        # every recorded sweep is a dot placed by its time, coloured by its verdict, with its reason
+        h = History(demo["state"])
+        timeline = h.sweep_timeline(0.0)
+        dots = js("return [...document.querySelectorAll('svg.timeline circle.sweep')].map(c => ({node: "
+                  "c.dataset.node, ts: +c.dataset.ts, verdict: c.dataset.verdict, x: c.getBoundingClientRect().x + c.getBoundingClientRect().width / 2, "
+                  "fill: c.getAttribute('fill'), tip: c.querySelector('title').textContent}))")
+        assert len(dots) == len(timeline)
+        by_time = sorted(dots, key=lambda d: d["ts"])
+        assert [round(d["x"], 1) for d in by_time] == sorted(round(d["x"], 1) for d in dots), \
+            "later sweeps lie further right"
+        assert by_time[-1]["x"] - by_time[0]["x"] > 500, "the axis spans the simulated day"
+        replaced = [d for d in dots if d["node"] == "gpu-p5-06" and d["verdict"] == "replace"]
+        assert replaced and all(d["fill"] == "#d03b3b" and "corrected-ecc-rising" in d["tip"] and
+                                "rising" in d["tip"] for d in replaced)
+
+        # held only what is still held; the replaced nodes under their own heading
+        held = js("return [...document.querySelectorAll('table.held tbody tr')].map(r => r.cells[0].textContent)")
+        assert held == ["gpu-p5-13"]
+        left = js("return Object.fromEntries([...document.querySelectorAll('table.left tbody tr')]"
+                  ".map(r => [r.cells[0].textContent, r.cells[2].textContent]))")
+        assert left == {"gpu-p5-06": "replaced", "gpu-p5-09": "replaced"}
+
+        # the trend that replaced gpu-p5-06, and the NCCL bandwidth per profile
+        trend = js("let f = document.querySelector('figure.trend[data-node=\"gpu-p5-06\"]'); "
+                   "return f && [f.dataset.rule, f.querySelector('figcaption').textContent, "
+                   "f.querySelectorAll('polyline').length]")
+        assert trend and trend[0] == "corrected-ecc-rising" and "fired: replace" in trend[1] and trend[2] == 2
+        assert js("return document.querySelectorAll('figure.nccl[data-profile=\"p5.48xlarge\"] rect').length") >= 1
+
+        # every in-page link lands on a node's page; gpu-p5-06's tells its story per GPU
+        links = js("return [...document.querySelectorAll('a[href^=\"#\"]')].map(a => a.getAttribute('href'))")
+        assert links and all(js("return !!document.getElementById(arguments[0])", href[1:]) for href in links)
+        browser.find_element("css selector", 'table.left a[href="#node-gpu-p5-06"]').click()
+        assert browser.current_url.endswith("#node-gpu-p5-06")
+        section = js("let s = document.getElementById('node-gpu-p5-06'); return [s.querySelector('.state')"
+                     ".textContent, s.querySelector('p.rule').textContent, [...s.querySelectorAll("
+                     "'figure.metric[data-metric=\"ecc.aggregate_corrected\"] polyline')].map(p => "
+                     "p.querySelector('title').textContent), s.querySelectorAll('table.sweeps tbody tr').length, "
+                     "s.getBoundingClientRect().top]")
+        state, rule, gpus, sweeps, top = section
+        assert state == "replaced" and rule.startswith("corrected-ecc-rising: ecc.aggregate_corrected rising")
+        assert gpus == [f"GPU {i}" for i in range(8)], "one line per GPU"
+        assert sweeps == len(h.node_history("gpu-p5-06")["sweeps"])
+        assert abs(top) < 5, "the link scrolled the node's page into view"
+    finally:
+        browser.quit()
+
+
+def test_the_report_command_on_the_demo_history_offline(demo: dict[str, Any], tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    res = CliRunner().invoke(main, ["report", "--state", str(demo["state"]), "--offline", "--since", "3650d",
+                                    "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    page = out.read_text()
+    last = History(demo["state"]).last_run()
+    assert last is not None and f"GPU nodes from the plan of run {last['id']}" in page
+    # gpu-p5-06 was in that plan, and replaced during that run: replaced, not held
+    held = page[page.index("<table class=held>"):page.index("<h2>Nodes that left the cluster</h2>")]
+    left = page[page.index("<table class=left>"):page.index("<h2>Sweeps over time</h2>")]
+    assert "gpu-p5-06" not in held and "gpu-p5-13" in held
+    assert re.search(r"gpu-p5-06</a></td><td>p5.48xlarge</td><td>replaced</td>", left)
+
+
+def test_an_unreachable_cluster_falls_back_to_the_recorded_plan(plan_history: History, tmp_path: Path) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "dead",
+        "clusters": [{"name": "dead", "cluster": {"server": "http://127.0.0.1:9"}}],
+        "contexts": [{"name": "dead", "context": {"cluster": "dead", "user": "u"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}]}))
+    out = tmp_path / "r.html"
+    res = CliRunner().invoke(main, ["report", "--state", str(plan_history.path), "--kubeconfig", str(kubeconfig),
+                                    "--since", "3650d", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "GPU nodes from the last run's plan: the cluster did not answer" in " ".join(res.stderr.split())
+    assert "GPU nodes from the plan of run run-1" in out.read_text()
