@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from sweeper.parsers.paste import binary, clean
+from sweeper.parsers.paste import Paste, binary, clean
 from sweeper.result import CheckResult, Metric, Result, error_result
 
 SOURCE = "fi-info"
@@ -46,8 +46,20 @@ def efa_devices(text: str) -> list[str] | None:
     return sorted(devices)
 
 
+def _nodata(paste: Paste) -> list[str]:
+    """Lines saying libfabric found nothing: `fi_getinfo: -61 (No data available)`, or a bare `-61`
+    (-FI_ENODATA, fi_getinfo(3)) under an `fi_info` prompt."""
+    out = [ln.strip() for ln in paste.lines if re.match(r"^\s*fi_getinfo\b", ln)]
+    if paste.command.startswith("fi_info"):
+        out += [ln.strip() for ln in paste.lines if re.fullmatch(r"\s*-61\b.*", ln)]
+    return out
+
+
 def looks_like(text: str) -> bool:
-    lines = clean(text[:200_000]).lines
+    paste = clean(text[:200_000])
+    lines = paste.lines
+    if paste.command.startswith("fi_info"):
+        return True
     return any(re.match(r"^\s*fi_getinfo\b", ln) for ln in lines) or (
         any(re.match(r"^\s*provider:\s*\S", ln) for ln in lines)
         and any(re.match(r"^\s*(fabric|domain):\s*\S", ln) for ln in lines))
@@ -60,8 +72,9 @@ def parse(text: str, node: str, now: float, expect: int | None = None, exit_code
         return error_result(node, SOURCE, f"{len(text)} bytes of output is over the {MAX_BYTES} limit", now)
     if binary(text):
         return error_result(node, SOURCE, "binary data, not fi_info's text output", now)
-    lines = clean(text).lines
-    failed = [ln.strip() for ln in lines if re.match(r"^\s*fi_getinfo\b", ln)]
+    paste = clean(text)
+    lines = paste.lines
+    failed = _nodata(paste)
     if failed and not any(re.match(r"^\s*provider:", ln) for ln in lines):
         return Result(node=node, source=SOURCE, started=now, finished=now,
                       checks=(CheckResult("efa.fi_info", "fail", f"libfabric finds no EFA device: "

@@ -2,7 +2,8 @@
 
 - `ibv_devinfo` (rdma-core), whole or `-v`, or filtered by grep: `state:` and `phys_state:` lines
   with no `port:` line belong to the `hca_id` before them;
-- `ibstat` and `ibstatus` (infiniband-diags), which report the same port states from the same
+- `ibv_devinfo -l` (names only: no port state to judge, an `error`);
+- `ibstat` and `ibstatus` (infiniband-diags), whole, grep-filtered or a fragment from `Port 1:`, which report the same port states from the same
   driver (`State: Active`, `Physical state: LinkUp`; `state: 4: ACTIVE`); rdma-core's man pages
   ibstat(8) and ibstatus(8) describe them as the same information as ibv_devinfo's.
 
@@ -60,9 +61,19 @@ def _phys(value: str) -> str:
     return re.sub(r"(?<=[a-z])(?=[A-Z])", "_", word).upper().replace(" ", "_")
 
 
+_LIST = re.compile(r"^\s*\d+ HCAs? found:\s*$")  # `ibv_devinfo -l`: names only
+
+
+def _listed(lines: list[str]) -> list[Device]:
+    at = next(i for i, ln in enumerate(lines) if _LIST.match(ln))
+    return [Device(ln.strip()) for ln in lines[at + 1:] if re.fullmatch(r"\s+[\w.-]+\s*", ln)]
+
+
 def _ibstat(lines: list[str]) -> list[Device]:
     devs: list[Device] = []
     for line in lines:
+        if not devs and _IBSTAT_PORT.match(line):  # a fragment that starts at a port: its CA line was cut
+            devs.append(Device("(CA not shown)"))
         m = _IBSTAT_CA.match(line) or _IBSTATUS_DEV.match(line)
         if m:
             name = m.group(1)
@@ -96,6 +107,8 @@ def devices(text: str) -> list[Device] | None:
     """The devices in the output; None when there is no `hca_id:` (nor ibstat `CA '...'`) line."""
     lines = clean(text).lines
     if not any(re.match(r"^\s*hca_id:", ln) for ln in lines):
+        if any(_LIST.match(ln) for ln in lines):
+            return _listed(lines)
         found = _ibstat(lines)
         return found or None
     devs: list[Device] = []
@@ -132,10 +145,15 @@ def devices(text: str) -> list[Device] | None:
 
 
 def looks_like(text: str) -> bool:
-    lines = clean(text[:200_000]).lines
-    return any(re.match(r"^\s*hca_id:\s*\S", ln) or "No IB devices found" in ln or _IBSTATUS_DEV.match(ln)
-               for ln in lines) or (any(_IBSTAT_CA.match(ln) for ln in lines)
-                                    and any(_IBSTAT_PORT.match(ln) for ln in lines))
+    paste = clean(text[:200_000])
+    lines = paste.lines
+    if paste.command.startswith(("ibv_devinfo", "ibstat")):
+        return True
+    if any(re.match(r"^\s*hca_id:\s*\S", ln) or "No IB devices found" in ln or _IBSTATUS_DEV.match(ln)
+           or _IBSTAT_CA.match(ln) or _LIST.match(ln) for ln in lines):
+        return True
+    return any(_IBSTAT_PORT.match(ln) for ln in lines) and any(
+        _IBSTAT_KV.match(ln) and ln.strip().startswith("Physical state") for ln in lines)
 
 
 def _port_check(d: Device, p: Port) -> CheckResult:

@@ -10,7 +10,8 @@ The shapes read (as printed, or pasted after a prompt line or a runner's prefix,
 - what nvidia-smi prints instead of readings: `No devices were found` and `Unable to determine the
   device handle for GPU <bus id>: Unknown Error` (or `GPU is lost`) fail, the GPU is gone; a
   field read as `Unknown Error` or `ERR!` means the GPU did not answer.
-The summary table (`nvidia-smi` alone) is not read: it is an `error` that says so."""
+- the summary table (`nvidia-smi` alone): each GPU's volatile uncorrectable ECC count and the cells
+  printed as `ERR!`; the rest of the health fields are only in `-q` and the CSV queries."""
 
 from __future__ import annotations
 
@@ -426,6 +427,9 @@ def judge(readings: list[Reading], expect_gpus: int | None = None, gpu_model: st
         if r.retired_pages is not None and r.retired_pages >= 60:
             checks.append(CheckResult("retired_pages", "fail", f"{r.retired_pages} retired pages (limit 60)",
                                       "fatal", gpu=i, code="RETIRED_PAGES"))
+        elif r.retired_pages is not None and not r.retired_pending:
+            checks.append(CheckResult("retired_pages", "pass", f"{r.retired_pages} retired pages (limit 60), "
+                                      "none pending", gpu=i))
         if r.pcie_width is not None and r.pcie_width_max is not None:
             ok = r.pcie_width >= r.pcie_width_max
             checks.append(CheckResult("pcie.link", "pass" if ok else "fail",
@@ -455,6 +459,31 @@ def judge(readings: list[Reading], expect_gpus: int | None = None, gpu_model: st
             if value is not None:
                 metrics.append(Metric(name, float(value), unit, gpu=i))
     return checks, metrics
+
+
+# -- the summary table (`nvidia-smi` alone) ---------------------------------------------
+
+_TABLE_GPU = re.compile(r"^\|\s*(\d+)\s+(.*?)\s+(?:On|Off|N/A)\s*\|\s*([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}"
+                        r"\.[0-9A-Fa-f])\s+\S+\s*\|\s*(\S+)\s*\|")
+
+
+def _table(lines: list[str]) -> list[Reading]:
+    """One reading per GPU box of the summary table: its bus id, its volatile uncorrectable ECC
+    count, and the cells printed as `ERR!` (nvidia-smi could not read them from the GPU)."""
+    out: list[Reading] = []
+    open_box = False
+    for line in lines:
+        m = _TABLE_GPU.match(line.strip())
+        if m:
+            r = Reading(index=int(m.group(1)), bus_id=m.group(3), name=m.group(2).strip())
+            r.volatile_uncorrected = _int(m.group(4))
+            out.append(r)
+            open_box = True
+        elif line.strip().startswith(("+", "|=")) or not line.strip().startswith("|"):
+            open_box = False  # the box is closed: later `ERR!` cells belong to no GPU
+        if out and open_box and "ERR!" in line:
+            out[-1].unreadable.extend(["summary table cell"] * line.count("ERR!"))
+    return out
 
 
 # -- what nvidia-smi prints instead of readings ---------------------------------------
@@ -501,6 +530,8 @@ def looks_like(text: str) -> bool:
     """Whether `text` (pasted or not) is one of the shapes this module reads."""
     paste = clean(text[:200_000])
     lines = paste.lines[:2000]
+    if paste.command.startswith("nvidia-smi") and " topo" not in paste.command:
+        return True
     if any(_LOST.search(ln) or _NO_DEVICES.match(ln) or _DRIVER.search(ln) or _TABLE.match(ln.strip())
            for ln in lines):
         return True
@@ -545,8 +576,10 @@ def parse(text: str, node: str, now: float, expect_gpus: int | None = None, gpu_
             return _unread(node, now, gone, got_q)
         rs, extra = got_q
     elif any(_TABLE.match(ln.strip()) for ln in rest[:40]):
-        return _unread(node, now, gone, "the nvidia-smi summary table: ingest `nvidia-smi -q` or a "
-                       "`--query-gpu=... --format=csv` output instead")
+        rs = _table(rest)
+        if not rs:
+            return _unread(node, now, gone, "the nvidia-smi summary table with no GPU row: ingest `nvidia-smi -q` "
+                           "or a `--query-gpu=... --format=csv` output instead")
     else:
         got_csv = _from_csv(paste)
         if isinstance(got_csv, str):

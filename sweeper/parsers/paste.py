@@ -20,9 +20,11 @@ from dataclasses import dataclass
 # `host | CHANGED | rc=0 | (stdout) text` (oneline) and `host | CHANGED | rc=0 >>` (minimal)
 _ANSIBLE_ONELINE = re.compile(r"^\S+ \| (?:CHANGED|SUCCESS|FAILED!?|UNREACHABLE!?) \| rc=-?\d+ \| \(stdout\) ?(.*)$")
 _ANSIBLE_HEAD = re.compile(r"^\S+ \| (?:CHANGED|SUCCESS|FAILED!?|UNREACHABLE!?) \| rc=-?\d+ >>\s*$")
-_PROMPT = re.compile(r"^\s*(?:\[[^\]\n]{1,80}\][#$]|[\w.@-]{1,80}:[^\s$#]{0,200}[#$]|[$#]|>>>|PS [^>]{1,200}>)\s+"
-                     r"(?:sudo\s+)?(?:\S*/)?(nvidia-smi|ibv_devinfo|ibstat|ibstatus|fi_info|kubectl|ssh|pdsh|"
-                     r"clush|srun|docker|dmesg|cat|grep)\b")
+_TOOLS = r"(nvidia-smi|ibv_devinfo|ibv_devices|ibstat|ibstatus|fi_info|kubectl|ssh|pdsh|clush|srun|docker|dmesg|cat|grep)"
+_PROMPT = re.compile(r"^\s*(?:\[[^\]\n]{1,80}\][#$]|[\w.@-]{1,80}:[^\s$#]{0,200}[#$]|[$#]|>>>|PS [^>]{1,200}>)\s*"
+                     r"(?:sudo\s+)?(?:\S*/)?" + _TOOLS + r"\b(.*)$")
+# The command alone on a line, as people paste it above its output (`nvidia-smi -q`).
+_ECHO = re.compile(r"^\s*(?:sudo\s+)?(?:\S*/)?(nvidia-smi|ibv_devinfo|ibstat|ibstatus|fi_info)((?:\s+-[-\w=,. ]*)*)\s*$")
 _ELISION = re.compile(r"^\s*(?:\[\s*(?:\.\.\.|…|snip(?:ped)?|truncated|cut)\s*\]|\.\.\.+|…|<\s*snip\s*>|"
                       r"\(\s*(?:\.\.\.|snip|truncated)\s*\)|# \.\.\.)\s*$", re.IGNORECASE)
 _PDSH = re.compile(r"^([\w.-]{1,80}): ")
@@ -35,6 +37,7 @@ class Paste:
     lines: list[str]
     elided: bool = False
     prefixed: bool = False
+    command: str = ""  # the first command a prompt line (or an echoed command line) named, with its arguments
 
     @property
     def text(self) -> str:
@@ -67,8 +70,13 @@ def clean(text: str) -> Paste:
             out.extend(_unescape_oneline(m.group(1)))
             paste.prefixed = True
             continue
-        if _ANSIBLE_HEAD.match(line) or _PROMPT.match(line):
+        if _ANSIBLE_HEAD.match(line):
             paste.prefixed = True
+            continue
+        m = _PROMPT.match(line) or _ECHO.match(line)
+        if m:
+            paste.prefixed = True
+            paste.command = paste.command or (m.group(1) + m.group(2)).strip()
             continue
         if _ELISION.match(line):
             paste.elided = True

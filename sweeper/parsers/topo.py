@@ -111,6 +111,9 @@ def parse(text: str, node: str, now: float, nvlinks: int | None = None, nic_affi
         return error_result(node, "topo", "binary data, not nvidia-smi topo -m's text output", now)
     topo = parse_matrix(text)
     if topo is None:
+        lines = clean(text).lines
+        if any(re.match(r"^\s*GPU0\s+X\s+(OK|CNS|GNS|TNS|NS|DR|U)\b", ln) for ln in lines):
+            return error_result(node, "topo", "a `nvidia-smi topo -p2p` matrix (peer access), not `topo -m` (links)", now)
         return error_result(node, "topo", "no complete topology matrix in the output", now)
     return Result(node=node, source="topo", started=now, finished=now,
                   checks=tuple(judge(topo, nvlinks, nic_affinity)))
