@@ -102,6 +102,30 @@ def _key(k: str) -> str:
     return re.sub(r"\s+", " ", k.strip()).lower()
 
 
+# What a -q key looks like ("GPU T.Limit Temp", "SRAM Uncorrectable SEC-DED", "Bank Remap
+# Availability Histogram"); a line whose key is anything else is noise, not nvidia-smi's.
+_Q_KEY = re.compile(r"^[a-z0-9][a-z0-9 ._()/+\-#&',]*$")
+
+
+# Lines a section always prints (each tuple: names the drivers have used for one line); without
+# them the section's verdict cannot be read, whatever the other lines say.
+_REQUIRED: dict[str, list[tuple[str, ...]]] = {"remapped rows": [("pending",), ("remapping failure occurred",)],
+                                               "retired pages": [("pending page blacklist", "pending page retirement")]}
+
+
+def _noise(lines: list[str]) -> list[str]:
+    """Lines of a -q paste that nvidia-smi cannot have printed (a corrupted or foreign line)."""
+    out = []
+    for raw in lines:
+        line = raw.strip()
+        if not line or line.startswith("=") or _GPU_HEAD.match(line):
+            continue
+        key = line.partition(" : ")[0] if " : " in line else line.partition(":")[0]
+        if not _Q_KEY.match(_key(key)):
+            out.append(line[:60])
+    return out
+
+
 def _tree(lines: list[str]) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
     """Top-level key/values and one nested mapping per `GPU <bus id>` section; keys lower-case."""
     top: dict[str, Any] = {}
@@ -246,10 +270,25 @@ def _q(paste: Paste) -> tuple[list[Reading], list[CheckResult]] | str:
         if not any(k in top for k in _SECTIONS):
             return "no `GPU <bus id>` section and no section nvidia-smi -q prints"
         sections = [("", top)]  # one section pasted bare: a GPU whose bus id the paste left out
+    noise = _noise(paste.lines)
+    if noise:
+        problems.append(CheckResult("nvidia-smi.read", "error", f"{len(noise)} line(s) nvidia-smi -q does not print, "
+                                    f"e.g. {noise[0]!r}", "critical"))
+    for bus, g in sections:
+        for title, groups in _REQUIRED.items():
+            sec = g.get(title)
+            lacking = [names[0] for names in groups if isinstance(sec, dict) and not any(n in sec for n in names)]
+            if lacking:
+                problems.append(CheckResult("nvidia-smi.read", "error", f"GPU {bus or '(unnamed)'}: the {title} "
+                                            f"section lacks its {lacking[0]} line", "critical"))
     attached = _int(top.get("attached gpus"))
     if attached is not None and attached > len(sections) and not paste.elided and sections[0][0]:
         problems.append(CheckResult("nvidia-smi.read", "error", f"truncated: {attached} GPUs attached, "
                                     f"{len(sections)} listed", "critical"))
+    elif not paste.elided and "product name" in sections[-1][1] and "processes" not in sections[-1][1]:
+        # A whole `-q` ends every GPU with its Processes section (`-d` output has no Product Name).
+        problems.append(CheckResult("nvidia-smi.read", "error", "truncated: the last GPU's section stops before "
+                                    "its Processes section", "critical"))
     return [_from_q(i, bus, g) for i, (bus, g) in enumerate(sections)], problems
 
 
@@ -413,6 +452,8 @@ def judge(readings: list[Reading], expect_gpus: int | None = None, gpu_model: st
             checks.append(CheckResult("ecc.volatile_uncorrected", "pass", "none", gpu=i))
         if r.remap_failure is None and r.remap_pending is None:
             checks.append(CheckResult("row_remap", "skip", "not reported", gpu=i))
+        elif r.remap_pending is None and not r.remap_failure:
+            checks.append(CheckResult("row_remap", "skip", "pending not reported", gpu=i))
         elif r.remap_failure:
             checks.append(CheckResult("row_remap", "fail", "row remapping failure: the GPU is an RMA candidate",
                                       "fatal", gpu=i, code="REMAP_FAILURE"))
@@ -427,7 +468,7 @@ def judge(readings: list[Reading], expect_gpus: int | None = None, gpu_model: st
         if r.retired_pages is not None and r.retired_pages >= 60:
             checks.append(CheckResult("retired_pages", "fail", f"{r.retired_pages} retired pages (limit 60)",
                                       "fatal", gpu=i, code="RETIRED_PAGES"))
-        elif r.retired_pages is not None and not r.retired_pending:
+        elif r.retired_pages is not None and r.retired_pending is False:
             checks.append(CheckResult("retired_pages", "pass", f"{r.retired_pages} retired pages (limit 60), "
                                       "none pending", gpu=i))
         if r.pcie_width is not None and r.pcie_width_max is not None:
