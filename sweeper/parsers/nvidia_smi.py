@@ -275,6 +275,9 @@ def _q(paste: Paste) -> tuple[list[Reading], list[CheckResult]] | str:
         problems.append(CheckResult("nvidia-smi.read", "error", f"{len(noise)} line(s) nvidia-smi -q does not print, "
                                     f"e.g. {noise[0]!r}", "critical"))
     for bus, g in sections:
+        if not any(k in g for k in _SECTIONS):
+            problems.append(CheckResult("nvidia-smi.read", "error", f"GPU {bus or '(unnamed)'}: no section "
+                                        "nvidia-smi -q prints (cut right after its GPU line?)", "critical"))
         for title, groups in _REQUIRED.items():
             sec = g.get(title)
             lacking = [names[0] for names in groups if isinstance(sec, dict) and not any(n in sec for n in names)]
