@@ -2,7 +2,8 @@
 
 - a runner's prefix: Ansible's ad-hoc one-line form (`host | CHANGED | rc=0 | (stdout) ...`,
   with the newlines of the output escaped as `\\n`) and its plain form (`host | CHANGED | rc=0 >>`
-  on a line of its own), pdsh/clush's `host: ` before every line;
+  on a line of its own), pdsh/clush's `host: ` before every line, Open MPI's `[1,0]<stdout>:`
+  and `kubectl logs --timestamps`' time before every line;
 - a shell prompt line with the command (`$ nvidia-smi -q`, `[root@gpu-7 ~]# ibstat`,
   `user@host:~$ fi_info -p efa`);
 - an elision line where rows were cut (`[...]`, `...`, `<snip>`): dropped, and remembered, so that
@@ -28,6 +29,10 @@ _ECHO = re.compile(r"^\s*(?:sudo\s+)?(?:\S*/)?(nvidia-smi|ibv_devinfo|ibstat|ibs
 _ELISION = re.compile(r"^\s*(?:\[\s*(?:\.\.\.|…|snip(?:ped)?|truncated|cut)\s*\]|\.\.\.+|…|<\s*snip\s*>|"
                       r"\(\s*(?:\.\.\.|snip|truncated)\s*\)|# \.\.\.)\s*$", re.IGNORECASE)
 _PDSH = re.compile(r"^([\w.-]{1,80}): ")
+# Per-line prefixes that a launcher or a log reader puts before every line of a tool's output:
+# Open MPI's --tag-output (`[1,0]<stdout>:`, mpirun(1)) and `kubectl logs --timestamps` (RFC 3339).
+_LINE_PREFIXES = (re.compile(r"^\[\d+,\d+\]<(?:stdout|stderr)>: ?"),
+                  re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d) "))
 
 
 @dataclass
@@ -82,6 +87,11 @@ def clean(text: str) -> Paste:
             paste.elided = True
             continue
         out.append(line)
+    for prefix in _LINE_PREFIXES:
+        body = [ln for ln in out if ln.strip()]
+        if body and all(prefix.match(ln) for ln in body):
+            out[:] = [prefix.sub("", ln, count=1) for ln in out]
+            paste.prefixed = True
     pdsh = _strip_pdsh(out)
     if pdsh is not None:
         paste.lines, paste.prefixed = pdsh, True

@@ -55,6 +55,18 @@ def test_a_paste_loses_its_prompt_its_runner_prefix_and_its_elisions_but_remembe
         "one `word: ` line is output, not a pdsh prefix"
 
 
+def test_mpirun_tag_output_and_kubectl_timestamps_come_off_every_line() -> None:
+    """Open MPI's `--tag-output` (mpirun(1)) and `kubectl logs --timestamps` (RFC 3339 before each
+    line) wrap a whole output; with them off, the reader sees the tool's own lines."""
+    tagged = "".join(f"[1,0]<stdout>:{ln}\n" for ln in read("fi-info-libfabric1-p4d.txt").splitlines())
+    assert fi_info.parse(tagged, "n", NOW, expect=4).status == "pass"
+    assert detect(tagged) == "fi-info"
+    stamped = "".join(f"2026-11-22T10:00:0{i % 10}.123456789Z {ln}\n"
+                      for i, ln in enumerate(read("nvidia-smi-q-h100-faulty.txt").splitlines()))
+    r = nvidia_smi.parse(stamped, "n", NOW, expect_gpus=3)
+    assert ("row_remap", 0, "REMAP_PENDING") in bad(r) and detect(stamped) == "nvidia-smi"
+
+
 # -- nvidia-smi CSV queries -------------------------------------------------------------------
 
 def test_csv_behind_ansible_oneline_prefix_with_units_is_read() -> None:
