@@ -13,19 +13,23 @@ from __future__ import annotations
 
 import re
 
-from sweeper.parsers.paste import Paste, binary, clean
+from sweeper.parsers.paste import MAX_LINE, Paste, binary, clean, longest_line
 from sweeper.result import CheckResult, Metric, Result, error_result
 
 SOURCE = "fi-info"
 
 _KV = re.compile(r"^\s*(provider|fabric|domain|version|type|protocol):\s*(\S+)\s*$")
-MAX_BYTES = 4 * 1024 * 1024
+MAX_BYTES = 1024 * 1024  # 32 EFA devices in every fabric and endpoint type is about 20 KB
 
 
 def efa_devices(text: str) -> list[str] | None:
     """The EFA device names, sorted; None when the text is not fi_info output at all."""
+    return _efa_devices(clean(text).lines)
+
+
+def _efa_devices(lines: list[str]) -> list[str] | None:
     blocks: list[dict[str, str]] = []
-    for line in clean(text).lines:
+    for line in lines:
         m = _KV.match(line)
         if not m:
             continue
@@ -72,6 +76,8 @@ def parse(text: str, node: str, now: float, expect: int | None = None, exit_code
         return error_result(node, SOURCE, f"{len(text)} bytes of output is over the {MAX_BYTES} limit", now)
     if binary(text):
         return error_result(node, SOURCE, "binary data, not fi_info's text output", now)
+    if longest_line(text) > MAX_LINE:
+        return error_result(node, SOURCE, f"a line over {MAX_LINE} characters: not fi_info output", now)
     paste = clean(text)
     lines = paste.lines
     failed = _nodata(paste)
@@ -79,7 +85,7 @@ def parse(text: str, node: str, now: float, expect: int | None = None, exit_code
         return Result(node=node, source=SOURCE, started=now, finished=now,
                       checks=(CheckResult("efa.fi_info", "fail", f"libfabric finds no EFA device: "
                                           f"{failed[-1][:120]}", "critical", code="EFA_NONE"),))
-    devices = efa_devices(text)
+    devices = _efa_devices(lines)
     if devices is None:
         return error_result(node, SOURCE, "no provider block in the output: not fi_info output", now)
     metric = Metric("efa.fi_info_devices", len(devices), "devices")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from sweeper.parsers.paste import binary, clean
+from sweeper.parsers.paste import MAX_LINE, binary, clean, longest_line
 from sweeper.result import CheckResult, Metric, Result, error_result
 
 SOURCE = "ibv-devinfo"
@@ -105,7 +105,10 @@ def _ibstat(lines: list[str]) -> list[Device]:
 
 def devices(text: str) -> list[Device] | None:
     """The devices in the output; None when there is no `hca_id:` (nor ibstat `CA '...'`) line."""
-    lines = clean(text).lines
+    return _devices(clean(text).lines)
+
+
+def _devices(lines: list[str]) -> list[Device] | None:
     if not any(re.match(r"^\s*hca_id:", ln) for ln in lines):
         if any(_LIST.match(ln) for ln in lines):
             return _listed(lines)
@@ -178,16 +181,19 @@ def parse(text: str, node: str, now: float, expect: int | None = None, kind: str
         return error_result(node, SOURCE, f"{len(text)} bytes of output is over the {MAX_BYTES} limit", now)
     if binary(text):
         return error_result(node, SOURCE, "binary data, not ibv_devinfo's text output", now)
-    if re.search(r"No IB devices found", text):
+    if longest_line(text) > MAX_LINE:
+        return error_result(node, SOURCE, f"a line over {MAX_LINE} characters: not ibv_devinfo output", now)
+    lines = clean(text).lines
+    if "No IB devices found" in text:
         devs: list[Device] = []
     else:
-        found = devices(text)
+        found = _devices(lines)
         if found is None:
             return error_result(node, SOURCE, "no hca_id line (nor an ibstat CA line): not ibv_devinfo output", now)
         devs = found
     checks: list[CheckResult] = []
-    for line in clean(text).lines:
-        if re.match(r"^\s*ibpanic:", line):  # ibstat stopped part-way: the devices after it are unknown
+    for line in lines:
+        if "ibpanic:" in line and re.match(r"^\s*ibpanic:", line):  # ibstat stopped part-way: the devices after it are unknown
             checks.append(CheckResult("rdma.read", "error", f"ibstat stopped: {line.strip()[:160]}", "critical"))
     mine = [d for d in devs if not kind or d.kind == kind]
     if expect is not None and len(mine) != expect:

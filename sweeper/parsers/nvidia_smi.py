@@ -21,11 +21,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sweeper.parsers.paste import Paste, binary, clean
+from sweeper.parsers.paste import MAX_LINE, Paste, binary, clean, longest_line
 from sweeper.result import CheckResult, Metric, Result, error_result
 
 SOURCE = "nvidia-smi"
-MAX_BYTES = 16 * 1024 * 1024
+MAX_BYTES = 1024 * 1024  # a whole -q of eight GPUs is about 90 KB
+MAX_GPUS = 256  # more is not one node's output
 _NA = {"n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "unknown error", "", "[insufficient permissions]"}
 _GPU_HEAD = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")
 THROTTLE_ALERTS = {"hw_slowdown": "HW slowdown", "hw_thermal_slowdown": "HW thermal slowdown",
@@ -390,7 +391,8 @@ def _retired_pages(header: list[str], rows: list[list[str]]) -> tuple[list[Check
 def _from_csv(paste: Paste) -> tuple[str, list[Reading], list[CheckResult], list[Metric]] | str:
     """(query kind, readings, checks, metrics) of a `--format=csv` output, or why it is not one."""
     lines = paste.lines
-    at = next((i for i, line in enumerate(lines) if line.strip() and _header(line) is not None), None)
+    candidates = [i for i, line in enumerate(lines[:200]) if line.strip()][:50]  # after a banner, not deeper
+    at = next((i for i in candidates if _header(lines[i]) is not None), None)
     header = _header(lines[at]) if at is not None else None
     if header is None or at is None:
         return "no --format=csv header line (run without noheader)"
@@ -546,12 +548,12 @@ def _gone(paste: Paste) -> tuple[list[CheckResult], list[str]]:
     checks: list[CheckResult] = []
     rest: list[str] = []
     for line in paste.lines:
-        m = _LOST.search(line)
+        m = _LOST.search(line) if "device handle" in line else None
         if m:
             bus, why = m.group(1) or "(bus id not printed)", m.group(2).strip().rstrip(".") or "no reason given"
             checks.append(CheckResult("gpu.lost", "fail", f"nvidia-smi cannot open GPU {bus}: {why}", "fatal",
                                       code="GPU_LOST"))
-        elif _NO_DEVICES.match(line):
+        elif "No devices" in line and _NO_DEVICES.match(line):
             checks.append(CheckResult("gpu.count", "fail", "nvidia-smi found no GPU (No devices were found)",
                                       "critical", code="NO_GPU"))
         else:
@@ -600,6 +602,8 @@ def parse(text: str, node: str, now: float, expect_gpus: int | None = None, gpu_
         return error_result(node, SOURCE, f"{len(text)} bytes of output is over the {MAX_BYTES} limit", now)
     if binary(text):
         return error_result(node, SOURCE, "binary data, not nvidia-smi's text output", now)
+    if longest_line(text) > MAX_LINE:
+        return error_result(node, SOURCE, f"a line over {MAX_LINE} characters: not nvidia-smi output", now)
     paste = clean(text)
     if any(_DRIVER.search(ln) for ln in paste.lines[:50]):
         first = next(ln for ln in paste.lines if _DRIVER.search(ln))
@@ -629,6 +633,8 @@ def parse(text: str, node: str, now: float, expect_gpus: int | None = None, gpu_
         if isinstance(got_csv, str):
             return _unread(node, now, gone, "neither `nvidia-smi -q` nor `--format=csv` output: " + got_csv)
         _kind, rs, extra, metrics = got_csv
+    if len(rs) > MAX_GPUS:
+        return _unread(node, now, gone, f"{len(rs)} GPUs: more than one node's output")
     checks = list(gone) + extra
     if rs:
         judged, judged_metrics = judge(rs, None if gone else expect_gpus, gpu_model)

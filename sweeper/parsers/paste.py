@@ -64,26 +64,50 @@ def _strip_pdsh(lines: list[str]) -> list[str] | None:
     return [ln[len(host) + 2:] if ln.startswith(host + ": ") else ln for ln in lines]
 
 
+MAX_LINE = 64 * 1024  # no tool read here prints a line this long; a longer one is not its output
+
+
+def longest_line(text: str) -> int:
+    """The length of the longest line, without splitting a large text into a list."""
+    longest, start = 0, 0
+    while True:
+        end = text.find("\n", start)
+        if end < 0:
+            return max(longest, len(text) - start)
+        longest, start = max(longest, end - start), end + 1
+
+
+def _prompt(line: str) -> re.Match[str] | None:
+    head = line.lstrip()[:1]
+    start = line[:300]
+    if head in ("$", "#", "[", ">", "P") or (":" in start and ("$" in start or "#" in start)):
+        return _PROMPT.match(line)
+    if head in ("n", "i", "f", "s", "/"):
+        return _ECHO.match(line)
+    return None
+
+
 def clean(text: str) -> Paste:
     """The lines of `text` without a runner's prefix, prompt lines and elision markers."""
     raw = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     out: list[str] = []
     paste = Paste(out)
     for line in raw:
-        m = _ANSIBLE_ONELINE.match(line)
-        if m:
-            out.extend(_unescape_oneline(m.group(1)))
-            paste.prefixed = True
-            continue
-        if _ANSIBLE_HEAD.match(line):
-            paste.prefixed = True
-            continue
-        m = _PROMPT.match(line) or _ECHO.match(line)
+        if " | " in line and "rc=" in line:
+            m = _ANSIBLE_ONELINE.match(line)
+            if m:
+                out.extend(_unescape_oneline(m.group(1)))
+                paste.prefixed = True
+                continue
+            if _ANSIBLE_HEAD.match(line):
+                paste.prefixed = True
+                continue
+        m = _prompt(line)
         if m:
             paste.prefixed = True
             paste.command = paste.command or (m.group(1) + m.group(2)).strip()
             continue
-        if _ELISION.match(line):
+        if len(line) < 24 and _ELISION.match(line):
             paste.elided = True
             continue
         out.append(line)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from sweeper.parsers.paste import binary, clean
+from sweeper.parsers.paste import MAX_LINE, binary, clean, longest_line
 from sweeper.result import CheckResult, Result, error_result
 
 # From nearest to farthest. NV# (NVLink) is nearer than any PCIe path.
@@ -109,6 +109,8 @@ def parse(text: str, node: str, now: float, nvlinks: int | None = None, nic_affi
         return error_result(node, "topo", f"{len(text)} bytes of output is over the {MAX_BYTES} limit", now)
     if binary(text):
         return error_result(node, "topo", "binary data, not nvidia-smi topo -m's text output", now)
+    if longest_line(text) > MAX_LINE:
+        return error_result(node, "topo", f"a line over {MAX_LINE} characters: not nvidia-smi topo -m output", now)
     topo = parse_matrix(text)
     if topo is None:
         lines = clean(text).lines
