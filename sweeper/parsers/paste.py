@@ -28,7 +28,7 @@ _PROMPT = re.compile(r"^\s*(?:\[[^\]\n]{1,80}\][#$]|[\w.@-]{1,80}:[^\s$#]{0,200}
 _ECHO = re.compile(r"^\s*(?:sudo\s+)?(?:\S*/)?(nvidia-smi|ibv_devinfo|ibstat|ibstatus|fi_info)((?:\s+-[-\w=,. ]*)*)\s*$")
 _ELISION = re.compile(r"^\s*(?:\[\s*(?:\.\.\.|…|snip(?:ped)?|truncated|cut)\s*\]|\.\.\.+|…|<\s*snip\s*>|"
                       r"\(\s*(?:\.\.\.|snip|truncated)\s*\)|# \.\.\.)\s*$", re.IGNORECASE)
-_PDSH = re.compile(r"^([\w.-]{1,80}): ")
+_PDSH = re.compile(r"^([\w.-]{0,40}\d[\w.-]{0,40}): ")  # a host name has a digit; `provider: ` is not one
 # Per-line prefixes that a launcher or a log reader puts before every line of a tool's output:
 # Open MPI's --tag-output (`[1,0]<stdout>:`, mpirun(1)) and `kubectl logs --timestamps` (RFC 3339).
 _LINE_PREFIXES = (re.compile(r"^\[\d+,\d+\]<(?:stdout|stderr)>: ?"),
