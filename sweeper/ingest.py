@@ -25,17 +25,14 @@ def detect(text: str) -> str:
         return "nccl"
     if "NVRM: Xid" in head or "SXid" in head or "kernel:" in head:
         return "kernel-log"
-    if "NVSMI LOG" in head or ("Product Name" in head and "GPU 0" in head):
-        return "nvidia-smi"
-    first = head.lstrip().split("\n", 1)[0].lower()
-    if "," in first and ("pci.bus_id" in first or "name" in first or "index" in first):
-        return "nvidia-smi"
-    if "hca_id:" in head or "No IB devices found" in head:
-        return "ibv-devinfo"
-    if "provider: efa" in head or "fi_getinfo" in head:
-        return "fi-info"
-    if "GPU0" in head and ("NV#" in head or "CPU Affinity" in head or "Legend" in head):
+    if topo.looks_like(head):  # before nvidia-smi: `nvidia-smi topo -m` is nvidia-smi output too
         return "topo"
+    if nvidia_smi.looks_like(head):  # -q (whole or one section), CSV queries, pasted or not
+        return "nvidia-smi"
+    if ibv_devinfo.looks_like(head):  # whole, grep-filtered, ibstat, ibstatus
+        return "ibv-devinfo"
+    if fi_info.looks_like(head):
+        return "fi-info"
     raise ConfigError("cannot tell the format of this file; pass --format "
                       + "|".join(f for f in FORMATS if f != "auto"))
 

@@ -2,22 +2,34 @@
 
 Devices are counted as the distinct domain prefixes (`rdmap16s27` of `rdmap16s27-rdm`) over
 the `FI_EP_RDM` blocks; counting `provider: efa` lines over-counts, since each device shows up
-once per endpoint type and fabric."""
+once per endpoint type and fabric (libfabric 2.x lists each device under the `efa` and the
+`efa-direct` fabrics too).
+
+Read as printed or as pasted (a prompt line, a runner's prefix: see `paste`). `fi_getinfo: -61
+(No data available)` is libfabric finding no EFA device, a failure; a provider list without any
+`efa` block says the same."""
 
 from __future__ import annotations
 
 import re
 
+from sweeper.parsers.paste import MAX_LINE, Paste, binary, clean, longest_line
 from sweeper.result import CheckResult, Metric, Result, error_result
 
+SOURCE = "fi-info"
+
 _KV = re.compile(r"^\s*(provider|fabric|domain|version|type|protocol):\s*(\S+)\s*$")
-MAX_BYTES = 4 * 1024 * 1024
+MAX_BYTES = 1024 * 1024  # 32 EFA devices in every fabric and endpoint type is about 20 KB
 
 
 def efa_devices(text: str) -> list[str] | None:
     """The EFA device names, sorted; None when the text is not fi_info output at all."""
+    return _efa_devices(clean(text).lines)
+
+
+def _efa_devices(lines: list[str]) -> list[str] | None:
     blocks: list[dict[str, str]] = []
-    for line in text.splitlines():
+    for line in lines:
         m = _KV.match(line)
         if not m:
             continue
@@ -38,18 +50,44 @@ def efa_devices(text: str) -> list[str] | None:
     return sorted(devices)
 
 
+def _nodata(paste: Paste) -> list[str]:
+    """Lines saying libfabric found nothing: `fi_getinfo: -61 (No data available)`, or a bare `-61`
+    (-FI_ENODATA, fi_getinfo(3)) under an `fi_info` prompt."""
+    out = [ln.strip() for ln in paste.lines if re.match(r"^\s*fi_getinfo\b", ln)]
+    if paste.command.startswith("fi_info"):
+        out += [ln.strip() for ln in paste.lines if re.fullmatch(r"\s*-61\b.*", ln)]
+    return out
+
+
+def looks_like(text: str) -> bool:
+    paste = clean(text[:200_000])
+    lines = paste.lines
+    if paste.command.startswith("fi_info"):
+        return True
+    return any(re.match(r"^\s*fi_getinfo\b", ln) for ln in lines) or (
+        any(re.match(r"^\s*provider:\s*\S", ln) for ln in lines)
+        and any(re.match(r"^\s*(fabric|domain):\s*\S", ln) for ln in lines))
+
+
 def parse(text: str, node: str, now: float, expect: int | None = None, exit_code: int | None = None) -> Result:
     if not text or not text.strip():
-        return error_result(node, "fi_info", "fi_info printed nothing", now)
+        return error_result(node, SOURCE, "fi_info printed nothing", now)
     if len(text) > MAX_BYTES:
-        return error_result(node, "fi_info", f"{len(text)} bytes of output is over the {MAX_BYTES} limit", now)
-    if "fi_getinfo" in text and "provider:" not in text:
-        return Result(node=node, source="fi_info", started=now, finished=now,
+        return error_result(node, SOURCE, f"{len(text)} bytes of output is over the {MAX_BYTES} limit", now)
+    if binary(text):
+        return error_result(node, SOURCE, "binary data, not fi_info's text output", now)
+    if longest_line(text) > MAX_LINE:
+        return error_result(node, SOURCE, f"a line over {MAX_LINE} characters: not fi_info output", now)
+    paste = clean(text)
+    lines = paste.lines
+    failed = _nodata(paste)
+    if failed and not any(re.match(r"^\s*provider:", ln) for ln in lines):
+        return Result(node=node, source=SOURCE, started=now, finished=now,
                       checks=(CheckResult("efa.fi_info", "fail", f"libfabric finds no EFA device: "
-                                          f"{text.strip().splitlines()[-1][:120]}", "critical", code="EFA_NONE"),))
-    devices = efa_devices(text)
+                                          f"{failed[-1][:120]}", "critical", code="EFA_NONE"),))
+    devices = _efa_devices(lines)
     if devices is None:
-        return error_result(node, "fi_info", "no provider block in the output: not fi_info output", now)
+        return error_result(node, SOURCE, "no provider block in the output: not fi_info output", now)
     metric = Metric("efa.fi_info_devices", len(devices), "devices")
     if exit_code not in (None, 0):
         check = CheckResult("efa.fi_info", "error", f"fi_info exited {exit_code}", "warning")
@@ -61,4 +99,4 @@ def parse(text: str, node: str, now: float, expect: int | None = None, exit_code
     else:
         check = CheckResult("efa.fi_info", "pass", f"{len(devices)} EFA devices: {', '.join(devices[:4])}"
                             + (" ..." if len(devices) > 4 else ""))
-    return Result(node=node, source="fi_info", started=now, finished=now, checks=(check,), metrics=(metric,))
+    return Result(node=node, source=SOURCE, started=now, finished=now, checks=(check,), metrics=(metric,))

@@ -1,21 +1,34 @@
-"""`nvidia-smi -q` and `nvidia-smi --query-gpu=... --format=csv`: one reading per GPU, judged
-by the same rules as the NVML checks. Fields a GPU does not report (`N/A`, `[Not Supported]`)
-are skipped, never read as zero."""
+"""What nvidia-smi prints, read into one reading per GPU and judged by the same rules as the NVML
+checks. Fields a GPU does not report (`N/A`, `[Not Supported]`) are skipped, never read as zero.
+
+The shapes read (as printed, or pasted after a prompt line or a runner's prefix, see `paste`):
+- `nvidia-smi -q`, whole, or one `-d ECC|PAGE_RETIREMENT|ROW_REMAPPER|TEMPERATURE|PERFORMANCE|CLOCK`
+  section per GPU, with or without its `GPU <bus id>` line; `[...]` where GPUs were cut out;
+- `--query-gpu=... --format=csv` (units in the header and the values, `[N/A]`, `[Not Supported]`),
+  `--query-remapped-rows`, `--query-retired-pages` (rows of `[N/A]` are no page) and
+  `--query-compute-apps` (a process list: `skip`, it says nothing of health);
+- what nvidia-smi prints instead of readings: `No devices were found` and `Unable to determine the
+  device handle for GPU <bus id>: Unknown Error` (or `GPU is lost`) fail, the GPU is gone; a
+  field read as `Unknown Error` or `ERR!` means the GPU did not answer.
+- the summary table (`nvidia-smi` alone): each GPU's volatile uncorrectable ECC count and the cells
+  printed as `ERR!`; the rest of the health fields are only in `-q` and the CSV queries."""
 
 from __future__ import annotations
 
 import csv
-import io
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sweeper.parsers.paste import MAX_LINE, Paste, binary, clean, longest_line
 from sweeper.result import CheckResult, Metric, Result, error_result
 
-MAX_BYTES = 16 * 1024 * 1024
+SOURCE = "nvidia-smi"
+MAX_BYTES = 1024 * 1024  # a whole -q of eight GPUs is about 90 KB
+MAX_GPUS = 256  # more is not one node's output
 _NA = {"n/a", "[n/a]", "[not supported]", "not supported", "[unknown error]", "unknown error", "", "[insufficient permissions]"}
-_GPU_HEAD = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.\d)\s*$")
+_GPU_HEAD = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")
 THROTTLE_ALERTS = {"hw_slowdown": "HW slowdown", "hw_thermal_slowdown": "HW thermal slowdown",
                    "hw_power_brake_slowdown": "HW power brake", "sw_thermal_slowdown": "SW thermal slowdown"}
 
@@ -46,6 +59,8 @@ class Reading:
     power_w: float | None = None
     power_limit_w: float | None = None
     throttle: list[str] = field(default_factory=list)
+    sram_threshold: bool | None = None
+    unreadable: list[str] = field(default_factory=list)  # fields read as Unknown Error / ERR!
 
 
 def _num(value: Any) -> float | None:
@@ -73,26 +88,66 @@ def _yes(value: Any) -> bool | None:
 
 # -- nvidia-smi -q ---------------------------------------------------------------------
 
-def _tree(text: str) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
-    """Top-level key/values and one nested mapping per `GPU <bus id>` section."""
+# Sections that `nvidia-smi -q -d ECC|PAGE_RETIREMENT|ROW_REMAPPER|TEMPERATURE|PERFORMANCE|CLOCK`
+# print on their own (nvidia-smi(1), "-d, --display"); a paste may carry one with no `GPU` line.
+_SECTIONS = ("ecc errors", "ecc mode", "retired pages", "remapped rows", "temperature", "clocks event reasons",
+             "clocks throttle reasons", "performance state", "clocks", "max clocks", "gpu power readings",
+             "power readings", "pci", "product name")
+_UNREADABLE = {"unknown error", "[unknown error]", "err!", "[err!]", "gpu is lost", "[gpu is lost]"}
+# Fields some drivers print as `Unknown Error` on a healthy GPU (an RTX 4090 on 535.154.05 in
+# leptonai/gpud's nvidia-smi -q captures): not a sign that the GPU stopped answering.
+_BENIGN_UNKNOWN = {"addressing mode"}
+
+
+def _key(k: str) -> str:
+    return re.sub(r"\s+", " ", k.strip()).lower()
+
+
+# What a -q key looks like ("GPU T.Limit Temp", "SRAM Uncorrectable SEC-DED", "Bank Remap
+# Availability Histogram"); a line whose key is anything else is noise, not nvidia-smi's.
+_Q_KEY = re.compile(r"^[a-z0-9][a-z0-9 ._()/+\-#&',]*$")
+
+
+# Lines a section always prints (each tuple: names the drivers have used for one line); without
+# them the section's verdict cannot be read, whatever the other lines say.
+_REQUIRED: dict[str, list[tuple[str, ...]]] = {"remapped rows": [("pending",), ("remapping failure occurred",)],
+                                               "retired pages": [("pending page blacklist", "pending page retirement")]}
+
+
+def _noise(lines: list[str]) -> list[str]:
+    """Lines of a -q paste that nvidia-smi cannot have printed (a corrupted or foreign line)."""
+    out = []
+    for raw in lines:
+        line = raw.strip()
+        if not line or line.startswith("=") or _GPU_HEAD.match(line):
+            continue
+        key = line.partition(" : ")[0] if " : " in line else line.partition(":")[0]
+        if not _Q_KEY.match(_key(key)):
+            out.append(line[:60])
+    return out
+
+
+def _tree(lines: list[str]) -> tuple[dict[str, Any], list[tuple[str, dict[str, Any]]]]:
+    """Top-level key/values and one nested mapping per `GPU <bus id>` section; keys lower-case."""
     top: dict[str, Any] = {}
     gpus: list[tuple[str, dict[str, Any]]] = []
     stack: list[tuple[int, dict[str, Any]]] = [(-1, top)]
-    for raw in text.splitlines():
-        if not raw.strip() or raw.startswith("="):
+    for raw in lines:
+        raw = raw.expandtabs(4).rstrip()
+        if not raw.strip() or raw.lstrip().startswith("="):
             continue
         indent = len(raw) - len(raw.lstrip(" "))
         line = raw.strip()
-        m = _GPU_HEAD.match(line) if indent == 0 else None
+        m = _GPU_HEAD.match(line)
         if m:
             section: dict[str, Any] = {}
             gpus.append((m.group(1), section))
-            stack = [(-1, top), (0, section)]
+            stack = [(-1, top), (indent, section)]
             continue
         while len(stack) > 1 and stack[-1][0] >= indent:
             stack.pop()
         key, sep, value = line.partition(" : ") if " : " in line else line.partition(":")
-        key, value = key.strip(), value.strip()
+        key, value = _key(key), value.strip()
         if sep and value:
             stack[-1][1].setdefault(key, value)
         else:
@@ -130,58 +185,71 @@ def _sum_where(d: Any, words: tuple[str, ...], exclude: tuple[str, ...] = ()) ->
 
 
 def _ecc(d: Any, kind: str) -> int | None:
-    """kind 'Uncorrectable' or 'Correctable' over the DRAM/SRAM layout, or the older
+    """kind 'uncorrectable' or 'correctable' over the DRAM/SRAM layout, or the older
     'Double Bit'/'Single Bit' layout (its Total line)."""
     if not isinstance(d, dict):
         return None
-    if kind == "Uncorrectable":
-        new = _sum_where(d, ("Uncorrectable",))
-        old = _int(_get(d, "Double Bit", "Total"))
+    if kind == "uncorrectable":
+        new = _sum_where(d, ("uncorrectable",))
+        old = _int(_get(d, "double bit", "total"))
     else:
-        new = _sum_where(d, ("Correctable",), exclude=("Uncorrectable",))
-        old = _int(_get(d, "Single Bit", "Total"))
+        new = _sum_where(d, ("correctable",), exclude=("uncorrectable",))
+        old = _int(_get(d, "single bit", "total"))
     return new if new is not None else old
 
 
+def _unreadable(d: dict[str, Any], prefix: str = "") -> list[str]:
+    """The fields nvidia-smi printed as `Unknown Error` or `ERR!`: it asked the GPU and got no answer."""
+    out: list[str] = []
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.extend(_unreadable(v, k))
+        elif str(v).strip().lower() in _UNREADABLE and k not in _BENIGN_UNKNOWN:
+            out.append(f"{prefix} {k}".strip())
+    return out
+
+
 def _from_q(index: int, bus: str, g: dict[str, Any]) -> Reading:
-    r = Reading(index=index, bus_id=bus, name=g.get("Product Name"))
-    r.persistence = _yes(g.get("Persistence Mode"))
-    ecc = g.get("ECC Errors")
-    r.volatile_uncorrected = _ecc(_get(ecc, "Volatile"), "Uncorrectable")
-    r.aggregate_uncorrected = _ecc(_get(ecc, "Aggregate"), "Uncorrectable")
-    r.aggregate_corrected = _ecc(_get(ecc, "Aggregate"), "Correctable")
-    rows = g.get("Remapped Rows")
+    r = Reading(index=index, bus_id=bus, name=g.get("product name"))
+    r.persistence = _yes(g.get("persistence mode"))
+    ecc = g.get("ecc errors")
+    r.volatile_uncorrected = _ecc(_get(ecc, "volatile"), "uncorrectable")
+    r.aggregate_uncorrected = _ecc(_get(ecc, "aggregate"), "uncorrectable")
+    r.aggregate_corrected = _ecc(_get(ecc, "aggregate"), "correctable")
+    r.sram_threshold = _yes(_get(ecc, "aggregate", "sram threshold exceeded"))
+    rows = g.get("remapped rows")
     if isinstance(rows, dict):
-        r.remap_corrected = _int(rows.get("Correctable Error"))
-        r.remap_uncorrected = _int(rows.get("Uncorrectable Error"))
-        r.remap_pending = _yes(rows.get("Pending"))
-        r.remap_failure = _yes(rows.get("Remapping Failure Occurred"))
-    pages = g.get("Retired Pages")
+        r.remap_corrected = _int(rows.get("correctable error"))
+        r.remap_uncorrected = _int(rows.get("uncorrectable error"))
+        r.remap_pending = _yes(rows.get("pending"))
+        r.remap_failure = _yes(rows.get("remapping failure occurred"))
+    pages = g.get("retired pages")
     if isinstance(pages, dict):
-        sb = _int(_get(pages, "Single Bit ECC") if not isinstance(pages.get("Single Bit ECC"), dict)
-                  else _get(pages, "Single Bit ECC", "Count"))
-        db = _int(_get(pages, "Double Bit ECC") if not isinstance(pages.get("Double Bit ECC"), dict)
-                  else _get(pages, "Double Bit ECC", "Count"))
+        sb = _int(_get(pages, "single bit ecc") if not isinstance(pages.get("single bit ecc"), dict)
+                  else _get(pages, "single bit ecc", "count"))
+        db = _int(_get(pages, "double bit ecc") if not isinstance(pages.get("double bit ecc"), dict)
+                  else _get(pages, "double bit ecc", "count"))
         r.retired_pages = None if sb is None and db is None else (sb or 0) + (db or 0)
-        r.retired_pending = _yes(pages.get("Pending Page Blacklist") or pages.get("Pending Page Retirement"))
-    link = _get(g, "PCI", "GPU Link Info")
-    r.pcie_gen = _int(_get(link, "PCIe Generation", "Current"))
-    r.pcie_gen_max = _int(_get(link, "PCIe Generation", "Max"))
-    r.pcie_width = _int(_get(link, "Link Width", "Current"))
-    r.pcie_width_max = _int(_get(link, "Link Width", "Max"))
-    temp = g.get("Temperature")
-    r.temperature = _num(_get(temp, "GPU Current Temp"))
-    r.thermal_margin = _num(_get(temp, "GPU T.Limit Temp"))
-    power = g.get("GPU Power Readings") or g.get("Power Readings")
-    r.power_w = _num(_get(power, "Power Draw")) or _num(_get(power, "Average Power Draw"))
-    r.power_limit_w = _num(_get(power, "Current Power Limit")) or _num(_get(power, "Enforced Power Limit"))
-    reasons = g.get("Clocks Event Reasons") or g.get("Clocks Throttle Reasons") or g.get("Clocks Throttle Reason")
+        r.retired_pending = _yes(pages.get("pending page blacklist") or pages.get("pending page retirement"))
+    link = _get(g, "pci", "gpu link info")
+    r.pcie_gen = _int(_get(link, "pcie generation", "current"))
+    r.pcie_gen_max = _int(_get(link, "pcie generation", "max"))
+    r.pcie_width = _int(_get(link, "link width", "current"))
+    r.pcie_width_max = _int(_get(link, "link width", "max"))
+    temp = g.get("temperature")
+    r.temperature = _num(_get(temp, "gpu current temp"))
+    r.thermal_margin = _num(_get(temp, "gpu t.limit temp"))
+    power = g.get("gpu power readings") or g.get("power readings")
+    r.power_w = _num(_get(power, "power draw")) or _num(_get(power, "average power draw"))
+    r.power_limit_w = _num(_get(power, "current power limit")) or _num(_get(power, "enforced power limit"))
+    reasons = g.get("clocks event reasons") or g.get("clocks throttle reasons") or g.get("clocks throttle reason")
     if isinstance(reasons, dict):
         flat = _flatten(reasons)
         for key, label in THROTTLE_ALERTS.items():
             words = key.replace("_", " ")
-            if any(k.lower() == words and _yes(v) for k, v in flat.items()):
+            if any(k == words and _yes(v) for k, v in flat.items()):
                 r.throttle.append(label)
+    r.unreadable = _unreadable(g)
     return r
 
 
@@ -195,7 +263,40 @@ def _flatten(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# -- nvidia-smi --query-gpu=... --format=csv -------------------------------------------
+def _q(paste: Paste) -> tuple[list[Reading], list[CheckResult]] | str:
+    """`nvidia-smi -q` (whole, or one `-d` section per GPU, with or without its `GPU` lines)."""
+    top, sections = _tree(paste.lines)
+    problems: list[CheckResult] = []
+    if not sections:
+        if not any(k in top for k in _SECTIONS):
+            return "no `GPU <bus id>` section and no section nvidia-smi -q prints"
+        sections = [("", top)]  # one section pasted bare: a GPU whose bus id the paste left out
+    noise = _noise(paste.lines)
+    if noise:
+        problems.append(CheckResult("nvidia-smi.read", "error", f"{len(noise)} line(s) nvidia-smi -q does not print, "
+                                    f"e.g. {noise[0]!r}", "critical"))
+    for bus, g in sections:
+        if not any(k in g for k in _SECTIONS):
+            problems.append(CheckResult("nvidia-smi.read", "error", f"GPU {bus or '(unnamed)'}: no section "
+                                        "nvidia-smi -q prints (cut right after its GPU line?)", "critical"))
+        for title, groups in _REQUIRED.items():
+            sec = g.get(title)
+            lacking = [names[0] for names in groups if isinstance(sec, dict) and not any(n in sec for n in names)]
+            if lacking:
+                problems.append(CheckResult("nvidia-smi.read", "error", f"GPU {bus or '(unnamed)'}: the {title} "
+                                            f"section lacks its {lacking[0]} line", "critical"))
+    attached = _int(top.get("attached gpus"))
+    if attached is not None and attached > len(sections) and not paste.elided and sections[0][0]:
+        problems.append(CheckResult("nvidia-smi.read", "error", f"truncated: {attached} GPUs attached, "
+                                    f"{len(sections)} listed", "critical"))
+    elif not paste.elided and "product name" in sections[-1][1] and "processes" not in sections[-1][1]:
+        # A whole `-q` ends every GPU with its Processes section (`-d` output has no Product Name).
+        problems.append(CheckResult("nvidia-smi.read", "error", "truncated: the last GPU's section stops before "
+                                    "its Processes section", "critical"))
+    return [_from_q(i, bus, g) for i, (bus, g) in enumerate(sections)], problems
+
+
+# -- nvidia-smi --query-gpu|--query-remapped-rows|--query-retired-pages|--query-compute-apps --format=csv
 
 _CSV_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "name": ("name", str), "pci.bus_id": ("bus_id", str), "index": ("index", int),
@@ -213,36 +314,123 @@ _CSV_FIELDS: dict[str, tuple[str, Callable[[str], Any]]] = {
     "power.draw": ("power_w", _num), "power.limit": ("power_limit_w", _num),
     "enforced.power.limit": ("power_limit_w", _num),
 }
+# What nvidia-smi prints in the header for a query name that has a long and a short form
+# (`nvidia-smi --help-query-gpu`: "gpu_name" or "name", "gpu_bus_id" or "pci.bus_id", ...).
+_ALIASES = {"gpu_name": "name", "gpu_bus_id": "pci.bus_id", "gpu_uuid": "uuid", "gpu_serial": "serial"}
+_FIELD = re.compile(r"^[a-z][a-z0-9_]*(?:\.[a-z0-9_]+)*$")
+_THROTTLE_PREFIXES = ("clocks_event_reasons.", "clocks_throttle_reasons.")
+_HEALTH_PREFIXES = ("ecc.", "remapped_rows.", "retired_pages.", "pcie.", "temperature.", "power.",
+                    "enforced.power", "clocks_event_reasons.", "clocks_throttle_reasons.")
+_IDENT = ("pci.bus_id", "uuid", "index", "serial", "name")
 
 
-def _from_csv(text: str) -> list[Reading] | str:
-    rows = list(csv.reader(io.StringIO(text.strip()), skipinitialspace=True))
-    header = [re.sub(r"\s*\[.*?\]\s*$", "", h.strip()).lower() for h in rows[0]]
-    if not any(h in _CSV_FIELDS or h.startswith(("clocks_event_reasons.", "clocks_throttle_reasons.")) for h in header):
-        return "the first line is not a --query-gpu header (run without noheader)"
-    out: list[Reading] = []
-    for n, row in enumerate(rows[1:]):
-        if not row or all(not c.strip() for c in row):
+def _header(line: str) -> list[str] | None:
+    """The field names of a `--format=csv` header line, or None when it is not one."""
+    cells = [re.sub(r"\s*\[[^\]]*\]\s*$", "", c.strip()).lower() for c in line.split(",")]
+    if not cells or not all(_FIELD.match(c) for c in cells):
+        return None
+    cells = [_ALIASES.get(c, c) for c in cells]
+    known = set(_CSV_FIELDS) | set(_IDENT) | {"pid", "process_name", "used_memory", "used_gpu_memory",
+                                               "timestamp", "retired_pages.address", "retired_pages.cause"}
+    if not any(c in known or c.startswith(_HEALTH_PREFIXES) or c.startswith(("memory.", "utilization.", "clocks."))
+               for c in cells):
+        return None
+    if len(cells) == 1 and cells[0] not in known:
+        return None
+    return cells
+
+
+def _csv_rows(lines: list[str], width: int) -> tuple[list[list[str]], list[CheckResult]]:
+    rows: list[list[str]] = []
+    problems: list[CheckResult] = []
+    body = [ln for ln in lines if ln.strip()]
+    for n, line in enumerate(body):
+        row = [c.strip() for c in next(csv.reader([line], skipinitialspace=True), [])]
+        if len(row) != width:
+            where = "the last row" if n == len(body) - 1 else f"row {n + 1}"
+            problems.append(CheckResult("nvidia-smi.read", "error", f"{where} has {len(row)} fields, the header "
+                                        f"{width}: cut or not this query's output", "critical"))
+            if n != len(body) - 1:
+                break
             continue
-        if len(row) != len(header):
-            return f"row {n + 2} has {len(row)} fields, the header {len(header)}"
+        rows.append(row)
+    return rows, problems
+
+
+def _na(value: str) -> bool:
+    return value.strip().lower() in _NA
+
+
+def _retired_pages(header: list[str], rows: list[list[str]]) -> tuple[list[CheckResult], list[Metric]]:
+    """`--query-retired-pages`: one row per retired page. A row whose address and cause are `[N/A]`
+    is no page (nvidia-smi prints such a row for a GPU that has retired none)."""
+    gpu_col = next((header.index(c) for c in ("pci.bus_id", "uuid", "serial", "name") if c in header), None)
+    key_cols = [header.index(c) for c in ("retired_pages.address", "retired_pages.cause") if c in header]
+    pages: dict[str, int] = {}
+    for row in rows:
+        gpu = row[gpu_col] if gpu_col is not None else ""
+        pages.setdefault(gpu, 0)
+        if all(_na(row[i]) for i in key_cols):
+            continue
+        pages[gpu] += 1
+    checks: list[CheckResult] = []
+    metrics: list[Metric] = []
+    for i, (gpu, count) in enumerate(sorted(pages.items())):
+        label = f"{gpu}: " if gpu else ""
+        if count >= 60:
+            checks.append(CheckResult("retired_pages", "fail", f"{label}{count} retired pages (limit 60)", "fatal",
+                                      gpu=i, code="RETIRED_PAGES"))
+        else:
+            checks.append(CheckResult("retired_pages", "pass", f"{label}{count} retired pages (limit 60)", gpu=i))
+        metrics.append(Metric("retired_pages", count, "pages", gpu=i))
+    if not pages:
+        checks.append(CheckResult("retired_pages", "pass", "no retired page listed"))
+    return checks, metrics
+
+
+def _from_csv(paste: Paste) -> tuple[str, list[Reading], list[CheckResult], list[Metric]] | str:
+    """(query kind, readings, checks, metrics) of a `--format=csv` output, or why it is not one."""
+    lines = paste.lines
+    candidates = [i for i, line in enumerate(lines[:200]) if line.strip()][:50]  # after a banner, not deeper
+    at = next((i for i in candidates if _header(lines[i]) is not None), None)
+    header = _header(lines[at]) if at is not None else None
+    if header is None or at is None:
+        return "no --format=csv header line (run without noheader)"
+    rows, problems = _csv_rows(lines[at + 1:], len(header))
+    if "retired_pages.address" in header or "retired_pages.cause" in header:
+        checks, metrics = _retired_pages(header, rows)
+        return "retired-pages", [], problems + checks, metrics
+    if "pid" in header or "process_name" in header:
+        apps = [r for r in rows if not all(_na(c) for c in r)]
+        return "compute-apps", [], problems + [CheckResult(
+            "compute.apps", "skip", f"{len(apps)} compute processes listed: a process list says nothing about "
+            "the GPU's health")], [Metric("compute.apps", len(apps), "processes")]
+    out: list[Reading] = []
+    for n, row in enumerate(rows):
         r = Reading(index=n)
         for h, value in zip(header, row, strict=True):
-            value = value.strip()
             if h in _CSV_FIELDS:
                 attr, conv = _CSV_FIELDS[h]
-                if value.lower() in _NA:
+                if _na(value):
+                    if value.strip().lower() in _UNREADABLE:
+                        r.unreadable.append(h)
                     continue
                 parsed = conv(value)
                 if parsed is not None:
                     setattr(r, attr, parsed)
-            elif h.startswith(("clocks_event_reasons.", "clocks_throttle_reasons.")):
+            elif h.startswith(_THROTTLE_PREFIXES):
                 reason = h.split(".", 1)[1]
                 if reason in THROTTLE_ALERTS and _yes(value):
                     r.throttle.append(THROTTLE_ALERTS[reason])
+            elif value.strip().lower() in _UNREADABLE:
+                r.unreadable.append(h)
         out.append(r)
-    return out
-
+    kind = "remapped-rows" if header and all(h.startswith("remapped_rows.") or h in _IDENT for h in header) \
+        else "gpu"
+    if not any(h in _CSV_FIELDS and h not in _IDENT or h.startswith(_THROTTLE_PREFIXES) for h in header):
+        problems.append(CheckResult("nvidia-smi.fields", "skip", "the query holds no health field ("
+                                    + ", ".join(header[:6]) + (", ..." if len(header) > 6 else "") + ")"))
+    return kind, out, problems, []
 
 # -- judging ---------------------------------------------------------------------------
 
@@ -269,6 +457,8 @@ def judge(readings: list[Reading], expect_gpus: int | None = None, gpu_model: st
             checks.append(CheckResult("ecc.volatile_uncorrected", "pass", "none", gpu=i))
         if r.remap_failure is None and r.remap_pending is None:
             checks.append(CheckResult("row_remap", "skip", "not reported", gpu=i))
+        elif r.remap_pending is None and not r.remap_failure:
+            checks.append(CheckResult("row_remap", "skip", "pending not reported", gpu=i))
         elif r.remap_failure:
             checks.append(CheckResult("row_remap", "fail", "row remapping failure: the GPU is an RMA candidate",
                                       "fatal", gpu=i, code="REMAP_FAILURE"))
@@ -283,11 +473,23 @@ def judge(readings: list[Reading], expect_gpus: int | None = None, gpu_model: st
         if r.retired_pages is not None and r.retired_pages >= 60:
             checks.append(CheckResult("retired_pages", "fail", f"{r.retired_pages} retired pages (limit 60)",
                                       "fatal", gpu=i, code="RETIRED_PAGES"))
+        elif r.retired_pages is not None and r.retired_pending is False:
+            checks.append(CheckResult("retired_pages", "pass", f"{r.retired_pages} retired pages (limit 60), "
+                                      "none pending", gpu=i))
         if r.pcie_width is not None and r.pcie_width_max is not None:
             ok = r.pcie_width >= r.pcie_width_max
             checks.append(CheckResult("pcie.link", "pass" if ok else "fail",
                                       f"x{r.pcie_width} of x{r.pcie_width_max}", "info" if ok else "critical",
                                       gpu=i, code=None if ok else "PCIE_DOWNTRAINED"))
+        if r.sram_threshold:
+            checks.append(CheckResult("ecc.sram_threshold", "fail", "SRAM uncorrectable errors over the threshold: "
+                                      "the GPU is an RMA candidate", "fatal", gpu=i, code="SRAM_THRESHOLD"))
+        if r.unreadable:
+            many = len(r.unreadable) > 1
+            checks.append(CheckResult("gpu.unreadable", "fail" if many else "warn", f"{len(r.unreadable)} field(s) "
+                                      "read as Unknown Error or ERR!: " + ", ".join(r.unreadable[:4])
+                                      + (": the GPU does not answer" if many else ""),
+                                      "critical" if many else "warning", gpu=i, code="GPU_UNREADABLE"))
         if r.throttle:
             checks.append(CheckResult("clocks.events", "warn", "active: " + ", ".join(r.throttle), "warning", gpu=i))
         if r.thermal_margin is not None and r.thermal_margin < thermal_margin_min:
@@ -305,39 +507,151 @@ def judge(readings: list[Reading], expect_gpus: int | None = None, gpu_model: st
     return checks, metrics
 
 
+# -- the summary table (`nvidia-smi` alone) ---------------------------------------------
+
+_TABLE_GPU = re.compile(r"^\|\s*(\d+)\s+(.*?)\s+(?:On|Off|N/A)\s*\|\s*([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}"
+                        r"\.[0-9A-Fa-f])\s+\S+\s*\|\s*(\S+)\s*\|")
+
+
+def _table(lines: list[str]) -> list[Reading]:
+    """One reading per GPU box of the summary table: its bus id, its volatile uncorrectable ECC
+    count, and the cells printed as `ERR!` (nvidia-smi could not read them from the GPU)."""
+    out: list[Reading] = []
+    open_box = False
+    for line in lines:
+        m = _TABLE_GPU.match(line.strip())
+        if m:
+            r = Reading(index=int(m.group(1)), bus_id=m.group(3), name=m.group(2).strip())
+            r.volatile_uncorrected = _int(m.group(4))
+            out.append(r)
+            open_box = True
+        elif line.strip().startswith(("+", "|=")) or not line.strip().startswith("|"):
+            open_box = False  # the box is closed: later `ERR!` cells belong to no GPU
+        if out and open_box and "ERR!" in line:
+            out[-1].unreadable.extend(["summary table cell"] * line.count("ERR!"))
+    return out
+
+
+# -- what nvidia-smi prints instead of readings ---------------------------------------
+
+# NVML could not open a GPU that the PCI bus lists: "Unable to determine the device handle for GPU
+# 0000:3B:00.0: Unknown Error" or "...: GPU is lost.  Reboot the system to recover this GPU".
+_LOST = re.compile(r"Unable to determine the device handle for (?:GPU|gpu)\s*([0-9A-Fa-f]{3,8}:[0-9A-Fa-f]{2}:"
+                   r"[0-9A-Fa-f]{2}\.[0-9A-Fa-f])?\s*:?\s*(.*)$")
+_NO_DEVICES = re.compile(r"^\s*No devices were found\s*$")
+_DRIVER = re.compile(r"NVIDIA-SMI has failed|couldn't communicate with the NVIDIA driver")
+_TABLE = re.compile(r"^\|\s*NVIDIA-SMI \d|^\|\s*GPU\s+Name\s")
+
+
+def _gone(paste: Paste) -> tuple[list[CheckResult], list[str]]:
+    """Checks for GPUs nvidia-smi says it cannot reach, and the lines left to read."""
+    checks: list[CheckResult] = []
+    rest: list[str] = []
+    for line in paste.lines:
+        m = _LOST.search(line) if "device handle" in line else None
+        if m:
+            bus, why = m.group(1) or "(bus id not printed)", m.group(2).strip().rstrip(".") or "no reason given"
+            checks.append(CheckResult("gpu.lost", "fail", f"nvidia-smi cannot open GPU {bus}: {why}", "fatal",
+                                      code="GPU_LOST"))
+        elif "No devices" in line and _NO_DEVICES.match(line):
+            checks.append(CheckResult("gpu.count", "fail", "nvidia-smi found no GPU (No devices were found)",
+                                      "critical", code="NO_GPU"))
+        else:
+            rest.append(line)
+    return checks, rest
+
+
 def readings(text: str) -> tuple[str, list[Reading]] | str:
     """('q' or 'csv', readings), or why the text is neither form."""
-    if "GPU " in text and ("NVSMI LOG" in text or "Product Name" in text):
-        top, sections = _tree(text)
-        if not sections:
-            return "no `GPU <bus id>` section"
-        attached = _int(top.get("Attached GPUs"))
-        if attached is not None and attached != len(sections):
-            return f"truncated: {attached} GPUs attached, {len(sections)} listed"
-        return "q", [_from_q(i, bus, g) for i, (bus, g) in enumerate(sections)]
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    if "," in first or first.strip().lower() in _CSV_FIELDS:
-        got = _from_csv(text)
-        return got if isinstance(got, str) else ("csv", got)
-    return "neither `nvidia-smi -q` nor `--query-gpu --format=csv` output"
+    paste = clean(text)
+    got = _q(paste) if _looks_q(paste.lines) else _from_csv(paste)
+    if isinstance(got, str):
+        return got
+    if len(got) == 2:
+        return "q", got[0]
+    return "csv", got[1]
+
+
+def looks_like(text: str) -> bool:
+    """Whether `text` (pasted or not) is one of the shapes this module reads."""
+    paste = clean(text[:200_000])
+    lines = paste.lines[:2000]
+    if paste.command.startswith("nvidia-smi") and " topo" not in paste.command:
+        return True
+    if any(_LOST.search(ln) or _NO_DEVICES.match(ln) or _DRIVER.search(ln) or _TABLE.match(ln.strip())
+           for ln in lines):
+        return True
+    if _looks_q(lines):
+        return any(" : " in ln for ln in lines)
+    first = next((ln for ln in lines if ln.strip()), "")
+    return _header(first) is not None
+
+
+def _looks_q(lines: list[str]) -> bool:
+    head = lines[:400]
+    return any("NVSMI LOG" in ln or _GPU_HEAD.match(ln.strip()) for ln in head) or any(
+        _key(ln.partition(":")[0]) in _SECTIONS and not ln.partition(":")[2].strip() for ln in head)
 
 
 def parse(text: str, node: str, now: float, expect_gpus: int | None = None, gpu_model: str = "") -> Result:
+    """Any of the shapes in the module docstring, as printed or as pasted; the result's source is
+    `nvidia-smi` whatever the shape."""
     if not text or not text.strip():
-        return error_result(node, "nvidia-smi", "nvidia-smi printed nothing", now)
+        return error_result(node, SOURCE, "nvidia-smi printed nothing", now)
     if len(text) > MAX_BYTES:
-        return error_result(node, "nvidia-smi", f"{len(text)} bytes of output is over the {MAX_BYTES} limit", now)
-    if "NVIDIA-SMI has failed" in text or "couldn't communicate with the NVIDIA driver" in text:
-        return Result(node=node, source="nvidia-smi", started=now, finished=now,
-                      checks=(CheckResult("nvml.init", "error", text.strip().splitlines()[0][:200], "critical"),))
-    got = readings(text)
-    if isinstance(got, str):
-        return error_result(node, "nvidia-smi", got, now)
-    form, rs = got
-    if not rs:
-        return error_result(node, "nvidia-smi", "no GPU in the output", now)
-    checks, metrics = judge(rs, expect_gpus, gpu_model)
+        return error_result(node, SOURCE, f"{len(text)} bytes of output is over the {MAX_BYTES} limit", now)
+    if binary(text):
+        return error_result(node, SOURCE, "binary data, not nvidia-smi's text output", now)
+    if longest_line(text) > MAX_LINE:
+        return error_result(node, SOURCE, f"a line over {MAX_LINE} characters: not nvidia-smi output", now)
+    paste = clean(text)
+    if any(_DRIVER.search(ln) for ln in paste.lines[:50]):
+        first = next(ln for ln in paste.lines if _DRIVER.search(ln))
+        return Result(node=node, source=SOURCE, started=now, finished=now,
+                      checks=(CheckResult("nvml.init", "error", first.strip()[:200], "critical"),))
+    gone, rest = _gone(paste)
+    paste.lines = rest
+    if not any(ln.strip() for ln in rest):
+        if gone:
+            return Result(node=node, source=SOURCE, started=now, finished=now, checks=tuple(gone))
+        return error_result(node, SOURCE, "nvidia-smi printed nothing but a prompt or a runner's prefix", now)
+    extra: list[CheckResult] = []
+    metrics: list[Metric] = []
+    rs: list[Reading] = []
+    if _looks_q(rest):
+        got_q = _q(paste)
+        if isinstance(got_q, str):
+            return _unread(node, now, gone, got_q)
+        rs, extra = got_q
+    elif any(_TABLE.match(ln.strip()) for ln in rest[:40]):
+        rs = _table(rest)
+        if not rs:
+            return _unread(node, now, gone, "the nvidia-smi summary table with no GPU row: ingest `nvidia-smi -q` "
+                           "or a `--query-gpu=... --format=csv` output instead")
+    else:
+        got_csv = _from_csv(paste)
+        if isinstance(got_csv, str):
+            return _unread(node, now, gone, "neither `nvidia-smi -q` nor `--format=csv` output: " + got_csv)
+        _kind, rs, extra, metrics = got_csv
+    if len(rs) > MAX_GPUS:
+        return _unread(node, now, gone, f"{len(rs)} GPUs: more than one node's output")
+    checks = list(gone) + extra
+    if rs:
+        judged, judged_metrics = judge(rs, None if gone else expect_gpus, gpu_model)
+        checks += judged
+        metrics = judged_metrics + metrics
+    if not any(c.status != "skip" for c in checks) and expect_gpus is not None and rs:
+        ok = len(rs) == expect_gpus
+        checks.append(CheckResult("gpu.count", "pass" if ok else "fail", f"{len(rs)} GPUs listed"
+                                  + ("" if ok else f", the profile expects {expect_gpus}"), "info" if ok else "critical"))
     if not checks:
-        return error_result(node, "nvidia-smi", f"{form} output with no field a check can use", now)
-    return Result(node=node, source=f"nvidia-smi-{form}", started=now, finished=now, checks=tuple(checks),
-                  metrics=tuple(metrics))
+        return error_result(node, SOURCE, "no GPU in the output", now)
+    return Result(node=node, source=SOURCE, started=now, finished=now, checks=tuple(checks), metrics=tuple(metrics))
+
+
+def _unread(node: str, now: float, gone: list[CheckResult], why: str) -> Result:
+    """The rest could not be read: the lost GPUs still fail, and the rest is an error beside them."""
+    if not gone:
+        return error_result(node, SOURCE, why, now)
+    return Result(node=node, source=SOURCE, started=now, finished=now,
+                  checks=(*gone, CheckResult("nvidia-smi.read", "error", why, "warning")))

@@ -1,13 +1,18 @@
 """`nvidia-smi topo -m`: how GPUs reach each other and the NICs.
 
 The matrix is tab-separated, but wide captures sometimes lose a tab and merge two cells
-(`PIXNODE`, `SYSSYS`); merged tokens are split against the legend's vocabulary."""
+(`PIXNODE`, `SYSSYS`); merged tokens are split against the legend's vocabulary.
+
+Read as printed or as pasted (a prompt line, a runner's prefix: see `paste`; tabs turned into
+spaces; with or without the legend and the affinity columns). Every GPU row must be there; NIC
+rows cut off the end of a paste are not needed, since only GPU rows are judged."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
 
+from sweeper.parsers.paste import MAX_LINE, binary, clean, longest_line
 from sweeper.result import CheckResult, Result, error_result
 
 # From nearest to farthest. NV# (NVLink) is nearer than any PCIe path.
@@ -54,8 +59,14 @@ def _cells(rest: str, want: int) -> list[str] | None:
     return cells if len(cells) == want else None
 
 
+def looks_like(text: str) -> bool:
+    lines = clean(text[:200_000]).lines
+    return any(re.match(r"^\s*GPU0(?:\s+(?:GPU\d+|NIC\d+|mlx5_\d+|CPU\b))+", ln) for ln in lines) and any(
+        re.match(r"^\s*GPU0\s+X\b", ln) for ln in lines)
+
+
 def parse_matrix(text: str) -> Topology | None:
-    lines = text.splitlines()
+    lines = clean(text).lines
     header = next((i for i, ln in enumerate(lines) if re.match(r"^\s*GPU0\b", ln) and "GPU" in ln), None)
     if header is None:
         return None
@@ -76,13 +87,15 @@ def parse_matrix(text: str) -> Topology | None:
             break
         cells = _cells(rest, len(columns))
         if cells is None:
-            return None
+            if name.startswith("GPU"):
+                return None
+            break  # a NIC row cut short: the rows after it are not needed either
         topo.rows[name] = cells
     for ln in lines:
         m = re.match(r"^\s*(NIC\d+)\s*:\s*(\S+)\s*$", ln)
         if m:
             topo.nic_names[m.group(1)] = m.group(2)
-    if set(topo.rows) != set(columns):
+    if not set(topo.gpus) <= set(topo.rows):
         return None
     return topo
 
@@ -94,8 +107,15 @@ def parse(text: str, node: str, now: float, nvlinks: int | None = None, nic_affi
         return error_result(node, "topo", "nvidia-smi topo -m printed nothing", now)
     if len(text) > MAX_BYTES:
         return error_result(node, "topo", f"{len(text)} bytes of output is over the {MAX_BYTES} limit", now)
+    if binary(text):
+        return error_result(node, "topo", "binary data, not nvidia-smi topo -m's text output", now)
+    if longest_line(text) > MAX_LINE:
+        return error_result(node, "topo", f"a line over {MAX_LINE} characters: not nvidia-smi topo -m output", now)
     topo = parse_matrix(text)
     if topo is None:
+        lines = clean(text).lines
+        if any(re.match(r"^\s*GPU0\s+X\s+(OK|CNS|GNS|TNS|NS|DR|U)\b", ln) for ln in lines):
+            return error_result(node, "topo", "a `nvidia-smi topo -p2p` matrix (peer access), not `topo -m` (links)", now)
         return error_result(node, "topo", "no complete topology matrix in the output", now)
     return Result(node=node, source="topo", started=now, finished=now,
                   checks=tuple(judge(topo, nvlinks, nic_affinity)))

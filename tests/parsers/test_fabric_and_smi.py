@@ -101,7 +101,7 @@ def test_ibv_devinfo_connectx_is_not_efa() -> None:
 
 def test_smi_q_healthy_h100() -> None:
     r = nvidia_smi.parse(read("nvidia-smi-q-h100-healthy.txt"), "n", NOW, expect_gpus=2, gpu_model="H100")
-    assert r.status == "pass" and r.source == "nvidia-smi-q"
+    assert r.status == "pass" and r.source == "nvidia-smi"
     m = {(x.name, x.gpu): x.value for x in r.metrics}
     assert m[("ecc.aggregate_corrected", 0)] == 1840 and m[("gpu.thermal_margin", 1)] == 41
     assert m[("gpu.power", 0)] == 71.52 and m[("row_remap.corrected", 1)] == 3
@@ -130,7 +130,7 @@ def test_smi_q_v100_retired_pages_and_old_ecc_layout() -> None:
 
 def test_smi_csv() -> None:
     r = nvidia_smi.parse(read("nvidia-smi-csv-h100.txt"), "n", NOW, expect_gpus=3)
-    assert r.source == "nvidia-smi-csv"
+    assert r.source == "nvidia-smi"
     assert fails(r) == {("row_remap", 1, "REMAP_PENDING"), ("pcie.link", 2, "PCIE_DOWNTRAINED")}
 
 
