@@ -4,13 +4,13 @@ DCGM run) into the common result, and record it in the history."""
 from __future__ import annotations
 
 import codecs
-import re
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
 
 from sweeper.errors import ConfigError
 from sweeper.parsers import dcgm, fi_info, ibv_devinfo, nccl, nvidia_smi, sweeper_result, topo
+from sweeper.parsers import kernel_log as kernel_log_format
 from sweeper.parsers.kernel_log import MAX_LINE
 from sweeper.result import CheckResult, Result
 from sweeper.xid import judge_kernel_log
@@ -18,9 +18,6 @@ from sweeper.xid import judge_kernel_log
 FORMATS = ("auto", "dcgm", "nccl", "kernel-log", "sweeper", "nvidia-smi", "ibv-devinfo", "topo", "fi-info")
 MAX_INPUT = 64 * 1024 * 1024  # what is read of a file whose format cannot be streamed
 HEAD = 256 * 1024  # what format detection looks at
-_KLOG_LINE = re.compile(r"^\s*(?:(?:<\d+>)?\[\s*\d+\.\d+\]|\[\w{3} \w{3} [ \d]\d [\d:]{8} \d{4}\]"
-                        r"|\w{3} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)? \S+ kernel:"
-                        r"|\d{4}-\d\d-\d\d[T ][\d:.,]+(?:Z|[+-][\d:]+)? \S+ kernel:)", re.M)
 
 
 def detect(text: str) -> str:
@@ -33,7 +30,7 @@ def detect(text: str) -> str:
         return "nccl"
     if dcgm.looks_like_table(head):
         return "dcgm"
-    if "NVRM:" in head or "SXid" in head or "kernel:" in head or len(_KLOG_LINE.findall(head, 0, 100_000)) >= 2:
+    if "kernel:" in head or kernel_log_format.looks_like(head):
         return "kernel-log"
     if "NVSMI LOG" in head or ("Product Name" in head and "GPU 0" in head):
         return "nvidia-smi"

@@ -19,9 +19,8 @@ _CAUSE = re.compile(r"caused by previous Xid\s+(\d+)", re.I)
 # What a kernel log line starts with, one shape per tool. Lines are matched after leading
 # blanks are stripped, since pasted logs are often indented.
 _SHAPES = re.compile("|".join((
-    r"(?:<\d+>)?\[\s*\d+\.\d+\]",  # dmesg; journalctl -o short-monotonic; <6>[ ...] from /dev/kmsg dumps
+    r"(?:<\d+>)?\[\s*\+?\d+\.\d+\]",  # dmesg (and its --reltime); journalctl -o short-monotonic; <6>[ ...]
     r"\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) [A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d \d{4}\]",  # dmesg -T
-    r"<\d>\S",  # a printk level without a time stamp
     r"\d+,\d+,\d+,[-c+][^;]*;",  # /dev/kmsg records
     r"(?:kern|user|daemon|syslog|auth)\s*:\s*(?:emerg|alert|crit|err|warn|notice|info|debug)\s*:",  # dmesg -x
     r"[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)? \S+ [^\s:]+(?:\[\d+\])?: ",  # syslog, journalctl
@@ -41,6 +40,8 @@ _LOST = re.compile("|".join((
     r"rm_init_adapter failed", r"probe routine failed for \d+ device", r"None of the NVIDIA devices were initiali[sz]ed",
     r"failed to initiali[sz]e the NVIDIA (?:GPU|kernel module)", r"GPU (?:\S+ )?(?:could not|cannot) be initiali[sz]ed",
     r"nvidia\S*: probe of \S+ failed", r"does not have the necessary power cables",
+    # GSP firmware that stops answering (open-gpu-kernel-modules#446, #1230)
+    r"_kgspIsHeartbeatTimedOut: Heartbeat timed out", r"\bGSP Timeout\b", r"Timeout waiting for RPC from GSP",
 )), re.I)
 _PCI = re.compile(r"\b([0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}(?:\.[0-7])?)\b")  # the domain is always there
 _SENTENCE_END = (".", "!")
@@ -110,7 +111,7 @@ def scan(lines: Iterable[str]) -> KernelLog:
         line = raw[:MAX_LINE].rstrip("\r\n")
         out.lines += 1
         header = _HEADER.match(line)
-        if header:
+        if header or "NVRM: " in line:  # the driver's lines behind any prefix (a Talos "kern: warning:")
             out.recognised += 1
         stamp = _STAMP.match(line)
         when = float(stamp.group("secs")) if stamp else None
@@ -120,7 +121,7 @@ def scan(lines: Iterable[str]) -> KernelLog:
             m = _SXID.search(line)
             switch = m is not None
         if m is not None:
-            if not header:
+            if not header and "NVRM: " not in line:
                 out.recognised += 1
             _add_xid(out, xid_index, m, switch, when)
             body = ""
@@ -172,6 +173,16 @@ def _add_lost(out: KernelLog, index: dict[str, int], pci: str, message: str, whe
         return
     index[pci] = len(out.lost)
     out.lost.append(LostGpu(pci, message[:300], when, last_uptime=when))
+
+
+def looks_like(head: str) -> bool:
+    """Whether the text is a kernel log (for `--format auto`): most of its first lines are
+    shaped like one, or the driver speaks in it."""
+    if "NVRM:" in head or "SXid" in head:
+        return True
+    lines = [line for line in head.splitlines()[:200] if line.strip()]
+    shaped = sum(1 for line in lines if _HEADER.match(line))
+    return bool(lines) and shaped >= max(1, len(lines) // 2)
 
 
 def parse_xids(text: str) -> list[XidEvent]:
