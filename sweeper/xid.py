@@ -68,6 +68,9 @@ _STATUS = {"ignore": "pass", "restart_app": "warn"}
 # NVLink XIDs: 74 and 136 on A100/H100, 144-150 on the Blackwell drivers, which say "Fatal" or
 # "Nonfatal" in the line (NVIDIA's XID catalogue; leptonai/gpud#1160 shows the wording).
 NVLINK = frozenset({74, 136, 137, 144, 145, 146, 147, 148, 149, 150, 155})
+# SXIDs the Fabric Manager user guide lists as fatal, for lines that do not say which they are (its
+# "NVSwitch SXid errors" table; leptonai/gpud#338 quotes the 12028 row).
+FATAL_SXIDS = frozenset({12028})
 _RANK = {"pass": 0, "warn": 1, "fail": 2}
 _PIDNAME = re.compile(r"pid=('[^']*'|\S+?),\s*name=(\S+?),\s*")
 
@@ -90,7 +93,8 @@ def judge(events: Iterable[XidEvent], bus_to_gpu: dict[str, int] | None = None,
         n = sum(e.count for e in same)
         times = f" x{n}" if n > 1 else ""
         if switch:
-            fatal = any(e.message.split(",", 1)[0].strip().lower() == "fatal" for e in same)
+            said = {e.message.split(",", 1)[0].strip().lower() for e in same}
+            fatal = "fatal" in said or (code in FATAL_SXIDS and not said & {"non-fatal", "nonfatal"})
             checks.append(CheckResult(
                 "sxid", "fail" if fatal else "warn",
                 f"SXID {code} on NVSwitch {pci}{times}: {detail[:160]}; action: "
