@@ -17,7 +17,7 @@ _AVG = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([\d.eE+-]+)\s*(OK|FAILED)?")
 # (NVIDIA/nccl-tests issues #5, #66, #264, #280, #322).
 _ABORT = re.compile(r"(?:Test )?(?P<what>CUDA|NCCL) failure (?P<where>\S+:\d+) '(?P<why>[^']*)'?")
 _TEST_FAILURE = re.compile(r"Test failure (\S+:\d+)")
-_MARKERS = re.compile(r"Avg bus bandwidth|nccl-tests|_perf\b|# nThread \d+ nGpus|#\s+size\s+count\s+type|"
+_MARKERS = re.compile(r"Avg bus bandwidth|nccl-tests|_perf\b|\bnThread \d+ nGpus \d+ minBytes|#\s+size\s+count\s+type|"
                       r"#\s+bytes\s+N\s+type|Test (?:CUDA|NCCL) failure \S+:\d+|Out of bounds values|"
                       # a data row: size, count, type, op (root since 2.13), time
                       r"\b\d+\s+\d+\s+(?:float|double|half|bfloat16|u?int(?:8|32|64)|fp8_e\dm\d)\s+"
