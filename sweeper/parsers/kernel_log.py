@@ -115,9 +115,9 @@ def scan(lines: Iterable[str]) -> KernelLog:
             out.recognised += 1
         stamp = _STAMP.match(line)
         when = float(stamp.group("secs")) if stamp else None
-        m = _XID.search(line)
+        m = _XID.search(line) if "Xid (" in line else None
         switch = False
-        if m is None:
+        if m is None and "SXid (" in line:
             m = _SXID.search(line)
             switch = m is not None
         if m is not None:
