@@ -383,13 +383,11 @@ def ingest_cmd(node: str, file: str, fmt: str, profile_name: str | None, exit_co
                state: str, no_record: bool, as_json: bool) -> None:
     """Parse a tool's output produced outside Sweeper (a Slurm prolog, a manual DCGM run) into the
     common result, print it, and record it in the node's history. Exit 1 when it holds a failure."""
-    from sweeper.ingest import ingest
+    from contextlib import nullcontext
+
+    from sweeper.ingest import ingest_stream
     from sweeper.sweep import new_run_id
 
-    try:
-        text = sys.stdin.read() if file == "-" else Path(file).read_text(errors="replace")
-    except OSError as exc:
-        raise ConfigError(f"cannot read {file}: {exc}") from exc
     expect: dict[str, Any] = {}
     if profile_name:
         from sweeper import profiles as prof
@@ -405,7 +403,10 @@ def ingest_cmd(node: str, file: str, fmt: str, profile_name: str | None, exit_co
         if value is not None:
             expect[key] = value
     try:
-        found, result = ingest(text, node, fmt, exit_code=exit_code, **expect)
+        with (nullcontext(sys.stdin.buffer) if file == "-" else Path(file).open("rb")) as stream:
+            found, result = ingest_stream(stream, node, fmt, exit_code=exit_code, **expect)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {file}: {exc}") from exc
     except RecursionError as exc:  # json.loads on a document nested thousands deep
         raise ConfigError(f"{file}: nested too deeply to read (deeper than Python's recursion limit)") from exc
     if not no_record:

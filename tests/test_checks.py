@@ -17,6 +17,8 @@ from sweeper.checks.options import CheckOptions
 
 NOW = 1_790_000_000.0
 OPTS = CheckOptions(node="n1", expect_gpus=8, gpu_model="H100")
+# A kernel log with no GPU trouble: an empty one is not a kernel log and reads as an error.
+CLEAN_LOG = "[    5.000000] nvidia: loading out-of-tree module taints kernel.\n"
 
 
 def gpus(n: int = 8, **faults: object) -> list[FakeGpu]:
@@ -28,25 +30,25 @@ def by_name(result, name):
 
 
 def test_a_healthy_node_passes_every_check() -> None:
-    r = run_node_checks(OPTS, FakeNvml(gpus()), "", now=NOW, uptime=100)
+    r = run_node_checks(OPTS, FakeNvml(gpus()), CLEAN_LOG, now=NOW, uptime=100)
     assert r.status == "pass"
     assert {c.name for c in r.checks} >= {"gpu.count", "gpu.model", "ecc.volatile_uncorrected", "row_remap", "xid"}
     assert len(by_name(r, "row_remap")) == 8
 
 
 def test_a_missing_gpu_fails_the_count() -> None:
-    r = run_node_checks(OPTS, FakeNvml(gpus(7)), "", now=NOW)
+    r = run_node_checks(OPTS, FakeNvml(gpus(7)), CLEAN_LOG, now=NOW)
     assert by_name(r, "gpu.count")[0].status == "fail" and "7 GPUs visible" in by_name(r, "gpu.count")[0].message
 
 
 def test_wrong_model_fails() -> None:
     r = run_node_checks(OPTS, FakeNvml([FakeGpu(i, name="NVIDIA A100-SXM4-40GB", bus_id=bus_id(i)) for i in range(8)]),
-                        "", now=NOW)
+                        CLEAN_LOG, now=NOW)
     assert {c.status for c in by_name(r, "gpu.model")} == {"fail"}
 
 
 def test_unsupported_counters_are_skipped_not_passed() -> None:
-    r = run_node_checks(OPTS, FakeNvml(gpus(ecc_supported=False, remap_supported=False)), "", now=NOW)
+    r = run_node_checks(OPTS, FakeNvml(gpus(ecc_supported=False, remap_supported=False)), CLEAN_LOG, now=NOW)
     assert {c.status for c in by_name(r, "ecc.volatile_uncorrected")} == {"skip"}
     assert {c.status for c in by_name(r, "row_remap")} == {"skip"}
     assert "not supported" in by_name(r, "row_remap")[0].message
@@ -57,14 +59,14 @@ def test_ecc_and_remap_findings() -> None:
     g[2].volatile_uncorrected = 3
     g[4].remap_pending = True
     g[6].remap_failure = True
-    r = run_node_checks(OPTS, FakeNvml(g), "", now=NOW)
+    r = run_node_checks(OPTS, FakeNvml(g), CLEAN_LOG, now=NOW)
     fails = {(c.name, c.gpu, c.code) for c in r.checks if c.status == "fail"}
     assert fails == {("ecc.volatile_uncorrected", 2, "DBE"), ("row_remap", 4, "REMAP_PENDING"),
                      ("row_remap", 6, "REMAP_FAILURE")}
 
 
 def test_no_nvml_is_an_error() -> None:
-    r = run_node_checks(OPTS, FakeNvml(gpus(), library_present=False), "", now=NOW)
+    r = run_node_checks(OPTS, FakeNvml(gpus(), library_present=False), CLEAN_LOG, now=NOW)
     assert r.status == "error" and by_name(r, "nvml.init")[0].status == "error"
 
 
@@ -100,7 +102,7 @@ def statuses(r, name):
 
 
 def test_every_nvml_reading_of_a_healthy_gpu_passes() -> None:
-    r = run_node_checks(FULL, FakeNvml(gpus()), "", now=NOW, uptime=3600)
+    r = run_node_checks(FULL, FakeNvml(gpus()), CLEAN_LOG, now=NOW, uptime=3600)
     assert r.status == "pass"
     for name in ("nvlink.state", "nvlink.errors", "pcie.link", "pcie.replay", "clocks.events", "thermal.margin",
                  "power.limit", "gpu.recovery_action", "gpu.persistence"):
@@ -110,11 +112,11 @@ def test_every_nvml_reading_of_a_healthy_gpu_passes() -> None:
 
 def test_a_gpu_without_nvlink_or_the_newer_calls_is_skipped_with_a_reason() -> None:
     g = gpus(nvlinks=0, recovery_action=None)
-    r = run_node_checks(CheckOptions(node="n1", expect_gpus=8), FakeNvml(g), "", now=NOW)
+    r = run_node_checks(CheckOptions(node="n1", expect_gpus=8), FakeNvml(g), CLEAN_LOG, now=NOW)
     assert statuses(r, "nvlink.state") == {"skip"} and "no NVLink" in by_name(r, "nvlink.state")[0].message
     assert statuses(r, "gpu.recovery_action") == {"skip"}
     assert r.status == "pass"
-    r = run_node_checks(FULL, FakeNvml(gpus(nvlinks=0)), "", now=NOW)
+    r = run_node_checks(FULL, FakeNvml(gpus(nvlinks=0)), CLEAN_LOG, now=NOW)
     assert statuses(r, "nvlink.state") == {"fail"}, "the profile expects NVLink: its absence fails"
 
 
@@ -123,7 +125,7 @@ def test_nvlink_errors_warn_and_inactive_links_fail() -> None:
     g[1].nvlink_replay = 7
     g[2].nvlink_down = [0, 17]
     g[3].nvlinks = 12  # six links missing against a profile of 18
-    r = run_node_checks(FULL, FakeNvml(g), "", now=NOW)
+    r = run_node_checks(FULL, FakeNvml(g), CLEAN_LOG, now=NOW)
     assert {(c.gpu, c.status) for c in by_name(r, "nvlink.errors") if c.status != "pass"} == {(1, "warn")}
     down = {c.gpu: c.message for c in by_name(r, "nvlink.state") if c.status == "fail"}
     assert set(down) == {2, 3} and "2 NVLink link(s) inactive" in down[2] and "6 NVLink" in down[3]
@@ -134,11 +136,11 @@ def test_pcie_width_gen_and_replay_rate() -> None:
     g[0].pcie_width = 8
     g[1].pcie_max_gen = 4
     g[2].pcie_replays = 1000  # over 10 minutes of uptime: 100 a minute
-    r = run_node_checks(FULL, FakeNvml(g), "", now=NOW, uptime=600)
+    r = run_node_checks(FULL, FakeNvml(g), CLEAN_LOG, now=NOW, uptime=600)
     fails = {(c.name, c.gpu, c.code) for c in r.checks if c.status == "fail"}
     assert fails == {("pcie.link", 0, "PCIE_DOWNTRAINED"), ("pcie.link", 1, "PCIE_DOWNTRAINED"),
                      ("pcie.replay", 2, "PCIE_REPLAY")}
-    r = run_node_checks(FULL, FakeNvml(gpus(pcie_replays=1000)), "", now=NOW, uptime=30 * 86400)
+    r = run_node_checks(FULL, FakeNvml(gpus(pcie_replays=1000)), CLEAN_LOG, now=NOW, uptime=30 * 86400)
     assert statuses(r, "pcie.replay") == {"pass"}, "the same count over a month is under 8 a minute"
 
 
@@ -150,7 +152,7 @@ def test_clock_events_thermal_power_and_recovery() -> None:
     g[3].power_limit_mw = 500_000
     g[4].recovery_action = 1
     g[5].recovery_action = 3
-    r = run_node_checks(FULL, FakeNvml(g), "", now=NOW)
+    r = run_node_checks(FULL, FakeNvml(g), CLEAN_LOG, now=NOW)
     got = {(c.name, c.gpu, c.status, c.code) for c in r.checks if c.status not in ("pass", "skip")}
     assert got == {("clocks.events", 1, "warn", None), ("thermal.margin", 2, "fail", "THERMAL"),
                    ("power.limit", 3, "warn", None), ("gpu.recovery_action", 4, "fail", "RECOVERY_RESET"),
@@ -161,7 +163,7 @@ def test_clock_events_thermal_power_and_recovery() -> None:
 def test_a_lost_gpu_fails_and_the_others_are_still_read() -> None:
     g = gpus()
     g[6].lost = True
-    r = run_node_checks(FULL, FakeNvml(g), "", now=NOW)
+    r = run_node_checks(FULL, FakeNvml(g), CLEAN_LOG, now=NOW)
     lost = by_name(r, "gpu.lost")
     assert [(c.gpu, c.code) for c in lost] == [(6, "GPU_LOST")]
     assert len(by_name(r, "row_remap")) == 7
@@ -171,7 +173,7 @@ def test_retired_pages_on_a_gpu_without_row_remapping() -> None:
     g = gpus(remap_supported=False)
     g[0].retired_pages = 64
     g[1].retired_pending = True
-    r = run_node_checks(CheckOptions(node="n1", expect_gpus=8), FakeNvml(g), "", now=NOW)
+    r = run_node_checks(CheckOptions(node="n1", expect_gpus=8), FakeNvml(g), CLEAN_LOG, now=NOW)
     fails = {(c.gpu, c.code) for c in by_name(r, "retired_pages") if c.status == "fail"}
     assert fails == {(0, "RETIRED_PAGES"), (1, "RETIRE_PENDING")}
 
@@ -190,7 +192,7 @@ EFA = CheckOptions(node="n1", expect_gpus=8, nic="efa", expect_nics=4, nic_rate_
 
 
 def test_a_healthy_efa_host_passes() -> None:
-    r = run_node_checks(EFA, FakeNvml(gpus()), "", now=NOW, host=efa_host())
+    r = run_node_checks(EFA, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=efa_host())
     assert r.status == "pass", [(c.name, c.message) for c in r.checks if c.status != "pass"]
     assert {"nic.devices", "nic.port", "efa.fi_info", "net.mtu", "topology.gpu_gpu"} <= {c.name for c in r.checks}
 
@@ -198,7 +200,7 @@ def test_a_healthy_efa_host_passes() -> None:
 def test_efa_faults() -> None:
     host = efa_host(down=(1,), rate=50, gpudirect=False)
     host.files["/sys/class/net/ens32/mtu"] = "1500\n"
-    r = run_node_checks(EFA, FakeNvml(gpus()), "", now=NOW, host=host)
+    r = run_node_checks(EFA, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=host)
     fails = {(c.name, c.code) for c in r.checks if c.status == "fail"}
     assert fails == {("nic.port", "NIC_PORT_DOWN"), ("nic.rate", "NIC_RATE"), ("nic.gpudirect", "NO_GPUDIRECT"),
                      ("net.mtu", "MTU")}
@@ -209,25 +211,25 @@ def test_missing_tools_and_files_are_errors_never_passes() -> None:
     host.commands.clear()
     for p in [p for p in host.files if p.endswith("/ports/1/state")][:1]:
         del host.files[p]
-    r = run_node_checks(EFA, FakeNvml(gpus()), "", now=NOW, host=host)
+    r = run_node_checks(EFA, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=host)
     errors = {c.name for c in r.checks if c.status == "error"}
     assert {"efa.fi_info", "topology", "nic.port"} <= errors
     assert "nic.port" not in {c.name for c in r.checks if c.status == "pass"}
-    r = run_node_checks(EFA, FakeNvml(gpus()), "", now=NOW, host=FakeHost())
+    r = run_node_checks(EFA, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=FakeHost())
     assert statuses(r, "nic.devices") == {"fail"}, "no /sys/class/infiniband at all: no device"
     assert statuses(r, "net.mtu") == {"error"}, "no interface to read: not a pass"
 
 
 def test_unknown_uccl_api_is_an_error() -> None:
     opts = CheckOptions(node="n1", expect_gpus=8, uccl="collective_efa,warp_drive")
-    r = run_node_checks(opts, FakeNvml(gpus()), "", now=NOW, host=efa_host())
+    r = run_node_checks(opts, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=efa_host())
     assert statuses(r, "uccl") == {"error"}
 
 
 def test_uccl_readiness_per_api() -> None:
     opts = CheckOptions(node="n1", expect_gpus=8, uccl="collective_efa,ep,collective_rdma")
     host = efa_host()
-    r = run_node_checks(opts, FakeNvml(gpus()), "", now=NOW, host=host)
+    r = run_node_checks(opts, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=host)
     ready = {m.name: m.value for m in r.metrics if m.name.startswith("uccl.")}
     assert ready == {"uccl.collective_efa.ready": 1, "uccl.ep.ready": 1, "uccl.p2p.ready": 1,
                      "uccl.collective_afxdp.ready": 1, "uccl.collective_rdma.ready": 0}
@@ -241,22 +243,22 @@ def test_uccl_ep_on_amd_needs_rocm_7_and_not_arm() -> None:
     files = {**amd, **ib_sysfs(8), "/opt/rocm/.info/version": "6.4.1-120\n"}
     opts = CheckOptions(node="n1", expect_gpus=0, uccl="ep")
     env = {"UCCL_SOCKET_IFNAME": "eth0", "UCCL_IB_GID_INDEX": "3"}
-    r = run_node_checks(opts, FakeNvml([]), "", now=NOW, host=FakeHost(files=files, environ=env))
+    r = run_node_checks(opts, FakeNvml([]), CLEAN_LOG, now=NOW, host=FakeHost(files=files, environ=env))
     assert "ROCm 7" in by_name(r, "uccl.ep")[0].message
     files["/opt/rocm/.info/version"] = "7.1.0\n"
-    r = run_node_checks(opts, FakeNvml([]), "", now=NOW, host=FakeHost(files=files, environ=env))
+    r = run_node_checks(opts, FakeNvml([]), CLEAN_LOG, now=NOW, host=FakeHost(files=files, environ=env))
     assert statuses(r, "uccl.ep") == {"pass"} and statuses(r, "uccl.env") == {"pass"}
-    r = run_node_checks(opts, FakeNvml([]), "", now=NOW, host=FakeHost(files=files, environ=env, arch="aarch64"))
+    r = run_node_checks(opts, FakeNvml([]), CLEAN_LOG, now=NOW, host=FakeHost(files=files, environ=env, arch="aarch64"))
     assert "ARM64" in by_name(r, "uccl.ep")[0].message
 
 
 def test_gpu_memory_against_the_profile() -> None:
     g = gpus()
     g[3].memory_mib = 40960  # a 40 GB part where the profile expects 80
-    r = run_node_checks(CheckOptions(node="n1", expect_gpus=8, gpu_memory_gb=80), FakeNvml(g), "", now=NOW)
+    r = run_node_checks(CheckOptions(node="n1", expect_gpus=8, gpu_memory_gb=80), FakeNvml(g), CLEAN_LOG, now=NOW)
     assert {(c.gpu, c.code) for c in by_name(r, "gpu.memory") if c.status == "fail"} == {(3, "GPU_MEMORY")}
     assert len([c for c in by_name(r, "gpu.memory") if c.status == "pass"]) == 7
-    r = run_node_checks(CheckOptions(node="n1", expect_gpus=8), FakeNvml(g), "", now=NOW)
+    r = run_node_checks(CheckOptions(node="n1", expect_gpus=8), FakeNvml(g), CLEAN_LOG, now=NOW)
     assert by_name(r, "gpu.memory") == [], "no expectation, no check"
 
 
@@ -283,11 +285,11 @@ def test_the_real_host_reads_a_mounted_root(tmp_path) -> None:
     tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
     opts = CheckOptions(node="n1", expect_gpus=8, nic="efa", expect_nics=4, nic_rate_gbps=100, mtu=9001,
                         mtu_driver="ena")
-    r = run_node_checks(opts, FakeNvml(gpus()), "", now=NOW, host=RealHost(str(tmp_path)))
+    r = run_node_checks(opts, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=RealHost(str(tmp_path)))
     assert r.status == "pass", [(c.name, c.message) for c in r.checks if c.status != "pass"]
     assert {"nic.devices", "nic.port", "efa.fi_info", "net.mtu"} <= {c.name for c in r.checks}
     os.remove(tmp_path / "sys/class/net/ens32/mtu")
-    r = run_node_checks(opts, FakeNvml(gpus()), "", now=NOW, host=RealHost(str(tmp_path)))
+    r = run_node_checks(opts, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=RealHost(str(tmp_path)))
     assert statuses(r, "net.mtu") == {"error"}
 
 

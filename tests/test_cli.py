@@ -173,7 +173,7 @@ def test_a_bug_is_exit_70_in_one_line_and_debug_shows_the_traceback(tmp_path: Pa
     def broken(*args: object, **kwargs: object) -> None:
         raise TypeError("unsupported operand")
 
-    monkeypatch.setattr(sweeper.ingest, "ingest", broken)  # a library function of our own, not a client
+    monkeypatch.setattr(sweeper.ingest, "ingest_stream", broken)  # a library function of our own, not a client
     log = tmp_path / "k.log"
     log.write_text("kernel: nothing\n")
     runner = CliRunner()

@@ -106,3 +106,58 @@ def test_a_fatal_nvswitch_error_fails_and_reboots(tmp_path: Path) -> None:
     assert " x2: Fatal, Link 30" in doc["checks"][0]["message"]
     v = decide([doc])
     assert v.verdict == "reboot", "not looked up as XID 24007 in the XID catalogue"
+
+
+def _ingest_json(path: Path, *extra: str) -> tuple[int, dict]:  # type: ignore[type-arg]
+    res = CliRunner().invoke(main, ["ingest", "gpu-9", str(path), "--no-record", "--json", *extra])
+    return res.exit_code, (json.loads(res.stdout) if res.exit_code in (0, 1) else {})
+
+
+def test_a_kernel_log_is_streamed_whatever_its_size_and_garbage_is_an_error(tmp_path: Path) -> None:
+    """A log far longer than what is read of other formats is read to its end (the XID is on its
+    last line); one endless line, random bytes or a JSON document is not a kernel log."""
+    big = tmp_path / "dmesg.txt"
+    line = "[ 1234.567890] eth0: link up, 100Gbps, full duplex, some chatter to pad the line out\n"
+    with big.open("w") as f:
+        for _ in range(300_000):
+            f.write(line)
+        f.write("[ 9999.000001] NVRM: Xid (PCI:0000:5d:00): 79, pid=1, name=x, GPU has fallen off the bus.\n")
+    assert big.stat().st_size > 16 * 1024 * 1024
+    from sweeper import ingest
+
+    code, doc = _ingest_json(big, "--format", "kernel-log")
+    assert (code, doc["status"], doc["checks"][-1]["code"]) == (1, "fail", "79")
+    one_line = tmp_path / "one-line.txt"
+    one_line.write_bytes(b"x" * (3 * ingest.MAX_LINE + 5))
+    for path in (one_line, FIX / "dcgm-4x-l2-pass.json"):
+        code, doc = _ingest_json(path, "--format", "kernel-log")
+        assert (code, doc["status"]) == (1, "error"), path
+
+
+def test_input_over_the_cap_is_cut_and_the_result_says_so(tmp_path: Path) -> None:
+    import io
+
+    from sweeper.ingest import ingest_stream
+
+    text = (FIX / "nccl-allreduce-h100.txt").read_bytes()
+    found, whole = ingest_stream(io.BytesIO(text), "n1", "auto", now=0.0)
+    assert found == "nccl" and whole.status == "pass"
+    found, cut = ingest_stream(io.BytesIO(text), "n1", "nccl", now=0.0, limit=len(text) // 2)
+    assert cut.status in ("fail", "error") and any(c.code == "INPUT_CUT" for c in cut.checks)
+
+
+@pytest.mark.parametrize("text,fmt", [
+    ("  [1,0]<stdout>:#  Rank  0 Group  0 Pid 1 on h device  0 [0x00] NVIDIA H100\n"
+     "  [1,0]<stdout>:     8    2     float     sum      -1    30.11    0.00    0.00      0    29.85    0.00    0.00      0\n",
+     "nccl"),
+    ("Defaulted container \"nvidia-dcgm-ctr\"\n{\"DCGM Diagnostic\": {\"test_categories\": []}}\n", "dcgm"),
+    ("| GPU Memory                | Fail - GPU: 0                                  |\n", "dcgm"),
+    ("Memory Bandwidth              Pass - All\nGPU Memory                    Fail - GPU: 2\n", "dcgm"),
+    ("2024-05-01T10:00:00+00:00 node-1 kernel: eth0: link up\n"
+     "2024-05-01T10:00:01+00:00 node-1 kernel: eth1: link up\n", "kernel-log"),
+])
+def test_auto_detection_names_the_format_it_chose(tmp_path: Path, text: str, fmt: str) -> None:
+    f = tmp_path / "in.txt"
+    f.write_text(text)
+    code, doc = _ingest_json(f)
+    assert code in (0, 1) and doc["source"] == fmt

@@ -18,9 +18,8 @@ from sweeper.checks.gpu import gpu_checks
 from sweeper.checks.host import Host
 from sweeper.checks.options import CheckOptions
 from sweeper.checks.uccl import uccl_checks
-from sweeper.parsers.kernel_log import parse_xids
 from sweeper.result import Result
-from sweeper.xid import judge
+from sweeper.xid import judge_kernel_log
 
 
 def read_kernel_log(opts: CheckOptions) -> tuple[str | None, str]:
@@ -71,12 +70,7 @@ def _xid_checks(opts: CheckOptions, kernel_log: str | None, why: str, uptime: fl
     if kernel_log is None:
         c.check("xid", "error", f"kernel log unreadable: {why}", "critical")
         return
-    events = parse_xids(kernel_log)
-    if uptime is not None:
-        events = [e for e in events if e.last_uptime is None or e.last_uptime >= uptime - opts.xid_window]
-    if not events:
-        c.check("xid", "pass", "no XID in the kernel log window")
-        return
-    checks, metrics = judge(events, bus_to_gpu)
+    since = None if uptime is None else uptime - opts.xid_window
+    checks, metrics = judge_kernel_log(kernel_log, bus_to_gpu, since=since)
     c.checks.extend(checks)
     c.metrics.extend(metrics)

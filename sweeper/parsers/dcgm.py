@@ -1,5 +1,7 @@
-"""`dcgmi diag -r N -j`: DCGM 4.x and every 3.x layout, the runtime_error form and the
-iterations wrapper, into the common result. The exit code is a cross-check, never a verdict."""
+"""`dcgmi diag -r N` into the common result: the JSON of `-j` (DCGM 4.x and every 3.x layout,
+the runtime_error form, the iterations wrapper, a preamble before it) and the bordered table
+printed without `-j` (3.x and 4.x), whole or pasted in part. The exit code is a cross-check,
+never a verdict; a status word outside DCGM's own set is an error, never a pass."""
 
 from __future__ import annotations
 
@@ -11,7 +13,9 @@ from sweeper.result import CheckResult, Metric, Result, error_result
 
 # dcgmErrorSeverity_t
 SEVERITY = {0: "info", 1: "info", 2: "critical", 3: "warning", 4: "warning", 5: "warning", 6: "critical"}
-STATUS = {"pass": "pass", "fail": "fail", "warn": "warn", "skip": "skip", "not run": "skip"}
+# NVVS result words (DCGM's nvvs/include/NvvsCommon.h and dcgmi's diag output): Pass, Fail, Warn
+# (Warning in older tables), Skip, Not Run.
+STATUS = {"pass": "pass", "fail": "fail", "warn": "warn", "warning": "warn", "skip": "skip", "not run": "skip"}
 FAIL_EXITS = {205, 226}
 _BW = re.compile(r"GPU (\d+) (GPU to Host|Host to GPU|bidirectional)[^:]*bandwidth:\s*([\d.]+)\s*GB/s", re.I)
 MAX_BYTES = 32 * 1024 * 1024
@@ -22,17 +26,35 @@ def parse(text: str, node: str, now: float, exit_code: int | None = None, expect
         return error_result(node, "dcgm", "dcgmi printed nothing" + (f" (exit {exit_code})" if exit_code else ""), now)
     if len(text) > MAX_BYTES:
         return error_result(node, "dcgm", f"{len(text)} bytes of output is over the {MAX_BYTES} limit", now)
-    start = text.find("{")
-    try:
-        doc, _ = json.JSONDecoder().raw_decode(text[start:]) if start >= 0 else (None, 0)
-    except ValueError as exc:
-        return error_result(node, "dcgm", f"not JSON ({exc}); was -j given?", now)
-    if not isinstance(doc, dict):
-        return error_result(node, "dcgm", "no JSON object in the output", now)
+    doc, why = _find_json(text)
+    if doc is None:
+        table = parse_table(text, node, now, exit_code, expect_gpus)
+        if table is not None:
+            return table
+        return error_result(node, "dcgm", why or "no JSON object and no dcgmi diag table in the output", now)
     try:
         return _parse_doc(doc, node, now, exit_code, expect_gpus)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         return error_result(node, "dcgm", f"unexpected DCGM JSON layout: {exc!r}", now)
+
+
+_ROOTS = ('"DCGM Diagnostic"', '"DCGM GPU Diagnostic"', '"iterations"')
+
+
+def _find_json(text: str) -> tuple[dict[str, Any] | None, str]:
+    """The diagnostic's JSON object, after whatever was printed before it (a kubectl banner, a
+    warning): the first `{` that opens a line and decodes to an object. (None, why) if none."""
+    why = ""
+    starts = [m.start(1) for m in re.finditer(r"(?m)^[ \t]*({)", text)][:50] or ([text.find("{")] if "{" in text else [])
+    for start in starts:
+        try:
+            doc, _ = json.JSONDecoder().raw_decode(text[start:])
+        except ValueError as exc:
+            why = why or f"not JSON ({exc}); was -j given?"
+            continue
+        if isinstance(doc, dict):
+            return doc, ""
+    return None, why
 
 
 def _parse_doc(doc: dict[str, Any], node: str, now: float, exit_code: int | None,
@@ -56,10 +78,19 @@ def _parse_doc(doc: dict[str, Any], node: str, now: float, exit_code: int | None
     checks: list[CheckResult] = []
     metrics: list[Metric] = []
     gpus: set[int] = set()
-    for cat in root.get("test_categories") or []:
-        for test in cat.get("tests") or []:
+    categories = root.get("test_categories") or []
+    if not isinstance(categories, list):
+        raise TypeError(f"test_categories is a {type(categories).__name__}, not a list")
+    for cat in categories:
+        if not isinstance(cat, dict):  # DCGM has printed literal nulls inside these lists
+            continue
+        for test in _as_list(cat.get("tests")):
+            if not isinstance(test, dict):
+                continue
             name = "dcgm." + re.sub(r"[^a-z0-9]+", "_", str(test.get("name", "unknown")).lower()).strip("_")
-            for r in test.get("results") or []:
+            for r in _as_list(test.get("results")):
+                if not isinstance(r, dict):
+                    continue
                 gpu = _gpu(r)
                 if gpu is not None:
                     gpus.add(gpu)
@@ -82,9 +113,10 @@ def _parse_doc(doc: dict[str, Any], node: str, now: float, exit_code: int | None
 
 def _entities(doc: dict[str, Any]) -> set[int]:
     out: set[int] = set()
-    for g in doc.get("entity_groups") or []:
-        if g.get("entity_group") == "GPU":
-            out |= {int(e["entity_id"]) for e in g.get("entities") or []}
+    for g in _as_list(doc.get("entity_groups")):
+        if isinstance(g, dict) and g.get("entity_group") == "GPU":
+            out |= {int(e["entity_id"]) for e in _as_list(g.get("entities"))
+                    if isinstance(e, dict) and str(e.get("entity_id")).isdigit()}
     if not out and isinstance(doc.get("GPU Device IDs"), list):
         out = set(range(len(doc["GPU Device IDs"])))
     return out
@@ -94,8 +126,11 @@ def _gpu(r: dict[str, Any]) -> int | None:
     if r.get("entity_group", "GPU") != "GPU":
         return None
     for key in ("entity_id", "gpu_id", "gpu_ids"):
-        if key in r and str(r[key]).strip().isdigit():
-            return int(r[key])
+        value = r.get(key)
+        if isinstance(value, list) and len(value) == 1:  # gpu_ids: [3] in one layout, "3" in another
+            value = value[0]
+        if value is not None and not isinstance(value, bool) and str(value).strip().isdigit():
+            return int(str(value).strip())
     return None
 
 
@@ -106,7 +141,11 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def _check(name: str, r: dict[str, Any], gpu: int | None) -> CheckResult:
-    status = STATUS.get(str(r.get("status", "")).strip().lower())
+    raw = r.get("status")
+    status = STATUS.get(raw.strip().lower()) if isinstance(raw, str) else None
+    if "status" in r and status is None:
+        return CheckResult(name, "error", f"DCGM reported a status outside its own set: {raw!r}", "critical", gpu,
+                           "UNKNOWN_STATUS")
     warnings = []
     if isinstance(r.get("warnings"), str):
         warnings.append({"warning": r["warnings"], "error_id": r.get("error_id"), "error_severity": r.get("error_severity")})
@@ -117,8 +156,8 @@ def _check(name: str, r: dict[str, Any], gpu: int | None) -> CheckResult:
                                  "error_severity": w.get("error_severity")})
             else:
                 warnings.append({"warning": str(w)})
-    if status is None:
-        status = "fail" if warnings else "pass"  # a 3.x flat deployment entry carries no status
+    if status is None:  # a 3.x flat deployment entry carries no status: its warnings decide
+        status = "fail" if warnings else "pass"
     severities = [w.get("error_severity") for w in warnings if isinstance(w.get("error_severity"), int)]
     # DCGM has reported ISOLATE/RESET errors under a Pass (its issue #284): the error ids decide too.
     if status in ("pass", "warn") and any(s in (2, 6) for s in severities):
@@ -137,3 +176,153 @@ def _cross_check(result: Result, exit_code: int | None, now: float) -> Result:
     if exit_code not in (None, 0) and exit_code not in FAIL_EXITS and result.status != "fail":
         return error_result(result.node, "dcgm", f"dcgmi exited {exit_code}", now, code=f"exit {exit_code}")
     return result
+
+
+# -- the table that `dcgmi diag` prints without -j -----------------------------------------
+# 3.x: "| Memory Bandwidth | Pass - GPUs: 1, 2, 3 |", "|   | Fail - GPU: 0 |", "| Warning | GPU 0 ... |";
+# 4.x: "| memory | Fail |" then "|   | GPU0: Fail |" and "| Warning: GPU0 | ... |". Long messages go
+# on over rows with an empty first cell, cut at the column's width, mid-word. (Seen in
+# NVIDIA/DCGM issues #55, #253 and NVIDIA/go-dcgm#52.)
+_SECTION = re.compile(r"^[|+]?-{3,}\s+([A-Za-z][A-Za-z ]*?)\s+-{3,}")
+_WORDS = r"Pass|Fail|Warn(?:ing)?|Skip|Not Run"
+_RESULT = re.compile(rf"^(?P<status>{_WORDS})\b(?:\s*-\s*(?P<who>All|GPUs?\s*:\s*[\d,\s]+))?\s*$", re.I)
+_PER_GPU = re.compile(rf"^GPU\s*(?P<gpu>\d+)\s*:\s*(?P<status>{_WORDS}|\S+)\s*$", re.I)
+_LABEL = re.compile(r"^(?P<kind>Warning|Warnings|Error|Info)\b(?:\s*:\s*GPU\s*(?P<gpu>\d+))?\s*$", re.I)
+_MSG_GPU = re.compile(r"^GPU\s*(\d+)\b")
+_ROW = re.compile(rf"^\s*\|?\s*[A-Za-z][\w /+().-]*?\s*\|\s*(?:{_WORDS})\b(?:\s*-\s*(?:All|GPUs?:))?", re.I | re.M)
+_BARE_ROW = re.compile(rf"^\s*[A-Za-z][\w /+().-]*?\s{{2,}}(?:{_WORDS})\s+-\s+(?:All|GPUs?:)", re.I | re.M)
+_META_SECTIONS = {"metadata"}
+
+
+def looks_like_table(head: str) -> bool:
+    """Whether the text is dcgmi's diag table, whole or a part of it (for `--format auto`)."""
+    if "Successfully ran diagnostic" in head or re.search(
+            r"-{3,}\s+(?:Metadata|Deployment|Integration|Hardware|Stress)\s+-{3,}", head):
+        return True
+    return bool(re.search(r"\|\s*GPU\d+:\s*(?:Pass|Fail|Warn|Skip)\b", head) or _ROW.search(head)
+                or _BARE_ROW.search(head))
+
+
+def _cells(line: str) -> tuple[str, str, bool] | None:
+    """(name, result, bordered) of one table row, or None for a border or something else."""
+    body = line.strip()
+    if not body or set(body) <= set("+-=| "):
+        return None
+    if "|" in body:
+        parts = body.strip("|").split("|")
+        return (parts[0].strip(), parts[1], True) if len(parts) == 2 else None
+    parts = re.split(r"\s{2,}", body, maxsplit=1)  # pasted without its borders
+    if len(parts) == 2:
+        return parts[0].strip(), parts[1], False
+    if line.startswith("    ") or re.match(rf"^(?:{_WORDS})\b|^GPU\s*\d+\s*:", body, re.I):
+        return "", body, False  # a row that goes on from the one above
+    return None
+
+
+class _Test:
+    def __init__(self, name: str, section: str) -> None:
+        self.name, self.section = name, section
+        self.results: list[tuple[str, int | None, str]] = []  # (status, gpu, raw word)
+        self.messages: list[tuple[str, int | None, str]] = []  # (kind, gpu, text)
+
+
+def parse_table(text: str, node: str, now: float, exit_code: int | None = None,
+                expect_gpus: int | None = None) -> Result | None:
+    """The table `dcgmi diag` prints without -j, per GPU; None when no row of it is found."""
+    section = ""
+    tests: list[_Test] = []
+    current: _Test | None = None
+    message: list[Any] | None = None  # [kind, gpu, text, width of its cell, length of its last piece]
+    gpu_ids: list[str] = []
+    seen = False
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        m = _SECTION.match(line.strip())
+        if m:
+            section, current, message, seen = m.group(1).strip(), None, None, True
+            continue
+        cells = _cells(line)
+        if cells is None:
+            continue
+        name, result_raw, bordered = cells
+        result = result_raw.strip()
+        if (section.lower() in _META_SECTIONS or (name == "Diagnostic" and result == "Result")
+                or re.search(r"Version|Detected|Number of", name)):
+            if name == "GPU Device IDs Detected":
+                gpu_ids = [x for x in re.split(r"[,\s]+", result) if x]
+            if name and result:
+                seen = seen or section.lower() in _META_SECTIONS
+            continue
+        label = _LABEL.match(name) if name else None
+        if label and current is not None:
+            g = label.group("gpu")
+            first = _MSG_GPU.match(result)
+            gpu = int(g) if g is not None else (int(first.group(1)) if first else None)
+            message = [label.group("kind").lower(), gpu, result, len(result_raw) if bordered else 0, len(result)]
+            current.messages.append(tuple(message[:3]))  # type: ignore[arg-type]
+            continue
+        if name:
+            current, message = _Test(name, section), None
+            tests.append(current)
+            seen = True
+            r = _RESULT.match(result)
+            if r:
+                _add_results(current, r)
+            else:
+                current.results.append(("error", None, result))
+            continue
+        if current is None:
+            continue
+        per = _PER_GPU.match(result)
+        r = _RESULT.match(result)
+        if per:
+            word = per.group("status")
+            current.results.append((STATUS.get(word.lower(), "error"), int(per.group("gpu")), word))
+            message = None
+        elif r and message is None:
+            _add_results(current, r)
+        elif message is not None:  # a message going on over the next row
+            # dcgmi cuts a long message at the cell's width, mid-word: a piece that filled its
+            # cell goes on without a space.
+            joiner = "" if message[3] and message[4] >= message[3] - 3 else " "
+            message[2], message[4] = message[2] + joiner + result, len(result)
+            current.messages[-1] = tuple(message[:3])  # type: ignore[assignment]
+    if not seen or not tests:
+        return None
+    return _table_result(tests, gpu_ids, node, now, exit_code, expect_gpus)
+
+
+def _add_results(test: _Test, r: re.Match[str]) -> None:
+    status = STATUS[r.group("status").lower()]
+    who = (r.group("who") or "").strip()
+    gpus = [int(x) for x in re.findall(r"\d+", who)] if who.lower().startswith("gpu") else []
+    if not gpus:
+        test.results.append((status, None, r.group("status")))
+    for g in gpus:
+        test.results.append((status, g, r.group("status")))
+
+
+def _table_result(tests: list[_Test], gpu_ids: list[str], node: str, now: float, exit_code: int | None,
+                  expect_gpus: int | None) -> Result:
+    checks: list[CheckResult] = []
+    gpus: set[int] = set()
+    for t in tests:
+        name = "dcgm." + re.sub(r"[^a-z0-9]+", "_", t.name.lower()).strip("_")
+        per_gpu = [x for x in t.results if x[1] is not None]
+        rows = per_gpu or t.results  # 4.x prints an overall row above the per-GPU ones
+        for status, gpu, word in rows:
+            if gpu is not None:
+                gpus.add(gpu)
+            notes = [text for kind, g, text in t.messages if kind != "info" and (g is None or gpu is None or g == gpu)]
+            if status == "error":
+                message = f"DCGM reported a status outside its own set: {word!r}"
+            else:
+                message = "; ".join(notes)[:500] or word
+            sev = "critical" if status in ("fail", "error") else "warning" if status == "warn" else "info"
+            checks.append(CheckResult(name, status, message, sev, gpu, "UNKNOWN_STATUS" if status == "error" else None))
+    if expect_gpus is not None and (gpu_ids or gpus):
+        seen = len(gpu_ids) or len(gpus)
+        if seen != expect_gpus:
+            checks.append(CheckResult("dcgm.gpu_count", "fail", f"DCGM saw {seen} GPUs, the profile expects "
+                                      f"{expect_gpus}", "critical"))
+    return _cross_check(Result(node, "dcgm", now, now, tuple(checks)), exit_code, now)

@@ -1,5 +1,7 @@
 """nccl-tests output (all_reduce_perf and friends): the table, the footer, and the bus
-bandwidth of the largest message, which is what a gate should use."""
+bandwidth of the largest message, which is what a gate should use. Read as people paste it:
+each line behind mpirun's rank tag (`[1,0]<stdout>:`) or a host name, indented, rows elided
+with `...`, or a run that died on a CUDA or NCCL failure before its table."""
 
 from __future__ import annotations
 
@@ -10,12 +12,27 @@ from sweeper.result import CheckResult, Metric, Result, error_result
 _PREFIX = re.compile(r"^(?:\[\d+,\d+\]<std(?:out|err)>:|\d+:\s|\d{4}-\d\d-\d\dT[\d:.]+Z?\s+)")
 _OOB = re.compile(r"#\s*Out of bounds values\s*:\s*(\d+)\s*(OK|FAILED)?")
 _AVG = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([\d.eE+-]+)\s*(OK|FAILED)?")
-MAX_BYTES = 16 * 1024 * 1024
+# common.cu's CUDACHECK/NCCLCHECK: "<host>: Test CUDA failure common.cu:941 'system not yet initialized'",
+# "Test NCCL failure common.cu:1005 'unhandled cuda error'", and the older "NCCL failure all_reduce.cu:95 '...'"
+# (NVIDIA/nccl-tests issues #5, #66, #264, #280, #322).
+_ABORT = re.compile(r"(?:Test )?(?P<what>CUDA|NCCL) failure (?P<where>\S+:\d+) '(?P<why>[^']*)'?")
+_TEST_FAILURE = re.compile(r"Test failure (\S+:\d+)")
+_MARKERS = re.compile(r"Avg bus bandwidth|nccl-tests|_perf\b|\bnThread \d+ nGpus \d+ minBytes|#\s+size\s+count\s+type|"
+                      r"#\s+bytes\s+N\s+type|Test (?:CUDA|NCCL) failure \S+:\d+|Out of bounds values|"
+                      # a data row: size, count, type, op (root since 2.13), time
+                      r"\b\d+\s+\d+\s+(?:float|double|half|bfloat16|u?int(?:8|32|64)|fp8_e\dm\d)\s+"
+                      r"(?:sum|prod|max|min|avg|none|mulsum)\s+(?:-?\d+\s+)?[\d.]+\s")
+MAX_BYTES = 64 * 1024 * 1024
+
+
+def looks_like(head: str) -> bool:
+    """Whether the text is nccl-tests output (for `--format auto`)."""
+    return _MARKERS.search(head) is not None
 
 
 def _clean(line: str) -> str:
     for _ in range(3):
-        new = _PREFIX.sub("", line)
+        new = _PREFIX.sub("", line.lstrip())
         if new == line:
             break
         line = new
@@ -30,9 +47,19 @@ def parse(text: str, node: str, now: float, min_busbw: float | None = None, exit
     rows: list[tuple[int, float, float, str, float, str]] = []
     oob = avg = None
     errors: list[str] = []
+    aborts: dict[str, str] = {}  # ordered, without repeats (every rank prints the same)
+    followups: dict[str, str] = {}
     for raw in text.splitlines():
         line = _clean(raw)
-        if not line:
+        if not line or set(line) <= {".", "\u2026", " "}:  # blank, or "..." where rows were left out
+            continue
+        m = _ABORT.search(line)
+        if m is not None:
+            aborts.setdefault(f"{m['what']} failure at {m['where']}: {m['why'].strip(' /')}", "")
+            continue
+        m = _TEST_FAILURE.search(line)
+        if m is not None:  # the line that follows the cause, naming only where the test gave up
+            followups.setdefault(f"the test failed at {m.group(1)}", "")
             continue
         if line.startswith("#"):
             m = _OOB.match(line)
@@ -52,6 +79,10 @@ def parse(text: str, node: str, now: float, min_busbw: float | None = None, exit
                 rows.append((int(f[0]), float(f[6]), float(f[7]), f[8], float(f[11]), f[12]))
             except (ValueError, IndexError):
                 return error_result(node, "nccl", f"unreadable data row: {line[:120]!r}", now)
+    abort = [CheckResult("nccl.abort", "fail", f"nccl-tests aborted: {why}"[:300], "critical", code="ABORTED")
+             for why in (aborts or followups)]
+    if not rows and abort:
+        return Result(node, "nccl", now, now, tuple(abort))
     if not rows:
         return error_result(node, "nccl", "no result rows: the test did not run (or this is not nccl-tests output)",
                             now)
@@ -60,6 +91,7 @@ def parse(text: str, node: str, now: float, min_busbw: float | None = None, exit
     busbw = max(busbw_oop, busbw_ip)
     peak = max(max(r[2], r[4]) for r in rows)
     metrics = [Metric("nccl.busbw_largest", busbw, "GB/s"), Metric("nccl.algbw_largest", algbw, "GB/s"),
+               Metric("nccl.busbw_oop_largest", busbw_oop, "GB/s"), Metric("nccl.busbw_ip_largest", busbw_ip, "GB/s"),
                Metric("nccl.busbw_peak", peak, "GB/s"), Metric("nccl.largest_bytes", float(size), "B")]
     if avg is not None:
         metrics.append(Metric("nccl.busbw_avg", avg, "GB/s"))
@@ -76,6 +108,7 @@ def parse(text: str, node: str, now: float, min_busbw: float | None = None, exit
         checks.append(CheckResult("nccl.complete", "pass", "finished, no out-of-bounds values"))
     for e in errors:
         checks.append(CheckResult("nccl.error", "fail", e[:300], "critical"))
+    checks.extend(abort)
     if min_busbw is not None:
         ok = busbw >= min_busbw
         checks.append(CheckResult("nccl.busbw", "pass" if ok else "fail",

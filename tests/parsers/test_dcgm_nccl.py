@@ -98,3 +98,85 @@ def test_nccl_prefixes_old_columns_and_failures() -> None:
 @pytest.mark.parametrize("text", ["", "garbage\n\x00\x01", "# only comments\n#\n", "8 2 float sum -1 x y z 0 1 2 3 4\n"])
 def test_nccl_bad_input_is_an_error(text: str) -> None:
     assert nccl.parse(text, "n1", NOW).status == "error"
+
+
+# -- as people paste it -------------------------------------------------------------------
+def _one_result(status: object) -> str:
+    import json
+
+    return json.dumps({"DCGM Diagnostic": {"test_categories": [{"category": "Hardware", "tests": [
+        {"name": "memory", "results": [{"entity_group": "GPU", "entity_id": 0, "status": status}]}]}]}})
+
+
+@pytest.mark.parametrize("status", ["Banana", None, 1, "", ["Pass"]])
+def test_dcgm_a_status_outside_its_set_is_an_error_naming_it(status: object) -> None:
+    r = dcgm.parse(_one_result(status), "n1", NOW)
+    assert r.status == "error" and repr(status) in r.checks[0].message
+
+
+def test_dcgm_json_as_it_really_comes() -> None:
+    """A preamble line, literal nulls, gpu_ids as a string and as an integer, any case of status."""
+    text = ('Defaulted container "nvidia-dcgm-ctr" out of: nvidia-dcgm-ctr, toolkit-validation (init)\n'
+            '{"DCGM GPU Diagnostic": {"test_categories": [null, {"category": "Hardware", "tests": [null,\n'
+            ' {"name": "GPU Memory", "results": [null, {"gpu_ids": "0", "status": "pass"},\n'
+            '  {"gpu_ids": 1, "status": "FAIL", "warnings": [{"warning": "DBE on GPU 1", "error_id": 52}]}]}]}]}}\n')
+    r = dcgm.parse(text, "n1", NOW)
+    assert [(c.gpu, c.status) for c in r.checks] == [(0, "pass"), (1, "fail")]
+    assert r.checks[1].code == "52"
+
+
+# DCGM 4.x prints a per-GPU row under each test (NVIDIA/DCGM#253); 3.x prints "Fail - GPU: 0"
+# and a "Warning" row whose text wraps at the cell's width (NVIDIA/go-dcgm#52).
+TABLE_4X = """+-----  Hardware  ----------+------------------------------------------------+
+| memory                    | Fail                                           |
+|                           | GPU0: Pass                                     |
+|                           | GPU1: Fail                                     |
+| Warning: GPU1             | Detected 2 volatile DBE on GPU 1.              |
++-----  Stress  ------------+------------------------------------------------+
+| memory_bandwidth          | Skip                                           |
+"""
+TABLE_3X_BARE = """PCIe                          Pass - All
+GPU Memory                    Fail - GPU: 2
+                              Pass - GPUs: 0, 1, 3
+"""
+
+
+def test_dcgm_table_read_per_gpu_in_both_layouts_with_or_without_borders() -> None:
+    r = dcgm.parse(TABLE_4X, "n1", NOW)
+    assert [(c.name, c.gpu, c.status) for c in r.checks] == [
+        ("dcgm.memory", 0, "pass"), ("dcgm.memory", 1, "fail"), ("dcgm.memory_bandwidth", None, "skip")]
+    assert "DBE" in r.checks[1].message
+    bare = dcgm.parse(TABLE_3X_BARE, "n1", NOW)
+    assert {(c.name, c.gpu, c.status) for c in bare.checks} == {
+        ("dcgm.pcie", None, "pass"), ("dcgm.gpu_memory", 2, "fail"), ("dcgm.gpu_memory", 0, "pass"),
+        ("dcgm.gpu_memory", 1, "pass"), ("dcgm.gpu_memory", 3, "pass")}
+    odd = dcgm.parse(TABLE_4X.replace("| memory_bandwidth          | Skip ", "| memory_bandwidth          | Maybe"),
+                     "n1", NOW)
+    assert any(c.status == "error" and "Maybe" in c.message for c in odd.checks)
+
+
+# mpirun --tag-output puts "[job,rank]<stdout>:" before each line (Open MPI's mpirun(1) man page).
+RANKED = """  [1,0]<stdout>:# nThread 1 nGpus 1 minBytes 8 maxBytes 8589934592 step: 2(factor) warmup iters: 5 iters: 20
+  [1,0]<stdout>:#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong
+  [1,0]<stdout>:           8             2     float     sum      -1    30.11    0.00    0.00      0    29.85    0.00    0.00      0
+  ...
+  [1,0]<stdout>:  8589934592    2147483648     float     sum      -1    47078  182.46  364.57      0    46939  183.00  365.65      0
+  [1,0]<stdout>:# Out of bounds values : 0 OK
+  [1,0]<stdout>:# Avg bus bandwidth    : 120.5
+"""
+
+
+def test_nccl_rank_tagged_indented_and_elided_rows_with_both_bandwidths() -> None:
+    r = nccl.parse(RANKED, "n1", NOW, min_busbw=300)
+    assert r.status == "pass", r.checks
+    m = {x.name: x.value for x in r.metrics}
+    assert (m["nccl.busbw_oop_largest"], m["nccl.busbw_ip_largest"]) == (364.57, 365.65)
+
+
+def test_nccl_a_run_that_aborted_is_a_failed_test_with_its_reason() -> None:
+    text = ("# Using devices\n"
+            "host1: Test CUDA failure common.cu:892 'CUDA-capable device(s) is/are busy or unavailable'\n"
+            " .. host1 pid 77: Test failure common.cu:891\n")
+    r = nccl.parse(text, "n1", NOW)
+    assert r.status == "fail"
+    assert [c.code for c in r.checks] == ["ABORTED"] and "busy or unavailable" in r.checks[0].message
