@@ -29,6 +29,11 @@ _SHAPES = re.compile("|".join((
     r"NVRM: ", r"nvidia-nvswitch\d*: ",  # the driver's own lines, as people grep them
 )))
 _HEADER = re.compile(r"^\s*(?:" + _SHAPES.pattern + r")\s*")
+# An ISO time alone starts other tools' lines too (`kubectl logs --timestamps` puts one before
+# every line of any output), so for detection an ISO line must name its host and program, as
+# journalctl -o short-iso does, or carry a kernel shape after the time.
+_BARE_ISO = re.compile(r"^\s*\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)? ")
+_ISO_KERNEL = re.compile(_BARE_ISO.pattern + r"(?:\S+ [^\s:]+(?:\[\d+\])?: |\s*(?:<\d+>)?\[\s*\+?\d+\.\d+\])")
 
 # A GPU the driver lost or never brought up, worded as the 4xx-5xx drivers print it (NVIDIA
 # developer forums and issue threads, e.g. NVIDIA/NVSentinel#155, Bumblebee-Project/Bumblebee#554,
@@ -181,7 +186,8 @@ def looks_like(head: str) -> bool:
     if "NVRM:" in head or "SXid" in head:
         return True
     lines = [line for line in head.splitlines()[:200] if line.strip()]
-    shaped = sum(1 for line in lines if _HEADER.match(line))
+    shaped = sum(1 for line in lines
+                 if _HEADER.match(line) and (not _BARE_ISO.match(line) or _ISO_KERNEL.match(line)))
     return bool(lines) and shaped >= max(1, len(lines) // 2)
 
 

@@ -67,3 +67,12 @@ def test_a_real_sample_is_judged_as_its_note_says(path: Path, meta: dict[str, An
         text = " ".join(f"{c['name']} {c.get('code') or ''} {c['message']}" for c in doc["checks"])
         for word in meta.get("contains") or []:
             assert str(word).lower() in text.lower(), f"{path.name} --format {fmt}: no {word!r} in {text[:600]}"
+
+
+def test_the_corpus_is_large_and_mostly_faults() -> None:
+    """At least 80 published samples across the formats, no more than a quarter of them healthy."""
+    formats = {meta["format"] for _, meta in SAMPLES}
+    healthy = sum(1 for _, meta in SAMPLES if meta["verdict"] == "pass")
+    assert len(SAMPLES) >= 80, len(SAMPLES)
+    assert healthy * 4 <= len(SAMPLES), f"{healthy} of {len(SAMPLES)} healthy"
+    assert formats >= {"kernel-log", "dcgm", "nccl", "nvidia-smi", "ibv-devinfo", "fi-info", "topo"}, formats
