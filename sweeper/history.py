@@ -310,6 +310,12 @@ class History:
         return {"node": node, "sweeps": sweeps, "actions": actions, "metrics": metrics, "pruned_days": summaries}
 
     @_locked
+    def knows(self, node: str) -> bool:
+        """Whether anything was ever recorded of the node (a sweep, an action, a pruned day's summary)."""
+        return any(self.db.execute(f"select 1 from {table} where node = ? limit 1", [node]).fetchone()
+                   for table in ("node_sweeps", "actions", "summaries"))
+
+    @_locked
     def counts(self) -> dict[str, int]:
         return {t: self.db[t].count for t in ("runs", "node_sweeps", "checks", "metrics", "actions", "intents",
                                               "summaries")}
