@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -137,7 +136,7 @@ class _Main(click.Group):
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         names = self.list_commands(ctx)
         limit = formatter.width - 6 - max(len(n) for n in names)
-        rows = [(n, self.commands[n].get_short_help_str(limit) if n in self.commands else self.LAZY[n])
+        rows = [(n, (self.commands.get(n) or click.Command(n, help=self.LAZY[n])).get_short_help_str(limit))
                 for n in names if n not in self.commands or not self.commands[n].hidden]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
@@ -1163,6 +1162,8 @@ def demo(cycles: int, hours_between: float, state: str | None) -> None:
     with injected faults, several sweep cycles in simulated time (checks, verdicts, reboots and
     re-checks, a GPU reset, a replacement), then the fleet, a held node's history and the fleet
     report (an HTML file)."""
+    import tempfile
+
     from rich.console import Console
 
     from sweeper.demo import run_demo
