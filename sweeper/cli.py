@@ -671,7 +671,8 @@ def breaker_reset(reason: str, config_path: str | None, kubeconfig: str | None, 
     click.echo("breaker closed")
 
 
-@main.command(epilog=_examples("sweeper pause --reason 'driver rollout'", "sweeper resume"))
+@main.command(epilog=_examples("sweeper pause --reason 'driver rollout'",
+                               "sweeper pause --reason 'maintenance window' --context prod"))
 @click.option("--reason", required=True, help="Why (recorded and shown by plan).")
 @cluster_options
 @run_cli
@@ -903,7 +904,8 @@ def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
                 r["suspect"], "held" if r["held"] else ""] for r in rows), colour=[3, 7])
 
 
-@main.command("report")
+@main.command("report", epilog=_examples("sweeper report", "sweeper report --since 7d -o /tmp/fleet.html",
+                                         "sweeper report -o - > fleet.html"))
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Sweeper config YAML.")
 @click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
               help="SQLite history file.")
@@ -1110,7 +1112,9 @@ def sim() -> None:
     """The simulated GPU cluster (an HTTP Kubernetes API with a fault model)."""
 
 
-@sim.command("serve")
+@sim.command("serve", epilog=_examples(
+    "sweeper sim serve --port 8443 --kubeconfig-out state/sim.kubeconfig",
+    "sweeper sim serve --fleet my-fleet.yaml --speed 60"))
 @click.option("--fleet", "fleet_path", type=click.Path(exists=True, dir_okay=False),
               help="Fleet YAML (default: the demo's fleet).")
 @click.option("--port", type=int, default=8443, show_default=True, help="Port on 127.0.0.1.")
@@ -1151,7 +1155,7 @@ def sim_serve(fleet_path: str | None, port: int, kubeconfig_out: str, speed: flo
 
 
 # -- demo ------------------------------------------------------------------------------
-@main.command()
+@main.command(epilog=_examples("sweeper demo", "sweeper demo --cycles 8 --hours-between 12 --state demo.db"))
 @click.option("--cycles", type=int, default=5, show_default=True, help="Sweep cycles to run.")
 @click.option("--hours-between", type=float, default=6.0, show_default=True,
               help="Simulated hours between cycles.")

@@ -220,7 +220,10 @@ def _fit(widths: list[int], cut: list[bool], total: int) -> list[int]:
     if need <= total or not any(cut):
         return widths
     room = total - (need - sum(w for w, c in zip(widths, cut, strict=True) if c))
-    lo, hi = MIN_CUT, max(w for w, c in zip(widths, cut, strict=True) if c)
+    # each shortened column keeps MIN_CUT characters, or what room is left (4 at least: then the
+    # line overflows and the terminal wraps it, but an identifier is still never cut)
+    floor = max(4, min(MIN_CUT, room // sum(cut)))
+    lo, hi = floor, max(floor, max(w for w, c in zip(widths, cut, strict=True) if c))
     while lo < hi:  # the largest common cap that fits
         mid = (lo + hi + 1) // 2
         if sum(min(w, mid) for w, c in zip(widths, cut, strict=True) if c) <= room:
