@@ -192,7 +192,7 @@ def test_every_tool_format_ingested_then_history_prints_the_text_as_it_is(tmp_pa
     formats = set()
     for i, path in enumerate(sorted(p for p in FIXTURES.iterdir() if p.is_file())):
         node = f"gpu-{i:02d}"
-        res = runner.invoke(main, ["ingest", node, str(path), "--state", state, "-o", "json"])
+        res = runner.invoke(main, ["ingest", node, str(path), "--state", state, "--json"])
         if res.exit_code not in (0, 1):
             continue  # a file auto-detection cannot place is not recorded
         doc = json.loads(res.stdout)
@@ -213,8 +213,8 @@ def test_bracketed_words_from_a_kernel_log_are_kept(tmp_path: Path) -> None:
     runner = CliRunner()
     res = runner.invoke(main, ["ingest", "gpu-00", str(log), "--format", "kernel-log", "--state", state])
     assert res.exit_code == 1 and "name=[bold red]python[/bold red]" in res.stdout, res.output
-    for fmt in ("table", "wide", "yaml"):
-        res = runner.invoke(main, ["history", "gpu-00", "--state", state, "-o", fmt])
+    for fmt in ([], ["-o", "wide"], ["-o", "yaml"]):
+        res = runner.invoke(main, ["history", "gpu-00", "--state", state, *fmt])
         assert res.exit_code == 0 and "name=[bold red]python[/bold red]" in res.stdout, res.output
 
 
