@@ -82,3 +82,37 @@ def test_ten_thousand_rows_are_one_line_each() -> None:
     rows = [[f"node-{i:05d}", "p5.48xlarge", "3h ago", "pass", ""] for i in range(10_000)]
     text = out.render((Col("node"), Col("profile"), Col("last sweep"), Col("verdict"), Col("held")), rows)
     assert len(text.splitlines()) == 10_001
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_width_and_colour_come_from_the_stream(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A terminal gets its width (COLUMNS, as shutil reads it) and colour; NO_COLOR (https://no-color.org)
+    and TERM=dumb turn colour off; a pipe gets neither."""
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm-256color")
+    tty = Out.to(stream=Terminal())
+    assert tty.width == 80 and tty.colour
+    monkeypatch.setenv("NO_COLOR", "1")
+    assert Out.to(stream=Terminal()).colour is False
+    monkeypatch.delenv("NO_COLOR")
+    monkeypatch.setenv("TERM", "dumb")
+    assert Out.to(stream=Terminal()).colour is False
+    pipe = Out.to(stream=io.StringIO())
+    assert pipe.width is None and not pipe.colour
+
+
+def test_documents_as_json_and_yaml_hold_the_same_data() -> None:
+    import json
+
+    import yaml
+
+    doc = {"nodes": [{"node": "gpu-00", "rules": ("a", "b"), "due": None, "held": True, "n": 1.5}]}
+    as_json, as_yaml = io.StringIO(), io.StringIO()
+    Out(fmt="json", stream=as_json).document(doc)
+    Out(fmt="yaml", stream=as_yaml).document(doc)
+    assert json.loads(as_json.getvalue()) == yaml.safe_load(as_yaml.getvalue())
