@@ -642,11 +642,8 @@ def breaker_status(config_path: str | None, kubeconfig: str | None, context: str
     switches = _controls(config_path, kubeconfig, context).all()
     b = switches.get("breaker") or {"state": "closed"}
     pause = switches.get("pause")
-    if out.fmt == "json":
-        click.echo(json.dumps({**b, "paused": pause}, indent=2))
-        return
     if out.structured:
-        out.document({**b, "paused": pause})
+        out.document(_iso_times({**b, "paused": pause}))
         return
     word, rest = _breaker_line(b)
     out.file.write(out.paint(word) + clean(rest) + "\n")  # a person's words: text, never markup
@@ -781,7 +778,8 @@ def history(node: str, state: str, since: str | None, check: str, out: Out) -> N
     print_history(out, h)
 
 
-_TIME_KEYS = frozenset({"started", "finished", "decided", "ts", "last_sweep", "due", "opened_at", "closed_at"})
+_TIME_KEYS = frozenset({"started", "finished", "decided", "ts", "last_sweep", "due", "opened_at", "closed_at", "at",
+                        "since", "before"})
 
 
 def _iso_times(value: Any, key: str = "") -> Any:
@@ -956,11 +954,8 @@ def backtest_cmd(config_path: str | None, state: str, policy_name: str, since: s
     cfg = _config(config_path)
     cutoff = _since(since) or 0.0
     bt = backtest(_history(state), _policy(cfg, policy_name), cutoff)
-    if out.fmt == "json":
-        click.echo(json.dumps(bt.to_dict(), indent=2))
-        return
     if out.structured:
-        out.document(bt.to_dict())
+        out.document(_iso_times(bt.to_dict()))
         return
     rec, rep = bt.first_holds("recorded"), bt.first_holds("replayed")
     out.title(f"policy {bt.policy} on {len(bt.decisions)} recorded sweeps: "
@@ -999,11 +994,8 @@ def state_prune(state: str, older_than: str, dry_run: bool, out: Out) -> None:
     before = _since(older_than)
     assert before is not None
     counts = _history(state).prune(before, dry_run=dry_run)
-    if out.fmt == "json":
-        click.echo(json.dumps({"dry_run": dry_run, "before": before, **counts}))
-        return
     if out.structured:
-        out.document({"dry_run": dry_run, "before": before, **counts})
+        out.document(_iso_times({"dry_run": dry_run, "before": before, **counts}))
         return
     verb = "would delete" if dry_run else "deleted"
     out.write(f"{verb} {counts['node_sweeps']} sweeps, {counts['checks']} checks, {counts['metrics']} metrics "
