@@ -32,10 +32,6 @@ def _err() -> Out:
     return Out.to(stream=sys.stderr)
 
 
-def _stdout() -> Out:
-    return Out.to()
-
-
 def output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`-o table|wide|json|yaml`, `--no-headers`, and `--json` (kept for scripts: `-o json`); the
     command receives them as one `out`."""
