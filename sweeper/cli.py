@@ -892,10 +892,11 @@ def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
         return
     out.title(f"{len(rows)} GPU nodes" + (" (from the history alone)" if offline else ""))
     out.table((Col("node"), Col("profile"), Col("last sweep"), Col("verdict"), Col("rule"), Col("due"),
-               Col("suspect", cut=True), Col("held")),
+               Col("overdue", wide=True), Col("in cluster", wide=True), Col("suspect", cut=True), Col("held")),
               ([r["node"], r["profile"] or "-", out.when(r["last_sweep"], "never"), r["verdict"] or "-",
                 ", ".join(r["rules"]), "now" if r["due"] is not None and r["due"] <= now else out.when(r["due"]),
-                r["suspect"], "held" if r["held"] else ""] for r in rows), colour=[3, 7])
+                "yes" if r["overdue"] else "no", "-" if offline else ("yes" if r["in_cluster"] else "no"),
+                r["suspect"], "held" if r["held"] else ""] for r in rows), colour=[3, 9])
 
 
 @main.command("report", epilog=_examples("sweeper report", "sweeper report --since 7d -o /tmp/fleet.html",
