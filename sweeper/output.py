@@ -15,13 +15,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, NamedTuple, TextIO
 
 FORMATS = ("table", "wide", "json", "yaml")
 GAP = "   "  # kubectl's column gap
@@ -104,8 +102,7 @@ def span(seconds: float) -> str:
     return f"{s}s"
 
 
-@dataclass(frozen=True)
-class Col:
+class Col(NamedTuple):
     """One column: its header, whether it is free text that may be shortened on a terminal, and
     whether it shows only in `-o wide`."""
 
@@ -114,23 +111,23 @@ class Col:
     wide: bool = False
 
 
-@dataclass
 class Out:
-    """How one command prints: the format, headers, and what the stream is (terminal or pipe)."""
+    """How one command prints: the format, headers, and what the stream is (terminal or pipe).
+    A plain class rather than a dataclass: this module is imported by every command's start."""
 
-    fmt: str = "table"
-    headers: bool = True
-    stream: TextIO | None = None
-    width: int | None = None  # a terminal's width; None: the stream is not a terminal
-    colour: bool = False
-    now: float = field(default_factory=time.time)
+    def __init__(self, fmt: str = "table", headers: bool = True, stream: TextIO | None = None,
+                 width: int | None = None, colour: bool = False, now: float | None = None) -> None:
+        self.fmt, self.headers, self.stream = fmt, headers, stream
+        self.width = width  # a terminal's width; None: the stream is not a terminal
+        self.colour = colour
+        self.now = time.time() if now is None else now
 
     @classmethod
     def to(cls, fmt: str = "table", headers: bool = True, stream: TextIO | None = None) -> Out:
         """For stdout (or `stream`): width and colour only when it is a terminal."""
         s = stream or sys.stdout
         tty = _isatty(s)
-        width = shutil.get_terminal_size((120, 24)).columns if tty else None
+        width = _columns(s) if tty else None
         colour = tty and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
         return cls(fmt, headers, stream, width, colour)
 
@@ -231,6 +228,20 @@ def _fit(widths: list[int], cut: list[bool], total: int) -> list[int]:
         else:
             hi = mid - 1
     return [min(w, lo) if c else w for w, c in zip(widths, cut, strict=True)]
+
+
+def _columns(stream: TextIO) -> int:
+    """The terminal's width: $COLUMNS first, as shutil.get_terminal_size reads it, then the terminal."""
+    try:
+        columns = int(os.environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or 120
+    except (AttributeError, ValueError, OSError):
+        return 120
 
 
 def _isatty(stream: TextIO) -> bool:
