@@ -377,3 +377,42 @@ def test_the_help_and_the_reading_commands_import_none_of_the_heavy_libraries(tm
         proc = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120)
         loaded = proc.stderr.split("LOADED", 1)[1].strip()
         assert proc.returncode == 0 and set(yaml.safe_load(loaded)) <= allowed, (argv, loaded, proc.stderr[-500:])
+
+
+def on_a_terminal(argv: list[str], columns: int) -> str:
+    """What `sweeper ARGV` shows on a terminal (a pseudo-terminal) of `columns` columns."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", *argv], stdout=follower, stderr=follower,
+                            env={**os.environ, "COLUMNS": str(columns), "NO_COLOR": "1"})
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 1 << 16)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    assert proc.wait(timeout=120) == 0, shown.decode()
+    return shown.decode()
+
+
+def test_at_80_columns_on_a_terminal_run_ids_and_times_stay_whole(tmp_path: Path) -> None:
+    """The issue's case: at 80 columns the run id and the date were cut (`sw-20261123-072...`)."""
+    state = weeks_of_history(tmp_path)
+    text = on_a_terminal(["history", "gpu-p5-01", "--state", state], 80)
+    assert "\x1b[" not in text, "NO_COLOR"
+    rows = [ln for ln in text.splitlines() if " ago " in ln]
+    assert len(rows) == 3 and all(re.match(r"^\d+d(\d+h)? ago +sw-20260901-07251[01]-4f2a1 ", ln) for ln in rows[:2])
+    assert rows[2].endswith("…") and all(len(ln) <= 80 for ln in rows), "the long message is shortened, and says so"
+    wide = on_a_terminal(["history", "gpu-p5-01", "--state", state, "-o", "wide"], 80)
+    rows = [ln for ln in wide.splitlines() if ln.startswith("2026-")]
+    assert len(rows) == 3 and all(re.match(r"^2026-\d\d-\d\dT\d\d:\d\d:\d\dZ ", ln) for ln in rows)
+    assert ("and a long tail of words " * 8).strip() in wide, "-o wide shortens nothing"
