@@ -3,48 +3,55 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from sweeper import __version__
-from sweeper.checks.options import OPTIONS, CheckOptions
 from sweeper.clock import iso, parse_duration
-from sweeper.config import Config, load_config
 from sweeper.errors import ConfigError, SweeperError
-from sweeper.policy import HOLDING
+from sweeper.output import FORMATS, Col, Out, clean
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+if TYPE_CHECKING:
+    from sweeper.config import Config
 
-VERDICT_STYLE = {"pass": "green", "warn": "yellow", "reboot": "magenta", "replace": "red bold",
-                 "quarantine": "red", "error": "bright_red", "inconclusive": "cyan", "": "dim"}
-
-
-def styled(verdict: str | None) -> str:
-    style = VERDICT_STYLE.get(verdict or "", "")
-    return f"[{style}]{verdict or '-'}[/{style}]"
+# The CLI imports what a command needs when the command runs (the config's pydantic, the
+# Kubernetes client, the history's sqlite-utils, the checks): `--help` and the reading
+# commands start in well under 150 ms. benchmarks/cli.py measures it.
+HOLDING = ("reboot", "replace", "quarantine")  # sweeper.policy.HOLDING, without importing the policy
 
 
-def plain(*cells: Any) -> list[Text]:
-    """Text from files, nodes and the history, printed as it is: never read as rich markup."""
-    return [Text(str(c)) for c in cells]
+def _err() -> Out:
+    return Out.to(stream=sys.stderr)
 
 
-def styled_text(verdict: str | None) -> Text:
-    """A verdict in its colour, as plain text (a verdict read back from a file is data)."""
-    return Text(verdict or "-", style=VERDICT_STYLE.get(verdict or "", ""))
+def output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`-o table|wide|json|yaml`, `--no-headers`, and `--json` (kept for scripts: `-o json`); the
+    command receives them as one `out`."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, output_format: str, as_json: bool, no_headers: bool, **kwargs: Any) -> Any:
+        return fn(*args, out=Out.to("json" if as_json else output_format, not no_headers), **kwargs)
+
+    for opt in reversed([
+            click.option("-o", "--output", "output_format", type=click.Choice(FORMATS), default="table",
+                         show_default=True, help="table; wide (more columns, ISO times); json or yaml (the document)."),
+            click.option("--json", "as_json", is_flag=True, help="Same as -o json."),
+            click.option("--no-headers", is_flag=True, help="Tables without their header and title lines.")]):
+        wrapper = opt(wrapper)
+    return wrapper
+
+
+def _examples(*lines: str) -> str:
+    """A command's epilog: copy-paste examples, kept as written (click's \\b)."""
+    return "Examples:\n\n\b\n" + "\n".join("  " + line for line in lines)
 
 
 def default_state() -> str:
@@ -57,7 +64,6 @@ _debug = {"on": False}
 
 def run_cli(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Map the error tree to exit codes with one clear line on stderr (`--debug`: the traceback)."""
-    import functools
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -110,7 +116,32 @@ def _inputs() -> str:
     return f"sweeper {ctx.info_name}" + (f" ({', '.join(files)})" if files else "")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Main(click.Group):
+    """The command group. `check` takes its options from the node checks' own table, so it is built
+    (and the checks imported) only when it runs or its help is asked for: other commands start fast."""
+
+    LAZY = {"check": "Run the node-local checks (inside a Job on the node) and print one result document."}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *self.LAZY})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.LAZY and cmd_name not in self.commands:
+            self.add_command(_check_command(), cmd_name)
+        return self.commands.get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(n) for n in names)
+        rows = [(n, (self.commands.get(n) or click.Command(n, help=self.LAZY[n])).get_short_help_str(limit))
+                for n in names if n not in self.commands or not self.commands[n].hidden]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog="Examples:\n\n\b\n  sweeper demo\n  sweeper plan\n  sweeper nodes -o wide\n"
+                    "  sweeper history gpu-p5-04 --since 7d")
 @click.version_option(__version__, prog_name="sweeper")
 @click.option("--debug", is_flag=True, help="On an error, print the traceback instead of one line.")
 def main(debug: bool) -> None:
@@ -126,10 +157,33 @@ def main(debug: bool) -> None:
 
 
 def _config(path: str | None, **overrides: Any) -> Config:
+    from sweeper.config import load_config
+
     return load_config(path).with_overrides(**overrides)
 
 
+def _kubeconfig_missing(kubeconfig: str | None) -> str | None:
+    """Why no kubeconfig can be read, naming the path, or None. Like kubectl, KUBECONFIG may list
+    several files (':'-separated, missing ones skipped); with none given, ~/.kube/config is read
+    outside a pod (https://kubernetes.io/docs/concepts/configuration/organize-cluster-access-kubeconfig/)."""
+    if kubeconfig:
+        paths = [p for p in kubeconfig.split(os.pathsep) if p]
+        if paths and not any(Path(p).expanduser().is_file() for p in paths):
+            return f"no kubeconfig at {', '.join(paths)} (from --kubeconfig or KUBECONFIG)"
+        return None
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return None  # in a pod: the service account
+    default = Path("~/.kube/config").expanduser()
+    if not default.is_file():
+        return (f"no kubeconfig: {default} does not exist and this is not a pod; "
+                "pass --kubeconfig or set KUBECONFIG")
+    return None
+
+
 def _kube(kubeconfig: str | None, context: str | None, cfg: Config) -> Any:
+    missing = _kubeconfig_missing(kubeconfig)
+    if missing:
+        raise ConfigError(missing)
     from sweeper.kube import Kube, RetryPolicy
 
     kube = Kube.from_config(kubeconfig, context)
@@ -137,9 +191,13 @@ def _kube(kubeconfig: str | None, context: str | None, cfg: Config) -> Any:
     return kube
 
 
-def _history(state: str) -> Any:
+def _history(state: str, create: bool = True) -> Any:
+    """The history at `state`. create=False (plan, --dry-run): a missing file is not created; an
+    empty history in memory stands in for it, so a command that changes nothing leaves no file."""
     from sweeper.history import History
 
+    if not create and not Path(state).exists():
+        return History(":memory:")
     return History(state)
 
 
@@ -159,21 +217,23 @@ def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 # -- sweep -----------------------------------------------------------------------------
-@main.command()
+@main.command(epilog=_examples("sweeper sweep --config config.yaml", "sweeper sweep --dry-run",
+                               "sweeper sweep --max-nodes 1 -o json"))
 @cluster_options
-@click.option("--dry-run", is_flag=True, help="Decide everything, write nothing to the cluster.")
+@click.option("--dry-run", is_flag=True, help="Decide everything, write nothing to the cluster (nor create a "
+              "history file).")
 @click.option("--max-nodes", type=int, help="Override max_nodes for this run.")
-@click.option("--json", "as_json", is_flag=True, help="Print the run report as JSON on stdout.")
+@output_options
 @run_cli
 def sweep(config_path: str | None, kubeconfig: str | None, context: str | None, state: str, dry_run: bool,
-          max_nodes: int | None, as_json: bool) -> None:
+          max_nodes: int | None, out: Out) -> None:
     """One rolling pass over the cluster's GPU nodes (the CronJob's command)."""
     from sweeper.sweep import Sweep
 
     cfg = _config(config_path, max_nodes=max_nodes)
     kube = _kube(kubeconfig, context, cfg)
-    hist = _history(state)
-    sw = Sweep(kube, cfg, hist, emit=None if as_json else _printer(err), dry_run=dry_run)
+    hist = _history(state, create=not dry_run)
+    sw = Sweep(kube, cfg, hist, emit=None if out.structured else _printer(_err()), dry_run=dry_run)
     signal.signal(signal.SIGTERM, lambda *_: sw.stop.set())
     report = sw.run()
     if cfg.pushgateway_url and not dry_run:
@@ -184,57 +244,65 @@ def sweep(config_path: str | None, kubeconfig: str | None, context: str | None, 
         try:
             metrics.push(cfg.pushgateway_url)
         except OSError as exc:  # the sweep happened; a lost push is reported, not fatal
-            err.print(f"[yellow]could not push metrics to {cfg.pushgateway_url}: {exc}[/yellow]")
-    if as_json:
+            _err().write(f"could not push metrics to {cfg.pushgateway_url}: {exc}", "warn")
+    if out.fmt == "json":
         click.echo(json.dumps(report.to_dict(), indent=2))
+    elif out.structured:
+        out.document(report.to_dict())
     else:
-        _print_outcomes(report)
+        _print_outcomes(out, report)
     if report.tool_stop:
         from sweeper.errors import ToolErrors
 
         raise ToolErrors(report.tool_stop)  # exit 5: the check is broken, not the nodes
 
 
-def _printer(console: Console) -> Callable[[str, dict[str, Any]], None]:
+def _printer(console: Any) -> Callable[[str, dict[str, Any]], None]:
+    """Progress lines of a sweep. `console`: an Out, or anything with a `file` (a rich Console)."""
+    o = console if isinstance(console, Out) else Out(stream=getattr(console, "file", None))
+
+    def say(*parts: tuple[str, str | None] | str) -> None:
+        o.file.write("".join(o.paint(clean(p)) if isinstance(p, str) else o.paint(clean(p[0]), p[1])
+                             for p in parts) + "\n")
+
     def emit(event: str, d: dict[str, Any]) -> None:
         if event == "plan":
-            console.print(f"[bold]run {d['run_id']}[/bold]: {d['gpu_nodes']} GPU nodes, {d['held']} already held, "
-                          f"budget {d['budget']}; taking {', '.join(d['take']) or 'none'}")
+            say(f"run {d['run_id']}: {d['gpu_nodes']} GPU nodes, {d['held']} already held, "
+                f"budget {d['budget']}; taking {', '.join(d['take']) or 'none'}")
         elif event == "hold":
-            console.print(f"  {d['node']}: held (tainted), running checks")
+            say(f"  {d['node']}: held (tainted), running checks")
         elif event == "raced":
-            console.print(f"  {d['node']}: [yellow]a GPU pod landed first[/yellow] ({', '.join(d['pods'])}); "
-                          "released untouched")
+            say(f"  {d['node']}: ", ("a GPU pod landed first", "warn"), f" ({', '.join(d['pods'])}); released untouched")
         elif event == "done":
-            console.print(f"  {d['node']}: {styled(d['verdict'])} -> {d['action']}"
-                          + (f"  ({'; '.join(d['reasons'])[:160]})" if d["verdict"] != "pass" else ""))
+            say(f"  {d['node']}: ", (d["verdict"] or "-", d["verdict"]), f" -> {d['action']}"
+                + (f"  ({'; '.join(d['reasons'])})" if d["verdict"] != "pass" else ""))
         elif event == "breaker":
-            console.print(f"[red bold]circuit breaker open[/red bold]: {d['reason']}; no more nodes are taken "
-                          "until `sweeper breaker reset`")
+            say(("circuit breaker open", "replace"), f": {d['reason']}; no more nodes are taken until "
+                "`sweeper breaker reset`")
         elif event == "light":
-            console.print(f"  {d['node']} (busy): light check {styled(d['verdict'])}"
-                          + (f", now a suspect ({'; '.join(d['reasons'])[:120]})" if d["verdict"] in HOLDING else ""))
+            say(f"  {d['node']} (busy): light check ", (d["verdict"] or "-", d["verdict"]),
+                f", now a suspect ({'; '.join(d['reasons'])})" if d["verdict"] in HOLDING else "")
         elif event == "reconcile":
-            console.print(f"  {d['node']}: reconciled, {d['action']} ({d['why']})")
+            say(f"  {d['node']}: reconciled, {d['action']} ({d['why']})")
         elif event == "skip":
-            console.print(f"  {d['node']}: skipped ({d['why']})")
+            say(f"  {d['node']}: skipped ({d['why']})")
         elif event == "remedy":
-            console.print(f"  {d['node']}: {d['provider']}: {d['action']} ({d['detail'][:140]})")
+            say(f"  {d['node']}: {d['provider']}: {d['action']} ({d['detail']})")
     return emit
 
 
-def _print_outcomes(report: Any) -> None:
-    t = Table(title=f"run {report.run_id}" + (" (dry run)" if report.dry_run else ""))
-    for col in ("node", "verdict", "action", "reasons"):
-        t.add_column(col)
-    for o in report.outcomes:
-        t.add_row(o.node, styled(o.verdict), o.action, "; ".join(o.reasons)[:120])
-    out.print(t)
+_OUTCOME_COLS = (Col("node"), Col("verdict"), Col("action"), Col("seconds", wide=True), Col("reasons", cut=True))
+
+
+def _print_outcomes(out: Out, report: Any) -> None:
+    out.title(f"run {report.run_id}" + (" (dry run)" if report.dry_run else ""))
+    out.table(_OUTCOME_COLS, ([o.node, o.verdict, o.action, f"{o.seconds:.0f}", "; ".join(o.reasons)]
+                              for o in report.outcomes), colour=[1])
     reasons: dict[str, int] = {}
     for d in report.plan.skip:
         reasons[d.reason] = reasons.get(d.reason, 0) + 1
     if reasons:
-        out.print("skipped: " + ", ".join(f"{n} {r}" for r, n in sorted(reasons.items())))
+        out.title("skipped: " + ", ".join(f"{n} {r}" for r, n in sorted(reasons.items())))
 
 
 # -- run -------------------------------------------------------------------------------
@@ -264,7 +332,10 @@ def _extra_vars(pairs: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-@main.command("run")
+@main.command("run", epilog=_examples(
+    "sweeper run sweep-dcgm.yaml --node gpu-p5-04",
+    "sweeper run quarantine-deep.yaml --node gpu-p5-04 -e dcgm_level=4",
+    "sweeper run sweep-light.yaml --node gpu-p5-04 --json"))
 @click.argument("playbook", type=click.Path(dir_okay=False))
 @click.option("--node", help="Target node (node actions need one).")
 @click.option("-e", "--extra-vars", "extra", multiple=True, metavar="KEY=VALUE|@FILE",
@@ -295,13 +366,15 @@ def run_cmd(playbook: str, node: str | None, extra: tuple[str, ...], tags: str |
         path = cfg.path("playbooks") / playbook
     kube = _kube(kubeconfig, context, cfg) if node else None
 
+    err = _err()
+
     def progress(o: Any) -> None:
         if as_json:
             return
-        style = {"ok": "green", "changed": "yellow", "failed": "red", "ignored": "magenta", "skipped": "dim",
-                 "rescued": "cyan"}.get(o.status, "")
         label = f" ({o.item})" if o.is_item else ""
-        err.print(f"[{style}]{o.status:>8}[/{style}]  {o.name}{label}" + (f": {o.msg[:150]}" if o.msg else ""))
+        # the message whole: a `debug` of a registered value is read for its end as much as its start
+        err.file.write(err.paint(f"{o.status:>8}", o.status) + "  " + clean(f"{o.name}{label}")
+                       + (": " + clean(o.msg) if o.msg else "") + "\n")
 
     import threading
 
@@ -319,12 +392,12 @@ def run_cmd(playbook: str, node: str | None, extra: tuple[str, ...], tags: str |
         click.echo(json.dumps({"playbook": result.name, "failed": result.failed, "cancelled": result.cancelled,
                                "tasks": [o.to_dict() for o in result.outcomes]}, indent=2, default=str))
     else:
-        err.print(f"play {result.name!r}: " + ("[red]failed[/red]" if result.failed else "[green]ok[/green]"))
+        err.file.write(clean(f"play {result.name!r}: ") + err.paint("failed" if result.failed else "ok") + "\n")
     sys.exit(1 if result.failed else 0)
 
 
 # -- lint ------------------------------------------------------------------------------
-@main.command("lint")
+@main.command("lint", epilog=_examples("sweeper lint", "sweeper lint my-playbooks/ --config config.yaml --strict"))
 @click.argument("paths", nargs=-1, type=click.Path())
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Also check this config file.")
 @click.option("--strict", is_flag=True, help="Warnings count as problems (exit 1).")
@@ -338,6 +411,7 @@ def lint_cmd(paths: tuple[str, ...], config_path: str | None, strict: bool, as_j
 
     Without PATHs: the shipped playbooks/, job-templates/, profiles/ and policies/.
     """
+    from sweeper.config import Config, load_config
     from sweeper.lint import lint_paths
 
     try:
@@ -352,14 +426,17 @@ def lint_cmd(paths: tuple[str, ...], config_path: str | None, strict: bool, as_j
                               indent=2))
     else:
         for p in report.problems + report.warnings:
-            click.echo(p)
-        err.print(f"{len(report.checked)} file(s) checked, {len(report.problems)} problem(s)"
+            click.echo(clean(p))
+        _err().write(f"{len(report.checked)} file(s) checked, {len(report.problems)} problem(s)"
                   + (f", {len(report.warnings)} warning(s)" if report.warnings else ""))
     sys.exit(1 if report.problems or (strict and report.warnings) else 0)
 
 
 # -- ingest and profiles ---------------------------------------------------------------
-@main.command("ingest")
+@main.command("ingest", epilog=_examples(
+    "dcgmi diag -r 3 -j > diag.json; sweeper ingest gpu-p5-04 diag.json --exit-code $?",
+    "dmesg | sweeper ingest gpu-p5-04 - --format kernel-log",
+    "sweeper ingest gpu-p5-04 all_reduce.txt --format nccl --profile p5.48xlarge --no-record"))
 @click.argument("node")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--format", "fmt", default="auto", show_default=True,
@@ -376,11 +453,11 @@ def lint_cmd(paths: tuple[str, ...], config_path: str | None, strict: bool, as_j
 @click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
               help="SQLite history file.")
 @click.option("--no-record", is_flag=True, help="Parse and print only.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result document as JSON.")
+@output_options
 @run_cli
 def ingest_cmd(node: str, file: str, fmt: str, profile_name: str | None, exit_code: int | None,
                expect_gpus: int | None, expect_nics: int | None, min_busbw: float | None, config_path: str | None,
-               state: str, no_record: bool, as_json: bool) -> None:
+               state: str, no_record: bool, out: Out) -> None:
     """Parse a tool's output produced outside Sweeper (a Slurm prolog, a manual DCGM run) into the
     common result, print it, and record it in the node's history. Exit 1 when it holds a failure."""
     from contextlib import nullcontext
@@ -392,7 +469,7 @@ def ingest_cmd(node: str, file: str, fmt: str, profile_name: str | None, exit_co
     if profile_name:
         from sweeper import profiles as prof
 
-        catalogue = prof.load_profiles(load_config(config_path).path("profiles"))
+        catalogue = prof.load_profiles(_config(config_path).path("profiles"))
         if profile_name not in catalogue:
             raise ConfigError(f"no profile {profile_name!r}; known: {', '.join(sorted(catalogue))}")
         p = catalogue[profile_name]
@@ -417,27 +494,26 @@ def ingest_cmd(node: str, file: str, fmt: str, profile_name: str | None, exit_co
         h.result(sid, result)
         h.sweep_finished(sid, time.time(), result.status, [f"{c.name}: {c.message}" for c in result.failed_checks])
         h.run_finished(run_id, time.time(), "done", 0, {"ingested": file, "format": found})
-    if as_json:
+    if out.fmt == "json":
         click.echo(result.to_json())
+    elif out.structured:
+        out.document(result.to_dict())
     else:
-        t = Table(title=Text(f"{node}: {found} -> {result.status}"))
-        for col in ("check", "gpu", "status", "code", "message"):
-            t.add_column(col)
-        for c in result.checks:
-            t.add_row(*plain(c.name, "" if c.gpu is None else str(c.gpu), c.status, c.code or "", c.message[:90]))
-        out.print(t)
+        out.title(f"{node}: {found} -> {result.status}")
+        out.table(_CHECK_COLS, ([c.name, c.gpu, c.status, c.severity, c.code, c.message] for c in result.checks),
+                  colour=[2])
     sys.exit(0 if result.status in ("pass", "warn", "skip") else 1)
 
 
-@main.command("profiles")
+@main.command("profiles", epilog=_examples("sweeper profiles", "sweeper profiles --nodes -o wide"))
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Sweeper config YAML.")
 @click.option("--nodes", "with_nodes", is_flag=True, help="Also show which profile each GPU node gets.")
 @click.option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig file (with --nodes).")
 @click.option("--context", help="kubeconfig context (with --nodes).")
-@click.option("--json", "as_json", is_flag=True)
+@output_options
 @run_cli
 def profiles_cmd(config_path: str | None, with_nodes: bool, kubeconfig: str | None, context: str | None,
-                 as_json: bool) -> None:
+                 out: Out) -> None:
     """The hardware profiles, and with --nodes which one each GPU node of the cluster gets
     (by instance type, then GPU product label, then the conservative default)."""
     from sweeper import profiles as prof
@@ -454,43 +530,44 @@ def profiles_cmd(config_path: str | None, with_nodes: bool, kubeconfig: str | No
             labels = obj["metadata"].get("labels") or {}
             nodes.append({"node": obj["metadata"]["name"], "profile": prof.match(catalogue, labels).name,
                           "instance_type": labels.get("node.kubernetes.io/instance-type", "")})
-    if as_json:
+    if out.fmt == "json":
         click.echo(json.dumps({"profiles": rows, "nodes": nodes}, indent=2))
         return
-    t = Table(title="profiles")
-    for col in ("profile", "GPUs", "NVLinks", "PCIe", "fabric", "MTU", "NCCL floor GB/s", "instance types"):
-        t.add_column(col)
+    if out.structured:
+        out.document({"profiles": rows, "nodes": nodes})
+        return
 
     def opt(value: Any, fmt: str = "{}") -> str:
         return "-" if value is None else fmt.format(value)
 
-    for r in rows:
-        fabric = "-" if r["nic"] == "none" else f"{opt(r['nics'])} x {r['nic']}" + opt(r["nic_rate_gbps"], " {:g} Gb/s")
-        t.add_row(r["profile"], f"{r['gpus']} x {r['gpu_model'] or 'any'}", opt(r["nvlinks"]),
-                  " ".join(x for x in (opt(r["pcie_gen"], "gen{}"), opt(r["pcie_width"], "x{}")) if x != "-") or "-",
-                  fabric, opt(r["mtu"]),
-                  opt(r["nccl_busbw_min"], "{:g}"), ", ".join(r["instance_types"]) or "-")
-    out.print(t)
+    out.title("profiles")
+    out.table((Col("profile"), Col("GPUs"), Col("NVLinks"), Col("PCIe"), Col("fabric"), Col("MTU"),
+               Col("NCCL floor GB/s"), Col("instance types", cut=True)),
+              ([r["profile"], f"{r['gpus']} x {r['gpu_model'] or 'any'}", opt(r["nvlinks"]),
+                " ".join(x for x in (opt(r["pcie_gen"], "gen{}"), opt(r["pcie_width"], "x{}")) if x != "-") or "-",
+                "-" if r["nic"] == "none" else f"{opt(r['nics'])} x {r['nic']}" + opt(r["nic_rate_gbps"], " {:g} Gb/s"),
+                opt(r["mtu"]), opt(r["nccl_busbw_min"], "{:g}"), ", ".join(r["instance_types"]) or "-"]
+               for r in rows))
     if nodes:
-        nt = Table(title="nodes")
-        for col in ("node", "instance type", "profile"):
-            nt.add_column(col)
-        for n in nodes:
-            nt.add_row(n["node"], n["instance_type"], n["profile"])
-        out.print(nt)
+        out.title("")
+        out.title("nodes")
+        out.table((Col("node"), Col("instance type"), Col("profile")),
+                  ([n["node"], n["instance_type"], n["profile"]] for n in nodes))
 
 
 # -- release -----------------------------------------------------------------------------
-@main.command("release")
+@main.command("release", epilog=_examples(
+    "sweeper release gpu-p5-04 --reason 'checked by hand, fine'",
+    "sweeper release --all --reason 'stopping the rollout' --dry-run"))
 @click.argument("nodes", nargs=-1)
 @click.option("--all", "everything", is_flag=True, help="Every node Sweeper holds.")
 @click.option("--reason", required=True, help="Why (recorded in the history when there is one).")
 @click.option("--dry-run", is_flag=True, help="Say what would be released; change nothing.")
 @cluster_options
-@click.option("--json", "as_json", is_flag=True, help="Print what was done as JSON.")
+@output_options
 @run_cli
 def release_cmd(nodes: tuple[str, ...], everything: bool, reason: str, dry_run: bool, config_path: str | None,
-                kubeconfig: str | None, context: str | None, state: str, as_json: bool) -> None:
+                kubeconfig: str | None, context: str | None, state: str, out: Out) -> None:
     """The panic button: hand back every node Sweeper holds (or those named): untaint, undo
     its cordons, delete its Jobs. Works from the cluster alone when the history is lost."""
     from sweeper.clock import WallClock
@@ -504,17 +581,16 @@ def release_cmd(nodes: tuple[str, ...], everything: bool, reason: str, dry_run: 
         try:
             recorder = _history(state)
         except StateError as exc:
-            err.print(f"[yellow]history unavailable ({exc}); releasing from the cluster alone[/yellow]")
+            _err().write(f"history unavailable ({exc}); releasing from the cluster alone", "warn")
     rows = release(kube, cfg, list(nodes), everything, reason, WallClock(), recorder, dry_run)
-    if as_json:
+    if out.fmt == "json":
         click.echo(json.dumps(rows, indent=2))
         return
-    t = Table(title="released" if not dry_run else "would release")
-    for col in ("node", "action", "detail"):
-        t.add_column(col)
-    for r in rows:
-        t.add_row(r["node"], r["action"], r["detail"])
-    out.print(t)
+    if out.structured:
+        out.document(rows)
+        return
+    out.title("released" if not dry_run else "would release")
+    out.table((Col("node"), Col("action"), Col("detail", cut=True)), ([r["node"], r["action"], r["detail"]] for r in rows))
 
 
 # -- controls ----------------------------------------------------------------------------
@@ -548,32 +624,33 @@ def _note(state: str, action: str, detail: str, now: float) -> None:
         _history(state).action("manual", "*", now, action, detail)
 
 
-def _breaker_line(b: dict[str, Any]) -> str:
+def _breaker_line(b: dict[str, Any]) -> tuple[str, str]:
     if b.get("state") == "open":
-        return f"[red]open[/red] since {iso(b['opened_at'])}: {b.get('reason', '')}"
-    return "[green]closed[/green]" + (f" (reset by {b.get('closed_by')} at {iso(b['closed_at'])})"
-                                      if b.get("closed_at") else "")
+        return "open", f" since {iso(b['opened_at'])}: {b.get('reason', '')}"
+    return "closed", (f" (reset by {b.get('closed_by')} at {iso(b['closed_at'])})" if b.get("closed_at") else "")
 
 
-@breaker.command("status")
+@breaker.command("status", epilog=_examples("sweeper breaker status", "sweeper breaker status -o json"))
 @cluster_options
-@click.option("--json", "as_json", is_flag=True)
+@output_options
 @run_cli
 def breaker_status(config_path: str | None, kubeconfig: str | None, context: str | None, state: str,
-                   as_json: bool) -> None:
+                   out: Out) -> None:
     """Whether the breaker is open, since when and why; and whether sweeping is paused."""
     switches = _controls(config_path, kubeconfig, context).all()
     b = switches.get("breaker") or {"state": "closed"}
     pause = switches.get("pause")
-    if as_json:
-        click.echo(json.dumps({**b, "paused": pause}, indent=2))
+    if out.structured:
+        out.document(_iso_times({**b, "paused": pause}))
         return
-    out.print(_breaker_line(b))
+    word, rest = _breaker_line(b)
+    out.file.write(out.paint(word) + clean(rest) + "\n")  # a person's words: text, never markup
     if pause:
-        out.print(f"[yellow]paused[/yellow] by {pause.get('by', '?')} at {iso(pause['ts'])}: {pause.get('reason', '')}")
+        out.file.write(out.paint("paused") + clean(f" by {pause.get('by', '?')} at {iso(pause['ts'])}: "
+                                                   f"{pause.get('reason', '')}") + "\n")
 
 
-@breaker.command("reset")
+@breaker.command("reset", epilog=_examples("sweeper breaker reset --reason 'bad driver rolled back'"))
 @click.option("--reason", required=True, help="Why it is safe to sweep again (recorded).")
 @cluster_options
 @run_cli
@@ -586,10 +663,11 @@ def breaker_reset(reason: str, config_path: str | None, kubeconfig: str | None, 
     controls.set("breaker", {**b, "state": "closed", "closed_at": now, "closed_by": _who(), "close_reason": reason},
                  now)
     _note(state, "breaker-reset", f"{_who()}: {reason}", now)
-    out.print("breaker closed")
+    click.echo("breaker closed")
 
 
-@main.command()
+@main.command(epilog=_examples("sweeper pause --reason 'driver rollout'",
+                               "sweeper pause --reason 'maintenance window' --context prod"))
 @click.option("--reason", required=True, help="Why (recorded and shown by plan).")
 @cluster_options
 @run_cli
@@ -599,10 +677,10 @@ def pause(reason: str, config_path: str | None, kubeconfig: str | None, context:
     now = time.time()
     _controls(config_path, kubeconfig, context).set("pause", {"by": _who(), "reason": reason}, now)
     _note(state, "pause", f"{_who()}: {reason}", now)
-    out.print("sweeping paused")
+    click.echo("sweeping paused")
 
 
-@main.command()
+@main.command(epilog=_examples("sweeper resume"))
 @cluster_options
 @run_cli
 def resume(config_path: str | None, kubeconfig: str | None, context: str | None, state: str) -> None:
@@ -610,49 +688,53 @@ def resume(config_path: str | None, kubeconfig: str | None, context: str | None,
     now = time.time()
     _controls(config_path, kubeconfig, context).set("pause", None, now)
     _note(state, "resume", _who(), now)
-    out.print("sweeping resumed")
+    click.echo("sweeping resumed")
 
 
 # -- plan ------------------------------------------------------------------------------
-@main.command("plan")
+@main.command("plan", epilog=_examples("sweeper plan", "sweeper plan --config config.yaml -o wide",
+                                       "sweeper plan -o json | jq '.nodes[] | select(.take)'"))
 @cluster_options
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+@output_options
 @run_cli
-def plan_cmd(config_path: str | None, kubeconfig: str | None, context: str | None, state: str, as_json: bool) -> None:
-    """Which nodes a sweep would take now, and why every other GPU node is skipped. Changes nothing."""
+def plan_cmd(config_path: str | None, kubeconfig: str | None, context: str | None, state: str, out: Out) -> None:
+    """Which nodes a sweep would take now, and why every other GPU node is skipped. Changes nothing
+    (not even the history file: a missing one is not created)."""
     from sweeper.fleet import looked_for
     from sweeper.fleet import plan as make_plan
 
     cfg = _config(config_path)
     kube = _kube(kubeconfig, context, cfg)
-    hist = _history(state)
+    hist = _history(state, create=False)
     nodes = kube.list_nodes(cfg.gpu_node_selector, page_size=cfg.page_size)
     pods = kube.active_pods(page_size=cfg.page_size)
     from sweeper.sweep import Sweep
 
     gates = Sweep(kube, cfg, hist).gates()
     p = make_plan(nodes, pods, cfg, hist.last_swept(), time.time(), gates)
-    rows: list[dict[str, Any]] = [{"node": d.node.name, "take": d.take, "reason": d.reason, "detail": d.detail} for d in p.take + p.skip]
-    if as_json:
-        click.echo(json.dumps({"gpu_nodes": p.gpu_nodes, "found_by": looked_for(cfg), "held": p.held,
-                               "budget": p.budget, "nodes": rows, "paused": gates.paused, "breaker": gates.breaker},
-                              indent=2))
+    rows: list[dict[str, Any]] = [{"node": d.node.name, "take": d.take, "reason": d.reason, "detail": d.detail}
+                                  for d in p.take + p.skip]
+    doc = {"gpu_nodes": p.gpu_nodes, "found_by": looked_for(cfg), "held": p.held, "budget": p.budget, "nodes": rows,
+           "paused": gates.paused, "breaker": gates.breaker}
+    if out.fmt == "json":
+        click.echo(json.dumps(doc, indent=2))
+        return
+    if out.structured:
+        out.document(doc)
         return
     for line in (gates.paused, gates.breaker):
         if line:
-            out.print(Text(line, style="yellow"))  # a person's words: text, never markup
-    click.echo(f"{p.gpu_nodes} GPU nodes found ({looked_for(cfg)})")
+            out.write(line, "warn")  # a person's words: text, never markup
+    out.title(f"{p.gpu_nodes} GPU nodes found ({looked_for(cfg)})")
     if not p.gpu_nodes:
-        click.echo(f"No node of the {len(nodes)} listed has one of these resources in status.capacity. Is the GPU "
-                   "device plugin running on the GPU nodes? Set gpu_resources / gpu_resource_prefixes for "
-                   "another resource name" + (", or check gpu_node_selector." if cfg.gpu_node_selector else "."))
+        out.write(f"No node of the {len(nodes)} listed has one of these resources in status.capacity. Is the GPU "
+                  "device plugin running on the GPU nodes? Set gpu_resources / gpu_resource_prefixes for "
+                  "another resource name" + (", or check gpu_node_selector." if cfg.gpu_node_selector else "."))
         return
-    t = Table(title=f"{p.gpu_nodes} GPU nodes, {p.held} held, budget {p.budget}")
-    for col in ("node", "take", "reason", "detail"):
-        t.add_column(col)
-    for r in sorted(rows, key=lambda r: (not r["take"], r["node"])):
-        t.add_row(r["node"], "[green]yes[/green]" if r["take"] else "no", r["reason"], r["detail"])
-    out.print(t)
+    out.title(f"{p.gpu_nodes} GPU nodes, {p.held} held, budget {p.budget}")
+    out.table((Col("node"), Col("take"), Col("reason"), Col("detail", cut=True)),
+              ([r["node"], "yes" if r["take"] else "no", r["reason"], r["detail"]]
+               for r in sorted(rows, key=lambda r: (not r["take"], r["node"]))), colour=[1])
 
 
 # -- history ---------------------------------------------------------------------------
@@ -668,25 +750,50 @@ def sparkline(values: list[float]) -> str:
     return "".join(SPARK[int((v - lo) / (hi - lo) * (len(SPARK) - 1))] for v in values)
 
 
-@main.command()
+@main.command(epilog=_examples("sweeper history gpu-p5-04", "sweeper history gpu-p5-04 --since 7d --check ecc -o wide",
+                               "sweeper history gpu-p5-04 -o json | jq '.sweeps[0]'"))
 @click.argument("node")
 @click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
               help="SQLite history file.")
 @click.option("--since", help="Only what happened within this long (e.g. 7d, 12h).")
 @click.option("--check", "check", default="", help="Only findings and metrics whose name starts with this "
               "(e.g. ecc, nvlink, xid, nccl).")
-@click.option("--json", "as_json", is_flag=True, help="Print the history as JSON.")
+@output_options
 @run_cli
-def history(node: str, state: str, since: str | None, check: str, as_json: bool) -> None:
+def history(node: str, state: str, since: str | None, check: str, out: Out) -> None:
     """A node's sweeps, verdicts and the rules behind them, failed checks, actions and metric
-    trends (sparklines)."""
+    trends (sparklines). A node the history has never seen is exit 2."""
     _need_state(state)
     cutoff = _since(since)
-    h = _history(state).node_history(node, cutoff, check=check)
-    if as_json:
-        click.echo(json.dumps(h, indent=2, default=str))
+    hist = _history(state)
+    h = hist.node_history(node, cutoff, check=check)
+    if not (h["sweeps"] or h["actions"] or h["pruned_days"]) and not hist.knows(node):
+        raise ConfigError(f"no node {node!r} in the history at {state} (`sweeper nodes --offline` lists the "
+                          "nodes it knows)")
+    if out.structured:
+        out.document(_iso_times(h))
         return
     print_history(out, h)
+
+
+_TIME_KEYS = frozenset({"started", "finished", "decided", "ts", "last_sweep", "due", "opened_at", "closed_at", "at",
+                        "since", "before"})
+
+
+def _iso_times(value: Any, key: str = "") -> Any:
+    """A document with its times (epoch seconds under the keys above, and the first item of a metric
+    series) as ISO 8601 UTC, as the JSON and YAML forms show them."""
+    from sweeper.output import iso as iso_z
+
+    if isinstance(value, dict):
+        if key == "metrics":  # name to its series of (time, value)
+            return {k: [[iso_z(p[0]), *p[1:]] for p in v] for k, v in value.items()}
+        return {k: _iso_times(v, k) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_iso_times(v, key) for v in value]
+    if key in _TIME_KEYS and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return iso_z(value)
+    return value
 
 
 def _need_state(state: str) -> None:
@@ -711,46 +818,59 @@ def _policy(cfg: Config, name: str | None) -> Any:
     return load_policy(path)
 
 
-@main.command("serve")
+DEFAULT_SCHEDULE = "*/30 * * * *"  # the CronJob's (sweeper.manifests), for a config without `schedules`
+
+
+@main.command("serve", epilog=_examples(
+    "sweeper serve                      # the config's playbook every 30 minutes, on 127.0.0.1:8080",
+    "sweeper serve --config config.yaml --address 0.0.0.0 --port 8080   # in a pod"))
 @cluster_options
 @click.option("--port", default=8080, show_default=True, type=int, help="HTTP port for /metrics, /healthz and /.")
-@click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on.")
+@click.option("--address", "--host", "address", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0 in a pod, so Prometheus and the kubelet's probes reach it).")
 @run_cli
 def serve_cmd(config_path: str | None, kubeconfig: str | None, context: str | None, state: str, port: int,
-              host: str) -> None:
+              address: str) -> None:
     """Sweep on the config's schedules (APScheduler cron triggers; the same Lease as the CronJob, so
-    runs never overlap) and serve /metrics, /healthz and the live fleet report on /. SIGTERM stops
-    the running sweep, which hands its nodes back, and exits 0."""
+    runs never overlap) and serve /metrics, /healthz and the live fleet report on /. Without
+    `schedules` in the config (or without a config), the config's playbook runs every 30 minutes,
+    as the CronJob does. SIGTERM stops the running sweep, which hands its nodes back, and exits 0."""
     import threading
 
     from sweeper.serve import serve
 
     cfg = _config(config_path)
+    err = _err()
+    if not cfg.schedules:
+        cfg = cfg.with_overrides(schedules=({"name": "sweep", "cron": DEFAULT_SCHEDULE, "playbook": cfg.playbook},))
+        err.write(f"no `schedules` in the config: sweeping with {cfg.playbook} on {DEFAULT_SCHEDULE!r}, as the "
+                  "CronJob does; add `schedules: [{name, cron, playbook}]` to the config to change it")
     kube = _kube(kubeconfig, context, cfg)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    serve(cfg, kube, _history(state), port, host, lambda m: err.print(f"[dim]{iso(time.time())}[/dim] {m}"), stop)
+    serve(cfg, kube, _history(state), port, address, lambda m: err.write(f"{iso(time.time())} {m}"), stop)
 
 
-@main.command("nodes")
+@main.command("nodes", epilog=_examples("sweeper nodes", "sweeper nodes --offline -o wide",
+                                        "sweeper nodes --no-headers | grep held"))
 @cluster_options
 @click.option("--offline", is_flag=True, help="From the history alone, without asking the cluster.")
-@click.option("--json", "as_json", is_flag=True, help="Print the table as JSON.")
+@output_options
 @run_cli
 def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | None, state: str, offline: bool,
-              as_json: bool) -> None:
+              out: Out) -> None:
     """The fleet as a table: each GPU node's last sweep and verdict, when it is due, whether it is a
     suspect and whether Sweeper holds it."""
-    from sweeper.fleet import NodeView, gpu_nodes, suspect_signals
-
     cfg = _config(config_path)
-    hist = _history(state)
+    hist = _history(state, create=False)
     latest = {r["node"]: r for r in hist.fleet()}
     now = time.time()
     rows: list[dict[str, Any]] = []
     views: list[Any] = []
     if not offline:
+        from sweeper.fleet import NodeView, gpu_nodes, suspect_signals
+
         kube = _kube(kubeconfig, context, cfg)
         views = [NodeView.from_obj(o, cfg.gpu_resources)
                  for o in gpu_nodes(kube.list_nodes(cfg.gpu_node_selector, page_size=cfg.page_size), cfg)]
@@ -769,21 +889,20 @@ def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
             "suspect": "; ".join(suspect_signals(v, cfg)) if v else "",
             "held": bool(taint) or (v is not None and f"{cfg.prefix}/cordoned-by" in v.annotations),
             "in_cluster": v is not None})
-    if as_json:
-        click.echo(json.dumps({"nodes": rows}, indent=2))
+    if out.structured:
+        out.document(_iso_times({"nodes": rows}))
         return
-    t = Table(title=f"{len(rows)} GPU nodes" + (" (from the history alone)" if offline else ""))
-    for col in ("node", "profile", "last sweep", "verdict", "due", "suspect", "held"):
-        t.add_column(col)
-    for r in rows:
-        due = "now" if r["due"] is not None and r["due"] <= now else (iso(r["due"]) if r["due"] else "-")
-        t.add_row(*plain(r["node"], r["profile"] or "-", iso(r["last_sweep"]) if r["last_sweep"] else "never"),
-                  styled_text(r["verdict"]) + (f" ({', '.join(r['rules'])})" if r["rules"] else ""),
-                  *plain(due, r["suspect"][:60] or ""), Text("held", style="red") if r["held"] else "")
-    out.print(t)
+    out.title(f"{len(rows)} GPU nodes" + (" (from the history alone)" if offline else ""))
+    out.table((Col("node"), Col("profile"), Col("last sweep"), Col("verdict"), Col("rule"), Col("due"),
+               Col("overdue", wide=True), Col("in cluster", wide=True), Col("suspect", cut=True), Col("held")),
+              ([r["node"], r["profile"] or "-", out.when(r["last_sweep"], "never"), r["verdict"] or "-",
+                ", ".join(r["rules"]), "now" if r["due"] is not None and r["due"] <= now else out.when(r["due"]),
+                "yes" if r["overdue"] else "no", "-" if offline else ("yes" if r["in_cluster"] else "no"),
+                r["suspect"], "held" if r["held"] else ""] for r in rows), colour=[3, 9])
 
 
-@main.command("report")
+@main.command("report", epilog=_examples("sweeper report", "sweeper report --since 7d -o /tmp/fleet.html",
+                                         "sweeper report --node gpu-p5-06 -o gpu-p5-06.html --offline"))
 @cluster_options
 @click.option("--since", default="30d", show_default=True, help="How far back the report looks.")
 @click.option("--policy", "policy_name", help="Policy whose trend rules the report charts (default: the config's).")
@@ -800,11 +919,6 @@ def report_cmd(config_path: str | None, kubeconfig: str | None, context: str | N
     trends behind decisions, per-profile NCCL bandwidth, and a page per node.
 
     GPU nodes come from the cluster when it answers, else from the last run's recorded plan.
-
-    \b
-    Examples:
-      sweeper report -o fleet.html
-      sweeper report --node gpu-p5-07 -o gpu-p5-07.html --offline
     """
     from sweeper import profiles as prof
     from sweeper.report import cluster_gpu_nodes, gather, render, render_node
@@ -821,7 +935,7 @@ def report_cmd(config_path: str | None, kubeconfig: str | None, context: str | N
             kube.retry = dataclasses.replace(kube.retry, attempts=1)  # no waiting on a cluster that is not there
             gpu_nodes, source = cluster_gpu_nodes(kube, cfg), "the cluster"
         except SweeperError as exc:
-            err.print(Text(f"GPU nodes from the last run's plan: the cluster did not answer ({exc})"))
+            _err().write(f"GPU nodes from the last run's plan: the cluster did not answer ({exc})")
     hist = _history(state)
     if node is not None and not hist.node_history(node)["sweeps"]:
         raise ConfigError(f"--node: no sweep of {node!r} in {state}")
@@ -835,18 +949,19 @@ def report_cmd(config_path: str | None, kubeconfig: str | None, context: str | N
         Path(output).write_text(page)
     except OSError as exc:
         raise ConfigError(f"cannot write {output}: {exc}") from exc
-    err.print(f"wrote {output} ({len(page) / 1024:.0f} KiB, {len(data.pages)} node page(s))")
+    _err().write(f"wrote {output} ({len(page) / 1024:.0f} KiB, {len(data.pages)} node page(s))")
 
 
-@main.command("backtest")
+@main.command("backtest", epilog=_examples("sweeper backtest --policy strict.yaml",
+                                           "sweeper backtest --policy ./my-policy.yaml --since 30d -o json"))
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Sweeper config YAML.")
 @click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
               help="SQLite history file.")
 @click.option("--policy", "policy_name", required=True, help="The policy to try: a file, or a name in policies/.")
 @click.option("--since", default="90d", show_default=True, help="How much history to replay.")
-@click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
+@output_options
 @run_cli
-def backtest_cmd(config_path: str | None, state: str, policy_name: str, since: str, as_json: bool) -> None:
+def backtest_cmd(config_path: str | None, state: str, policy_name: str, since: str, out: Out) -> None:
     """Replay the recorded history under another policy: which nodes it would have held, rebooted
     or replaced, and when, next to what actually happened. Changes nothing."""
     from sweeper.backtest import backtest
@@ -855,22 +970,23 @@ def backtest_cmd(config_path: str | None, state: str, policy_name: str, since: s
     cfg = _config(config_path)
     cutoff = _since(since) or 0.0
     bt = backtest(_history(state), _policy(cfg, policy_name), cutoff)
-    if as_json:
-        click.echo(json.dumps(bt.to_dict(), indent=2))
+    if out.structured:
+        out.document(_iso_times(bt.to_dict()))
         return
     rec, rep = bt.first_holds("recorded"), bt.first_holds("replayed")
-    t = Table(title=f"policy {bt.policy} on {len(bt.decisions)} recorded sweeps: "
-                    f"{sum(d.differs for d in bt.decisions)} decisions differ")
-    for col in ("node", "would have", "when", "rule", "actually", "when "):
-        t.add_column(col)
+    out.title(f"policy {bt.policy} on {len(bt.decisions)} recorded sweeps: "
+              f"{sum(d.differs for d in bt.decisions)} decisions differ")
+    rows = []
     for node in sorted(set(rec) | set(rep)):
         a, b = rep.get(node), rec.get(node)
-        t.add_row(node, styled(a.replayed) if a else "never held", iso(a.at) if a else "",
-                  ", ".join(a.rules) if a else "", styled(b.recorded) if b else "never held", iso(b.at) if b else "")
-    out.print(t)
+        rows.append([node, a.replayed if a else "never held", out.when(a.at if a else None, ""),
+                     ", ".join(a.rules) if a else "", b.recorded if b else "never held",
+                     out.when(b.at if b else None, "")])
+    out.table((Col("node"), Col("would have"), Col("when"), Col("rule"), Col("actually"), Col("when")), rows,
+              colour=[1, 4])
     for which in ("recorded", "replayed"):
         c = bt.counts(which)
-        out.print(f"{which}: " + ", ".join(f"{n} {v}" for v, n in sorted(c.items())))
+        out.title(f"{which}: " + ", ".join(f"{n} {v}" for v, n in sorted(c.items())))
 
 
 @main.group("state")
@@ -878,86 +994,92 @@ def state_group() -> None:
     """The history database: retention."""
 
 
-@state_group.command("prune")
+@state_group.command("prune", epilog=_examples("sweeper state prune --older-than 180d --dry-run",
+                                               "sweeper state prune --older-than 180d"))
 @click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
               help="SQLite history file.")
 @click.option("--older-than", required=True, help="Delete sweeps older than this (e.g. 180d); a daily summary "
               "per node is kept.")
 @click.option("--dry-run", is_flag=True, help="Count what would go, delete nothing.")
-@click.option("--json", "as_json", is_flag=True)
+@output_options
 @run_cli
-def state_prune(state: str, older_than: str, dry_run: bool, as_json: bool) -> None:
+def state_prune(state: str, older_than: str, dry_run: bool, out: Out) -> None:
     """Delete old sweeps, checks, metrics, actions and intents, keeping one summary row per node
     per day (sweeps, verdict counts, min/max/last of each metric)."""
     _need_state(state)
     before = _since(older_than)
     assert before is not None
     counts = _history(state).prune(before, dry_run=dry_run)
-    if as_json:
-        click.echo(json.dumps({"dry_run": dry_run, "before": before, **counts}))
+    if out.structured:
+        out.document(_iso_times({"dry_run": dry_run, "before": before, **counts}))
         return
     verb = "would delete" if dry_run else "deleted"
-    out.print(f"{verb} {counts['node_sweeps']} sweeps, {counts['checks']} checks, {counts['metrics']} metrics "
+    out.write(f"{verb} {counts['node_sweeps']} sweeps, {counts['checks']} checks, {counts['metrics']} metrics "
               f"older than {iso(before)}; {counts['summaries']} daily summaries kept")
 
 
-def print_history(console: Console, h: dict[str, Any]) -> None:
+_SWEEP_COLS = (Col("started"), Col("run"), Col("verdict"), Col("rule"), Col("playbook", wide=True),
+               Col("profile", wide=True), Col("why", cut=True))
+_FINDING_COLS = (Col("when"), Col("check"), Col("gpu"), Col("status"), Col("code"), Col("message", cut=True))
+_ACTION_COLS = (Col("when"), Col("run", wide=True), Col("action"), Col("detail", cut=True))
+
+
+def print_history(console: Any, h: dict[str, Any]) -> None:
+    """The history of one node as tables. `console`: an Out, or anything with a `file` (the demo's
+    rich Console), which gets ISO times and whole cells."""
+    o = console if isinstance(console, Out) else Out(fmt="wide", stream=getattr(console, "file", None))
     if not h["sweeps"] and not h["actions"]:
-        console.print(Text(f"no history for node {h['node']}"))
+        o.write(f"no history for node {h['node']}" + (" in this window" if h.get("pruned_days") else ""))
         return
-    t = Table(title=Text(f"history of {h['node']}"))
-    for col in ("started", "run", "verdict", "rule", "why"):
-        t.add_column(col)
-    for s in h["sweeps"]:
-        why = "; ".join(s["reasons"]) if s["verdict"] != "pass" else ""
-        t.add_row(*plain(iso(s["started"]), s["run_id"]), styled_text(s["verdict"] or "unfinished"),
-                  *plain(", ".join(s.get("rules") or []) or ("findings" if s["verdict"] not in ("pass", None) else ""),
-                         why[:150]))
-    console.print(t)
+    o.title(f"history of {h['node']}")
+    o.table(_SWEEP_COLS, ([o.when(s["started"]), s["run_id"], s["verdict"] or "unfinished",
+                           ", ".join(s.get("rules") or []) or ("findings" if s["verdict"] not in ("pass", None) else ""),
+                           s.get("playbook") or "", s.get("profile") or "",
+                           "; ".join(s["reasons"]) if s["verdict"] != "pass" else ""] for s in h["sweeps"]),
+            colour=[2])
     if h.get("pruned_days"):
         days = h["pruned_days"]
-        console.print(f"[dim]{sum(d['sweeps'] for d in days)} older sweeps over {len(days)} days were pruned "
-                      f"({days[0]['day']} to {days[-1]['day']}); their daily summaries are kept.[/dim]")
+        o.title(f"{sum(d['sweeps'] for d in days)} older sweeps over {len(days)} days were pruned "
+                f"({days[0]['day']} to {days[-1]['day']}); their daily summaries are kept.")
     problems = [(s, p) for s in h["sweeps"] for p in s["problems"]]
     if problems:
-        pt = Table(title="findings")
-        for col in ("when", "check", "gpu", "status", "code", "message"):
-            pt.add_column(col)
-        for s, p in problems[:30]:
-            pt.add_row(*plain(iso(s["started"]), p["name"], "" if p["gpu"] is None else str(p["gpu"]), p["status"],
-                              p["code"] or "", (p["message"] or "")[:90]))
-        console.print(pt)
+        o.title("")
+        o.title("findings" + (f" (the latest 30 of {len(problems)}; -o json has all)" if len(problems) > 30 else ""))
+        o.table(_FINDING_COLS, ([o.when(s["started"]), p["name"], p["gpu"], p["status"], p["code"], p["message"]]
+                                for s, p in problems[:30]), colour=[3])
     if h["actions"]:
-        at = Table(title="actions")
-        for col in ("when", "action", "detail"):
-            at.add_column(col)
-        for a in h["actions"][:20]:
-            at.add_row(*plain(iso(a["ts"]), a["action"] + (" (dry run)" if a["dry_run"] else ""), a["detail"][:110]))
-        console.print(at)
+        o.title("")
+        o.title("actions" + (f" (the latest 20 of {len(h['actions'])})" if len(h["actions"]) > 20 else ""))
+        o.table(_ACTION_COLS, ([o.when(a["ts"]), a["run_id"], a["action"] + (" (dry run)" if a["dry_run"] else ""),
+                                a["detail"]] for a in h["actions"][:20]))
     if h["metrics"]:
-        mt = Table(title="metric trends (counters summed over GPUs, temperatures the hottest)")
-        for col in ("metric", "trend", "last"):
-            mt.add_column(col)
+        o.title("")
+        o.title("metric trends (counters summed over GPUs, temperatures the hottest)")
+        rows = []
         for name, series in sorted(h["metrics"].items()):
             vals = [v for _, v in series][-30:]
-            mt.add_row(*plain(name, sparkline(vals), f"{vals[-1]:g}"))
-        console.print(mt)
+            rows.append([name, sparkline(vals), f"{vals[-1]:g}"])
+        o.table((Col("metric"), Col("trend"), Col("last")), rows)
 
 
 # -- check -----------------------------------------------------------------------------
-def check_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _check_command() -> click.Command:
+    """`sweeper check`, its flags made from the checks' option table (imported only now)."""
+    from sweeper.checks.options import OPTIONS
+
+    fn: Callable[..., Any] = check
     for name, typ, default, help_text in reversed(OPTIONS):
         fn = click.option("--" + name.replace("_", "-"), name, type=typ, default=default, show_default=True,
                           help=help_text)(fn)
-    return fn
+    fn = click.option("--termination-log", default="/dev/termination-log", show_default=True,
+                      help="Where to write the short summary Kubernetes reads back.")(fn)
+    fn = output_options(fn)
+    return click.command("check", epilog=_examples(
+        "sweeper check --expect-gpus 8 --gpu-model H100 --nic efa --expect-nics 32",
+        "sweeper check --skip-kernel-log 'unprivileged' -o json"))(fn)
 
 
-@main.command()
-@check_options
-@click.option("--json", "as_json", is_flag=True, help="Print the full result document (what a check Job does).")
-@click.option("--termination-log", default="/dev/termination-log", show_default=True,
-              help="Where to write the short summary Kubernetes reads back.")
-def check(as_json: bool, termination_log: str, **kw: Any) -> None:
+def check(out: Out, termination_log: str, **kw: Any) -> None:
     """Run the node-local checks (inside a Job on the node) and print one result document.
 
     Exit 0 when everything passed or warned, 1 when a check failed or could not run.
@@ -966,20 +1088,20 @@ def check(as_json: bool, termination_log: str, **kw: Any) -> None:
 
     from sweeper.checks import read_kernel_log, run_node_checks, system_uptime
     from sweeper.checks.host import RealHost
+    from sweeper.checks.options import CheckOptions
 
     opts = CheckOptions(**{**kw, "node": kw.get("node") or os.environ.get("NODE_NAME", "")})
     klog, why = read_kernel_log(opts)
     result = run_node_checks(opts, pynvml, klog, now=time.time(), uptime=system_uptime(), kernel_log_error=why,
                              host=RealHost(opts.host_root))
-    if as_json:
+    if out.fmt == "json":
         click.echo(result.to_json())
+    elif out.structured:
+        out.document(result.to_dict())
     else:
-        t = Table(title=f"checks on {opts.node or 'this node'}: {result.status}")
-        for col in ("check", "gpu", "status", "message"):
-            t.add_column(col)
-        for c in result.checks:
-            t.add_row(c.name, "" if c.gpu is None else str(c.gpu), c.status, c.message[:100])
-        out.print(t)
+        out.title(f"checks on {opts.node or 'this node'}: {result.status}")
+        out.table(_CHECK_COLS, ([c.name, c.gpu, c.status, c.severity, c.code, c.message] for c in result.checks),
+                  colour=[2])
     try:
         if Path(termination_log).exists():  # Kubernetes creates it in the container; elsewhere, leave /dev alone
             Path(termination_log).write_text(result.summary())
@@ -988,13 +1110,19 @@ def check(as_json: bool, termination_log: str, **kw: Any) -> None:
     sys.exit(0 if result.status in ("pass", "warn", "skip") else 1)
 
 
+_CHECK_COLS = (Col("check"), Col("gpu"), Col("status"), Col("severity", wide=True), Col("code"),
+               Col("message", cut=True))
+
+
 # -- sim -------------------------------------------------------------------------------
 @main.group()
 def sim() -> None:
     """The simulated GPU cluster (an HTTP Kubernetes API with a fault model)."""
 
 
-@sim.command("serve")
+@sim.command("serve", epilog=_examples(
+    "sweeper sim serve --port 8443 --kubeconfig-out state/sim.kubeconfig",
+    "sweeper sim serve --fleet my-fleet.yaml --speed 60"))
 @click.option("--fleet", "fleet_path", type=click.Path(exists=True, dir_okay=False),
               help="Fleet YAML (default: the demo's fleet).")
 @click.option("--port", type=int, default=8443, show_default=True, help="Port on 127.0.0.1.")
@@ -1019,9 +1147,10 @@ def sim_serve(fleet_path: str | None, port: int, kubeconfig_out: str, speed: flo
         raise ConfigError(f"cannot listen on 127.0.0.1:{port}: {exc}") from exc
     server.start()
     kc = server.write_kubeconfig(Path(kubeconfig_out), namespace=fleet.namespace)
-    err.print(f"simulated cluster {fleet.name!r}: {len(fleet.nodes)} nodes at {server.url}, "
+    err = _err()
+    err.write(f"simulated cluster {fleet.name!r}: {len(fleet.nodes)} nodes at {server.url}, "
               f"{cluster.clock.speed:g}x real time")
-    err.print(f"kubeconfig: {kc}   (export KUBECONFIG={kc})")
+    err.write(f"kubeconfig: {kc}   (export KUBECONFIG={kc})")
     stopping = {"now": False}
     signal.signal(signal.SIGTERM, lambda *_: stopping.__setitem__("now", True))
     try:
@@ -1034,7 +1163,7 @@ def sim_serve(fleet_path: str | None, port: int, kubeconfig_out: str, speed: flo
 
 
 # -- demo ------------------------------------------------------------------------------
-@main.command()
+@main.command(epilog=_examples("sweeper demo", "sweeper demo --cycles 8 --hours-between 12 --state demo.db"))
 @click.option("--cycles", type=int, default=5, show_default=True, help="Sweep cycles to run.")
 @click.option("--hours-between", type=float, default=6.0, show_default=True,
               help="Simulated hours between cycles.")
@@ -1045,10 +1174,15 @@ def demo(cycles: int, hours_between: float, state: str | None) -> None:
     with injected faults, several sweep cycles in simulated time (checks, verdicts, reboots and
     re-checks, a GPU reset, a replacement), then the fleet, a held node's history and the fleet
     report (an HTML file)."""
+    import tempfile
+
+    from rich.console import Console
+
     from sweeper.demo import run_demo
 
     state_path = Path(state) if state else Path(tempfile.mkdtemp(prefix="sweeper-demo-")) / "history.db"
-    run_demo(out, state_path, cycles=cycles, hours_between=hours_between, printer=_printer(out),
+    console = Console(highlight=False)
+    run_demo(console, state_path, cycles=cycles, hours_between=hours_between, printer=_printer(console),
              print_history=print_history)
 
 

@@ -11,12 +11,22 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, Strict
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from sweeper import resources
-from sweeper.schema import check, duration_type, model_of, read_yaml, reference_table, runtime_values, setting
+from sweeper.schema import (
+    Deferred,
+    check,
+    duration_type,
+    model_of,
+    read_yaml,
+    reference_table,
+    runtime_values,
+    setting,
+)
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 
 def home() -> Path:
@@ -29,30 +39,38 @@ _NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a Kubernetes DNS-1123 label (names
 _NAME_WORDS = "a DNS-1123 label: lowercase letters, digits and '-'"
 
 
-class _Remediation(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    default: Literal["karpenter", "asg", "manual"] = "manual"
-    by_pool: dict[str, Literal["karpenter", "asg", "manual"]] = {}
-    by_profile: dict[str, Literal["karpenter", "asg", "manual"]] = {}
+@functools.cache
+def _shapes() -> dict[str, Any]:
+    """The nested shapes of the file as pydantic models, built when a file is first checked: a
+    command run without a config file never imports pydantic, and starts faster."""
+    from pydantic import BaseModel, ConfigDict, Field, Strict
 
+    provider = Literal["karpenter", "asg", "manual"]
 
-class _Schedule(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    name: Annotated[str, Strict(), Field(min_length=1)]
-    cron: Annotated[str, Strict(), Field(min_length=1)]
-    playbook: Annotated[str, Strict(), Field(min_length=1)] | None = None
-    max_nodes: Annotated[int, Strict(), Field(ge=0)] | None = None
-    interval: duration_type(gt=0) | None = None  # type: ignore[valid-type]
+    class _Remediation(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        default: provider = "manual"  # type: ignore[valid-type]
+        by_pool: dict[str, provider] = {}  # type: ignore[valid-type]
+        by_profile: dict[str, provider] = {}  # type: ignore[valid-type]
 
+    class _Schedule(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        name: Annotated[str, Strict(), Field(min_length=1)]
+        cron: Annotated[str, Strict(), Field(min_length=1)]
+        playbook: Annotated[str, Strict(), Field(min_length=1)] | None = None
+        max_nodes: Annotated[int, Strict(), Field(ge=0)] | None = None
+        interval: duration_type(gt=0) | None = None  # type: ignore[valid-type]
 
-class _Source(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    type: Literal["prometheus", "loki"]
-    url: Annotated[str, Strict(), Field(min_length=1)]
-    query: Annotated[str, Strict()] | None = None
-    node_label: Annotated[str, Strict()] | None = None
-    window: duration_type(gt=0) | None = None  # type: ignore[valid-type]
-    timeout: duration_type(gt=0) | None = None  # type: ignore[valid-type]
+    class _Source(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        type: Literal["prometheus", "loki"]
+        url: Annotated[str, Strict(), Field(min_length=1)]
+        query: Annotated[str, Strict()] | None = None
+        node_label: Annotated[str, Strict()] | None = None
+        window: duration_type(gt=0) | None = None  # type: ignore[valid-type]
+        timeout: duration_type(gt=0) | None = None  # type: ignore[valid-type]
+
+    return {"remediation": _Remediation, "schedules": list[_Schedule], "suspect_sources": list[_Source]}
 
 
 @dataclass(frozen=True)
@@ -106,11 +124,11 @@ class Config:
                                                   "node conditions that make an idle node swept first")
     handled_conditions: tuple[str, ...] = setting((), "another remediator owns a node with one of these set")
     suspect_sources: tuple[dict[str, Any], ...] = setting(
-        (), "outside signals: Prometheus or Loki queries", annotation=list[_Source],
+        (), "outside signals: Prometheus or Loki queries", annotation=Deferred(lambda: _shapes()["suspect_sources"]),
         allowed="list of {type: prometheus|loki, url, query, node_label, window, timeout}")
     remediation: dict[str, Any] = setting(
         help="provider of replace by node pool, then by profile, then the default",
-        factory=lambda: {"default": "manual"}, annotation=_Remediation,
+        factory=lambda: {"default": "manual"}, annotation=Deferred(lambda: _shapes()["remediation"]),
         allowed="{default, by_pool: {POOL: P}, by_profile: {PROFILE: P}}, P one of karpenter, asg, manual")
     remediate_reboots: bool = setting(False, "run the reboot (or GPU reset) Job for a reboot verdict")
     gpu_reset: bool = setting(True, "a reset-able cause resets GPUs, not the node")
@@ -127,7 +145,7 @@ class Config:
     pushgateway_url: str = setting("", "`sweeper sweep` pushes its metrics here when set")
     node_condition: bool = setting(False, "set the GpuSweepHealthy node condition")
     schedules: tuple[dict[str, Any], ...] = setting(
-        (), "`sweeper serve`: cron schedules", annotation=list[_Schedule],
+        (), "`sweeper serve`: cron schedules", annotation=Deferred(lambda: _shapes()["schedules"]),
         allowed="list of {name, cron, playbook, max_nodes, interval}")
     lock_name: str = setting("sweeper-lock", "name of the Lease that keeps two sweeps apart", pattern=_NAME,
                                 allowed=_NAME_WORDS)

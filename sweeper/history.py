@@ -100,7 +100,7 @@ class History:
             conn = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
         except (OSError, sqlite3.Error) as exc:
             raise StateError(f"cannot open the history at {self.path}: {exc}") from exc
-        self.db = Database(conn)
+        self.db = Database(conn, execute_plugins=False)  # no plugin entry-point scan: faster start, same behaviour
         # Switching to WAL and migrating take locks that SQLite does not wait for through its busy
         # timeout; a second process opening a new file at the same moment retries here.
         for attempt in range(50):
@@ -308,6 +308,12 @@ class History:
         summaries = list(self.db.query("select day, sweeps, verdicts from summaries where node = ? order by day",
                                        [node]))
         return {"node": node, "sweeps": sweeps, "actions": actions, "metrics": metrics, "pruned_days": summaries}
+
+    @_locked
+    def knows(self, node: str) -> bool:
+        """Whether anything was ever recorded of the node (a sweep, an action, a pruned day's summary)."""
+        return any(self.db.execute(f"select 1 from {table} where node = ? limit 1", [node]).fetchone()
+                   for table in ("node_sweeps", "actions", "summaries"))
 
     @_locked
     def counts(self) -> dict[str, int]:

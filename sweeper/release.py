@@ -14,19 +14,29 @@ from sweeper.fleet import NodeView
 
 def held_nodes(kube: Any, cfg: Config) -> list[NodeView]:
     """Every node carrying Sweeper's taint or a cordon Sweeper made (all nodes, not only GPU ones)."""
-    out = []
+    return _scan(kube, cfg)[0]
+
+
+def _scan(kube: Any, cfg: Config) -> tuple[list[NodeView], set[str]]:
+    """The held nodes, and the name of every node of the cluster (one LIST)."""
+    out, names = [], set()
     for obj in kube.list_nodes("", page_size=cfg.page_size):
         v = NodeView.from_obj(obj, cfg.gpu_resources)
+        names.add(v.name)
         if v.sweep_taint(cfg.taint_key) or f"{cfg.prefix}/cordoned-by" in v.annotations:
             out.append(v)
-    return out
+    return out, names
 
 
 def release(kube: Any, cfg: Config, names: list[str], everything: bool, reason: str, clock: Clock,
             recorder: Any = None, dry_run: bool = False) -> list[dict[str, str]]:
     if not names and not everything:
         raise ConfigError("name the nodes to release, or pass --all")
-    held = {v.name: v for v in held_nodes(kube, cfg)}
+    views, known = _scan(kube, cfg)
+    unknown = [n for n in names if n not in known]
+    if unknown:  # a typo is bad input, not "not held": nothing is done
+        raise ConfigError(f"no node named {', '.join(unknown)} in the cluster")
+    held = {v.name: v for v in views}
     targets = sorted(held) if everything else names
     rows: list[dict[str, str]] = []
     for name in targets:

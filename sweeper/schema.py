@@ -20,10 +20,12 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, Strict, ValidationError, create_model
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel, ValidationError
 
 from sweeper.clock import parse_duration
 from sweeper.errors import ConfigError
@@ -93,19 +95,30 @@ def to_seconds(value: Any) -> Any:
 
 
 def duration_type(**constraints: Any) -> Any:
+    from pydantic import BeforeValidator, Field, Strict
+
     return Annotated[float, BeforeValidator(to_seconds), Strict(), Field(allow_inf_nan=False, **constraints)]
 
 
 def _scalar(tp: Any, spec: Spec) -> Any:
+    from pydantic import Field, Strict
+
     if spec.choices:
         return Literal[spec.choices]  # type: ignore[valid-type]
     extra: dict[str, Any] = {"allow_inf_nan": False} if tp is float else {}
     return Annotated[tp, Strict(), Field(**spec.constraints(), **extra)]
 
 
+class Deferred:
+    """An annotation built when a file is first checked (so pydantic is imported only then)."""
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        self.build = build
+
+
 def _annotation(tp: Any, spec: Spec) -> Any:
     if spec.annotation is not None:
-        return spec.annotation
+        return spec.annotation.build() if isinstance(spec.annotation, Deferred) else spec.annotation
     if spec.duration:
         inner = duration_type(**spec.constraints())
         return Optional[inner] if _optional(tp) else inner  # noqa: UP045 - built at run time
@@ -128,6 +141,8 @@ def _optional(tp: Any) -> bool:
 
 def model_of(cls: type, name: str | None = None) -> type[BaseModel]:
     """The pydantic model of the keys of a dataclass declared with `setting()`."""
+    from pydantic import ConfigDict, create_model
+
     hints = typing.get_type_hints(cls)
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
@@ -141,6 +156,8 @@ def model_of(cls: type, name: str | None = None) -> type[BaseModel]:
 
 def runtime_values(cls: type, model: BaseModel) -> dict[str, Any]:
     """The keys a file set, as the dataclass holds them (lists as tuples, nested models as dicts)."""
+    from pydantic import BaseModel
+
     hints = typing.get_type_hints(cls)
     out: dict[str, Any] = {}
     by_name = {f.name: f for f in dataclasses.fields(cls)}
@@ -294,6 +311,8 @@ def problems_of(exc: ValidationError, origin: str, node: yaml.Node | None, model
 
 def _keys_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     """The keys the model allows at `loc` (a mapping inside the file)."""
+    from pydantic import BaseModel
+
     current: Any = model
     for part in loc:
         if isinstance(current, type) and issubclass(current, BaseModel) and isinstance(part, str) \
@@ -307,6 +326,8 @@ def _keys_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
 
 def _model_inside(tp: Any) -> Any:
     """The model a type holds: itself, or inside a list, dict value or Optional."""
+    from pydantic import BaseModel
+
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return tp
     for arg in reversed(typing.get_args(tp)):
@@ -319,6 +340,8 @@ def _model_inside(tp: Any) -> Any:
 def check(model: type[BaseModel], data: Any, origin: str, node: yaml.Node | None, cls: type | None = None,
           what: str = "file") -> BaseModel:
     """Validate `data` against `model`; every problem raised at once as ConfigProblems."""
+    from pydantic import ValidationError
+
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -129,11 +129,38 @@ class Server:
 
         return Handler
 
+    def prime(self) -> None:
+        """Fill /metrics before the first run: the GPU nodes and those held, from the cluster; the
+        breaker and pause switches; each node's last sweep and verdict, from the history. A cluster
+        that cannot be read is logged; the gauges then fill with the first run."""
+        from sweeper.fleet import plan
+        from sweeper.policy import VERDICTS
+
+        try:
+            sweep = Sweep(self.kube, self.cfg, self.history)
+            gates = sweep.gates()
+            p = plan(self.kube.list_nodes(self.cfg.gpu_node_selector, page_size=self.cfg.page_size),
+                     self.kube.active_pods(page_size=self.cfg.page_size), self.cfg, self.history.last_swept(),
+                     time.time(), gates)
+        except SweeperError as exc:
+            self.log(f"could not read the cluster at start ({exc}); /metrics fills with the first run")
+            return
+        m = self.metrics
+        m.gpu_nodes.set(p.gpu_nodes)
+        m.held.set(p.held)
+        m.breaker.set(1 if gates.breaker else 0)
+        m.paused.set(1 if gates.paused else 0)
+        for row in self.history.fleet():
+            m.last_sweep.labels(row["node"]).set(row["finished"] or row["started"])
+            for v in VERDICTS:
+                m.verdict.labels(row["node"], v).set(1 if v == row["verdict"] else 0)
+
     def start(self) -> None:
+        self.prime()
         self.scheduler.start()
         threading.Thread(target=self.httpd.serve_forever, name="serve-http", daemon=True).start()
         jobs = ", ".join(f"{j.id} ({j.trigger})" for j in self.scheduler.get_jobs())
-        self.log(f"serving on port {self.port}; schedules: {jobs}")
+        self.log(f"serving on {self.httpd.server_address[0]!s}:{self.port}; schedules: {jobs}")
 
     def stop(self) -> None:
         """Stop taking runs, stop the running sweeps (they hand their nodes back), wait for them."""

@@ -181,3 +181,240 @@ def test_a_bug_is_exit_70_in_one_line_and_debug_shows_the_traceback(tmp_path: Pa
     assert res.exit_code == 70 and "a bug in Sweeper" in one_error_line(res) and "--debug" in res.stderr
     res = runner.invoke(main, ["--debug", "ingest", "gpu-00", str(log), "--no-record"])
     assert res.exit_code == 70 and "Traceback" in res.stderr and "TypeError: unsupported operand" in res.stderr
+
+
+# -- what people see: output formats, text as text, unknown names, help ---------------------------
+FIXTURES = Path(__file__).parent / "parsers" / "fixtures"
+
+
+def test_every_tool_format_ingested_then_history_prints_the_text_as_it_is(tmp_path: Path) -> None:
+    """Once a traceback (rich.errors.MarkupError, exit 1): a result's text was read as rich markup."""
+    state = str(tmp_path / "h.db")
+    runner = CliRunner()
+    formats = set()
+    for i, path in enumerate(sorted(p for p in FIXTURES.iterdir() if p.is_file())):
+        node = f"gpu-{i:02d}"
+        res = runner.invoke(main, ["ingest", node, str(path), "--state", state, "--json"])
+        if res.exit_code not in (0, 1):
+            continue  # a file auto-detection cannot place is not recorded
+        doc = json.loads(res.stdout)
+        formats.add(doc["source"])
+        res = runner.invoke(main, ["history", node, "--state", state])
+        assert res.exit_code == 0 and "Traceback" not in res.output, (path.name, res.output)
+        for c in [c for c in doc["checks"] if c["status"] in ("fail", "warn", "error")][:30]:
+            assert " ".join(c["message"].split()) in " ".join(res.stdout.split()), (path.name, c["message"])
+    assert len(formats) >= 6, formats
+
+
+def test_bracketed_words_from_a_kernel_log_are_kept(tmp_path: Path) -> None:
+    """`name=[bold red]python` lost its bracketed words when rich read it as markup."""
+    log = tmp_path / "k.log"
+    log.write_text("[ 8812.551301] NVRM: Xid (PCI:0000:5d:00): 79, pid=4242, name=[bold red]python[/bold red], "
+                   "GPU has fallen off the bus.\n")
+    state = str(tmp_path / "h.db")
+    runner = CliRunner()
+    res = runner.invoke(main, ["ingest", "gpu-00", str(log), "--format", "kernel-log", "--state", state])
+    assert res.exit_code == 1 and "name=[bold red]python[/bold red]" in res.stdout, res.output
+    for fmt in ([], ["-o", "wide"], ["-o", "yaml"]):
+        res = runner.invoke(main, ["history", "gpu-00", "--state", state, *fmt])
+        assert res.exit_code == 0 and "name=[bold red]python[/bold red]" in res.stdout, res.output
+
+
+def weeks_of_history(tmp_path: Path) -> str:
+    from sweeper.history import History
+    from sweeper.result import CheckResult, Result
+
+    h = History(tmp_path / "h.db")
+    t0 = 1_790_000_000.0
+    for n in range(3):
+        for k in range(2):
+            run = f"sw-20260901-07251{k}-4f2a{n}"
+            h.run_started(run, t0 + k * 86400, "sweep")
+            sid = h.sweep_started(run, f"gpu-p5-{n:02d}", t0 + k * 86400 + n, "sweep-light.yaml", "p5.48xlarge")
+            bad = n == 1 and k == 1
+            h.result(sid, Result(node=f"gpu-p5-{n:02d}", source="sweeper", started=t0, finished=t0, checks=(
+                CheckResult(name="xid", status="fail" if bad else "pass", code="79" if bad else None,
+                            message="XID 79 on 0000:53:00 " + "and a long tail of words " * 8 if bad else "ok"),)))
+            h.sweep_finished(sid, t0 + k * 86400 + 60, "reboot" if bad else "pass",
+                             ["xid (GPU 3): XID 79" if bad else "all checks passed"])
+            h.run_finished(run, t0 + k * 86400 + 90, "done", 3, {})
+    h.close()
+    return str(tmp_path / "h.db")
+
+
+def test_table_commands_take_every_output_format(tmp_path: Path) -> None:
+    state = weeks_of_history(tmp_path)
+    runner = CliRunner()
+    as_json = runner.invoke(main, ["nodes", "--offline", "--state", state, "-o", "json"])
+    assert as_json.exit_code == 0, as_json.output
+    doc = json.loads(as_json.stdout)
+    assert runner.invoke(main, ["nodes", "--offline", "--state", state, "--json"]).stdout == as_json.stdout, \
+        "--json stays what -o json prints"
+    as_yaml = yaml.safe_load(runner.invoke(main, ["nodes", "--offline", "--state", state, "-o", "yaml"]).stdout)
+    assert as_yaml == doc
+    assert [r["node"] for r in doc["nodes"]] == ["gpu-p5-00", "gpu-p5-01", "gpu-p5-02"]
+    assert doc["nodes"][1]["verdict"] == "reboot" and doc["nodes"][1]["last_sweep"] == "2026-09-22T14:13:21Z"
+
+    table = runner.invoke(main, ["nodes", "--offline", "--state", state]).stdout.splitlines()
+    assert table[1].split()[:4] == ["NODE", "PROFILE", "LAST", "SWEEP"] and len(table) == 5
+    assert re.search(r"^gpu-p5-01\s+p5\.48xlarge\s+\d+d(\d+h)? ago\s+reboot\s+now$", table[3]), table
+    wide = runner.invoke(main, ["nodes", "--offline", "--state", state, "-o", "wide"]).stdout
+    assert "2026-09-22T14:13:21Z" in wide and " ago" not in wide
+    bare = runner.invoke(main, ["nodes", "--offline", "--state", state, "--no-headers"]).stdout.splitlines()
+    assert [r.split() for r in bare] == [r.split() for r in table[2:]], "no title, no header, the same rows"
+
+    hist = runner.invoke(main, ["history", "gpu-p5-01", "--state", state, "-o", "wide"]).stdout
+    assert "sw-20260901-072511-4f2a1" in hist and "2026-09-22T14:13:21Z" in hist
+    assert ("and a long tail of words " * 8).strip() in hist, "in a pipe, nothing is shortened"
+    doc = json.loads(runner.invoke(main, ["history", "gpu-p5-01", "--state", state, "-o", "json"]).stdout)
+    assert doc["sweeps"][0]["started"] == "2026-09-22T14:13:21Z"
+    assert doc["metrics"] == {} and doc["sweeps"][0]["run_id"] == "sw-20260901-072511-4f2a1"
+
+
+def test_history_of_a_node_never_seen_is_exit_2(tmp_path: Path) -> None:
+    state = weeks_of_history(tmp_path)
+    res = CliRunner().invoke(main, ["history", "no-such-node", "--state", state])
+    assert res.exit_code == 2 and "no node 'no-such-node'" in one_error_line(res)
+    res = CliRunner().invoke(main, ["history", "gpu-p5-01", "--state", state, "--since", "1d"])
+    assert res.exit_code == 0 and "no history for node gpu-p5-01" in res.stdout, "known, only not lately"
+
+
+def test_release_of_an_unknown_node_is_exit_2_and_changes_nothing(make_sim, tmp_path: Path) -> None:
+    sim: Sim = make_sim(nodes=2)
+    res = CliRunner().invoke(main, ["release", "gpu-00", "gpu-p5-99", "--reason", "typo", "--kubeconfig",
+                                    str(sim.kubeconfig), "--state", str(tmp_path / "h.db")])
+    assert res.exit_code == 2 and "no node named gpu-p5-99" in one_error_line(res)
+    assert cluster_writes(sim) == []
+
+
+def test_plan_and_a_dry_run_leave_nothing_on_disk(make_sim, tmp_path: Path) -> None:
+    """`plan` changes nothing; neither does `sweep --dry-run`: not even a state directory."""
+    sim: Sim = make_sim(nodes=2)
+    state = tmp_path / "state" / "sweeper.db"
+    cfg = write_config(tmp_path)
+    runner = CliRunner()
+    for args in (["plan"], ["sweep", "--dry-run"]):
+        res = runner.invoke(main, [*args, "--kubeconfig", str(sim.kubeconfig), "--state", str(state), "--config",
+                                   str(cfg), "-o", "json"])
+        assert res.exit_code == 0, res.output
+        assert not (tmp_path / "state").exists(), args
+    assert cluster_writes(sim) == []
+
+
+def test_a_missing_kubeconfig_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "kubeconfig"
+    res = CliRunner().invoke(main, ["plan", "--kubeconfig", str(missing), "--state", str(tmp_path / "h.db")])
+    assert res.exit_code == 2 and str(missing) in one_error_line(res)
+    res = CliRunner().invoke(main, ["plan", "--state", str(tmp_path / "h.db")],
+                             env={"HOME": str(tmp_path), "KUBECONFIG": None, "KUBERNETES_SERVICE_HOST": None})
+    assert res.exit_code == 2 and str(tmp_path / ".kube" / "config") in one_error_line(res)
+
+
+def test_a_debug_value_is_printed_whole(tmp_path: Path) -> None:
+    value = "start " + "x" * 400 + " end"
+    pb = tmp_path / "pb.yaml"
+    pb.write_text(yaml.safe_dump({"name": "p", "tasks": [{"name": "show", "debug": {"msg": value}}]}))
+    res = CliRunner().invoke(main, ["run", str(pb)])
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.stderr.splitlines() if ln.strip().startswith("ok"))
+    assert line.endswith(f"show: {value}")
+
+
+def all_commands() -> list[tuple[list[str], Any]]:
+    """Every command and subcommand, `check` (built when asked for) included."""
+    import click
+
+    found: list[tuple[list[str], Any]] = []
+
+    def walk(group: click.Group, path: list[str]) -> None:
+        ctx = click.Context(group)
+        for name in group.list_commands(ctx):
+            cmd = group.get_command(ctx, name)
+            assert cmd is not None, name
+            if isinstance(cmd, click.Group):
+                walk(cmd, [*path, name])
+            else:
+                found.append(([*path, name], cmd))
+
+    walk(main, [])
+    return found
+
+
+def test_every_command_s_help_has_an_example_that_uses_only_its_own_options() -> None:
+    import shlex
+
+    commands = all_commands()
+    assert len(commands) >= 20 and ["check"] in [p for p, _ in commands]
+    for path, cmd in commands:
+        res = CliRunner().invoke(main, [*path, "--help"], env={"COLUMNS": "200"})
+        assert res.exit_code == 0 and "Examples:" in res.stdout, path
+        examples = [ln.strip() for ln in res.stdout.split("Examples:", 1)[1].splitlines() if ln.strip()]
+        assert examples, path
+        options = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
+        for line in examples:
+            part = next(p for p in re.split(r"[;|>]", line.split("#")[0]) if "sweeper " in p)
+            words = shlex.split(part)
+            at = words.index("sweeper")
+            assert words[at + 1:at + 1 + len(path)] == path, (path, line)
+            used = {w.split("=")[0] for w in words[at + 1 + len(path):] if w.startswith("-") and w != "-"}
+            assert used <= options, (path, line, used - options)
+
+
+def test_the_help_and_the_reading_commands_import_none_of_the_heavy_libraries(tmp_path: Path) -> None:
+    """Start-up: click and the command's own needs only. Measured by benchmarks/cli.py; here, which
+    modules load (what `python -X importtime` showed as most of the 0.3 s)."""
+    import subprocess
+    import sys
+
+    state = weeks_of_history(tmp_path)
+    heavy = ("pydantic", "kubernetes", "rich", "sqlite_utils", "apscheduler", "jinja2", "sweeper.checks",
+             "prometheus_client")
+    probe = ("import sys, runpy\nsys.argv = ['sweeper', *sys.argv[1:]]\ntry:\n"
+             "    runpy.run_module('sweeper.cli', run_name='__main__')\nexcept SystemExit:\n    pass\n"
+             f"print('LOADED', sorted({{m.split('.')[0] if not m.startswith('sweeper.') else '.'.join(m.split('.')[:2])"
+             f" for m in sys.modules}} & set({heavy!r})), file=sys.stderr)\n")
+    for argv, allowed in ((["--help"], set()), (["history", "--help"], set()), (["nodes", "--help"], set()),
+                          (["plan", "--help"], set()), (["history", "gpu-p5-01", "--state", state], {"sqlite_utils"}),
+                          (["nodes", "--offline", "--state", state], {"sqlite_utils"})):
+        proc = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120)
+        loaded = proc.stderr.split("LOADED", 1)[1].strip()
+        assert proc.returncode == 0 and set(yaml.safe_load(loaded)) <= allowed, (argv, loaded, proc.stderr[-500:])
+
+
+def on_a_terminal(argv: list[str], columns: int) -> str:
+    """What `sweeper ARGV` shows on a terminal (a pseudo-terminal) of `columns` columns."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", *argv], stdout=follower, stderr=follower,
+                            env={**os.environ, "COLUMNS": str(columns), "NO_COLOR": "1"})
+    os.close(follower)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(leader, 1 << 16)
+        except OSError:  # the terminal closed with the process
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(leader)
+    assert proc.wait(timeout=120) == 0, shown.decode()
+    return shown.decode()
+
+
+def test_at_80_columns_on_a_terminal_run_ids_and_times_stay_whole(tmp_path: Path) -> None:
+    """The issue's case: at 80 columns the run id and the date were cut (`sw-20261123-072...`)."""
+    state = weeks_of_history(tmp_path)
+    text = on_a_terminal(["history", "gpu-p5-01", "--state", state], 80)
+    assert "\x1b[" not in text, "NO_COLOR"
+    rows = [ln for ln in text.splitlines() if " ago " in ln]
+    assert len(rows) == 3 and all(re.match(r"^\d+d(\d+h)? ago +sw-20260901-07251[01]-4f2a1 ", ln) for ln in rows[:2])
+    assert rows[2].endswith("…") and all(len(ln) <= 80 for ln in rows), "the long message is shortened, and says so"
+    wide = on_a_terminal(["history", "gpu-p5-01", "--state", state, "-o", "wide"], 80)
+    rows = [ln for ln in wide.splitlines() if ln.startswith("2026-")]
+    assert len(rows) == 3 and all(re.match(r"^2026-\d\d-\d\dT\d\d:\d\d:\d\dZ ", ln) for ln in rows)
+    assert ("and a long tail of words " * 8).strip() in wide, "-o wide shortens nothing"

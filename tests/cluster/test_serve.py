@@ -82,3 +82,57 @@ schedules:
     h.close()
     for n in sim.core.list_node().items:
         assert not [t for t in n.spec.taints or [] if t.key == "sweeper.dev/sweep"], "every node handed back"
+
+
+def test_metrics_are_filled_from_the_cluster_and_the_history_before_the_first_run(make_sim, history: History) -> None:
+    """Once 0 held and 0 GPU nodes until the first firing, which may be hours away."""
+    from dataclasses import replace
+
+    from sweeper.serve import Server
+    from tests.conftest import TEST_CONFIG
+
+    sim: Sim = make_sim(nodes=3)
+    sim.core.patch_node("gpu-01", {"spec": {"taints": [{"key": "sweeper.dev/sweep", "value": "sw-earlier",
+                                                        "effect": "NoSchedule"}]}})
+    sid = history.sweep_started("sw-earlier", "gpu-02", 1_790_000_000.0, "sweep-light.yaml", "p5.48xlarge")
+    history.sweep_finished(sid, 1_790_000_060.0, "warn", ["nvlink replay rising"])
+    cfg = replace(TEST_CONFIG, schedules=({"name": "yearly", "cron": "0 0 1 1 *", "playbook": "sweep-light.yaml"},))
+    server = Server(cfg, sim.kube, history, port=0, host="127.0.0.1", log=lambda m: None)
+    server.start()
+    try:
+        text = server.metrics.exposition().decode()
+        code, served = get(f"http://127.0.0.1:{server.port}/metrics")
+    finally:
+        server.stop()
+    assert code == 200 and served == text
+    assert "sweeper_gpu_nodes 3.0" in text and "sweeper_nodes_held 1.0" in text and "sweeper_breaker_open 0.0" in text
+    assert 'sweeper_node_verdict{node="gpu-02",verdict="warn"} 1.0' in text
+    assert 'sweeper_node_last_sweep_timestamp_seconds{node="gpu-02"} 1.79000006e+09' in text
+    assert "sweeper_runs_total{" not in text, "no run happened"
+
+
+def test_serve_without_a_config_takes_the_cronjob_schedule_and_listens_on_loopback(make_sim, tmp_path: Path) -> None:
+    """The README shows `sweeper serve` alone; it once failed for want of `schedules` and bound 0.0.0.0."""
+    sim: Sim = make_sim(nodes=2)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "serve", "--kubeconfig", str(sim.kubeconfig),
+                             "--state", str(tmp_path / "h.db"), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        code = 0
+        while time.monotonic() < deadline and proc.poll() is None and code != 200:
+            time.sleep(0.2)
+            try:
+                code, _ = get(f"http://127.0.0.1:{port}/healthz")
+            except OSError:
+                continue
+        assert code == 200, proc.stdout.read() if proc.poll() is not None and proc.stdout else "not up"
+        code, metrics = get(f"http://127.0.0.1:{port}/metrics")
+        assert code == 200 and "sweeper_gpu_nodes 2.0" in metrics
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "no `schedules` in the config" in out and "'*/30 * * * *'" in out
+    assert f"serving on 127.0.0.1:{port}" in out
