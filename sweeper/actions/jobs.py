@@ -62,6 +62,10 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
                         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "all_gpus": {"nvidia.com/gpu": str(node.get("gpus", 0))},
         "priority_class": ctx.config.check_priority_class,
+        # Where the GPU libraries come from (README "Running on EKS / AKS / GKE"): the runtime class,
+        # GKE's driver directory, and the node's DCGM host engine.
+        "platform": ctx.config.platform, "runtime_class": ctx.config.runtime_class_name,
+        "dcgm_hostengine": ctx.config.dcgm_hostengine, "default_dcgm_level": ctx.config.dcgm_level_for(node),
         **extra}
     rendered = render(text, variables, where=str(path))
     try:

@@ -20,15 +20,23 @@ RECOVERY = {0: ("none", "pass"), 1: ("GPU reset", "RECOVERY_RESET"), 2: ("node r
             7: ("system reboot", "RECOVERY_REBOOT")}
 FIELD_RECOVERY_ACTION = 230
 RETIRED_PAGES_LIMIT = 60
+# Why a pod that requests no GPU may see none: the runtime, not the node. NVIDIA's runtime (RuntimeClass
+# `nvidia`, or containerd's default on EKS and AKS GPU images) exposes every GPU for NVIDIA_VISIBLE_DEVICES=all;
+# GKE's device plugin exposes GPUs only to pods that request them.
+NO_REQUEST = ("the pod requests no GPU and its runtime exposed none (NVIDIA_VISIBLE_DEVICES=all needs NVIDIA's "
+              "container runtime: config runtime_class; GKE gives devices only to pods that request GPUs), so "
+              "this check cannot read the node")
 _VALUE_ATTR = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 
 def gpu_checks(opts: CheckOptions, nvml: Any, c: Collector, uptime: float | None) -> dict[str, int]:
     """Every GPU check; returns the GPUs' PCI addresses (normalised) to their index."""
+    unrequested = opts.gpu_request == "none"
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
-        c.check("nvml.init", "error", f"NVML could not be initialised: {exc}", "critical")
+        c.check("nvml.init", "error", f"NVML could not be initialised: {exc}" + (f"; {NO_REQUEST}" if unrequested
+                                                                                else ""), "critical")
         return {}
     bus_to_gpu: dict[str, int] = {}
     try:
@@ -37,6 +45,9 @@ def gpu_checks(opts: CheckOptions, nvml: Any, c: Collector, uptime: float | None
             c.check("gpu.count", "error", f"cannot count GPUs: {count}", "critical")
             return {}
         c.metric("gpu.count", count)
+        if count == 0 and unrequested and opts.expect_gpus:
+            c.check("gpu.count", "error", f"this container sees no GPU: {NO_REQUEST}", "critical")
+            return {}
         if count != opts.expect_gpus:
             c.check("gpu.count", "fail", f"{count} GPUs visible, the profile expects {opts.expect_gpus}",
                     "critical")

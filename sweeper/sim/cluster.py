@@ -21,8 +21,11 @@ from sweeper.checks.fake import (
     bus_id,
     efa_sysfs,
     fi_info_output,
+    gpu_pci,
     ib_sysfs,
+    journal_line,
     netdev,
+    peermem,
     sxid_line,
     topo_output,
     xid_line,
@@ -840,14 +843,36 @@ class SimCluster:
         files.update(netdev("lo", "", 65536))
         del files["/sys/class/net/lo/device/uevent"]  # a loopback has no device behind it
         gpus = max(0, hw["gpus"] - f.missing_gpus)
+        files.update(gpu_pci(gpus))
+        if hw["nic"] in ("efa", "ib") and not f.no_peermem:
+            files.update(peermem("efa_nv_peermem" if hw["nic"] == "efa" else "nvidia_peermem"))
         topo_nics = count if hw["nic"] == "ib" else 0  # EFA devices are not listed by topo -m on p5
-        commands = {"nvidia-smi": (0, topo_output(gpus, hw["nvlinks"], topo_nics, "PXB", far=f.poor_affinity), "")}
+        # The check image carries nvidia-smi and chroot; the host's own tools (the EFA installer's
+        # fi_info, journalctl) run in the host's root through chroot.
+        commands = {"nvidia-smi": (0, topo_output(gpus, hw["nvlinks"], topo_nics, "PXB", far=f.poor_affinity), ""),
+                    "chroot": (0, "", "")}
+        host_commands: dict[str, tuple[int, str, str]] = {}
         if hw["nic"] == "efa":
-            commands["fi_info"] = (0 if nic_names else 1, fi_info_output(nic_names), "")
-        return FakeHost(files=files, commands=commands, arch=hw["arch"],
-                        environ={"NODE_NAME": node_name, "UCCL_SOCKET_IFNAME": "ens32", "UCCL_IB_GID_INDEX": "3"})
+            files["/opt/amazon/efa/bin/fi_info"] = "ELF"
+            host_commands["fi_info"] = (0 if nic_names else 1, fi_info_output(nic_names), "")
+        if not f.no_journal:
+            lines = self._kernel_lines(node_name, self.clock.now())
+            host_commands["journalctl"] = (0, "".join(journal_line(node_name, ln) + "\n" for ln in lines), "")
+        return FakeHost(files=files, commands=commands, host_commands=host_commands, arch=hw["arch"],
+                        environ={"NODE_NAME": node_name})
 
     def kernel_log(self, node_name: str, now: float) -> str:
+        """What `dmesg` prints: the ring buffer, which on a node with `ring_buffer_span` has lost
+        everything older than that (the journal still has it)."""
+        lines = self._kernel_lines(node_name, now)
+        span = self.specs[node_name].faults.ring_buffer_span
+        if span is not None:
+            up = now - self._boot(node_name)
+            lines = [ln for ln in lines if float(ln[1:ln.index("]")]) >= up - span]
+        return "\n".join(lines) + "\n"
+
+    def _kernel_lines(self, node_name: str, now: float) -> list[str]:
+        """Every kernel line of this boot, oldest first."""
         spec = self.specs[node_name]
         boot = self._boot(node_name)
         lines = [f"[{5.0:12.6f}] nvidia: loading out-of-tree module taints kernel.",
@@ -865,7 +890,7 @@ class SimCluster:
             when = self.started + x["at"]
             if boot <= when <= now:
                 lines.append(sxid_line(when - boot, x["switch"], x["code"], x["fatal"]))
-        return "\n".join(lines) + "\n"
+        return sorted(lines, key=lambda ln: float(ln[1:ln.index("]")]))
 
     def _jobs(self, now: float) -> None:
         for job in self.store.iter("jobs"):

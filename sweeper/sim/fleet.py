@@ -113,6 +113,11 @@ class Faults:
     gpu_lost: list[int] = setting(factory=list, ge=0)
     persistence_off: bool = setting(False)
     dcgm_fail: dict[int, str] = setting(help="GPU -> DCGM test that fails on it", factory=dict)
+    ring_buffer_span: float | None = setting(None, "the kernel ring buffer holds only the newest this long of the "
+                                             "log (a noisy driver overwrote the rest); the journal keeps it all",
+                                             duration=True, gt=0)
+    no_peermem: bool = setting(False, "no GPUDirect RDMA peer-memory module is loaded")
+    no_journal: bool = setting(False, "the host keeps no journal (journalctl finds none)")
 
 
 FAULT_KEYS = {f.name for f in fields(Faults)}
