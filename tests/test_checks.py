@@ -16,8 +16,8 @@ from sweeper.checks.fake import (
     topo_output,
     xid_line,
 )
-from sweeper.result import TOOL_CHECK
 from sweeper.checks.options import CheckOptions
+from sweeper.result import TOOL_CHECK
 
 NOW = 1_790_000_000.0
 OPTS = CheckOptions(node="n1", expect_gpus=8, gpu_model="H100")

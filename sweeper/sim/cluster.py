@@ -46,6 +46,13 @@ TRAINING_NS = "training"
 DEVICE_PLUGIN_SKIPPED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 POD_SECURITY = "pod-security.kubernetes.io/enforce"
+OPERATOR_NS = "gpu-operator"
+# The GPU Operator's operands that hold the GPUs open, by their deploy label's suffix and their pods'
+# `app` label. The operator schedules each on the nodes whose nvidia.com/gpu.deploy.<operand> label is
+# not "false", so a node leaves or regains an operand by that label alone.
+# https://docs.nvidia.com/datacenter/cloud-native/gpu-operator/latest/getting-started.html
+OPERANDS = {"device-plugin": "nvidia-device-plugin-daemonset", "gpu-feature-discovery": "gpu-feature-discovery",
+            "dcgm": "nvidia-dcgm", "dcgm-exporter": "nvidia-dcgm-exporter"}
 SHELLS = ("sh", "bash", "ash", "dash")
 # A reference's repository path: lowercase components (the registry host may differ), then a tag or digest.
 # https://github.com/distribution/reference/blob/main/regexp.go
@@ -194,6 +201,7 @@ class SimCluster:
         self._stop = threading.Event()
         self._short: set[str] = set()  # nodes whose device plugin holds GPUs back from allocatable
         self._watched: set[str] = set()  # nodes with a lost GPU or XIDs among their faults
+        self._with_operands: set[str] = set()  # nodes where the GPU Operator runs its operand pods
         self._thread: threading.Thread | None = None
         self.store.on_delete.append(self._forget)
         self._bootstrap()
@@ -203,6 +211,12 @@ class SimCluster:
         for ns in ("default", "kube-system", "kube-node-lease", TRAINING_NS, self.fleet.namespace):
             self.store.create("namespaces", None, {"metadata": {"name": ns}, "spec": {"finalizers": ["kubernetes"]},
                                                    "status": {"phase": "Active"}})
+        for rc in self.fleet.runtime_classes:  # as the GPU Operator registers NVIDIA's runtime
+            self.store.create("runtimeclasses", None, {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                                                       "metadata": {"name": rc}, "handler": rc})
+        if any(spec.operands for spec in self.fleet.nodes):
+            self.store.create("namespaces", None, {"metadata": {"name": OPERATOR_NS},
+                                                   "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}})
         for spec in self.fleet.nodes:
             self.add_node(spec)
         for w in self.fleet.workloads:
@@ -220,6 +234,8 @@ class SimCluster:
         if hw["gpus"] and spec.gpu_operator:  # GPU feature discovery's labels, only with the GPU Operator
             labels.update({"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": str(hw["gpus"]),
                            "nvidia.com/gpu.product": hw["model"].replace(" ", "-")})
+        if spec.operands:
+            labels.update({f"nvidia.com/gpu.deploy.{op}": "true" for op in OPERANDS})
         labels.update(spec.labels)
         resources = {"cpu": hw["cpu"], "memory": hw["memory"], "pods": "110", "ephemeral-storage": "3500Gi"}
         if hw["gpus"]:
@@ -249,6 +265,9 @@ class SimCluster:
         if spec.faults.gpu_lost or spec.faults.xids or spec.faults.xid_storm:
             self._watched.add(spec.name)
         created = self.store.create("nodes", None, node)
+        if spec.operands:
+            self._with_operands.add(spec.name)
+            self._operands(now)
         pool = labels.get("karpenter.sh/nodepool")
         if pool:
             self.store.create("nodeclaims", None, {
@@ -309,6 +328,7 @@ class SimCluster:
             now = self.clock.now()
             self._machines(now)
             self._device_plugin(now)
+            self._operands(now)
             self._arrivals(now)
             self._schedule(now)
             self._kubelet(now)
@@ -372,6 +392,41 @@ class SimCluster:
                 self._short.discard(name)
             else:
                 self._short.add(name)
+
+    def _operands(self, now: float) -> None:
+        """The GPU Operator's DaemonSets on the nodes that run them: an operand's pod leaves a node
+        whose nvidia.com/gpu.deploy.<operand> label is "false" and comes back when it is not."""
+        for name in list(self._with_operands):
+            node = self.store.peek("nodes", None, name)
+            if node is None:
+                self._with_operands.discard(name)
+                continue
+            labels = node["metadata"].get("labels") or {}
+            for op, app in OPERANDS.items():
+                pod_name = f"{app}-{hashlib.sha1(name.encode()).hexdigest()[:5]}"
+                pod = self.store.peek("pods", OPERATOR_NS, pod_name)
+                wanted = labels.get(f"nvidia.com/gpu.deploy.{op}") != "false"
+                if pod is not None and not wanted:
+                    self.store.delete("pods", OPERATOR_NS, pod_name)
+                elif pod is None and wanted:
+                    self.store.create("pods", OPERATOR_NS, {
+                        "metadata": {"name": pod_name, "labels": {"app": app},
+                                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": app,
+                                                          "uid": app, "controller": True}]},
+                        "spec": {"nodeName": name, "containers": [{"name": app, "image": f"nvcr.io/nvidia/{app}"}],
+                                 "tolerations": [{"operator": "Exists"}]},
+                        "status": {"phase": "Pending"}})
+                    obj = self.store.peek("pods", OPERATOR_NS, pod_name)
+                    assert obj is not None
+                    self._start_pod(obj, now)
+
+    def operand_pods(self, node_name: str) -> list[str]:
+        """The GPU Operator's operand pods running on the node (they hold its GPUs open)."""
+        apps = set(OPERANDS.values())
+        return sorted(p["metadata"]["name"] for p in self.store.iter("pods")
+                      if p["metadata"].get("namespace") == OPERATOR_NS and p["spec"].get("nodeName") == node_name
+                      and (p["metadata"].get("labels") or {}).get("app") in apps
+                      and p["status"].get("phase") == "Running")
 
     @staticmethod
     def _set_ready(node: dict[str, Any], ready: bool, now: float) -> None:
@@ -774,6 +829,16 @@ class SimCluster:
         gpus = {int(g) for g in ids.split(",") if g.strip().isdigit()} if ids else set(range(64))
         if gpus & set(f.gpu_lost):
             return 3, "", "GPU is lost: a reset cannot reach it; reboot the node\n"
+        holders = self.operand_pods(node_name) if node_name in self._with_operands else []
+        if holders:
+            # nvidia-smi refuses to reset a GPU another process holds open: the device plugin, GFD,
+            # DCGM and dcgm-exporter do (https://docs.nvidia.com/deploy/nvidia-smi/index.html, -r).
+            g = min(gpus)
+            return 255, "", (f"GPU 00000000:{bus_id(g).split(':')[1]}:00.0 is currently in use by another process.\n\n"
+                             "1 device is currently being used by one or more other processes (e.g., Fabric Manager, "
+                             "CUDA application, graphics application such as an X server, or a monitoring "
+                             "application such as another instance of nvidia-smi). Please first kill all processes "
+                             "using this device and all compute applications running in the system.\n")
         f.remap_pending = [g for g in f.remap_pending if g not in gpus]
         f.recovery_action = {g: a for g, a in f.recovery_action.items() if g not in gpus}
         f.ecc_dbe = {g: n for g, n in f.ecc_dbe.items() if g not in gpus}

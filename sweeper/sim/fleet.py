@@ -132,6 +132,7 @@ class _NodeGroup(_Strict):
     labels: dict[str, Annotated[str, Strict()]] = {}
     age: duration_type(ge=0) = 2 * 86400.0  # type: ignore[valid-type]
     gpu_operator: Annotated[bool, Strict()] = True  # false: no GPU feature discovery labels
+    operands: Annotated[bool, Strict()] = False  # the GPU Operator's operand pods run on these nodes
 
 
 class _Workload(_Strict):
@@ -177,6 +178,8 @@ class FleetFile(_Strict):
     check_seconds: duration_type(gt=0) = 45.0  # type: ignore[valid-type]
     api_faults: _ApiFaults | None = None
     registry: _Registry | None = None
+    # RuntimeClasses the cluster has: the GPU Operator creates `nvidia`; [] is a cluster without it.
+    runtime_classes: list[Annotated[str, Strict()]] = ["nvidia"]
 
 
 @dataclass
@@ -188,6 +191,7 @@ class NodeSpec:
     age: float
     faults: Faults
     gpu_operator: bool = True  # False: no GPU feature discovery labels (nvidia.com/gpu.present), as on EKS, GKE, AKS
+    operands: bool = False  # the GPU Operator's device plugin, GFD, DCGM and dcgm-exporter pods run here
 
 
 @dataclass
@@ -216,6 +220,7 @@ class Fleet:
     api_drop_rate: float = 0.0  # share of requests whose connection is dropped without an answer
     missing_images: list[str] = field(default_factory=list)  # registry.missing: references that do not exist
     image_lacks: dict[str, list[str]] = field(default_factory=dict)  # registry.lacking: image -> absent programs
+    runtime_classes: list[str] = field(default_factory=lambda: ["nvidia"])
 
 
 def load_fleet(path: Path) -> Fleet:
@@ -237,10 +242,11 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
             fleet.nodes.append(NodeSpec(name=f"{prefix}{i:0{max(2, len(str(group.count)))}d}",
                                         instance_type=group.instance_type, zone=group.zone,
                                         labels=dict(group.labels), age=group.age, faults=Faults(),
-                                        gpu_operator=group.gpu_operator))
+                                        gpu_operator=group.gpu_operator, operands=group.operands))
     registry = spec.registry or _Registry()
     fleet.missing_images = list(registry.missing)
     fleet.image_lacks = {k: list(v) for k, v in registry.lacking.items()}
+    fleet.runtime_classes = list(spec.runtime_classes)
     by_name = {n.name: n for n in fleet.nodes}
     for name, faults in (spec.faults or {}).items():
         if name not in by_name:
