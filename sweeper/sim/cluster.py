@@ -729,7 +729,7 @@ class SimCluster:
             if spec and spec.faults.hung_check:
                 return None
             return now + self.fleet.check_seconds
-        argv = self._argv(pod)
+        argv = self._last_command(self._argv(pod))
         prog = argv[0].rsplit("/", 1)[-1] if argv else ""
         if prog == "dcgmi":
             return now + tools.DCGM_SECONDS[min(max(tools.dcgm_level(argv), 1), 4)]
@@ -745,6 +745,14 @@ class SimCluster:
             return None if argv[1] in ("inf", "infinity") else now + float(argv[1])
         run = (pod["metadata"].get("annotations") or {}).get(RUN_SECONDS)
         return None if run is None else now + float(run)
+
+    @staticmethod
+    def _last_command(argv: list[str]) -> list[str]:
+        """What a `sh -c "a && exec b ..."` wrapper ends by running (b's words); else argv itself."""
+        if len(argv) < 3 or argv[0].rsplit("/", 1)[-1] not in SHELLS or argv[1] != "-c":
+            return argv
+        last = re.split(r"&&|;|\|\|", argv[2])[-1].split()
+        return last[1:] if last[:1] == ["exec"] else last
 
     @staticmethod
     def _argv(pod: dict[str, Any]) -> list[str]:
@@ -785,7 +793,7 @@ class SimCluster:
         if missing:
             return 127, f"sh: 1: {missing}: not found\n", ""  # the shell's "command not found"
         if not self._is_check(pod):
-            argv = self._argv(pod)
+            argv = self._last_command(self._argv(pod))
             prog = argv[0].rsplit("/", 1)[-1] if argv else ""
             spec = self.specs.get(node_name)
             if prog == "dcgmi" and spec:
