@@ -131,3 +131,18 @@ def test_a_profiles_dcgm_level_is_checked_when_it_is_read(tmp_path: Path) -> Non
     assert f"{path}:2: dcgm_level: 9 is too large" in str(exc.value)
     path.write_text("gpus: 8\ndcgm_level: 3\n")
     assert load_profile(path).dcgm_level == 3
+
+
+def test_a_second_host_engine_beside_dcgm_exporter_is_said() -> None:
+    """dcgm-exporter starts an embedded nv-hostengine unless told to use a running one
+    (https://docs.nvidia.com/datacenter/cloud-native/gpu-telemetry/latest/dcgm-exporter.html): a Job
+    that starts its own on a GPU Operator node runs a second engine there, and the sweep's log says so."""
+    said: list[str] = []
+    gpu_node = node() | {"labels": {"kubernetes.io/hostname": "gpu-1", "nvidia.com/gpu.deploy.dcgm-exporter": "true"}}
+    for cfg in (Config(), Config(dcgm_hostengine="node")):
+        render_job(ActionContext(config=cfg, node=gpu_node, run_id="sw-1", log=said.append), "dcgm-diag.yaml.j2",
+                   900, {})
+    assert len(said) == 1 and "second DCGM host engine" in said[0] and "dcgm_hostengine: node" in said[0]
+    render_job(ActionContext(config=Config(), node=node(), run_id="sw-1", log=said.append), "dcgm-diag.yaml.j2",
+               900, {})
+    assert len(said) == 1, "no dcgm-exporter on the node: nothing to say"
