@@ -423,3 +423,19 @@ def test_uccl_readiness_is_judged_on_the_nodes_gpudirect_and_affinity() -> None:
         del host.files[p]  # no user-space verbs device: nothing an RDMA library can open
     r = run_node_checks(opts, FakeNvml(gpus()), "", now=NOW, host=host)
     assert statuses(r, "uccl.collective_efa") == {"fail"}
+
+
+def test_a_gpu_fabric_manager_has_not_registered_fails() -> None:
+    """On HGX Hopper and later, Fabric Manager registers each GPU with the NVSwitch fabric; until
+    NVML's fabric state is completed with success, CUDA cannot use NVLink there
+    (https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/). A GPU without a fabric
+    to join (the A100's NVML does not report it) is not judged."""
+    g = gpus(fabric_state=3)
+    g[2].fabric_state = 1  # not started: Fabric Manager is down
+    g[5].fabric_status = 999  # completed, but with an error
+    r = run_node_checks(OPTS, FakeNvml(g), "", now=NOW)
+    fails = {(c.gpu, c.code) for c in by_name(r, "gpu.fabric") if c.status == "fail"}
+    assert fails == {(2, "FABRIC_NOT_READY"), (5, "FABRIC_NOT_READY")}
+    assert "Fabric Manager" in next(c.message for c in by_name(r, "gpu.fabric") if c.gpu == 2)
+    assert len([c for c in by_name(r, "gpu.fabric") if c.status == "pass"]) == 6
+    assert by_name(run_node_checks(OPTS, FakeNvml(gpus()), "", now=NOW), "gpu.fabric") == []

@@ -48,6 +48,8 @@ class FakeGpu:
     power_limit_mw: int = 700_000
     recovery_action: int | None = 0  # None: the driver does not report it
     lost: bool = False
+    fabric_state: int | None = None  # NVSwitch fabric registration (3: completed); None: no fabric to join
+    fabric_status: int = 0  # an NVML return code: 0 is success
 
 
 @dataclass
@@ -169,6 +171,14 @@ class FakeNvml:
 
     def nvmlDeviceGetEnforcedPowerLimit(self, h: FakeGpu) -> int:
         return h.power_limit_mw
+
+    def nvmlDeviceGetGpuFabricInfo(self, h: FakeGpu, ref: Any) -> int:
+        """Fills the caller's c_nvmlGpuFabricInfo_t, passed by reference as to the real library."""
+        if h.fabric_state is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info = ref._obj
+        info.state, info.status = h.fabric_state, h.fabric_status
+        return 0
 
     def nvmlDeviceGetFieldValues(self, h: FakeGpu, field_ids: list[int]) -> list[Any]:
         out = []

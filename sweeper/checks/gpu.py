@@ -5,7 +5,10 @@ action. Readings a GPU does not support are `skip` with the reason; failures to 
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
+
+from pynvml import c_nvmlGpuFabricInfo_t
 
 from sweeper.checks.collect import Collector, GpuLost, nvml_call
 from sweeper.checks.options import CheckOptions
@@ -111,6 +114,7 @@ def one_gpu(opts: CheckOptions, nvml: Any, h: Any, i: int, c: Collector, bus_to_
     _clocks(nvml, h, i, c)
     _thermal_power(opts, nvml, h, i, c)
     _recovery(nvml, h, i, c)
+    _fabric(nvml, h, i, c)
 
 
 def _memory(opts: CheckOptions, nvml: Any, h: Any, i: int, c: Collector) -> None:
@@ -325,6 +329,33 @@ def _thermal_power(opts: CheckOptions, nvml: Any, h: Any, i: int, c: Collector) 
                     f"{opts.power_limit_w:.0f} W", "warning", gpu=i)
         elif opts.power_limit_w:
             c.check("power.limit", "pass", f"{limit / 1000.0:.0f} W", gpu=i)
+
+
+FABRIC_STATES = {1: "not started", 2: "in progress", 3: "completed"}
+
+
+def _fabric(nvml: Any, h: Any, i: int, c: Collector) -> None:
+    """On an NVSwitch system whose GPUs report it (Hopper and later), Fabric Manager registers each
+    GPU with the NVLink fabric: until the state is completed with success (Fabric Manager down,
+    still starting, or not re-registering a GPU after a reset), CUDA cannot use NVLink there.
+    https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/ (nvmlDeviceGetGpuFabricInfo)."""
+    fn = getattr(nvml, "nvmlDeviceGetGpuFabricInfo", None)
+    if fn is None:
+        return
+    info = c_nvmlGpuFabricInfo_t()
+    state, value = nvml_call(nvml, fn, h, ctypes.byref(info))
+    if state == "unsupported" or (state == "ok" and info.state == 0):  # no NVSwitch fabric to join
+        return
+    if state == "error":
+        c.check("gpu.fabric", "error", f"cannot read the NVLink fabric state: {value}", "warning", gpu=i)
+    elif info.state != nvml.NVML_GPU_FABRIC_STATE_COMPLETED:
+        c.check("gpu.fabric", "fail", f"not registered with the NVSwitch fabric ({FABRIC_STATES.get(info.state, info.state)}): "
+                "Fabric Manager is not running or has not finished", "critical", gpu=i, code="FABRIC_NOT_READY")
+    elif info.status != 0:
+        c.check("gpu.fabric", "fail", f"NVSwitch fabric registration failed (NVML return {info.status})", "critical",
+                gpu=i, code="FABRIC_NOT_READY")
+    else:
+        c.check("gpu.fabric", "pass", "registered with the NVSwitch fabric", gpu=i)
 
 
 def _recovery(nvml: Any, h: Any, i: int, c: Collector) -> None:

@@ -23,16 +23,17 @@ from sweeper.schema import (
 
 # What each instance type *is* (the simulated hardware), not what Sweeper expects of it.
 _H100 = {"gpus": 8, "model": "NVIDIA H100 80GB HBM3", "cpu": "192", "memory": "2097152Mi", "device_id": "2330",
-         "nccl_peak": 480.0, "nvlinks": 18, "pcie_gen": 5, "arch": "x86_64", "memory_mib": 81559}
+         "nccl_peak": 480.0, "nvlinks": 18, "pcie_gen": 5, "arch": "x86_64", "memory_mib": 81559,
+         "nvswitch_fabric": True}
 HARDWARE: dict[str, dict[str, Any]] = {
     "p5.48xlarge": {**_H100, "nic": "efa", "nics": 32, "nic_rate": 100},
     "p5e.48xlarge": {**_H100, "model": "NVIDIA H200", "device_id": "2335", "memory_mib": 143771, "nic": "efa", "nics": 32, "nic_rate": 100},
     "p5en.48xlarge": {**_H100, "model": "NVIDIA H200", "device_id": "2335", "memory_mib": 143771, "nic": "efa", "nics": 16,
                       "nic_rate": 200},
-    "p4d.24xlarge": {**_H100, "model": "NVIDIA A100-SXM4-40GB", "cpu": "96", "memory": "1179648Mi", "memory_mib": 40960,
+    "p4d.24xlarge": {**_H100, "nvswitch_fabric": False, "model": "NVIDIA A100-SXM4-40GB", "cpu": "96", "memory": "1179648Mi", "memory_mib": 40960,
                      "device_id": "20b0", "nccl_peak": 235.0, "nvlinks": 12, "pcie_gen": 4, "nic": "efa", "nics": 4,
                      "nic_rate": 100},
-    "p4de.24xlarge": {**_H100, "model": "NVIDIA A100-SXM4-80GB", "cpu": "96", "memory": "1179648Mi", "memory_mib": 81920,
+    "p4de.24xlarge": {**_H100, "nvswitch_fabric": False, "model": "NVIDIA A100-SXM4-80GB", "cpu": "96", "memory": "1179648Mi", "memory_mib": 81920,
                       "device_id": "20b2", "nccl_peak": 235.0, "nvlinks": 12, "pcie_gen": 4, "nic": "efa", "nics": 4,
                       "nic_rate": 100},
     "p6-b200.48xlarge": {**_H100, "model": "NVIDIA B200", "device_id": "2901", "memory_mib": 183359, "nccl_peak": 800.0, "nic": "efa",
@@ -117,6 +118,7 @@ class Faults:
                                              "log (a noisy driver overwrote the rest); the journal keeps it all",
                                              duration=True, gt=0)
     no_peermem: bool = setting(False, "no GPUDirect RDMA peer-memory module is loaded")
+    fabric_manager_down: bool = setting(False, "Fabric Manager is not running: NVSwitch GPUs never join the fabric")
     no_journal: bool = setting(False, "the host keeps no journal (journalctl finds none)")
 
 

@@ -363,3 +363,14 @@ def test_the_operands_labels_come_back_when_the_reset_fails(make_sim, history: H
     remedy = remediator.gpu_reset("run-1", view, node_vars(view, TEST_CONFIG), [2])
     assert remedy.provider == "reboot", remedy
     assert deploy_labels(sim, "gpu-00") == before and before["nvidia.com/gpu.deploy.dcgm"] == "false"
+
+
+def test_no_gpu_reset_while_fabric_manager_is_down(make_sim, history: History) -> None:
+    """On an NVSwitch system a reset GPU must be registered with the fabric again by Fabric Manager
+    (https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/): with Fabric Manager down,
+    a pending remap is not reset alone; the node is rebooted, which restarts Fabric Manager."""
+    sim: Sim = make_sim(operator_fleet({"gpu-00": {"remap_pending": [5], "fabric_manager_down": True}}))
+    report = run_sweep(sim, history, replace(TEST_CONFIG, remediate_reboots=True))
+    reasons = next(o.reasons for o in report.outcomes if o.node == "gpu-00")
+    assert any("FABRIC_NOT_READY" in r or "Fabric Manager" in r for r in reasons), reasons
+    assert sim.core.read_node("gpu-00").metadata.annotations["sweeper.dev/remediation"] == "reboot"
