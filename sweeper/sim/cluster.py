@@ -827,7 +827,7 @@ class SimCluster:
             opts = CheckOptions(**{**opts.__dict__, "node": node_name})
         boot = self._boot(node_name)
         result = run_node_checks(opts, self.fake_nvml(node_name, now), self.kernel_log(node_name, now),
-                                 now=now, uptime=now - boot, host=self.fake_host(node_name))
+                                 now=now, uptime=now - boot, host=self.fake_host(node_name, now))
         exit_code = 0 if result.status in ("pass", "warn", "skip") else 1
         return exit_code, result.to_json() + "\n", result.summary()
 
@@ -897,7 +897,7 @@ class SimCluster:
                 fabric_state=(1 if f.fabric_manager_down else 3) if hw.get("nvswitch_fabric") else None))
         return FakeNvml(gpus=gpus)
 
-    def fake_host(self, node_name: str) -> FakeHost:
+    def fake_host(self, node_name: str, now: float | None = None) -> FakeHost:
         """The node's sysfs and tools, as its hardware and faults make them."""
         spec = self.specs[node_name]
         hw = HARDWARE[spec.instance_type]
@@ -931,7 +931,7 @@ class SimCluster:
             files["/opt/amazon/efa/bin/fi_info"] = "ELF"
             host_commands["fi_info"] = (0 if nic_names else 1, fi_info_output(nic_names), "")
         if not f.no_journal:
-            lines = self._kernel_lines(node_name, self.clock.now())
+            lines = self._kernel_lines(node_name, self.clock.now() if now is None else now)
             host_commands["journalctl"] = (0, "".join(journal_line(node_name, ln) + "\n" for ln in lines), "")
         return FakeHost(files=files, commands=commands, host_commands=host_commands, arch=hw["arch"],
                         environ={"NODE_NAME": node_name})
