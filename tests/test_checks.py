@@ -439,3 +439,18 @@ def test_a_gpu_fabric_manager_has_not_registered_fails() -> None:
     assert "Fabric Manager" in next(c.message for c in by_name(r, "gpu.fabric") if c.gpu == 2)
     assert len([c for c in by_name(r, "gpu.fabric") if c.status == "pass"]) == 6
     assert by_name(run_node_checks(OPTS, FakeNvml(gpus()), "", now=NOW), "gpu.fabric") == []
+
+
+def test_on_the_host_itself_host_tools_run_without_chroot(tmp_path, monkeypatch) -> None:
+    """`sweeper check` run on a node directly (host root /) runs the host's tools as they are: a
+    chroot to / would change nothing and need CAP_SYS_CHROOT."""
+    import stat
+
+    from sweeper.checks.host import RealHost
+
+    tool = tmp_path / "journalctl"
+    tool.write_text('#!/bin/sh\necho "[  100.000000] n1 kernel: $*"\n')
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    code, out, _ = RealHost("/").run(["chroot", "/", "journalctl", "-k"])
+    assert code == 0 and out.strip().endswith("kernel: -k")
