@@ -826,10 +826,24 @@ class SimCluster:
         if not opts.node:
             opts = CheckOptions(**{**opts.__dict__, "node": node_name})
         boot = self._boot(node_name)
-        result = run_node_checks(opts, self.fake_nvml(node_name, now), self.kernel_log(node_name, now),
+        nvml = self.fake_nvml(node_name, now) if self._sees_gpus(pod) else FakeNvml(library_present=False)
+        result = run_node_checks(opts, nvml, self.kernel_log(node_name, now),
                                  now=now, uptime=now - boot, host=self.fake_host(node_name, now))
         exit_code = 0 if result.status in ("pass", "warn", "skip") else 1
         return exit_code, result.to_json() + "\n", result.summary()
+
+    def _sees_gpus(self, pod: dict[str, Any]) -> bool:
+        """A pod that requests GPUs gets them from the device plugin. One that requests none sees them
+        only through NVIDIA's runtime with NVIDIA_VISIBLE_DEVICES=all: its RuntimeClass's handler, else
+        the node's default runtime (`nvidia` on EKS's and AKS's GPU images, `runc` on GKE's).
+        https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/docker-specialized.html"""
+        if gpu_request(pod) > 0:
+            return True
+        rc = pod["spec"].get("runtimeClassName")
+        handler = (self.store.peek("runtimeclasses", None, rc) or {}).get("handler") if rc else \
+            self.fleet.default_runtime
+        env = {e.get("name"): e.get("value") for c in pod["spec"].get("containers") or [] for e in c.get("env") or []}
+        return handler == "nvidia" and env.get("NVIDIA_VISIBLE_DEVICES") == "all"
 
     def _gpu_reset(self, node_name: str, argv: list[str]) -> tuple[int, str, str]:
         f = self.specs[node_name].faults

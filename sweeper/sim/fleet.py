@@ -182,6 +182,8 @@ class FleetFile(_Strict):
     registry: _Registry | None = None
     # RuntimeClasses the cluster has: the GPU Operator creates `nvidia`; [] is a cluster without it.
     runtime_classes: list[Annotated[str, Strict()]] = ["nvidia"]
+    # containerd's default runtime on the GPU nodes: NVIDIA's on EKS's and AKS's GPU images, runc on GKE's.
+    default_runtime: Literal["nvidia", "runc"] = "nvidia"
 
 
 @dataclass
@@ -223,6 +225,7 @@ class Fleet:
     missing_images: list[str] = field(default_factory=list)  # registry.missing: references that do not exist
     image_lacks: dict[str, list[str]] = field(default_factory=dict)  # registry.lacking: image -> absent programs
     runtime_classes: list[str] = field(default_factory=lambda: ["nvidia"])
+    default_runtime: str = "nvidia"
 
 
 def load_fleet(path: Path) -> Fleet:
@@ -249,6 +252,7 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
     fleet.missing_images = list(registry.missing)
     fleet.image_lacks = {k: list(v) for k, v in registry.lacking.items()}
     fleet.runtime_classes = list(spec.runtime_classes)
+    fleet.default_runtime = spec.default_runtime
     by_name = {n.name: n for n in fleet.nodes}
     for name, faults in (spec.faults or {}).items():
         if name not in by_name:

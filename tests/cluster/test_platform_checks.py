@@ -4,7 +4,7 @@ ring buffer, and the host's own EFA tools, through the simulated kubelet."""
 from __future__ import annotations
 
 from sweeper.history import History
-from tests.conftest import TEST_CONFIG, Sim, run_sweep
+from tests.conftest import TEST_CONFIG, Sim, fleet_spec, run_sweep
 
 # XID 109 (context switch timeout): the driver asks for a GPU reset, and NVIDIA's device plugin does
 # not mark the GPU unhealthy for it (an application XID), so only the kernel log tells.
@@ -41,3 +41,42 @@ def test_a_p5_sweep_reads_efa_through_the_hosts_own_fi_info(make_sim, history: H
     assert [(o.node, o.verdict) for o in report.outcomes] == [("gpu-00", "pass")]
     checks = {c["name"]: c for c in history.db.query("select name, status, message from checks")}
     assert checks["efa.fi_info"]["status"] == "pass" and "32 EFA devices" in checks["efa.fi_info"]["message"]
+
+
+def light_on_a_busy_node(make_sim, history: History, cfg_changes: dict, **fleet: object) -> tuple[Sim, object]:
+    from dataclasses import replace
+
+    from tests.cluster.test_sweep import running_pods_on
+
+    sim: Sim = make_sim(fleet_spec(nodes=1, workloads=[{"node": "gpu-00", "gpus": 8, "duration": None}], **fleet))
+    sim.wait_for(lambda: running_pods_on(sim.cluster, "gpu-00"), what="the training pod")
+    report = run_sweep(sim, history, replace(TEST_CONFIG, **cfg_changes))
+    (light,) = [o for o in report.outcomes if o.node == "gpu-00"]
+    assert light.action == "light"
+    return sim, light
+
+
+def test_a_light_check_that_its_runtime_shows_no_gpu_says_so_and_marks_no_suspect(make_sim, history: History) -> None:
+    """GKE: no NVIDIA runtime (containerd's default is runc) and no RuntimeClass `nvidia`; its device
+    plugin exposes GPUs only to pods that request them (https://cloud.google.com/kubernetes-engine/
+    docs/how-to/gpus). The light check, which requests none, cannot read NVML there: an `error` with
+    the reason, never a lost GPU, and the busy node is not made a suspect."""
+    sim, light = light_on_a_busy_node(make_sim, history, {"platform": "gke"}, runtime_classes=[],
+                                      default_runtime="runc")
+    assert light.verdict == "error", light  # type: ignore[attr-defined]
+    assert any("requests no GPU" in r for r in light.reasons), light  # type: ignore[attr-defined]
+    assert "sweeper.dev/suspect" not in (sim.core.read_node("gpu-00").metadata.labels or {})
+
+
+def test_a_light_check_sees_the_gpus_through_nvidias_runtime(make_sim, history: History, tmp_path) -> None:
+    """EKS and AKS GPU images make NVIDIA's runtime containerd's default: with platform eks (no
+    RuntimeClass named) the light check reads every GPU, as it does through RuntimeClass `nvidia`
+    on a GPU Operator cluster (platform generic)."""
+    _, light = light_on_a_busy_node(make_sim, history, {"platform": "eks"}, runtime_classes=[])
+    assert light.verdict == "pass", light  # type: ignore[attr-defined]
+    other = History(tmp_path / "other.db")
+    try:
+        _, light = light_on_a_busy_node(make_sim, other, {}, default_runtime="runc")
+    finally:
+        other.close()
+    assert light.verdict == "pass", light  # type: ignore[attr-defined]
