@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 from typing import Any
 
-from pynvml import c_nvmlGpuFabricInfo_t
+import pynvml
 
 from sweeper.checks.collect import Collector, GpuLost, nvml_call
 from sweeper.checks.options import CheckOptions
@@ -340,9 +340,10 @@ def _fabric(nvml: Any, h: Any, i: int, c: Collector) -> None:
     still starting, or not re-registering a GPU after a reset), CUDA cannot use NVLink there.
     https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/ (nvmlDeviceGetGpuFabricInfo)."""
     fn = getattr(nvml, "nvmlDeviceGetGpuFabricInfo", None)
-    if fn is None:
+    struct = getattr(pynvml, "c_nvmlGpuFabricInfo_t", None)  # bindings older than R535 have neither
+    if fn is None or struct is None:
         return
-    info = c_nvmlGpuFabricInfo_t()
+    info = struct()
     state, value = nvml_call(nvml, fn, h, ctypes.byref(info))
     if state == "unsupported" or (state == "ok" and info.state == 0):  # no NVSwitch fabric to join
         return
