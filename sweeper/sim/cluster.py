@@ -416,9 +416,7 @@ class SimCluster:
                         "spec": {"nodeName": name, "containers": [{"name": app, "image": f"nvcr.io/nvidia/{app}"}],
                                  "tolerations": [{"operator": "Exists"}]},
                         "status": {"phase": "Pending"}})
-                    obj = self.store.peek("pods", OPERATOR_NS, pod_name)
-                    assert obj is not None
-                    self._start_pod(obj, now)
+                    self.store.mutate("pods", OPERATOR_NS, pod_name, partial(self._start_pod, now=now))
 
     def operand_pods(self, node_name: str) -> list[str]:
         """The GPU Operator's operand pods running on the node (they hold its GPUs open)."""
