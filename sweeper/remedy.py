@@ -31,10 +31,11 @@ from sweeper.fleet import NodeView
 from sweeper.xid import lookup
 
 # The GPU Operator's operands that hold the GPUs open, by the suffix of their deploy label and their
-# pods' `app` label. The operator runs an operand on a node unless its nvidia.com/gpu.deploy.<operand>
-# label says "false"; NVIDIA's MIG manager pauses the same ones around a reconfiguration
+# pods' `app` label. The operator runs an operand on a node whose nvidia.com/gpu.deploy.<operand>
+# label is "true" or absent (older releases never set it). NVIDIA's MIG manager pauses the same ones
+# around a reconfiguration, leaves a "false" someone else set alone, and waits for their pods to go
 # (https://docs.nvidia.com/datacenter/cloud-native/gpu-operator/latest/gpu-operator-mig.html,
-# github.com/NVIDIA/mig-parted deployments/gpu-operator/reconfigure-mig.sh).
+# github.com/NVIDIA/mig-parted, its reconfigure step's maybeSetPaused).
 GPU_CLIENTS = {"device-plugin": "nvidia-device-plugin-daemonset", "gpu-feature-discovery": "gpu-feature-discovery",
                "dcgm": "nvidia-dcgm", "dcgm-exporter": "nvidia-dcgm-exporter"}
 DEPLOY_LABEL = "nvidia.com/gpu.deploy."
@@ -172,8 +173,11 @@ class Remediator:
         ids = ",".join(str(g) for g in sorted(gpus))
         job = render_job(self._context(run_id, node_vars), self.cfg.gpu_reset_template, 600, {"gpu_ids": ids})
         name = job["metadata"]["name"]
-        paused = {f"{DEPLOY_LABEL}{op}": view.labels[f"{DEPLOY_LABEL}{op}"] for op in GPU_CLIENTS
-                  if view.labels.get(f"{DEPLOY_LABEL}{op}", "false") != "false"}
+        operator_node = any(k.startswith(DEPLOY_LABEL) for k in view.labels)
+        # label -> its value now (None: absent), to be put back as it was
+        paused: dict[str, str | None] = {
+            f"{DEPLOY_LABEL}{op}": view.labels.get(f"{DEPLOY_LABEL}{op}") for op in GPU_CLIENTS
+            if operator_node and view.labels.get(f"{DEPLOY_LABEL}{op}") != "false"}
         pausing = f" after pausing {', '.join(sorted(k.removeprefix(DEPLOY_LABEL) for k in paused))}" if paused else ""
         if self.dry_run:
             return Remedy("gpu-reset", "would-reset", f"would reset GPU(s) {ids} with {name}{pausing}", dry_run=True)
@@ -200,7 +204,7 @@ class Remediator:
         self._mark(view.name, "gpu-reset", view.boot_id, recheck=True)
         return Remedy("gpu-reset", "gpus-reset", f"GPU(s) {ids} reset by {name}{pausing}; checked again next sweep")
 
-    def _set_labels(self, node: str, values: dict[str, str]) -> None:
+    def _set_labels(self, node: str, values: dict[str, str | None]) -> None:
         patch_node(self.kube, node, lambda obj: meta_op(obj, "labels", dict(values)))
 
     def _wait_operands_gone(self, node: str) -> list[str]:

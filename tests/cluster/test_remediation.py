@@ -322,8 +322,11 @@ def test_a_gpu_reset_pauses_the_gpu_operators_operands_and_restores_them(make_si
     "false", as NVIDIA's MIG manager does around a reconfiguration
     (https://docs.nvidia.com/datacenter/cloud-native/gpu-operator/latest/gpu-operator-mig.html)."""
     sim: Sim = make_sim(operator_fleet({"gpu-00": {"remap_pending": [5]}}))
+    # Older GPU Operator releases set no deploy label: the operand runs all the same.
+    sim.kube.patch_node("gpu-00", [{"op": "remove", "path": "/metadata/labels/nvidia.com~1gpu.deploy.gpu-feature-discovery"}])
     before = deploy_labels(sim, "gpu-00")
-    assert set(before.values()) == {"true"} and len(sim.cluster.operand_pods("gpu-00")) == 4
+    assert set(before.values()) == {"true"} and len(before) == 3
+    sim.wait_for(lambda: len(sim.cluster.operand_pods("gpu-00")) == 4, what="the four operands")
     cfg = replace(TEST_CONFIG, remediate_reboots=True)
     run_sweep(sim, history, cfg)
     ann = sim.core.read_node("gpu-00").metadata.annotations
