@@ -3,7 +3,9 @@
 `RealHost` reads the machine the check runs on (under a root, so a check Job can mount the
 host's /sys elsewhere); `checks.fake.FakeHost` answers from a table for tests and the
 simulated kubelet. Missing is not the same as unreadable: `read` returns None for a file that
-does not exist and raises OSError for one that cannot be read."""
+does not exist and raises OSError for one that cannot be read. The host's own programs (the EFA
+installer's fi_info, journalctl over the host's journal) run as `chroot ROOT PROG ...` through
+`run`, with the host's libraries; FakeHost answers those from its `host_commands`."""
 
 from __future__ import annotations
 
