@@ -146,3 +146,20 @@ def test_a_second_host_engine_beside_dcgm_exporter_is_said() -> None:
     render_job(ActionContext(config=Config(), node=node(), run_id="sw-1", log=said.append), "dcgm-diag.yaml.j2",
                900, {})
     assert len(said) == 1, "no dcgm-exporter on the node: nothing to say"
+
+
+def test_a_schedules_dcgm_level_is_the_level_of_its_runs(tmp_path: Path) -> None:
+    """`sweeper serve` gives each schedule its own config: a schedule's dcgm_level is its runs'."""
+    from sweeper.serve import Server
+
+    path = tmp_path / "config.yaml"
+    path.write_text("schedules:\n  - {name: deep, cron: '0 3 * * 0', playbook: sweep-dcgm.yaml, dcgm_level: 3}\n"
+                    "  - {name: light, cron: '*/30 * * * *'}\n")
+    server = Server(load_config(path), None, None, port=0, host="127.0.0.1")
+    try:
+        runs = {job.id: job.args[1] for job in server.scheduler.get_jobs()}
+    finally:
+        server.httpd.server_close()
+    assert {k: cfg.dcgm_level for k, cfg in runs.items()} == {"deep": 3, "light": None}
+    assert runs["deep"].dcgm_level_for(node(dcgm_level=2)) == 3, "over the profile's"
+    assert runs["light"].dcgm_level_for(node(dcgm_level=2)) == 2
