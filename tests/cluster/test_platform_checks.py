@@ -80,3 +80,28 @@ def test_a_light_check_sees_the_gpus_through_nvidias_runtime(make_sim, history: 
     finally:
         other.close()
     assert light.verdict == "pass", light  # type: ignore[attr-defined]
+
+
+def test_dcgm_through_the_nodes_own_host_engine_starts_no_second_one(make_sim, history: History) -> None:
+    """On a GPU Operator node dcgm-exporter already runs a host engine. A DCGM sweep that starts its
+    own says so in the sweep's log; with `dcgm_hostengine: node`, dcgmi talks to the node's engine
+    on its own address (status.hostIP, port 5555) instead, and nothing is said."""
+    from dataclasses import replace
+
+    spec = fleet_spec(nodes=1)
+    spec["node_groups"][0]["operands"] = True
+    sim: Sim = make_sim(spec)
+
+    def second_engine(report: object) -> list[str]:
+        return [d["msg"] for e, d in report.events if e == "log"  # type: ignore[attr-defined]
+                and "second DCGM host engine" in d.get("msg", "")]
+
+    cfg = replace(TEST_CONFIG, playbook="sweep-dcgm.yaml", interval=0)
+    report = run_sweep(sim, history, cfg)
+    assert [(o.node, o.verdict) for o in report.outcomes] == [("gpu-00", "pass")]
+    assert second_engine(report), "an engine of its own beside dcgm-exporter's: said"
+    report = run_sweep(sim, history, replace(cfg, dcgm_hostengine="node"))
+    assert [(o.node, o.verdict) for o in report.outcomes] == [("gpu-00", "pass")]
+    assert second_engine(report) == []
+    checks = [c["name"] for c in history.db.query("select name from checks")]
+    assert any(name.startswith("dcgm.") for name in checks), "the diagnostic ran and was read"
