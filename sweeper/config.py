@@ -35,6 +35,17 @@ def home() -> Path:
 
 
 PROVIDERS = ("karpenter", "asg", "manual")
+PLATFORMS = ("generic", "eks", "aks", "gke")
+# The runtime class a platform's GPU nodes need, unless `runtime_class` names one: the GPU Operator
+# creates RuntimeClass `nvidia` (generic clusters); EKS's and AKS's GPU node images make NVIDIA's
+# runtime containerd's default, and GKE's device plugin mounts the driver itself, so none is named there.
+# https://docs.nvidia.com/datacenter/cloud-native/gpu-operator/latest/getting-started.html
+# https://docs.aws.amazon.com/eks/latest/userguide/ml-eks-optimized-ami.html
+# https://cloud.google.com/kubernetes-engine/docs/how-to/gpus#cuda
+PLATFORM_RUNTIME_CLASS = {"generic": "nvidia", "eks": "", "aks": "", "gke": ""}
+# `dcgm_hostengine`: empty (the Job starts its own), `node` or `node:PORT` (the engine on the node's
+# own address), or HOST:PORT.
+_HOSTENGINE = r"^$|^node(:[0-9]{1,5})?$|^[A-Za-z0-9.-]+:[0-9]{1,5}$"
 _NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a Kubernetes DNS-1123 label (namespaces, Lease names)
 _NAME_WORDS = "a DNS-1123 label: lowercase letters, digits and '-'"
 
@@ -60,6 +71,7 @@ def _shapes() -> dict[str, Any]:
         playbook: Annotated[str, Strict(), Field(min_length=1)] | None = None
         max_nodes: Annotated[int, Strict(), Field(ge=0)] | None = None
         interval: duration_type(gt=0) | None = None  # type: ignore[valid-type]
+        dcgm_level: Annotated[int, Strict(), Field(ge=1, le=4)] | None = None
 
     class _Source(BaseModel):
         model_config = ConfigDict(extra="forbid")
@@ -120,6 +132,18 @@ class Config:
     abort_on_demand: bool = setting(False, "also stop running (abortable) checks then and hand their nodes back")
     max_replacements_per_hour: int = setting(2, "beyond this, a replace verdict becomes quarantine", ge=0)
     check_priority_class: str = setting("", "a low PriorityClass for check pods")
+    platform: str = setting("generic", "where the GPU nodes run: sets the runtime class and GKE's driver mount",
+                            choices=PLATFORMS)
+    runtime_class: str = setting("auto", "runtimeClassName of check Jobs: auto (`nvidia` on generic, none on "
+                                 "eks, aks, gke), a name, or \"\" for none",
+                                 pattern=r"^(auto|[a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$",
+                                 allowed="auto, a RuntimeClass name, or \"\"")
+    dcgm_hostengine: str = setting("", "the node's DCGM host engine: \"\" (the Job runs its own), node, "
+                                   "node:PORT (the node's own address) or HOST:PORT", pattern=_HOSTENGINE,
+                                   allowed="\"\", node, node:PORT or HOST:PORT")
+    dcgm_level: int | None = setting(None, "DCGM diagnostic level (-r) of every DCGM playbook run, over the "
+                                     "profile's (empty: the profile's, else 2); a schedule may set its own",
+                                     ge=1, le=4)
     suspect_conditions: tuple[str, ...] = setting(("GpuXid", "GpuEcc", "GpuNvlink", "GpuCount"),
                                                   "node conditions that make an idle node swept first")
     handled_conditions: tuple[str, ...] = setting((), "another remediator owns a node with one of these set")
@@ -146,7 +170,7 @@ class Config:
     node_condition: bool = setting(False, "set the GpuSweepHealthy node condition")
     schedules: tuple[dict[str, Any], ...] = setting(
         (), "`sweeper serve`: cron schedules", annotation=Deferred(lambda: _shapes()["schedules"]),
-        allowed="list of {name, cron, playbook, max_nodes, interval}")
+        allowed="list of {name, cron, playbook, max_nodes, interval, dcgm_level}")
     lock_name: str = setting("sweeper-lock", "name of the Lease that keeps two sweeps apart", pattern=_NAME,
                                 allowed=_NAME_WORDS)
     control_name: str = setting("sweeper-control", "the ConfigMap of pause, breaker and dismissals", pattern=_NAME,
@@ -166,6 +190,16 @@ class Config:
     @property
     def taint_key(self) -> str:
         return f"{self.prefix}/sweep"
+
+    @property
+    def runtime_class_name(self) -> str:
+        """The runtimeClassName check Jobs carry ("" for none)."""
+        return PLATFORM_RUNTIME_CLASS[self.platform] if self.runtime_class == "auto" else self.runtime_class
+
+    def dcgm_level_for(self, node: dict[str, Any] | None) -> int:
+        """The DCGM level of a node's runs: the config's (or its schedule's), else its profile's, else 2."""
+        profile = (node or {}).get("profile") or {}
+        return int(self.dcgm_level or profile.get("dcgm_level") or 2)
 
     def path(self, kind: str) -> Path:
         explicit = {"playbooks": self.playbook_dir, "job-templates": self.template_dir,

@@ -422,7 +422,7 @@ BUILT_IN = Policy(findings=Findings(
            "RETIRE_PENDING": "reboot", "GPU_LOST": "reboot", "RESET_REQUIRED": "reboot", "RECOVERY_RESET": "reboot",
            "RECOVERY_REBOOT": "reboot", "NVLINK_DOWN": "reboot", "PCIE_DOWNTRAINED": "reboot",
            "NIC_PORT_DOWN": "reboot", "NIC_COUNT": "reboot", "EFA_COUNT": "reboot", "EFA_NONE": "reboot",
-           "NIC_AFFINITY": "warn"},
+           "NIC_AFFINITY": "warn", "FABRIC_NOT_READY": "reboot"},
     checks={"gpu.count": "reboot", "dcgm.gpu_count": "reboot", "sxid": "reboot", "gpu.allocatable": "reboot"},
     dcgm={"80": "replace", "84": "reboot", "85": "reboot", "6": "reboot", "4": "reboot", "14": "reboot",
           "120": "reboot", "125": "reboot", "126": "reboot", "128": "reboot", "29": "warn"},

@@ -45,6 +45,8 @@ class Profile:
     pcie_replay_per_min: float = setting(8.0, "PCIe replays per minute above which a GPU warns", ge=0)
     nccl_busbw_min: float | None = setting(None, "GB/s, all-reduce on one node at the largest message", gt=0)
     uccl: tuple[str, ...] = setting((), "UCCL APIs the node must be ready for")
+    dcgm_level: int | None = setting(None, "DCGM diagnostic level for this hardware (empty: the config's, else 2)",
+                                     ge=1, le=4)
     source: str = ""
 
     def check_args(self) -> list[str]:

@@ -6,6 +6,10 @@
 - `reboot`: a GPU reset Job when every cause is one a reset clears (a pending row remap, the
   driver asking for a reset, an XID whose catalogue action is a GPU reset), else a reboot Job;
   the node stays held and the next sweep checks it again once it is back (a new boot id, Ready).
+  NVIDIA's own tools hold the GPUs open, and `nvidia-smi --gpu-reset` refuses a GPU in use: on a
+  GPU Operator node the reset first pauses the operands that do (device plugin, GPU feature
+  discovery, DCGM, dcgm-exporter) through their nvidia.com/gpu.deploy.* labels, waits for their
+  pods to leave the node, resets, and puts the labels back as they were, whatever happened.
 - `quarantine`: held for a person.
 
 Every provider honours dry-run (it says what it would do and touches nothing), and the
@@ -19,12 +23,23 @@ from typing import Any
 
 from sweeper.actions import ActionContext
 from sweeper.actions.jobs import render_job
-from sweeper.actions.node import patch_node
+from sweeper.actions.node import meta_op, patch_node
 from sweeper.clock import Clock, iso
 from sweeper.config import Config
 from sweeper.errors import ConfigError, KubeError, NotFound, SweeperError
 from sweeper.fleet import NodeView
 from sweeper.xid import lookup
+
+# The GPU Operator's operands that hold the GPUs open, by the suffix of their deploy label and their
+# pods' `app` label. The operator runs an operand on a node whose nvidia.com/gpu.deploy.<operand>
+# label is "true" or absent (older releases never set it). NVIDIA's MIG manager pauses the same ones
+# around a reconfiguration, leaves a "false" someone else set alone, and waits for their pods to go
+# (https://docs.nvidia.com/datacenter/cloud-native/gpu-operator/latest/gpu-operator-mig.html,
+# github.com/NVIDIA/mig-parted, its reconfigure step's maybeSetPaused).
+GPU_CLIENTS = {"device-plugin": "nvidia-device-plugin-daemonset", "gpu-feature-discovery": "gpu-feature-discovery",
+               "dcgm": "nvidia-dcgm", "dcgm-exporter": "nvidia-dcgm-exporter"}
+DEPLOY_LABEL = "nvidia.com/gpu.deploy."
+OPERANDS_GONE_TIMEOUT = 300.0
 
 # Causes a GPU reset clears, without rebooting the node.
 RESETTABLE_CODES = {"row_remap|REMAP_PENDING", "gpu.recovery_action|RECOVERY_RESET", "dcgm.software|85",
@@ -177,20 +192,52 @@ class Remediator:
         ids = ",".join(str(g) for g in sorted(gpus))
         job = render_job(self._context(run_id, node_vars), self.cfg.gpu_reset_template, 600, {"gpu_ids": ids})
         name = job["metadata"]["name"]
+        operator_node = any(k.startswith(DEPLOY_LABEL) for k in view.labels)
+        # label -> its value now (None: absent), to be put back as it was
+        paused: dict[str, str | None] = {
+            f"{DEPLOY_LABEL}{op}": view.labels.get(f"{DEPLOY_LABEL}{op}") for op in GPU_CLIENTS
+            if operator_node and view.labels.get(f"{DEPLOY_LABEL}{op}") != "false"}
+        pausing = f" after pausing {', '.join(sorted(k.removeprefix(DEPLOY_LABEL) for k in paused))}" if paused else ""
         if self.dry_run:
-            return Remedy("gpu-reset", "would-reset", f"would reset GPU(s) {ids} with {name}", dry_run=True)
-        self.kube.create_job(self.cfg.namespace, job)
-        status = self._wait_job(name, 600)
+            return Remedy("gpu-reset", "would-reset", f"would reset GPU(s) {ids} with {name}{pausing}", dry_run=True)
         try:
-            self.kube.delete_job(self.cfg.namespace, name)
-        except KubeError:
-            pass
+            if paused:
+                self._set_labels(view.name, dict.fromkeys(paused, "false"))
+                holders = self._wait_operands_gone(view.name)
+                if holders:
+                    self.log(f"GPU reset: {', '.join(holders)} still on the node: rebooting instead")
+                    return self.reboot(run_id + "-r", view, node_vars)
+            self.kube.create_job(self.cfg.namespace, job)
+            status = self._wait_job(name, 600)
+            try:
+                self.kube.delete_job(self.cfg.namespace, name)
+            except KubeError:
+                pass
+        finally:
+            if paused:  # the operands come back, on every path: a reset, a failure, a stop
+                self._set_labels(view.name, paused)
         if status != "Complete":
             # The reset did not take: fall back to rebooting the node.
             self.log(f"GPU reset {status.lower()}: rebooting instead")
             return self.reboot(run_id + "-r", view, node_vars)
         self._mark(view.name, "gpu-reset", view.boot_id, recheck=True)
-        return Remedy("gpu-reset", "gpus-reset", f"GPU(s) {ids} reset by {name}; checked again next sweep")
+        return Remedy("gpu-reset", "gpus-reset", f"GPU(s) {ids} reset by {name}{pausing}; checked again next sweep")
+
+    def _set_labels(self, node: str, values: dict[str, str | None]) -> None:
+        patch_node(self.kube, node, lambda obj: meta_op(obj, "labels", dict(values)))
+
+    def _wait_operands_gone(self, node: str) -> list[str]:
+        """Wait for the paused operands' pods to leave the node; those still there at the deadline."""
+        apps = set(GPU_CLIENTS.values())
+        deadline = self.clock.now() + OPERANDS_GONE_TIMEOUT
+        while True:
+            pods = self.kube.list_pods(field_selector=f"spec.nodeName={node}")
+            holders = [p["metadata"]["name"] for p in pods
+                       if (p["metadata"].get("labels") or {}).get("app") in apps
+                       and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+            if not holders or self.clock.now() >= deadline or self.cancelled():
+                return holders
+            self.clock.sleep(self.cfg.poll_interval)
 
     def _wait_job(self, name: str, timeout: float) -> str:
         deadline = self.clock.now() + timeout

@@ -109,7 +109,8 @@ def run_playbook(path: Path, cfg: Config, *, kube: Any = None, node_name: str | 
         ctx.on_result = lambda r: hist.result(sweep_id, r)  # type: ignore[union-attr]
         ctx.intent = lambda op, phase, detail: hist.intent(run_id, node["name"], clock.now(), op, phase, detail)  # type: ignore[union-attr,index]
         ctx.past = hist
-    extra = {"run_id": run_id, "taint_key": cfg.taint_key, **({"node": node} if node else {}), **(extra_vars or {})}
+    extra = {"run_id": run_id, "taint_key": cfg.taint_key, "default_dcgm_level": cfg.dcgm_level_for(node),
+             **({"node": node} if node else {}), **(extra_vars or {})}
     taken = Taken()
     show = on_task or (lambda o: None)
 

@@ -61,6 +61,7 @@ class Server:
         self.policy = load_policy(cfg.path("policies") / cfg.policy)
         for sch in cfg.schedules:
             run_cfg = cfg.with_overrides(playbook=sch.get("playbook"), max_nodes=sch.get("max_nodes"),
+                                         dcgm_level=sch.get("dcgm_level"),
                                          interval=parse_duration(sch["interval"]) if sch.get("interval") else None)
             self.scheduler.add_job(self.run_schedule, trigger(str(sch["cron"])), args=[str(sch["name"]), run_cfg],
                                    id=str(sch["name"]), name=str(sch["name"]))

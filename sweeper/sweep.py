@@ -667,7 +667,8 @@ class Sweep:
             self.emit("task", {"node": node.name, "task": o.name, "status": o.status, "msg": o.msg})
 
         extra = {"node": node_vars, "run_id": run_id, "check_timeout": self.cfg.check_timeout,
-                 "taint_key": self.cfg.taint_key, "prefix": self.cfg.prefix}
+                 "taint_key": self.cfg.taint_key, "prefix": self.cfg.prefix,
+                 "default_dcgm_level": self.cfg.dcgm_level_for(node_vars)}
         play = Executor(self.actions, ctx, on_task).run(playbook or self.playbook, extra)
         done = str(play.vars.get("handed_back", ""))
         verdict = play.vars.get("verdict")

@@ -8,12 +8,16 @@ from sweeper.checks.fake import (
     bus_id,
     efa_sysfs,
     fi_info_output,
+    gpu_pci,
     ib_sysfs,
+    journal_line,
     netdev,
+    peermem,
     topo_output,
     xid_line,
 )
 from sweeper.checks.options import CheckOptions
+from sweeper.result import TOOL_CHECK
 
 NOW = 1_790_000_000.0
 OPTS = CheckOptions(node="n1", expect_gpus=8, gpu_model="H100")
@@ -181,7 +185,7 @@ def test_retired_pages_on_a_gpu_without_row_remapping() -> None:
 # -- the host: EFA, InfiniBand, MTU, topology, UCCL -------------------------------------------
 
 def efa_host(count: int = 4, **kw) -> FakeHost:
-    files = {**efa_sysfs(count, **kw), **netdev("ens32", "ena", 9001)}
+    files = {**efa_sysfs(count, **kw), **netdev("ens32", "ena", 9001), **gpu_pci(8), **peermem()}
     devs = sorted({p.split("/")[4] for p in files if p.startswith("/sys/class/infiniband/")})
     return FakeHost(files=files, commands={"fi_info": (0, fi_info_output(devs), ""),
                                            "nvidia-smi": (0, topo_output(8, 18, 0), "")})
@@ -213,8 +217,9 @@ def test_missing_tools_and_files_are_errors_never_passes() -> None:
         del host.files[p]
     r = run_node_checks(EFA, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=host)
     errors = {c.name for c in r.checks if c.status == "error"}
-    assert {"efa.fi_info", "topology", "nic.port"} <= errors
+    assert {"topology", "nic.port"} <= errors
     assert "nic.port" not in {c.name for c in r.checks if c.status == "pass"}
+    assert "efa.fi_info" not in {c.name for c in r.checks}, "no fi_info anywhere: a fault of the tool, see below"
     r = run_node_checks(EFA, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=FakeHost())
     assert statuses(r, "nic.devices") == {"fail"}, "no /sys/class/infiniband at all: no device"
     assert statuses(r, "net.mtu") == {"error"}, "no interface to read: not a pass"
@@ -235,20 +240,19 @@ def test_uccl_readiness_per_api() -> None:
                      "uccl.collective_afxdp.ready": 1, "uccl.collective_rdma.ready": 0}
     assert statuses(r, "uccl.collective_efa") == {"pass"}
     assert [c.message for c in by_name(r, "uccl.collective_rdma")] == ["no active ConnectX or Thor port"]
-    assert statuses(r, "uccl.env") == {"warn"}, "UCCL_SOCKET_IFNAME and UCCL_IB_GID_INDEX are unset"
+    assert not by_name(r, "uccl.env"), "the check pod's own environment says nothing of the workload's"
 
 
 def test_uccl_ep_on_amd_needs_rocm_7_and_not_arm() -> None:
     amd = {f"/sys/class/drm/card{i}/device/vendor": "0x1002\n" for i in range(8)}
     files = {**amd, **ib_sysfs(8), "/opt/rocm/.info/version": "6.4.1-120\n"}
     opts = CheckOptions(node="n1", expect_gpus=0, uccl="ep")
-    env = {"UCCL_SOCKET_IFNAME": "eth0", "UCCL_IB_GID_INDEX": "3"}
-    r = run_node_checks(opts, FakeNvml([]), CLEAN_LOG, now=NOW, host=FakeHost(files=files, environ=env))
+    r = run_node_checks(opts, FakeNvml([]), CLEAN_LOG, now=NOW, host=FakeHost(files=files))
     assert "ROCm 7" in by_name(r, "uccl.ep")[0].message
     files["/opt/rocm/.info/version"] = "7.1.0\n"
-    r = run_node_checks(opts, FakeNvml([]), CLEAN_LOG, now=NOW, host=FakeHost(files=files, environ=env))
-    assert statuses(r, "uccl.ep") == {"pass"} and statuses(r, "uccl.env") == {"pass"}
-    r = run_node_checks(opts, FakeNvml([]), CLEAN_LOG, now=NOW, host=FakeHost(files=files, environ=env, arch="aarch64"))
+    r = run_node_checks(opts, FakeNvml([]), CLEAN_LOG, now=NOW, host=FakeHost(files=files))
+    assert statuses(r, "uccl.ep") == {"pass"}
+    r = run_node_checks(opts, FakeNvml([]), CLEAN_LOG, now=NOW, host=FakeHost(files=files, arch="aarch64"))
     assert "ARM64" in by_name(r, "uccl.ep")[0].message
 
 
@@ -262,9 +266,10 @@ def test_gpu_memory_against_the_profile() -> None:
     assert by_name(r, "gpu.memory") == [], "no expectation, no check"
 
 
-def test_the_real_host_reads_a_mounted_root(tmp_path) -> None:
-    """RealHost under a root, as in a check Job that mounts the host's /sys and /opt at /host:
-    sysfs files on disk, and the host's own fi_info run with the host's libfabric."""
+def test_the_real_host_reads_a_mounted_root(tmp_path, monkeypatch) -> None:
+    """RealHost under a root, as in a check Job that mounts the host's root at /host: sysfs files on
+    disk, and the host's own fi_info run in that root by chroot(8) (a stand-in on PATH here: a real
+    chroot needs CAP_SYS_CHROOT, which the check Job has and a test does not)."""
     import os
     import stat
 
@@ -280,9 +285,15 @@ def test_the_real_host_reads_a_mounted_root(tmp_path) -> None:
     tool.parent.mkdir(parents=True)
     out = tmp_path / "fi_info.out"
     out.write_text(fi_info_output(devs))
-    tool.write_text(f'#!/bin/sh\ncase "$LD_LIBRARY_PATH" in *{tmp_path}/opt/amazon/efa/lib*) ;; *) exit 9;; esac\n'
-                    f'cat {out}\n')
+    tool.write_text(f'#!/bin/sh\ncat {out}\n')
     tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    chroot = bin_dir / "chroot"
+    chroot.write_text('#!/bin/sh\nroot=$1; shift; prog=$1; shift\ncase "$root" in /*) ;; *) exit 125;; esac\n'
+                      'exec "$root$prog" "$@"\n')
+    chroot.chmod(chroot.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     opts = CheckOptions(node="n1", expect_gpus=8, nic="efa", expect_nics=4, nic_rate_gbps=100, mtu=9001,
                         mtu_driver="ena")
     r = run_node_checks(opts, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=RealHost(str(tmp_path)))
@@ -310,3 +321,138 @@ def test_an_unprivileged_check_skips_what_it_cannot_read() -> None:
     assert {c.status for c in remap} == {"skip"} and "unprivileged" in remap[0].message
     assert r.status == "pass", "skips do not fail the node; the readings that came back passed"
     assert CheckOptions.from_argv(["--skip-kernel-log", "why"]).skip_kernel_log == "why"
+
+
+# -- each platform: GPUs a pod did not request, the host's own tools, the journal, UCCL -----------
+
+def test_a_light_check_that_sees_no_gpu_says_it_cannot_read_the_node() -> None:
+    """A pod that requests no GPU sees GPUs only through NVIDIA's runtime and
+    NVIDIA_VISIBLE_DEVICES=all (https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/
+    docker-specialized.html); GKE's device plugin gives devices only to pods that request them
+    (https://cloud.google.com/kubernetes-engine/docs/how-to/gpus). Zero GPUs there is the runtime's
+    doing: an error with the reason, never a node that lost its GPUs, never a pass."""
+    light = CheckOptions(node="n1", expect_gpus=8, gpu_request="none", skip_kernel_log="unprivileged")
+    r = run_node_checks(light, FakeNvml([]), None, now=NOW)
+    assert statuses(r, "gpu.count") == {"error"} and r.status == "error"
+    assert "requests no GPU" in by_name(r, "gpu.count")[0].message
+    r = run_node_checks(light, FakeNvml(gpus(), library_present=False), None, now=NOW)
+    assert r.status == "error" and "runtime_class" in by_name(r, "nvml.init")[0].message
+    # A check that holds every GPU and sees none is still a node that lost them.
+    r = run_node_checks(OPTS, FakeNvml([]), CLEAN_LOG, now=NOW)
+    assert statuses(r, "gpu.count") == {"fail"}
+
+
+def test_the_hosts_fi_info_runs_in_the_hosts_root() -> None:
+    """The EFA installer's fi_info loads the host's libfabric and rdma-core (libibverbs, libefa) from
+    the host's /opt/amazon/efa and /usr/lib64 (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/
+    efa-start.html): it runs chroot'ed into the host's root, not with the image's libraries."""
+    host = efa_host()
+    devs = sorted({p.split("/")[4] for p in host.files if p.startswith("/sys/class/infiniband/")})
+    host.commands = {"chroot": (0, "", ""), "nvidia-smi": host.commands["nvidia-smi"]}
+    host.files["/opt/amazon/efa/bin/fi_info"] = "ELF"
+    host.host_commands = {"fi_info": (0, fi_info_output(devs), "")}
+    r = run_node_checks(EFA, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=host)
+    assert statuses(r, "efa.fi_info") == {"pass"} and r.status == "pass"
+    assert ["chroot", "/", "/opt/amazon/efa/bin/fi_info", "-p", "efa", "-t", "FI_EP_RDM"] in host.ran
+
+
+def test_a_missing_efa_tool_is_a_tool_finding_not_an_error_of_the_node() -> None:
+    """No fi_info in the image nor on the host, a chroot that fails, or a libfabric that opens none
+    of the devices the EFA driver lists (the pod has no /dev/infiniband): each is `check.tool`, a
+    skip, so a p4d/p5 sweep still judges the node on sysfs and never ends `error` for it."""
+    host = efa_host()
+    del host.commands["fi_info"]
+    r = run_node_checks(EFA, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=host)
+    assert statuses(r, TOOL_CHECK) == {"skip"} and by_name(r, TOOL_CHECK)[0].code == "fi_info"
+    assert r.status == "pass", [(c.name, c.status) for c in r.checks if c.status != "pass"]
+    host = efa_host()
+    host.commands["fi_info"] = (1, fi_info_output([]), "")  # fi_getinfo: -61, while sysfs lists 4
+    r = run_node_checks(EFA, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=host)
+    assert statuses(r, TOOL_CHECK) == {"skip"} and r.status == "pass"
+    host.commands = {"chroot": (0, "", ""), "nvidia-smi": host.commands["nvidia-smi"]}
+    host.files["/opt/amazon/efa/bin/fi_info"] = "ELF"  # on the host, but not runnable in its root
+    r = run_node_checks(EFA, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=host)
+    assert by_name(r, TOOL_CHECK)[0].code == "fi_info exit 127" and r.status == "pass"
+    # A device the EFA driver lists and libfabric cannot open, beside ones it can, is the node's.
+    host = efa_host()
+    host.commands["fi_info"] = (0, fi_info_output(["rdmap16s27"]), "")
+    r = run_node_checks(EFA, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=host)
+    assert statuses(r, "efa.fi_info") == {"fail"}
+
+
+def test_xids_the_ring_buffer_lost_are_read_from_the_journal() -> None:
+    """journald keeps the kernel's lines after the ring buffer has overwritten them; `journalctl -k
+    -b 0 -o short-monotonic` stamps them with seconds since boot like dmesg
+    (https://www.freedesktop.org/software/systemd/man/latest/journalctl.html), so one XID is seen
+    once, and one the ring buffer lost within the window is seen at all."""
+    old = xid_line(1000.0, 3, 79, "GPU has fallen off the bus.")
+    new = xid_line(5000.0, 5, 13, "Graphics Exception")
+    ring = new + "\n"
+    host = FakeHost(commands={"chroot": (0, "", "")},
+                    host_commands={"journalctl": (0, journal_line("n1", old) + "\n" + journal_line("n1", new) + "\n",
+                                                  "")})
+    r = run_node_checks(OPTS, FakeNvml(gpus()), ring, now=NOW, uptime=6000, host=host)
+    assert {(c.code, c.gpu) for c in by_name(r, "xid")} == {("79", 3), ("13", 5)}
+    assert [m.value for m in r.metrics if m.name == "xid.count" and m.gpu == 5] in ([], [1.0])
+    assert host.ran[-1][:3] == ["chroot", "/", "journalctl"] and "-k" in host.ran[-1]
+    # Without a journal (no journalctl on the host), the ring buffer alone, as before.
+    r = run_node_checks(OPTS, FakeNvml(gpus()), ring, now=NOW, uptime=6000,
+                        host=FakeHost(commands={"chroot": (0, "", "")}))
+    assert {c.code for c in by_name(r, "xid")} == {"13"}
+
+
+def test_uccl_readiness_is_judged_on_the_nodes_gpudirect_and_affinity() -> None:
+    """UCCL's RDMA paths need GPUDirect RDMA on the node (a peer-memory module such as the EFA
+    installer's efa_nv_peermem or NVIDIA's nvidia_peermem, or dma-buf with the open GPU kernel
+    modules: https://docs.nvidia.com/cuda/gpudirect-rdma/, github.com/uccl-project/uccl efa/README.md),
+    user-space verbs devices, and a NIC near each GPU; the check pod's variables do not matter."""
+    opts = CheckOptions(node="n1", expect_gpus=8, uccl="collective_efa,p2p")
+    host = efa_host()
+    del host.files["/sys/module/efa_nv_peermem/initstate"]
+    r = run_node_checks(opts, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=host)
+    assert statuses(r, "uccl.collective_efa") == {"fail"} and "GPUDirect" in by_name(r, "uccl.p2p")[0].message
+    host.files["/proc/driver/nvidia/version"] = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.133.20\n"
+    host.files["/proc/sys/kernel/osrelease"] = "6.1.134-152.225.amzn2023.x86_64\n"
+    r = run_node_checks(opts, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=host)
+    assert statuses(r, "uccl.collective_efa") == {"pass"}, "dma-buf is GPUDirect RDMA too"
+    host = efa_host()
+    for p in [p for p in host.files if p.endswith("/device/numa_node") and "infiniband" in p]:
+        host.files[p] = "0\n"  # every NIC on socket 0: the GPUs of socket 1 reach them across it
+    r = run_node_checks(opts, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=host)
+    assert statuses(r, "uccl.p2p") == {"fail"} and "NUMA" in by_name(r, "uccl.p2p")[0].message
+    host = efa_host()
+    for p in [p for p in host.files if "/infiniband_verbs/" in p]:
+        del host.files[p]  # no user-space verbs device: nothing an RDMA library can open
+    r = run_node_checks(opts, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=host)
+    assert statuses(r, "uccl.collective_efa") == {"fail"}
+
+
+def test_a_gpu_fabric_manager_has_not_registered_fails() -> None:
+    """On HGX Hopper and later, Fabric Manager registers each GPU with the NVSwitch fabric; until
+    NVML's fabric state is completed with success, CUDA cannot use NVLink there
+    (https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/). A GPU without a fabric
+    to join (the A100's NVML does not report it) is not judged."""
+    g = gpus(fabric_state=3)
+    g[2].fabric_state = 1  # not started: Fabric Manager is down
+    g[5].fabric_status = 999  # completed, but with an error
+    r = run_node_checks(OPTS, FakeNvml(g), "", now=NOW)
+    fails = {(c.gpu, c.code) for c in by_name(r, "gpu.fabric") if c.status == "fail"}
+    assert fails == {(2, "FABRIC_NOT_READY"), (5, "FABRIC_NOT_READY")}
+    assert "Fabric Manager" in next(c.message for c in by_name(r, "gpu.fabric") if c.gpu == 2)
+    assert len([c for c in by_name(r, "gpu.fabric") if c.status == "pass"]) == 6
+    assert by_name(run_node_checks(OPTS, FakeNvml(gpus()), CLEAN_LOG, now=NOW), "gpu.fabric") == []
+
+
+def test_on_the_host_itself_host_tools_run_without_chroot(tmp_path, monkeypatch) -> None:
+    """`sweeper check` run on a node directly (host root /) runs the host's tools as they are: a
+    chroot to / would change nothing and need CAP_SYS_CHROOT."""
+    import stat
+
+    from sweeper.checks.host import RealHost
+
+    tool = tmp_path / "journalctl"
+    tool.write_text('#!/bin/sh\necho "[  100.000000] n1 kernel: $*"\n')
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    code, out, _ = RealHost("/").run(["chroot", "/", "journalctl", "-k"])
+    assert code == 0 and out.strip().endswith("kernel: -k")

@@ -62,7 +62,7 @@ def test_nested_keys_are_located_on_their_own_line(tmp_path: Path) -> None:
         f"{path}:4: remediation.by_pool.gpu: karpentr is not one of the choices; "
         "allowed: 'karpenter', 'asg' or 'manual'",
         f"{path}:7: schedules[1].cron: missing; allowed: a value (the key is required)",
-        f"{path}:8: schedules[1].crom: unknown key (did you mean cron?); allowed: keys cron, interval, max_nodes, name, playbook"]
+        f"{path}:8: schedules[1].crom: unknown key (did you mean cron?); allowed: keys cron, dcgm_level, interval, max_nodes, name, playbook"]
 
 
 def test_durations_stay_human_and_lists_become_tuples(tmp_path: Path) -> None:

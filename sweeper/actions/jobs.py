@@ -64,6 +64,10 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
         + [{"key": k, "operator": "Exists", "effect": "NoSchedule"} for k in ctx.config.allowed_taint_keys],
         "all_gpus": {"nvidia.com/gpu": str(node.get("gpus", 0))},
         "priority_class": ctx.config.check_priority_class,
+        # Where the GPU libraries come from (README "Running on EKS / AKS / GKE"): the runtime class,
+        # GKE's driver directory, and the node's DCGM host engine.
+        "platform": ctx.config.platform, "runtime_class": ctx.config.runtime_class_name,
+        "dcgm_hostengine": ctx.config.dcgm_hostengine, "default_dcgm_level": ctx.config.dcgm_level_for(node),
         **extra}
     rendered = render(text, variables, where=str(path))
     try:
@@ -73,7 +77,22 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
     if not isinstance(job, dict) or job.get("kind") != "Job":
         raise PlaybookError(f"{path}: the template must render a batch/v1 Job")
     _check_safe(job, variables, path)
+    _second_engine(ctx, job, node)
     return job
+
+
+def _second_engine(ctx: ActionContext, job: dict[str, Any], node: dict[str, Any]) -> None:
+    """Say so when a Job starts its own DCGM host engine on a node where the GPU Operator runs
+    dcgm-exporter, whose embedded engine (or the operator's nvidia-dcgm) already watches the GPUs:
+    two engines on one node, which `dcgm_hostengine: node` avoids."""
+    labels = node.get("labels") or {}
+    if labels.get("nvidia.com/gpu.deploy.dcgm-exporter", "false") == "false":
+        return
+    pod = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+    if any("nv-hostengine" in " ".join(map(str, (c.get("command") or []) + (c.get("args") or [])))
+           for c in pod.get("containers") or []):
+        ctx.log(f"{node.get('name', '')}: {job['metadata']['name']} starts a second DCGM host engine beside "
+                "dcgm-exporter's on this node (set dcgm_hostengine: node to use the node's own)")
 
 
 def _check_safe(job: dict[str, Any], variables: dict[str, Any], path: Path) -> None:

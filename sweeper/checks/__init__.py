@@ -8,12 +8,13 @@ GPU does not support is `skip` with a reason; a library or log that cannot be re
 
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
 from sweeper.checks.collect import Collector
-from sweeper.checks.fabric import nic_checks
+from sweeper.checks.fabric import in_host_root, nic_checks
 from sweeper.checks.gpu import gpu_checks
 from sweeper.checks.host import Host
 from sweeper.checks.options import CheckOptions
@@ -40,6 +41,37 @@ def read_kernel_log(opts: CheckOptions) -> tuple[str | None, str]:
     return proc.stdout, ""
 
 
+_STAMP = re.compile(r"^\[\s*(\d+\.\d+)\]")
+
+
+def read_journal(host: Host, window: float) -> tuple[str | None, str]:
+    """The kernel's lines of this boot from the node's journal (persistent /var/log/journal and
+    volatile /run/log/journal), as `dmesg` stamps them (seconds since boot), or None and why.
+    The ring buffer is a few MiB that a noisy driver overwrites within hours; journald keeps
+    what it read from /dev/kmsg for as long as its storage allows, so an XID the ring buffer lost
+    inside the window is still there. The host's own journalctl reads the host's journal files
+    (a newer file format is unreadable to an older journalctl), in the host's root.
+    https://www.freedesktop.org/software/systemd/man/latest/journalctl.html"""
+    argv = in_host_root(host, ["journalctl", "-k", "-b", "0", "-o", "short-monotonic", "--no-pager", "-q",
+                               f"--since=-{max(1, int(window))}s"])
+    try:
+        code, out, err = host.run(argv, timeout=60)
+    except FileNotFoundError:
+        return None, "chroot is not in the check image"
+    if code != 0:
+        return None, f"journalctl exited {code}: {(err or out).strip()[:160]}"
+    return out, ""
+
+
+def merge_kernel_logs(ring: str, journal: str) -> str:
+    """The ring buffer, preceded by the journal's kernel lines older than its oldest line: the same
+    event is never counted twice, and what the ring buffer lost comes back."""
+    oldest = next((float(m.group(1)) for m in map(_STAMP.match, ring.splitlines()) if m), None)
+    older = [ln for ln in journal.splitlines()
+             if (m := _STAMP.match(ln)) and (oldest is None or float(m.group(1)) < oldest)]
+    return "\n".join(older + [ring]) if older else ring
+
+
 def system_uptime() -> float | None:
     try:
         return float(Path("/proc/uptime").read_text().split()[0])
@@ -53,6 +85,10 @@ def run_node_checks(opts: CheckOptions, nvml: Any, kernel_log: str | None, *, no
     kernel log are read (the fabric and UCCL checks need sysfs and commands)."""
     c = Collector()
     bus_to_gpu = gpu_checks(opts, nvml, c, uptime)
+    if host is not None and kernel_log is not None and not opts.skip_kernel_log and not opts.kernel_log:
+        journal, _why = read_journal(host, opts.xid_window)  # unread: the ring buffer alone, as before
+        if journal:
+            kernel_log = merge_kernel_logs(kernel_log, journal)
     _xid_checks(opts, kernel_log, kernel_log_error, uptime, bus_to_gpu, c)
     if host is not None:
         nic_checks(opts, host, c)

@@ -10,6 +10,7 @@ from sweeper.checks.collect import Collector
 from sweeper.checks.host import Host
 from sweeper.checks.options import CheckOptions
 from sweeper.parsers import fi_info, topo
+from sweeper.result import TOOL_CHECK
 
 IB = "/sys/class/infiniband"
 NET = "/sys/class/net"
@@ -114,22 +115,46 @@ def _rdma(opts: CheckOptions, host: Host, c: Collector) -> None:
 
 
 EFA_HOME = "/opt/amazon/efa"  # where the EFA installer puts libfabric and its tools on the host
+FI_INFO = ["-p", "efa", "-t", "FI_EP_RDM"]
+
+
+def in_host_root(host: Host, argv: list[str]) -> list[str]:
+    """A host program run with the host's own libraries: chroot(8) into the host's root, mounted
+    read-only in the check container (the host's fi_info needs its libfabric and the rdma-core
+    libibverbs and libefa providers the EFA installer put beside it, not the image's)."""
+    return ["chroot", host.resolve("/"), *argv]
+
+
+def _tool_skip(c: Collector, code: str, why: str) -> None:
+    """A fault of the check's tooling, not of the node: named `check.tool` so the fleet sees it,
+    `skip` so the node's verdict rests on what was read (sysfs), never on the missing tool."""
+    c.check(TOOL_CHECK, "skip", f"libfabric's view of EFA not read: {why}; a fault of the check, not of the node",
+            "warning", code=code)
 
 
 def _fi_info(opts: CheckOptions, host: Host, c: Collector) -> None:
-    prog, env = "fi_info", None
-    if host.exists(f"{EFA_HOME}/bin/fi_info"):  # the host's own, with the host's libfabric
-        prog = host.resolve(f"{EFA_HOME}/bin/fi_info")
-        env = {"LD_LIBRARY_PATH": f"{host.resolve(EFA_HOME + '/lib')}:{host.resolve(EFA_HOME + '/lib64')}"}
+    on_host = host.exists(f"{EFA_HOME}/bin/fi_info")  # the EFA installer's, beside the host's libraries
+    argv = in_host_root(host, [f"{EFA_HOME}/bin/fi_info", *FI_INFO]) if on_host else ["fi_info", *FI_INFO]
     try:
-        code, out, err = host.run([prog, "-p", "efa", "-t", "FI_EP_RDM"], timeout=30, env=env)
+        code, out, err = host.run(argv, timeout=30)
     except FileNotFoundError:
-        c.check("efa.fi_info", "error", "fi_info is not installed in the check image", "warning")
+        _tool_skip(c, "fi_info", "the host has no EFA installer's fi_info and the check image none" if not on_host
+                   else "chroot is not in the check image")
         return
-    if code != 0 and "fi_getinfo" not in out + err:
-        c.check("efa.fi_info", "error", f"fi_info exited {code}: {(err or out).strip()[:160]}", "warning")
+    text = out + err
+    if code != 0 and "fi_getinfo" not in text:
+        # chroot refused (no CAP_SYS_CHROOT), a library that does not load, a crash: the tool's fault
+        _tool_skip(c, f"fi_info exit {code}", f"fi_info exited {code}: {(err or out).strip()[:160]}")
         return
-    result = fi_info.parse(out + err, opts.node, 0.0, expect=opts.expect_nics if opts.expect_nics >= 0 else None)
+    names, _ = rdma_devices(host)
+    in_sysfs = [d for d in names or [] if device_kind(host, d) == "efa"]
+    if "fi_getinfo" in text and "provider:" not in text and in_sysfs:
+        # The EFA driver lists devices libfabric cannot open from this pod: its device cgroup or
+        # a missing /dev/infiniband/uverbs*, not the node (sysfs is judged by nic.devices).
+        _tool_skip(c, "fi_info sees none", f"the EFA driver lists {len(in_sysfs)} device(s) and libfabric opens none "
+                   "from the check pod (no /dev/infiniband access)")
+        return
+    result = fi_info.parse(text, opts.node, 0.0, expect=opts.expect_nics if opts.expect_nics >= 0 else None)
     c.checks.extend(result.checks)
     c.metrics.extend(result.metrics)
 

@@ -48,6 +48,8 @@ class FakeGpu:
     power_limit_mw: int = 700_000
     recovery_action: int | None = 0  # None: the driver does not report it
     lost: bool = False
+    fabric_state: int | None = None  # NVSwitch fabric registration (3: completed); None: no fabric to join
+    fabric_status: int = 0  # an NVML return code: 0 is success
 
 
 @dataclass
@@ -170,6 +172,14 @@ class FakeNvml:
     def nvmlDeviceGetEnforcedPowerLimit(self, h: FakeGpu) -> int:
         return h.power_limit_mw
 
+    def nvmlDeviceGetGpuFabricInfo(self, h: FakeGpu, ref: Any) -> int:
+        """Fills the caller's c_nvmlGpuFabricInfo_t, passed by reference as to the real library."""
+        if h.fabric_state is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        info = ref._obj
+        info.state, info.status = h.fabric_state, h.fabric_status
+        return 0
+
     def nvmlDeviceGetFieldValues(self, h: FakeGpu, field_ids: list[int]) -> list[Any]:
         out = []
         for fid in field_ids:
@@ -202,11 +212,14 @@ def sxid_line(uptime: float, switch: int, code: int, fatal: bool) -> str:
 @dataclass
 class FakeHost:
     """A node's files and commands from a table: `files` maps absolute paths to contents (the
-    directories follow from them), `commands` maps a program name to (exit code, stdout,
-    stderr); a program not in the table is not installed."""
+    directories follow from them), `commands` maps a program of the check image to (exit code,
+    stdout, stderr) and `host_commands` one of the host's own, run through `chroot ROOT PROG` (by
+    its base name); a program not in its table is not installed."""
 
     files: dict[str, str] = field(default_factory=dict)
     commands: dict[str, tuple[int, str, str]] = field(default_factory=dict)
+    host_commands: dict[str, tuple[int, str, str]] = field(default_factory=dict)
+    ran: list[list[str]] = field(default_factory=list)  # every command line asked for, in order
     environ: dict[str, str] = field(default_factory=dict)
     arch: str = "x86_64"
 
@@ -225,8 +238,14 @@ class FakeHost:
         return path
 
     def run(self, argv: list[str], timeout: float = 60.0, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+        self.ran.append(list(argv))
         if argv[0] not in self.commands:
             raise FileNotFoundError(argv[0])
+        if argv[0] == "chroot" and len(argv) > 2:
+            prog = argv[2].rsplit("/", 1)[-1]
+            # chroot(8) exits 127 when the program is not in the new root
+            return self.host_commands.get(prog, (127, "", f"chroot: failed to run command '{argv[2]}': "
+                                                            "No such file or directory\n"))
         return self.commands[argv[0]]
 
     def env(self) -> dict[str, str]:
@@ -245,6 +264,8 @@ def efa_sysfs(count: int, *, down: tuple[int, ...] = (), rate: int = 100, gpudir
         base = f"/sys/class/infiniband/{dev}"
         files[f"{base}/device/vendor"] = "0x1d0f\n"
         files[f"{base}/device/p2p"] = "NVIDIA\n" if gpudirect else "\n"
+        files[f"{base}/device/numa_node"] = f"{0 if i < count / 2 else 1}\n"
+        files[f"{base}/device/infiniband_verbs/uverbs{i}/ibdev"] = f"{dev}\n"
         files[f"{base}/ports/1/state"] = "1: DOWN\n" if i in down else "4: ACTIVE\n"
         files[f"{base}/ports/1/phys_state"] = "5: LinkUp\n"
         files[f"{base}/ports/1/rate"] = f"{rate} Gb/sec (4X EDR)\n"
@@ -261,12 +282,36 @@ def ib_sysfs(count: int, *, down: tuple[int, ...] = (), rate: int = 400) -> dict
     for i in range(count):
         base = f"/sys/class/infiniband/mlx5_{i}"
         files[f"{base}/device/vendor"] = "0x15b3\n"
+        files[f"{base}/device/numa_node"] = f"{0 if i < count / 2 else 1}\n"
+        files[f"{base}/device/infiniband_verbs/uverbs{i}/ibdev"] = f"mlx5_{i}\n"
         files[f"{base}/ports/1/state"] = "1: DOWN\n" if i in down else "4: ACTIVE\n"
         files[f"{base}/ports/1/rate"] = f"{rate} Gb/sec (4X NDR)\n"
         files[f"{base}/ports/1/link_layer"] = "InfiniBand\n"
         for name in ("symbol_error", "link_downed", "link_error_recovery", "port_rcv_errors"):
             files[f"{base}/ports/1/counters/{name}"] = "0\n"
     return files
+
+
+def gpu_pci(count: int) -> dict[str, str]:
+    """/sys/bus/pci/devices for `count` NVIDIA GPUs (3D controllers), half on each NUMA node."""
+    files: dict[str, str] = {}
+    for i in range(count):
+        base = f"/sys/bus/pci/devices/{bus_id(i)[4:].lower()}"
+        files.update({f"{base}/vendor": "0x10de\n", f"{base}/class": "0x030200\n",
+                      f"{base}/numa_node": f"{0 if i < count / 2 else 1}\n"})
+    return files
+
+
+def peermem(module: str = "efa_nv_peermem") -> dict[str, str]:
+    """A loaded GPUDirect RDMA peer-memory module, as /sys/module shows it."""
+    return {f"/sys/module/{module}/initstate": "live\n"}
+
+
+def journal_line(node: str, kernel_line: str) -> str:
+    """A `dmesg` line as `journalctl -k -o short-monotonic` prints it: the same stamp (seconds since
+    boot), then the host and `kernel:` before the message."""
+    stamp, _, message = kernel_line.partition("] ")
+    return f"{stamp}] {node} kernel: {message}"
 
 
 def netdev(name: str, driver: str, mtu: int, up: bool = True) -> dict[str, str]:

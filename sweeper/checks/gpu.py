@@ -5,7 +5,10 @@ action. Readings a GPU does not support are `skip` with the reason; failures to 
 
 from __future__ import annotations
 
+import ctypes
 from typing import Any
+
+import pynvml
 
 from sweeper.checks.collect import Collector, GpuLost, nvml_call
 from sweeper.checks.options import CheckOptions
@@ -20,15 +23,23 @@ RECOVERY = {0: ("none", "pass"), 1: ("GPU reset", "RECOVERY_RESET"), 2: ("node r
             7: ("system reboot", "RECOVERY_REBOOT")}
 FIELD_RECOVERY_ACTION = 230
 RETIRED_PAGES_LIMIT = 60
+# Why a pod that requests no GPU may see none: the runtime, not the node. NVIDIA's runtime (RuntimeClass
+# `nvidia`, or containerd's default on EKS and AKS GPU images) exposes every GPU for NVIDIA_VISIBLE_DEVICES=all;
+# GKE's device plugin exposes GPUs only to pods that request them.
+NO_REQUEST = ("the pod requests no GPU and its runtime exposed none (NVIDIA_VISIBLE_DEVICES=all needs NVIDIA's "
+              "container runtime: config runtime_class; GKE gives devices only to pods that request GPUs), so "
+              "this check cannot read the node")
 _VALUE_ATTR = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
 
 
 def gpu_checks(opts: CheckOptions, nvml: Any, c: Collector, uptime: float | None) -> dict[str, int]:
     """Every GPU check; returns the GPUs' PCI addresses (normalised) to their index."""
+    unrequested = opts.gpu_request == "none"
     try:
         nvml.nvmlInit()
     except nvml.NVMLError as exc:
-        c.check("nvml.init", "error", f"NVML could not be initialised: {exc}", "critical")
+        c.check("nvml.init", "error", f"NVML could not be initialised: {exc}" + (f"; {NO_REQUEST}" if unrequested
+                                                                                else ""), "critical")
         return {}
     bus_to_gpu: dict[str, int] = {}
     try:
@@ -37,6 +48,9 @@ def gpu_checks(opts: CheckOptions, nvml: Any, c: Collector, uptime: float | None
             c.check("gpu.count", "error", f"cannot count GPUs: {count}", "critical")
             return {}
         c.metric("gpu.count", count)
+        if count == 0 and unrequested and opts.expect_gpus:
+            c.check("gpu.count", "error", f"this container sees no GPU: {NO_REQUEST}", "critical")
+            return {}
         if count != opts.expect_gpus:
             c.check("gpu.count", "fail", f"{count} GPUs visible, the profile expects {opts.expect_gpus}",
                     "critical")
@@ -100,6 +114,7 @@ def one_gpu(opts: CheckOptions, nvml: Any, h: Any, i: int, c: Collector, bus_to_
     _clocks(nvml, h, i, c)
     _thermal_power(opts, nvml, h, i, c)
     _recovery(nvml, h, i, c)
+    _fabric(nvml, h, i, c)
 
 
 def _memory(opts: CheckOptions, nvml: Any, h: Any, i: int, c: Collector) -> None:
@@ -314,6 +329,34 @@ def _thermal_power(opts: CheckOptions, nvml: Any, h: Any, i: int, c: Collector) 
                     f"{opts.power_limit_w:.0f} W", "warning", gpu=i)
         elif opts.power_limit_w:
             c.check("power.limit", "pass", f"{limit / 1000.0:.0f} W", gpu=i)
+
+
+FABRIC_STATES = {1: "not started", 2: "in progress", 3: "completed"}
+
+
+def _fabric(nvml: Any, h: Any, i: int, c: Collector) -> None:
+    """On an NVSwitch system whose GPUs report it (Hopper and later), Fabric Manager registers each
+    GPU with the NVLink fabric: until the state is completed with success (Fabric Manager down,
+    still starting, or not re-registering a GPU after a reset), CUDA cannot use NVLink there.
+    https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/ (nvmlDeviceGetGpuFabricInfo)."""
+    fn = getattr(nvml, "nvmlDeviceGetGpuFabricInfo", None)
+    struct = getattr(pynvml, "c_nvmlGpuFabricInfo_t", None)  # bindings older than R535 have neither
+    if fn is None or struct is None:
+        return
+    info = struct()
+    state, value = nvml_call(nvml, fn, h, ctypes.byref(info))
+    if state == "unsupported" or (state == "ok" and info.state == 0):  # no NVSwitch fabric to join
+        return
+    if state == "error":
+        c.check("gpu.fabric", "error", f"cannot read the NVLink fabric state: {value}", "warning", gpu=i)
+    elif info.state != nvml.NVML_GPU_FABRIC_STATE_COMPLETED:
+        c.check("gpu.fabric", "fail", f"not registered with the NVSwitch fabric ({FABRIC_STATES.get(info.state, info.state)}): "
+                "Fabric Manager is not running or has not finished", "critical", gpu=i, code="FABRIC_NOT_READY")
+    elif info.status != 0:
+        c.check("gpu.fabric", "fail", f"NVSwitch fabric registration failed (NVML return {info.status})", "critical",
+                gpu=i, code="FABRIC_NOT_READY")
+    else:
+        c.check("gpu.fabric", "pass", "registered with the NVSwitch fabric", gpu=i)
 
 
 def _recovery(nvml: Any, h: Any, i: int, c: Collector) -> None:

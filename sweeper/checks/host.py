@@ -3,7 +3,9 @@
 `RealHost` reads the machine the check runs on (under a root, so a check Job can mount the
 host's /sys elsewhere); `checks.fake.FakeHost` answers from a table for tests and the
 simulated kubelet. Missing is not the same as unreadable: `read` returns None for a file that
-does not exist and raises OSError for one that cannot be read."""
+does not exist and raises OSError for one that cannot be read. The host's own programs (the EFA
+installer's fi_info, journalctl over the host's journal) run as `chroot ROOT PROG ...` through
+`run`, with the host's libraries; FakeHost answers those from its `host_commands`."""
 
 from __future__ import annotations
 
@@ -61,6 +63,8 @@ class RealHost:
         return str(self._p(path))
 
     def run(self, argv: list[str], timeout: float = 60.0, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+        if argv[:2] == ["chroot", "/"] and len(argv) > 2:
+            argv = argv[2:]  # on the host itself: a chroot to / changes nothing and needs no CAP_SYS_CHROOT
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
                                   env={**os.environ, **env} if env else None)

@@ -30,6 +30,7 @@ class CheckOptions:
     nic_affinity: str = ""
     uccl: str = ""
     host_root: str = "/"
+    gpu_request: str = "all"
 
     @classmethod
     def from_argv(cls, argv: list[str]) -> CheckOptions:
@@ -65,4 +66,6 @@ OPTIONS: list[tuple[str, type, object, str]] = [
     ("nic_affinity", str, "", "farthest path from a GPU to its nearest NIC: PIX, PXB, PHB, NODE or SYS"),
     ("uccl", str, "", "comma list of UCCL APIs the node must be ready for"),
     ("host_root", str, "/", "where the host's /sys and /opt are mounted in the check container"),
+    ("gpu_request", str, "all", "GPUs the check's pod requested: all, or none (a pod beside a workload: GPUs "
+                                "it cannot see are the runtime's doing, an error, not a lost GPU)"),
 ]

@@ -21,8 +21,11 @@ from sweeper.checks.fake import (
     bus_id,
     efa_sysfs,
     fi_info_output,
+    gpu_pci,
     ib_sysfs,
+    journal_line,
     netdev,
+    peermem,
     sxid_line,
     topo_output,
     xid_line,
@@ -43,6 +46,13 @@ TRAINING_NS = "training"
 DEVICE_PLUGIN_SKIPPED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 POD_SECURITY = "pod-security.kubernetes.io/enforce"
+OPERATOR_NS = "gpu-operator"
+# The GPU Operator's operands that hold the GPUs open, by their deploy label's suffix and their pods'
+# `app` label. The operator schedules each on the nodes whose nvidia.com/gpu.deploy.<operand> label is
+# not "false", so a node leaves or regains an operand by that label alone.
+# https://docs.nvidia.com/datacenter/cloud-native/gpu-operator/latest/getting-started.html
+OPERANDS = {"device-plugin": "nvidia-device-plugin-daemonset", "gpu-feature-discovery": "gpu-feature-discovery",
+            "dcgm": "nvidia-dcgm", "dcgm-exporter": "nvidia-dcgm-exporter"}
 SHELLS = ("sh", "bash", "ash", "dash")
 # A reference's repository path: lowercase components (the registry host may differ), then a tag or digest.
 # https://github.com/distribution/reference/blob/main/regexp.go
@@ -191,6 +201,7 @@ class SimCluster:
         self._stop = threading.Event()
         self._short: set[str] = set()  # nodes whose device plugin holds GPUs back from allocatable
         self._watched: set[str] = set()  # nodes with a lost GPU or XIDs among their faults
+        self._with_operands: set[str] = set()  # nodes where the GPU Operator runs its operand pods
         self._thread: threading.Thread | None = None
         self.store.on_delete.append(self._forget)
         self._bootstrap()
@@ -200,6 +211,12 @@ class SimCluster:
         for ns in ("default", "kube-system", "kube-node-lease", TRAINING_NS, self.fleet.namespace):
             self.store.create("namespaces", None, {"metadata": {"name": ns}, "spec": {"finalizers": ["kubernetes"]},
                                                    "status": {"phase": "Active"}})
+        for rc in self.fleet.runtime_classes:  # as the GPU Operator registers NVIDIA's runtime
+            self.store.create("runtimeclasses", None, {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                                                       "metadata": {"name": rc}, "handler": rc})
+        if any(spec.operands for spec in self.fleet.nodes):
+            self.store.create("namespaces", None, {"metadata": {"name": OPERATOR_NS},
+                                                   "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}})
         for spec in self.fleet.nodes:
             self.add_node(spec)
         for w in self.fleet.workloads:
@@ -217,6 +234,8 @@ class SimCluster:
         if hw["gpus"] and spec.gpu_operator:  # GPU feature discovery's labels, only with the GPU Operator
             labels.update({"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": str(hw["gpus"]),
                            "nvidia.com/gpu.product": hw["model"].replace(" ", "-")})
+        if spec.operands:
+            labels.update({f"nvidia.com/gpu.deploy.{op}": "true" for op in OPERANDS})
         labels.update(spec.labels)
         resources = {"cpu": hw["cpu"], "memory": hw["memory"], "pods": "110", "ephemeral-storage": "3500Gi"}
         if hw["gpus"]:
@@ -246,6 +265,9 @@ class SimCluster:
         if spec.faults.gpu_lost or spec.faults.xids or spec.faults.xid_storm:
             self._watched.add(spec.name)
         created = self.store.create("nodes", None, node)
+        if spec.operands:
+            self._with_operands.add(spec.name)
+            self._operands(now)
         pool = labels.get("karpenter.sh/nodepool")
         if pool:
             self.store.create("nodeclaims", None, {
@@ -306,6 +328,7 @@ class SimCluster:
             now = self.clock.now()
             self._machines(now)
             self._device_plugin(now)
+            self._operands(now)
             self._arrivals(now)
             self._schedule(now)
             self._kubelet(now)
@@ -369,6 +392,39 @@ class SimCluster:
                 self._short.discard(name)
             else:
                 self._short.add(name)
+
+    def _operands(self, now: float) -> None:
+        """The GPU Operator's DaemonSets on the nodes that run them: an operand's pod leaves a node
+        whose nvidia.com/gpu.deploy.<operand> label is "false" and comes back when it is not."""
+        for name in list(self._with_operands):
+            node = self.store.peek("nodes", None, name)
+            if node is None:
+                self._with_operands.discard(name)
+                continue
+            labels = node["metadata"].get("labels") or {}
+            for op, app in OPERANDS.items():
+                pod_name = f"{app}-{hashlib.sha1(name.encode()).hexdigest()[:5]}"
+                pod = self.store.peek("pods", OPERATOR_NS, pod_name)
+                wanted = labels.get(f"nvidia.com/gpu.deploy.{op}") != "false"
+                if pod is not None and not wanted:
+                    self.store.delete("pods", OPERATOR_NS, pod_name)
+                elif pod is None and wanted:
+                    self.store.create("pods", OPERATOR_NS, {
+                        "metadata": {"name": pod_name, "labels": {"app": app},
+                                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": app,
+                                                          "uid": app, "controller": True}]},
+                        "spec": {"nodeName": name, "containers": [{"name": app, "image": f"nvcr.io/nvidia/{app}"}],
+                                 "tolerations": [{"operator": "Exists"}]},
+                        "status": {"phase": "Pending"}})
+                    self.store.mutate("pods", OPERATOR_NS, pod_name, partial(self._start_pod, now=now))
+
+    def operand_pods(self, node_name: str) -> list[str]:
+        """The GPU Operator's operand pods running on the node (they hold its GPUs open)."""
+        apps = set(OPERANDS.values())
+        return sorted(p["metadata"]["name"] for p in self.store.iter("pods")
+                      if p["metadata"].get("namespace") == OPERATOR_NS and p["spec"].get("nodeName") == node_name
+                      and (p["metadata"].get("labels") or {}).get("app") in apps
+                      and p["status"].get("phase") == "Running")
 
     @staticmethod
     def _set_ready(node: dict[str, Any], ready: bool, now: float) -> None:
@@ -671,7 +727,7 @@ class SimCluster:
             if spec and spec.faults.hung_check:
                 return None
             return now + self.fleet.check_seconds
-        argv = self._argv(pod)
+        argv = self._last_command(self._argv(pod))
         prog = argv[0].rsplit("/", 1)[-1] if argv else ""
         if prog == "dcgmi":
             return now + tools.DCGM_SECONDS[min(max(tools.dcgm_level(argv), 1), 4)]
@@ -687,6 +743,14 @@ class SimCluster:
             return None if argv[1] in ("inf", "infinity") else now + float(argv[1])
         run = (pod["metadata"].get("annotations") or {}).get(RUN_SECONDS)
         return None if run is None else now + float(run)
+
+    @staticmethod
+    def _last_command(argv: list[str]) -> list[str]:
+        """What a `sh -c "a && exec b ..."` wrapper ends by running (b's words); else argv itself."""
+        if len(argv) < 3 or argv[0].rsplit("/", 1)[-1] not in SHELLS or argv[1] != "-c":
+            return argv
+        last = re.split(r"&&|;|\|\|", argv[2])[-1].split()
+        return last[1:] if last[:1] == ["exec"] else last
 
     @staticmethod
     def _argv(pod: dict[str, Any]) -> list[str]:
@@ -727,7 +791,7 @@ class SimCluster:
         if missing:
             return 127, f"sh: 1: {missing}: not found\n", ""  # the shell's "command not found"
         if not self._is_check(pod):
-            argv = self._argv(pod)
+            argv = self._last_command(self._argv(pod))
             prog = argv[0].rsplit("/", 1)[-1] if argv else ""
             spec = self.specs.get(node_name)
             if prog == "dcgmi" and spec:
@@ -760,10 +824,24 @@ class SimCluster:
         if not opts.node:
             opts = CheckOptions(**{**opts.__dict__, "node": node_name})
         boot = self._boot(node_name)
-        result = run_node_checks(opts, self.fake_nvml(node_name, now), self.kernel_log(node_name, now),
-                                 now=now, uptime=now - boot, host=self.fake_host(node_name))
+        nvml = self.fake_nvml(node_name, now) if self._sees_gpus(pod) else FakeNvml(library_present=False)
+        result = run_node_checks(opts, nvml, self.kernel_log(node_name, now),
+                                 now=now, uptime=now - boot, host=self.fake_host(node_name, now))
         exit_code = 0 if result.status in ("pass", "warn", "skip") else 1
         return exit_code, result.to_json() + "\n", result.summary()
+
+    def _sees_gpus(self, pod: dict[str, Any]) -> bool:
+        """A pod that requests GPUs gets them from the device plugin. One that requests none sees them
+        only through NVIDIA's runtime with NVIDIA_VISIBLE_DEVICES=all: its RuntimeClass's handler, else
+        the node's default runtime (`nvidia` on EKS's and AKS's GPU images, `runc` on GKE's).
+        https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/docker-specialized.html"""
+        if gpu_request(pod) > 0:
+            return True
+        rc = pod["spec"].get("runtimeClassName")
+        handler = (self.store.peek("runtimeclasses", None, rc) or {}).get("handler") if rc else \
+            self.fleet.default_runtime
+        env = {e.get("name"): e.get("value") for c in pod["spec"].get("containers") or [] for e in c.get("env") or []}
+        return handler == "nvidia" and env.get("NVIDIA_VISIBLE_DEVICES") == "all"
 
     def _gpu_reset(self, node_name: str, argv: list[str]) -> tuple[int, str, str]:
         f = self.specs[node_name].faults
@@ -771,6 +849,16 @@ class SimCluster:
         gpus = {int(g) for g in ids.split(",") if g.strip().isdigit()} if ids else set(range(64))
         if gpus & set(f.gpu_lost):
             return 3, "", "GPU is lost: a reset cannot reach it; reboot the node\n"
+        holders = self.operand_pods(node_name) if node_name in self._with_operands else []
+        if holders:
+            # nvidia-smi refuses to reset a GPU another process holds open: the device plugin, GFD,
+            # DCGM and dcgm-exporter do (https://docs.nvidia.com/deploy/nvidia-smi/index.html, -r).
+            g = min(gpus)
+            return 255, "", (f"GPU 00000000:{bus_id(g).split(':')[1]}:00.0 is currently in use by another process.\n\n"
+                             "1 device is currently being used by one or more other processes (e.g., Fabric Manager, "
+                             "CUDA application, graphics application such as an X server, or a monitoring "
+                             "application such as another instance of nvidia-smi). Please first kill all processes "
+                             "using this device and all compute applications running in the system.\n")
         f.remap_pending = [g for g in f.remap_pending if g not in gpus]
         f.recovery_action = {g: a for g, a in f.recovery_action.items() if g not in gpus}
         f.ecc_dbe = {g: n for g, n in f.ecc_dbe.items() if g not in gpus}
@@ -816,10 +904,12 @@ class SimCluster:
                 pcie_replays=100_000 if i in f.pcie_replay else 0,
                 clock_reasons=0x1 | (0x40 if i in f.thermal else 0) | (0x8 if i in f.throttle else 0),
                 margin=-5 if i in f.thermal else 38 - i, recovery_action=f.recovery_action.get(i, 0),
-                lost=i in f.gpu_lost))
+                lost=i in f.gpu_lost,
+                # HGX Hopper and Blackwell baseboards join an NVSwitch fabric; the A100's NVML does not report it.
+                fabric_state=(1 if f.fabric_manager_down else 3) if hw.get("nvswitch_fabric") else None))
         return FakeNvml(gpus=gpus)
 
-    def fake_host(self, node_name: str) -> FakeHost:
+    def fake_host(self, node_name: str, now: float | None = None) -> FakeHost:
         """The node's sysfs and tools, as its hardware and faults make them."""
         spec = self.specs[node_name]
         hw = HARDWARE[spec.instance_type]
@@ -840,14 +930,36 @@ class SimCluster:
         files.update(netdev("lo", "", 65536))
         del files["/sys/class/net/lo/device/uevent"]  # a loopback has no device behind it
         gpus = max(0, hw["gpus"] - f.missing_gpus)
+        files.update(gpu_pci(gpus))
+        if hw["nic"] in ("efa", "ib") and not f.no_peermem:
+            files.update(peermem("efa_nv_peermem" if hw["nic"] == "efa" else "nvidia_peermem"))
         topo_nics = count if hw["nic"] == "ib" else 0  # EFA devices are not listed by topo -m on p5
-        commands = {"nvidia-smi": (0, topo_output(gpus, hw["nvlinks"], topo_nics, "PXB", far=f.poor_affinity), "")}
+        # The check image carries nvidia-smi and chroot; the host's own tools (the EFA installer's
+        # fi_info, journalctl) run in the host's root through chroot.
+        commands = {"nvidia-smi": (0, topo_output(gpus, hw["nvlinks"], topo_nics, "PXB", far=f.poor_affinity), ""),
+                    "chroot": (0, "", "")}
+        host_commands: dict[str, tuple[int, str, str]] = {}
         if hw["nic"] == "efa":
-            commands["fi_info"] = (0 if nic_names else 1, fi_info_output(nic_names), "")
-        return FakeHost(files=files, commands=commands, arch=hw["arch"],
-                        environ={"NODE_NAME": node_name, "UCCL_SOCKET_IFNAME": "ens32", "UCCL_IB_GID_INDEX": "3"})
+            files["/opt/amazon/efa/bin/fi_info"] = "ELF"
+            host_commands["fi_info"] = (0 if nic_names else 1, fi_info_output(nic_names), "")
+        if not f.no_journal:
+            lines = self._kernel_lines(node_name, self.clock.now() if now is None else now)
+            host_commands["journalctl"] = (0, "".join(journal_line(node_name, ln) + "\n" for ln in lines), "")
+        return FakeHost(files=files, commands=commands, host_commands=host_commands, arch=hw["arch"],
+                        environ={"NODE_NAME": node_name})
 
     def kernel_log(self, node_name: str, now: float) -> str:
+        """What `dmesg` prints: the ring buffer, which on a node with `ring_buffer_span` has lost
+        everything older than that (the journal still has it)."""
+        lines = self._kernel_lines(node_name, now)
+        span = self.specs[node_name].faults.ring_buffer_span
+        if span is not None:
+            up = now - self._boot(node_name)
+            lines = [ln for ln in lines if float(ln[1:ln.index("]")]) >= up - span]
+        return "\n".join(lines) + "\n"
+
+    def _kernel_lines(self, node_name: str, now: float) -> list[str]:
+        """Every kernel line of this boot, oldest first."""
         spec = self.specs[node_name]
         boot = self._boot(node_name)
         lines = [f"[{5.0:12.6f}] nvidia: loading out-of-tree module taints kernel.",
@@ -865,7 +977,7 @@ class SimCluster:
             when = self.started + x["at"]
             if boot <= when <= now:
                 lines.append(sxid_line(when - boot, x["switch"], x["code"], x["fatal"]))
-        return "\n".join(lines) + "\n"
+        return sorted(lines, key=lambda ln: float(ln[1:ln.index("]")]))
 
     def _jobs(self, now: float) -> None:
         for job in self.store.iter("jobs"):

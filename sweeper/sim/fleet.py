@@ -23,16 +23,17 @@ from sweeper.schema import (
 
 # What each instance type *is* (the simulated hardware), not what Sweeper expects of it.
 _H100 = {"gpus": 8, "model": "NVIDIA H100 80GB HBM3", "cpu": "192", "memory": "2097152Mi", "device_id": "2330",
-         "nccl_peak": 480.0, "nvlinks": 18, "pcie_gen": 5, "arch": "x86_64", "memory_mib": 81559}
+         "nccl_peak": 480.0, "nvlinks": 18, "pcie_gen": 5, "arch": "x86_64", "memory_mib": 81559,
+         "nvswitch_fabric": True}
 HARDWARE: dict[str, dict[str, Any]] = {
     "p5.48xlarge": {**_H100, "nic": "efa", "nics": 32, "nic_rate": 100},
     "p5e.48xlarge": {**_H100, "model": "NVIDIA H200", "device_id": "2335", "memory_mib": 143771, "nic": "efa", "nics": 32, "nic_rate": 100},
     "p5en.48xlarge": {**_H100, "model": "NVIDIA H200", "device_id": "2335", "memory_mib": 143771, "nic": "efa", "nics": 16,
                       "nic_rate": 200},
-    "p4d.24xlarge": {**_H100, "model": "NVIDIA A100-SXM4-40GB", "cpu": "96", "memory": "1179648Mi", "memory_mib": 40960,
+    "p4d.24xlarge": {**_H100, "nvswitch_fabric": False, "model": "NVIDIA A100-SXM4-40GB", "cpu": "96", "memory": "1179648Mi", "memory_mib": 40960,
                      "device_id": "20b0", "nccl_peak": 235.0, "nvlinks": 12, "pcie_gen": 4, "nic": "efa", "nics": 4,
                      "nic_rate": 100},
-    "p4de.24xlarge": {**_H100, "model": "NVIDIA A100-SXM4-80GB", "cpu": "96", "memory": "1179648Mi", "memory_mib": 81920,
+    "p4de.24xlarge": {**_H100, "nvswitch_fabric": False, "model": "NVIDIA A100-SXM4-80GB", "cpu": "96", "memory": "1179648Mi", "memory_mib": 81920,
                       "device_id": "20b2", "nccl_peak": 235.0, "nvlinks": 12, "pcie_gen": 4, "nic": "efa", "nics": 4,
                       "nic_rate": 100},
     "p6-b200.48xlarge": {**_H100, "model": "NVIDIA B200", "device_id": "2901", "memory_mib": 183359, "nccl_peak": 800.0, "nic": "efa",
@@ -113,6 +114,12 @@ class Faults:
     gpu_lost: list[int] = setting(factory=list, ge=0)
     persistence_off: bool = setting(False)
     dcgm_fail: dict[int, str] = setting(help="GPU -> DCGM test that fails on it", factory=dict)
+    ring_buffer_span: float | None = setting(None, "the kernel ring buffer holds only the newest this long of the "
+                                             "log (a noisy driver overwrote the rest); the journal keeps it all",
+                                             duration=True, gt=0)
+    no_peermem: bool = setting(False, "no GPUDirect RDMA peer-memory module is loaded")
+    fabric_manager_down: bool = setting(False, "Fabric Manager is not running: NVSwitch GPUs never join the fabric")
+    no_journal: bool = setting(False, "the host keeps no journal (journalctl finds none)")
 
 
 FAULT_KEYS = {f.name for f in fields(Faults)}
@@ -127,6 +134,7 @@ class _NodeGroup(_Strict):
     labels: dict[str, Annotated[str, Strict()]] = {}
     age: duration_type(ge=0) = 2 * 86400.0  # type: ignore[valid-type]
     gpu_operator: Annotated[bool, Strict()] = True  # false: no GPU feature discovery labels
+    operands: Annotated[bool, Strict()] = False  # the GPU Operator's operand pods run on these nodes
 
 
 class _Workload(_Strict):
@@ -172,6 +180,10 @@ class FleetFile(_Strict):
     check_seconds: duration_type(gt=0) = 45.0  # type: ignore[valid-type]
     api_faults: _ApiFaults | None = None
     registry: _Registry | None = None
+    # RuntimeClasses the cluster has: the GPU Operator creates `nvidia`; [] is a cluster without it.
+    runtime_classes: list[Annotated[str, Strict()]] = ["nvidia"]
+    # containerd's default runtime on the GPU nodes: NVIDIA's on EKS's and AKS's GPU images, runc on GKE's.
+    default_runtime: Literal["nvidia", "runc"] = "nvidia"
 
 
 @dataclass
@@ -183,6 +195,7 @@ class NodeSpec:
     age: float
     faults: Faults
     gpu_operator: bool = True  # False: no GPU feature discovery labels (nvidia.com/gpu.present), as on EKS, GKE, AKS
+    operands: bool = False  # the GPU Operator's device plugin, GFD, DCGM and dcgm-exporter pods run here
 
 
 @dataclass
@@ -211,6 +224,8 @@ class Fleet:
     api_drop_rate: float = 0.0  # share of requests whose connection is dropped without an answer
     missing_images: list[str] = field(default_factory=list)  # registry.missing: references that do not exist
     image_lacks: dict[str, list[str]] = field(default_factory=dict)  # registry.lacking: image -> absent programs
+    runtime_classes: list[str] = field(default_factory=lambda: ["nvidia"])
+    default_runtime: str = "nvidia"
 
 
 def load_fleet(path: Path) -> Fleet:
@@ -232,10 +247,12 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
             fleet.nodes.append(NodeSpec(name=f"{prefix}{i:0{max(2, len(str(group.count)))}d}",
                                         instance_type=group.instance_type, zone=group.zone,
                                         labels=dict(group.labels), age=group.age, faults=Faults(),
-                                        gpu_operator=group.gpu_operator))
+                                        gpu_operator=group.gpu_operator, operands=group.operands))
     registry = spec.registry or _Registry()
     fleet.missing_images = list(registry.missing)
     fleet.image_lacks = {k: list(v) for k, v in registry.lacking.items()}
+    fleet.runtime_classes = list(spec.runtime_classes)
+    fleet.default_runtime = spec.default_runtime
     by_name = {n.name: n for n in fleet.nodes}
     for name, faults in (spec.faults or {}).items():
         if name not in by_name:

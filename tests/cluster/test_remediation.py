@@ -364,3 +364,78 @@ def test_an_irsa_role_is_a_credential_without_a_call(no_aws_credentials: None, m
     monkeypatch.setenv("AWS_ROLE_ARN", "arn:aws:iam::111122223333:role/sweeper")
     preflight(replace(TEST_CONFIG, remediation={"default": "asg", "by_pool": {}, "by_profile": {}}))
     preflight(TEST_CONFIG)  # manual only: no AWS at all
+
+
+def operator_fleet(faults: dict[str, Any]) -> dict[str, Any]:
+    spec = fleet_spec(nodes=2, faults=faults)
+    spec["node_groups"][0]["operands"] = True
+    return spec
+
+
+def deploy_labels(sim: Sim, node: str) -> dict[str, str]:
+    labels = sim.core.read_node(node).metadata.labels or {}
+    return {k: v for k, v in labels.items() if k.startswith("nvidia.com/gpu.deploy.")}
+
+
+def test_a_gpu_reset_pauses_the_gpu_operators_operands_and_restores_them(make_sim, history: History) -> None:
+    """`nvidia-smi --gpu-reset` refuses a GPU another process holds, and the GPU Operator's device
+    plugin, GFD, DCGM and dcgm-exporter hold them all (https://docs.nvidia.com/deploy/nvidia-smi/,
+    -r). The operator removes an operand from a node whose nvidia.com/gpu.deploy.<operand> label is
+    "false", as NVIDIA's MIG manager does around a reconfiguration
+    (https://docs.nvidia.com/datacenter/cloud-native/gpu-operator/latest/gpu-operator-mig.html)."""
+    sim: Sim = make_sim(operator_fleet({"gpu-00": {"remap_pending": [5]}}))
+    # Older GPU Operator releases set no deploy label: the operand runs all the same.
+    sim.kube.patch_node("gpu-00", [{"op": "remove", "path": "/metadata/labels/nvidia.com~1gpu.deploy.gpu-feature-discovery"}])
+    before = deploy_labels(sim, "gpu-00")
+    assert set(before.values()) == {"true"} and len(before) == 3
+    sim.wait_for(lambda: len(sim.cluster.operand_pods("gpu-00")) == 4, what="the four operands")
+    cfg = replace(TEST_CONFIG, remediate_reboots=True)
+    run_sweep(sim, history, cfg)
+    ann = sim.core.read_node("gpu-00").metadata.annotations
+    # The simulated nvidia-smi resets only GPUs no operand holds: the reset taking is the proof.
+    assert ann["sweeper.dev/remediation"] == "gpu-reset", "the reset took: no reboot"
+    detail = next(history.db.query("select detail from actions where action = 'remediate-gpu-reset'"))["detail"]
+    assert "GPU(s) 5 reset" in detail and "after pausing dcgm, dcgm-exporter, device-plugin, gpu-feature-discovery" \
+        in detail
+    assert deploy_labels(sim, "gpu-00") == before, "and their labels put back as they were"
+    sim.wait_for(lambda: len(sim.cluster.operand_pods("gpu-00")) == 4, what="the operands back on the node")
+    assert sim.cluster.specs["gpu-00"].faults.remap_pending == []
+
+
+def test_a_reset_while_the_operands_run_fails_as_the_real_one_does(make_sim) -> None:
+    """The simulator's nvidia-smi refuses a reset while an operand pod runs on the node."""
+    sim: Sim = make_sim(operator_fleet({"gpu-00": {"remap_pending": [5]}}))
+    code, _out, err = sim.cluster._gpu_reset("gpu-00", ["nvidia-smi", "--gpu-reset", "-i", "5"])
+    assert code != 0 and "is currently in use by another process" in err
+    assert sim.cluster.specs["gpu-00"].faults.remap_pending == [5]
+    sim.kube.patch_node("gpu-00", [{"op": "add", "path": "/metadata/labels/nvidia.com~1gpu.deploy.dcgm-exporter",
+                                    "value": "false"}])
+    sim.wait_for(lambda: len(sim.cluster.operand_pods("gpu-00")) == 3, what="dcgm-exporter gone")
+    code, _out, err = sim.cluster._gpu_reset("gpu-00", ["nvidia-smi", "--gpu-reset", "-i", "5"])
+    assert code != 0, "three operands still hold the GPUs"
+
+
+def test_the_operands_labels_come_back_when_the_reset_fails(make_sim, history: History) -> None:
+    """A lost GPU cannot be reset: the node is rebooted instead, and the operands' labels are still
+    put back as they were (a person's "false" on one of them stays "false")."""
+    sim: Sim = make_sim(operator_fleet({"gpu-00": {"gpu_lost": [2], "remap_pending": [2]}}))
+    sim.kube.patch_node("gpu-00", [{"op": "add", "path": "/metadata/labels/nvidia.com~1gpu.deploy.dcgm",
+                                    "value": "false"}])
+    before = deploy_labels(sim, "gpu-00")
+    remediator = Remediator(sim.kube, replace(TEST_CONFIG, remediate_reboots=True), sim.cluster.clock)
+    view = NodeView.from_obj(sim.kube.get_node("gpu-00"))
+    from sweeper.runner import node_vars
+    remedy = remediator.gpu_reset("run-1", view, node_vars(view, TEST_CONFIG), [2])
+    assert remedy.provider == "reboot", remedy
+    assert deploy_labels(sim, "gpu-00") == before and before["nvidia.com/gpu.deploy.dcgm"] == "false"
+
+
+def test_no_gpu_reset_while_fabric_manager_is_down(make_sim, history: History) -> None:
+    """On an NVSwitch system a reset GPU must be registered with the fabric again by Fabric Manager
+    (https://docs.nvidia.com/datacenter/tesla/fabric-manager-user-guide/): with Fabric Manager down,
+    a pending remap is not reset alone; the node is rebooted, which restarts Fabric Manager."""
+    sim: Sim = make_sim(operator_fleet({"gpu-00": {"remap_pending": [5], "fabric_manager_down": True}}))
+    report = run_sweep(sim, history, replace(TEST_CONFIG, remediate_reboots=True))
+    reasons = next(o.reasons for o in report.outcomes if o.node == "gpu-00")
+    assert any("FABRIC_NOT_READY" in r or "Fabric Manager" in r for r in reasons), reasons
+    assert sim.core.read_node("gpu-00").metadata.annotations["sweeper.dev/remediation"] == "reboot"

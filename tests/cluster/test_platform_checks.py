@@ -1,0 +1,107 @@
+"""Node-local checks that read what the platform keeps on the node: the kernel's journal beside the
+ring buffer, and the host's own EFA tools, through the simulated kubelet."""
+
+from __future__ import annotations
+
+from sweeper.history import History
+from tests.conftest import TEST_CONFIG, Sim, fleet_spec, run_sweep
+
+# XID 109 (context switch timeout): the driver asks for a GPU reset, and NVIDIA's device plugin does
+# not mark the GPU unhealthy for it (an application XID), so only the kernel log tells.
+XID_109 = {"xids": [{"code": 109, "gpu": 3, "at": "0s", "text": "Ctx switch timeout"}], "ring_buffer_span": "10m"}
+
+
+def test_an_xid_the_ring_buffer_lost_is_found_in_the_journal(make_sim, history: History) -> None:
+    """A noisy driver overwrites the few MiB of the kernel ring buffer within hours, and `dmesg`
+    then no longer shows an XID of this morning; journald read it from /dev/kmsg and keeps it
+    (https://www.freedesktop.org/software/systemd/man/latest/systemd-journald.service.html). The
+    check reads both, so the XID is judged within its window; a node whose host keeps no journal is
+    judged on the ring buffer alone, as before."""
+    sim: Sim = make_sim(nodes=2, faults={"gpu-00": XID_109, "gpu-01": {**XID_109, "no_journal": True}})
+    sim.cluster.clock.advance(3600)  # the XID is an hour old: past the ring buffer's 10 minutes
+    assert "Xid" not in sim.cluster.kernel_log("gpu-00", sim.cluster.clock.now())
+    report = run_sweep(sim, history, TEST_CONFIG)
+    got = {o.node: o.verdict for o in report.outcomes}
+    assert got["gpu-01"] == "pass", report.outcomes
+    assert got["gpu-00"] not in ("pass", "warn", "error", "inconclusive"), report.outcomes
+    reasons = next(o.reasons for o in report.outcomes if o.node == "gpu-00")
+    assert any("XID 109" in r for r in reasons), reasons
+
+
+def test_a_p5_sweep_reads_efa_through_the_hosts_own_fi_info(make_sim, history: History) -> None:
+    """The EFA installer's fi_info, run in the host's root, sees the node's 32 EFA devices; the
+    sweep passes on it, and a host without it is a `check.tool` finding, not a failing node."""
+    from dataclasses import replace
+
+    from sweeper.profiles import load_profile
+
+    sim: Sim = make_sim(nodes=1)
+    assert load_profile(TEST_CONFIG.path("profiles") / "p5.48xlarge.yaml").nic == "efa"
+    report = run_sweep(sim, history, replace(TEST_CONFIG, interval=0))
+    assert [(o.node, o.verdict) for o in report.outcomes] == [("gpu-00", "pass")]
+    checks = {c["name"]: c for c in history.db.query("select name, status, message from checks")}
+    assert checks["efa.fi_info"]["status"] == "pass" and "32 EFA devices" in checks["efa.fi_info"]["message"]
+
+
+def light_on_a_busy_node(make_sim, history: History, cfg_changes: dict, **fleet: object) -> tuple[Sim, object]:
+    from dataclasses import replace
+
+    from tests.cluster.test_sweep import running_pods_on
+
+    sim: Sim = make_sim(fleet_spec(nodes=1, workloads=[{"node": "gpu-00", "gpus": 8, "duration": None}], **fleet))
+    sim.wait_for(lambda: running_pods_on(sim.cluster, "gpu-00"), what="the training pod")
+    report = run_sweep(sim, history, replace(TEST_CONFIG, **cfg_changes))
+    (light,) = [o for o in report.outcomes if o.node == "gpu-00"]
+    assert light.action == "light"
+    return sim, light
+
+
+def test_a_light_check_that_its_runtime_shows_no_gpu_says_so_and_marks_no_suspect(make_sim, history: History) -> None:
+    """GKE: no NVIDIA runtime (containerd's default is runc) and no RuntimeClass `nvidia`; its device
+    plugin exposes GPUs only to pods that request them (https://cloud.google.com/kubernetes-engine/
+    docs/how-to/gpus). The light check, which requests none, cannot read NVML there: an `error` with
+    the reason, never a lost GPU, and the busy node is not made a suspect."""
+    sim, light = light_on_a_busy_node(make_sim, history, {"platform": "gke"}, runtime_classes=[],
+                                      default_runtime="runc")
+    assert light.verdict == "error", light  # type: ignore[attr-defined]
+    assert any("requests no GPU" in r for r in light.reasons), light  # type: ignore[attr-defined]
+    assert "sweeper.dev/suspect" not in (sim.core.read_node("gpu-00").metadata.labels or {})
+
+
+def test_a_light_check_sees_the_gpus_through_nvidias_runtime(make_sim, history: History, tmp_path) -> None:
+    """EKS and AKS GPU images make NVIDIA's runtime containerd's default: with platform eks (no
+    RuntimeClass named) the light check reads every GPU, as it does through RuntimeClass `nvidia`
+    on a GPU Operator cluster (platform generic)."""
+    _, light = light_on_a_busy_node(make_sim, history, {"platform": "eks"}, runtime_classes=[])
+    assert light.verdict == "pass", light  # type: ignore[attr-defined]
+    other = History(tmp_path / "other.db")
+    try:
+        _, light = light_on_a_busy_node(make_sim, other, {}, default_runtime="runc")
+    finally:
+        other.close()
+    assert light.verdict == "pass", light  # type: ignore[attr-defined]
+
+
+def test_dcgm_through_the_nodes_own_host_engine_starts_no_second_one(make_sim, history: History) -> None:
+    """On a GPU Operator node dcgm-exporter already runs a host engine. A DCGM sweep that starts its
+    own says so in the sweep's log; with `dcgm_hostengine: node`, dcgmi talks to the node's engine
+    on its own address (status.hostIP, port 5555) instead, and nothing is said."""
+    from dataclasses import replace
+
+    spec = fleet_spec(nodes=1)
+    spec["node_groups"][0]["operands"] = True
+    sim: Sim = make_sim(spec)
+
+    def second_engine(report: object) -> list[str]:
+        return [d["msg"] for e, d in report.events if e == "log"  # type: ignore[attr-defined]
+                and "second DCGM host engine" in d.get("msg", "")]
+
+    cfg = replace(TEST_CONFIG, playbook="sweep-dcgm.yaml", interval=0)
+    report = run_sweep(sim, history, cfg)
+    assert [(o.node, o.verdict) for o in report.outcomes] == [("gpu-00", "pass")]
+    assert second_engine(report), "an engine of its own beside dcgm-exporter's: said"
+    report = run_sweep(sim, history, replace(cfg, dcgm_hostengine="node"))
+    assert [(o.node, o.verdict) for o in report.outcomes] == [("gpu-00", "pass")]
+    assert second_engine(report) == []
+    checks = [c["name"] for c in history.db.query("select name from checks")]
+    assert any(name.startswith("dcgm.") for name in checks), "the diagnostic ran and was read"
