@@ -64,13 +64,14 @@ class Options:
 
 
 # -- the CronJob's deadline -------------------------------------------------------------------------------
-def _resolved_vars(playbook: Playbook, config: Config) -> dict[str, Any]:
+def _resolved_vars(playbook: Playbook, config: Config, level: int = 2) -> dict[str, Any]:
     """The playbook's vars, each templated with the others (a var may name another, as dcgm_timeout
-    names dcgm_level)."""
-    scope: dict[str, Any] = {"check_timeout": config.check_timeout, **playbook.vars}
-    for _ in range(5):
-        scope = {k: render_template(v, scope, playbook.source) if isinstance(v, str) and "{" in v else v
-                 for k, v in scope.items()}
+    names dcgm_level), with `default_dcgm_level` as a run would give it."""
+    scope: dict[str, Any] = {"check_timeout": config.check_timeout, "default_dcgm_level": level, **playbook.vars}
+    for _ in range(5):  # in order, each var rendered with those already rendered before it
+        for k, v in list(scope.items()):
+            if isinstance(v, str) and "{" in v:
+                scope[k] = render_template(v, scope, playbook.source)
     return scope
 
 
@@ -84,22 +85,38 @@ def _job_seconds(tasks: tuple[Task, ...], scope: dict[str, Any]) -> float:
     return total
 
 
-def playbook_seconds(config: Config, name: str) -> float:
-    """The longest one node can spend in a playbook: the sum of its Jobs' timeouts."""
+def playbook_seconds(config: Config, name: str, level: int = 2) -> float:
+    """The longest one node can spend in a playbook at DCGM level `level`: the sum of its Jobs' timeouts."""
     from sweeper.actions import load_all
     from sweeper.playbook.executor import load
 
     book = load(str(config.path("playbooks") / name), load_all())
-    return _job_seconds(book.tasks, _resolved_vars(book, config))
+    return _job_seconds(book.tasks, _resolved_vars(book, config, level))
+
+
+def _highest_level(config: Config) -> int:
+    """The highest DCGM level a run without a level of its own may use: the config's, else the
+    highest a profile names, else 2 (`Config.dcgm_level_for`)."""
+    if config.dcgm_level:
+        return int(config.dcgm_level)
+    from sweeper import profiles as prof
+
+    try:
+        levels = [p.dcgm_level for p in prof.load_profiles(config.path("profiles")).values() if p.dcgm_level]
+    except (OSError, ValueError):
+        levels = []
+    return max([2, *levels])
 
 
 def deadline_seconds(config: Config) -> int:
     """activeDeadlineSeconds of a CronJob run: longer than the longest playbook it (`playbook`) or any
     of the config's `schedules` runs, beside the light checks, plus the wait for a replaced node and a
     margin; rounded up to whole minutes."""
-    names = [config.playbook] + [str(s["playbook"]) for s in config.schedules if s.get("playbook")]
-    longest = max(playbook_seconds(config, n) for n in names)
-    light = playbook_seconds(config, config.light_playbook) if config.light_playbook else 0.0
+    level = _highest_level(config)
+    runs = [(config.playbook, level)] + [(str(s.get("playbook") or config.playbook), int(s.get("dcgm_level") or level))
+                                         for s in config.schedules]
+    longest = max(playbook_seconds(config, n, lv) for n, lv in runs)
+    light = playbook_seconds(config, config.light_playbook, level) if config.light_playbook else 0.0
     # A run that keeps taking nodes until a deadline of its own (`run_deadline`, where the config has
     # it) may start its longest playbook just before that deadline.
     rolling = float(getattr(config, "run_deadline", 0) or 0)

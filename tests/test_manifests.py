@@ -146,14 +146,9 @@ def test_the_cronjob_deadline_outlasts_its_longest_playbook(tmp_path: Path) -> N
     cron = next(d for d in docs_of("cronjob.yaml") if d["kind"] == "CronJob")
     deadline = cron["spec"]["jobTemplate"]["spec"]["activeDeadlineSeconds"]
     assert deadline >= playbook_seconds(cfg, "sweep-dcgm.yaml") + MARGIN, "the dcgm schedule fits"
-    level4 = tmp_path / "playbooks"
-    level4.mkdir()
-    text = (ROOT / "playbooks" / "quarantine-deep.yaml").read_text().replace("dcgm_level: 3", "dcgm_level: 4")
-    (level4 / "deep4.yaml").write_text(text)
-    for name in ("sweep-light.yaml", "light-busy.yaml"):
-        (level4 / name).write_text((ROOT / "playbooks" / name).read_text())
-    cfg4 = Config(playbook_dir=str(level4), schedules=({"name": "deep", "cron": "0 3 * * 6", "playbook": "deep4.yaml"},))
-    assert playbook_seconds(cfg4, "deep4.yaml") == 3 * 3600 + 20 * 60
+    assert playbook_seconds(cfg, "quarantine-deep.yaml", level=4) == 3 * 3600 + 20 * 60
+    cfg4 = Config(playbook_dir=str(ROOT / "playbooks"),
+                  schedules=({"name": "deep", "cron": "0 3 * * 6", "playbook": "quarantine-deep.yaml", "dcgm_level": 4},))
     assert deadline_seconds(cfg4) > 3 * 3600 + 20 * 60 > deadline
     assert deadline_seconds(cfg4) % 60 == 0
 
