@@ -26,8 +26,11 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 
 def _commands(cmd: click.Command, path: tuple[str, ...]) -> Iterator[tuple[str, click.Command]]:
     yield " ".join(path), cmd
-    if isinstance(cmd, click.Group):
-        for name, sub in sorted(cmd.commands.items()):
+    if isinstance(cmd, click.Group):  # list_commands/get_command: `check` is built when asked for
+        ctx = click.Context(cmd)
+        for name in sorted(cmd.list_commands(ctx)):
+            sub = cmd.get_command(ctx, name)
+            assert sub is not None, name
             yield from _commands(sub, (*path, name))
 
 
