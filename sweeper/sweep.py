@@ -17,6 +17,7 @@ from typing import Any, Protocol, cast
 from sweeper import profiles, signals
 from sweeper.actions import ActionContext, load_all
 from sweeper.actions import node as node_actions
+from sweeper.actions.jobwatch import RunWatch
 from sweeper.clock import Clock, WallClock, iso, parse_iso
 from sweeper.config import Config
 from sweeper.control import KEYS, Controls, dismissal_key
@@ -140,6 +141,7 @@ class Sweep:
         self.actions = load_all()
         self.stop = threading.Event()
         self.lock: SweepLock | None = None
+        self.jobwatch: RunWatch | None = None  # the running run's watch of its check Jobs
         self._replacing = 0  # replace verdicts of this run not yet recorded
         self._lock = threading.Lock()
         self.profiles = profiles.load_profiles(config.path("profiles"))
@@ -308,9 +310,14 @@ class Sweep:
             self.kube = self.remediator.kube = kube.fenced(self.lock.fence)
             self.controls.kube = controls_kube.fenced(self.lock.fence)  # the switches it writes are fenced too
             self.rec = cast(Recorder, FencedRecorder(rec, self.lock.fence))
+        # The run's check Jobs and their pods, listed once and then watched, for every run_job of the run.
+        self.jobwatch = RunWatch(self.kube, self.cfg.namespace, f"{self.cfg.prefix}/run-id={run_id}", self.clock,
+                                 self.cfg.poll_interval, log=lambda m: self.emit("log", {"node": "-", "msg": m}))
         try:
             return self._run(run_id, start, requests_before, rec)
         finally:
+            self.jobwatch.close()
+            self.jobwatch = None
             self.kube = self.remediator.kube = kube
             self.controls.kube = controls_kube
             self.rec = rec
@@ -655,7 +662,8 @@ class Sweep:
             intent=lambda op, phase, detail: self.rec.intent(run_id, node.name, self.clock.now(), op, phase, detail),
             log=lambda msg: self.emit("log", {"node": node.name, "msg": msg}),
             cancelled=self.cancelled,
-            on_record=lambda kind, data: self._record(run_id, sweep_id, node.name, kind, data), past=self.rec)
+            on_record=lambda kind, data: self._record(run_id, sweep_id, node.name, kind, data), past=self.rec,
+            jobwatch=self.jobwatch)
         ctx.on_result = lambda r: self._on_result(sweep_id, node.name, r)
 
         def on_task(o: TaskOutcome) -> None:
