@@ -142,6 +142,7 @@ class Sweep:
         self.stop = threading.Event()
         self.lock: SweepLock | None = None
         self.jobwatch: RunWatch | None = None  # the running run's watch of its check Jobs
+        self._seen: dict[str, dict[str, Any]] = {}  # node -> what its hold read (ActionContext.seen)
         self._replacing = 0  # replace verdicts of this run not yet recorded
         self._lock = threading.Lock()
         self.profiles = profiles.load_profiles(config.path("profiles"))
@@ -564,9 +565,11 @@ class Sweep:
         verdict and the hold stand."""
         name = node.name
         rules = list((decision or {}).get("rules") or [])
+        seen = self._seen.pop(name, {})
+        marked = seen.get("node") if seen.get("marked") == (verdict, tuple(reasons), tuple(map(str, rules))) else None
         try:
             node_actions.mark_status(self.kube, self.cfg, name, verdict, reasons, rules, self.clock.now(),
-                                     condition=self.cfg.node_condition)
+                                     condition=self.cfg.node_condition, marked=marked)
         except KubeError as exc:
             self.emit("log", {"node": name, "msg": f"could not mark the node's status: {exc}"})
         holding = verdict in HOLDING
@@ -663,7 +666,7 @@ class Sweep:
             log=lambda msg: self.emit("log", {"node": node.name, "msg": msg}),
             cancelled=self.cancelled,
             on_record=lambda kind, data: self._record(run_id, sweep_id, node.name, kind, data), past=self.rec,
-            jobwatch=self.jobwatch)
+            jobwatch=self.jobwatch, seen=self._seen.get(node.name, {}))
         ctx.on_result = lambda r: self._on_result(sweep_id, node.name, r)
 
         def on_task(o: TaskOutcome) -> None:
@@ -727,7 +730,10 @@ class Sweep:
             self.emit("raced", {"node": name, "pods": landed})
             self.release(run_id, name, f"GPU pod(s) landed before the taint: {', '.join(landed)}", owner=run_id)
             return None
-        return NodeView.from_obj(updated or self.kube.get_node(name), self.cfg.gpu_resources)
+        node = updated or self.kube.get_node(name)
+        # The playbook's first steps (taint, verify_idle) reuse what was just read and written.
+        self._seen[name] = {"node": node, "at": self.clock.now(), "idle_at": self.clock.now()}
+        return NodeView.from_obj(node, self.cfg.gpu_resources)
 
     @staticmethod
     def _raw(view: NodeView) -> dict[str, Any]:
@@ -742,11 +748,13 @@ class Sweep:
         if not left and (done_by_play not in ("released", "held") or (done_by_play == "held") != holding):
             if holding:
                 self.rec.intent(run_id, name, self.clock.now(), "keep-held", "before", verdict)
-                left = not node_actions.keep_held(self.kube, self.cfg, name, verdict, reason, run_id)
+                left = bool(node_actions.keep_held(self.kube, self.cfg, name, verdict, reason, run_id,
+                                                   known=self._seen.get(name, {}).get("node")).left_to)
                 self.rec.intent(run_id, name, self.clock.now(), "keep-held", "left" if left else "after", verdict)
             else:
                 self.rec.intent(run_id, name, self.clock.now(), "untaint", "before", f"verdict {verdict}")
-                done = node_actions.release(self.kube, self.cfg, name, run_id, clear_suspect=verdict in ("pass", "warn"))
+                done = node_actions.release(self.kube, self.cfg, name, run_id, clear_suspect=verdict in ("pass", "warn"),
+                                            known=self._seen.get(name, {}).get("node"))
                 left = bool(done.left_to)
                 self.rec.intent(run_id, name, self.clock.now(), "untaint", "left" if left else "after",
                                 f"taint of run {done.left_to}" if left else f"verdict {verdict}")
