@@ -748,8 +748,8 @@ class Sweep:
         if not left and (done_by_play not in ("released", "held") or (done_by_play == "held") != holding):
             if holding:
                 self.rec.intent(run_id, name, self.clock.now(), "keep-held", "before", verdict)
-                left = bool(node_actions.keep_held(self.kube, self.cfg, name, verdict, reason, run_id,
-                                                   known=self._seen.get(name, {}).get("node")).left_to)
+                left = not node_actions.keep_held(self.kube, self.cfg, name, verdict, reason, run_id,
+                                                  known=self._seen.get(name, {}).get("node"))
                 self.rec.intent(run_id, name, self.clock.now(), "keep-held", "left" if left else "after", verdict)
             else:
                 self.rec.intent(run_id, name, self.clock.now(), "untaint", "before", f"verdict {verdict}")

@@ -139,10 +139,16 @@ def release(kube: Any, cfg: Config, name: str, owner: str, clear_suspect: bool =
 
 
 def keep_held(kube: Any, cfg: Config, name: str, verdict: str, reason: str, owner: str,
-              marks: Marks | None = None, known: dict[str, Any] | None = None) -> Released:
+              known: dict[str, Any] | None = None) -> bool:
     """Keep run `owner`'s taint, say why on the node, and stop shielding it from Karpenter.
-    `left_to` names the other run, and nothing is written, when the node carries its taint.
-    `marks` and `known` as for release."""
+    False, and nothing written, when the node carries another run's taint."""
+    return not hold_with_reason(kube, cfg, name, verdict, reason, owner, known=known).left_to
+
+
+def hold_with_reason(kube: Any, cfg: Config, name: str, verdict: str, reason: str, owner: str,
+                     marks: Marks | None = None, known: dict[str, Any] | None = None) -> Released:
+    """keep_held, saying what it did: `left_to` names the other run whose taint is on the node
+    (nothing written). `marks` and `known` as for release."""
     prefix = cfg.prefix
     other = [""]
 
@@ -417,7 +423,8 @@ def hand_back(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
         if known is not None and args["verdict"] is None and args["reason"] is None else None
     if verdict in HOLDING:
         ctx.intent("keep-held", "before", verdict)
-        done = keep_held(kube, ctx.config, ctx.node_name, verdict, reason, ctx.run_id, marks=marks, known=known)
+        done = hold_with_reason(kube, ctx.config, ctx.node_name, verdict, reason, ctx.run_id, marks=marks,
+                                known=known)
         if done.left_to:
             ctx.intent("keep-held", "left", verdict)
             ctx.facts["handed_back"] = "left"

@@ -157,8 +157,9 @@ STEPS = [
     ("before", "POST", "/jobs", 1),        # tainted, Job not yet created
     ("after", "POST", "/jobs", 1),         # Job created
     ("after", "POST", "/jobs", 4),         # every Job created, the busy node's light check too
-    ("after", "GET", "/jobs/", 3),         # mid-check, polling
-    ("after", "GET", "/jobs/sweep-gpu-03-", 1),     # mid light check on the busy node
+    ("after", "WATCH", "/jobs", 1),        # the run follows its check Jobs with a watch
+    ("after", "GET", "/log", 1),           # mid-check: a first result read, its Job not yet deleted
+    ("after", "GET", "/pods/sweep-gpu-03-", 1),     # the busy node's light check read, its Job not yet deleted
     ("after", "DELETE", "/jobs/sweep-gpu-03-", 1),  # light check done, its verdict not recorded
     ("after", "DELETE", "/jobs/", 1),      # Job deleted, verdict not acted on
     ("after", "PATCH", "/nodes/gpu-00", 2),  # a passing node untainted, its verdict not yet recorded
@@ -239,14 +240,14 @@ def test_a_stalled_sweeper_does_not_hand_back_a_node_another_run_holds(make_sim,
     stopped = threading.Event()
 
     def hook(st: str, m: str, path: str) -> None:
-        # A's first poll of its check Job: the node is held and the check runs.
-        if st == "after" and m == "GET" and "/jobs/sweep-gpu-00-" in path and not stopped.is_set():
+        # A creates its check Job: the node is held and the check starts.
+        if st == "after" and m == "POST" and path.endswith("/jobs") and not stopped.is_set():
             os.kill(a.pid, signal.SIGSTOP)
             stopped.set()
 
     sim.server.hooks.append(hook)
     try:
-        assert stopped.wait(60), "sweeper A never polled its check Job"
+        assert stopped.wait(60), "sweeper A never created its check Job"
         sim.server.hooks.clear()
         # A's last renewal came before the stop: past lock_ttl (1s) the Lease has expired for B, and A,
         # once resumed, can no longer vouch for it without renewing.
