@@ -238,7 +238,7 @@ class ApiServer:
         accept = headers.get("accept", "")
         return WatchStream(self, res, ns, parse_label_selector(q.get("labelSelector")),
                            parse_field_selector(q.get("fieldSelector"), res.plural),
-                           None if rv in (None, "0") else int(rv), q.get("allowWatchBookmarks") == "true", timeout,
+                           None if rv in (None, "0") else int(rv), _true(q.get("allowWatchBookmarks", "")), timeout,
                            q.get("includeObject", "Metadata") if "as=Table" in accept else None,
                            bool((q.get("fieldSelector") or "").strip()))
 
@@ -539,9 +539,13 @@ class DroppedConnection(Exception):
     """The simulated apiserver hangs up without answering."""
 
 
+def _true(value: str) -> bool:
+    """A boolean query parameter as Go's strconv.ParseBool reads it (the Python client sends "True")."""
+    return value in ("1", "t", "T", "true", "TRUE", "True")
+
+
 def _watching(query: str) -> bool:
-    """`watch` as Go's strconv.ParseBool reads it (the Python client sends "True")."""
-    return any(v in ("1", "t", "T", "true", "TRUE", "True") for v in parse_qs(query).get("watch", []))
+    return any(_true(v) for v in parse_qs(query).get("watch", []))
 
 
 class WatchStream:
@@ -560,6 +564,7 @@ class WatchStream:
         self.api, self.res, self.ns, self.labels, self.fields = api, res, ns, labels, fields
         self.since, self.bookmarks, self.timeout, self.table_of = since, bookmarks, timeout, table_of
         self.selective = bool(labels) or has_fields or ns is not None
+        self.drops = api.watch_drops  # a drop_watches() from here on, even before the stream starts, ends it
 
     def _match(self, obj: dict[str, Any] | None) -> bool:
         if obj is None:
@@ -596,7 +601,7 @@ class WatchStream:
         """Batches of event lines, each sent as one chunk."""
         store, clock, api = self.api.cluster.store, self.api.cluster.clock, self.api
         end = clock.now() + self.timeout if self.timeout else None
-        drops = api.watch_drops
+        drops = self.drops
         with store.lock:
             if self.since is None:
                 pos = int(store.resource_version)
