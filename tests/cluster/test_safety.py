@@ -378,6 +378,34 @@ def test_api_faults_at_five_percent(make_sim, history: History) -> None:
     assert list(history.db.query("select * from node_sweeps where finished is null")) == []
 
 
+def test_dropped_watches_and_a_compacted_history_lose_nothing(make_sim, history: History) -> None:
+    """The run's watches of its Jobs and pods are cut by the server, their history compacted at
+    the same moment (a watch from the last version seen is then 410 Gone), three times over: the
+    run lists again and every check still ends in its verdict, with nothing left behind. The
+    simulator's api_faults.drop_rate also cuts streams at random (test_api_faults_at_five_percent)."""
+    from tests.conftest import fleet_spec
+
+    sim: Sim = make_sim(fleet_spec(nodes=6, faults={"gpu-02": {"xids": [{"code": 79, "gpu": 1}]}},
+                                   check_seconds=300))
+    drops = itertools.count(1)
+    dropped = []
+
+    def cut(stage: str, method: str, path: str) -> None:
+        if stage == "after" and method == "WATCH" and next(drops) <= 3:
+            sim.cluster.store.compact()
+            sim.server.drop_watches()  # this stream too: it hangs up before its first event
+            dropped.append(path)
+
+    sim.server.hooks.append(cut)
+    report = run_sweep(sim, history, replace(TEST_CONFIG, max_nodes=6, check_timeout=3000))
+    assert dropped, "a watch was cut"
+    got = {o.node: (o.verdict, o.action) for o in report.outcomes}
+    assert got == {**{f"gpu-0{i}": ("pass", "released") for i in (0, 1, 3, 4, 5)}, "gpu-02": ("reboot", "held")}
+    assert set(sweep_taints(sim)) == {"gpu-02"}
+    assert jobs_left(sim) == []
+    assert list(history.db.query("select * from node_sweeps where finished is null")) == []
+
+
 def test_a_hundred_races_disturb_no_pod(make_sim, history: History) -> None:
     faults = {f"gpu-{i:03d}": {"pod_lands_on_taint": 1} for i in range(100)}
     sim: Sim = make_sim(nodes=100, faults=faults)
