@@ -171,6 +171,8 @@ def test_a_sweep_follows_its_jobs_with_one_watch_and_no_job_reads(make_sim, hist
     assert sum(1 for m, p in requests if m == "GET" and p == "/api/v1/namespaces/sweeper/pods") == 1
     jobs = [p for m, p in requests if m == "GET" and p == "/apis/batch/v1/namespaces/sweeper/jobs"]
     assert len(jobs) == 2, "one list by reconcile, one by the run's watch"
+    sim.wait_for(lambda: not [t for t in threading.enumerate() if t.name.startswith("run-watch-") and t.is_alive()],
+                 what="the run's watch threads to end with the run")
 
 
 def test_a_swept_node_is_written_twice(make_sim, history: History) -> None:
