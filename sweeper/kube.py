@@ -100,6 +100,7 @@ class WatchStream:
 
     def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
         buf = b""
+        ended = False
         try:
             for chunk in self._resp.stream(amt=None, decode_content=False):
                 buf += chunk
@@ -107,11 +108,15 @@ class WatchStream:
                     line, buf = buf.split(b"\n", 1)
                     if line.strip():
                         yield self._event(line)
+            ended = True
         except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError, OSError) as exc:
             raise Transient(f"{self.what}: the watch was cut: {exc.__class__.__name__}: {_truncate(str(exc))}") \
                 from exc
         finally:
-            self.close()
+            if ended:
+                self._resp.release_conn()  # read to its end: the connection may carry the next request
+            else:
+                self.close()
         if buf.strip():
             yield self._event(buf)
 
@@ -131,10 +136,12 @@ class WatchStream:
         return type_, obj
 
     def close(self) -> None:
+        """End the stream, from any thread; its connection is closed, never reused mid-body."""
         try:
             shutdown = getattr(self._resp, "shutdown", None)
             if shutdown is not None:
                 shutdown()  # wakes a read blocked on the socket in another thread
+            self._resp.close()
             self._resp.release_conn()
         except Exception:  # noqa: BLE001 - closing a stream that is already gone
             pass
@@ -377,13 +384,14 @@ class Kube:
     def watch(self, plural: str, namespace: str | None, label_selector: str, resource_version: str,
               timeout_seconds: int) -> WatchStream:
         """One watch request from `resource_version`, with bookmarks; it ends after
-        `timeout_seconds`. Not retried: the caller lists again on a failure (a 410 is Expired)."""
+        `timeout_seconds`. Starting it is retried like any call; a stream cut once started, or
+        a 410 (Expired), is the caller's to handle by listing again."""
         fn = self._collection(plural, namespace)
         what = f"watch {plural}"
         resp = self._call(what, lambda: fn(watch=True, label_selector=label_selector,
                                            resource_version=resource_version, allow_watch_bookmarks=True,
                                            timeout_seconds=timeout_seconds, _preload_content=False),
-                          raw=False, attempts=1)
+                          raw=False)
         return WatchStream(what, resp)
 
     # -- leases ------------------------------------------------------------------

@@ -23,7 +23,10 @@ from sweeper.templating import render
 SCHEDULE_TIMEOUT = 300.0
 MAX_POLL = 30.0
 CLIENT_GRACE = 60.0
-POD_LAG = 10.0  # how long a finished Job waits for its pod's last state to come through the pod watch
+# How long a finished Job waits for its pod's last state to come through the pod watch before
+# listing the pods (the pod may be gone): the wait ends at the pod's event, so it is this long only
+# when the pod was deleted.
+POD_LAG = 60.0
 DEMAND_EVERY = 6  # pending pods (abort_on_demand) are listed once per this many poll intervals, per run
 TOOL_FAULT_GRACE = 120.0  # a container that cannot start for this long is given up on (the kubelet retries)
 # Why a container waits without ever having run; each is a fault of the check (its image, its
@@ -282,14 +285,16 @@ def _finished_pods(ctx: ActionContext, watch: RunWatch, changed: threading.Event
                    pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The Job is finished but the pod watch has not yet brought its pod's last state (the two
     watches are separate streams): wait for it a moment, then list the pods once."""
-    changed.clear()
-    _, pods = watch.state(name)
-    if not any(_finished(p) for p in pods):
-        ctx.clock.wait(changed, POD_LAG)
+    until = ctx.clock.now() + POD_LAG
+    while True:
+        changed.clear()
         _, pods = watch.state(name)
-    if any(_finished(p) for p in pods):
-        return pods
-    return list(ctx.kube.namespaced_pods(namespace, f"job-name={name}"))
+        if any(_finished(p) for p in pods):
+            return pods
+        left = until - ctx.clock.now()
+        if left <= 0 or ctx.cancelled():
+            return list(ctx.kube.namespaced_pods(namespace, f"job-name={name}"))
+        ctx.clock.wait(changed, left)
 
 
 def _never_scheduled(ctx: ActionContext, node: str, why: str) -> str:

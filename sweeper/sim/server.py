@@ -718,7 +718,6 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        self.close_connection = True
 
         def send(lines: list[str]) -> None:
             data = "".join(lines).encode()
