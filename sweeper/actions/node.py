@@ -200,10 +200,12 @@ def gpu_pods_on(kube: Any, cfg: Config, name: str) -> list[str]:
 # What the sweep read of the node when it held it (ActionContext.seen) stays good this long for
 # the playbook's first steps. The hold listed the node's pods after its NoSchedule taint landed, so
 # the scheduler can place nothing there since; only a pod bound by nodeName could land, and a list
-# a minute later would not close that gap either (such a pod can come right after it): what keeps
-# the GPUs free is the check Job requesting all of them (a pod holding one leaves the check Pending,
-# an inconclusive sweep). Past this, a playbook that did other work first reads again.
-SEEN_FRESH = 30.0
+# made later would not close that gap either (such a pod can come right after it): what keeps the
+# GPUs free is the check Job requesting all of them (a pod holding one leaves the check Pending, an
+# inconclusive sweep). The playbook's first steps come within moments of the hold, even on a slow
+# API server; a playbook that does other work first (a drain, a wait) takes longer than this, and
+# then looks again.
+SEEN_FRESH = 120.0
 
 
 def seen_node(ctx: ActionContext) -> tuple[dict[str, Any] | None, bool]:
