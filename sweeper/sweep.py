@@ -319,6 +319,7 @@ class Sweep:
         finally:
             self.jobwatch.close()
             self.jobwatch = None
+            self._seen.clear()
             self.kube = self.remediator.kube = kube
             self.controls.kube = controls_kube
             self.rec = rec
