@@ -109,7 +109,8 @@ class WatchStream:
                     if line.strip():
                         yield self._event(line)
             ended = True
-        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError, OSError) as exc:
+        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError, OSError, AttributeError,
+                ValueError) as exc:  # the last two: a response closed under the read by close()
             raise Transient(f"{self.what}: the watch was cut: {exc.__class__.__name__}: {_truncate(str(exc))}") \
                 from exc
         finally:

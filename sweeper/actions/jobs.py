@@ -211,8 +211,8 @@ def _follow(ctx: ActionContext, args: dict[str, Any], job: dict[str, Any], names
             changed.clear()  # before reading: a change from here on wakes the wait below
             current, pods = watch.state(name)
             cond = _condition(current) if current is not None else None
-            if cond is not None and not any(_finished(p) for p in pods):
-                pods = _finished_pods(ctx, watch, changed, namespace, name, pods)
+            if cond is not None and cond.get("reason") != "DeadlineExceeded" and not any(_finished(p) for p in pods):
+                pods = _finished_pods(ctx, watch, changed, namespace, name)  # its result is read from the pod
             started = started or any((p.get("status") or {}).get("startTime") for p in pods)
             ran = ran or any(_container_ran(p) for p in pods)
             if pods:
@@ -281,8 +281,8 @@ def _finished(pod: dict[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
 
 
-def _finished_pods(ctx: ActionContext, watch: RunWatch, changed: threading.Event, namespace: str, name: str,
-                   pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _finished_pods(ctx: ActionContext, watch: RunWatch, changed: threading.Event, namespace: str,
+                   name: str) -> list[dict[str, Any]]:
     """The Job is finished but the pod watch has not yet brought its pod's last state (the two
     watches are separate streams): wait for it a moment, then list the pods once."""
     until = ctx.clock.now() + POD_LAG
