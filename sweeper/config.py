@@ -107,7 +107,9 @@ class Config:
     playbook: str = setting("sweep-light.yaml", "the sweep playbook (in playbooks/)", min_length=1)
     check_image: str = setting("ghcr.io/sweeper-dev/sweeper:0.1.0", "image of the check Jobs", min_length=1)
     check_timeout: float = setting(900.0, "deadline of a check Job", duration=True, gt=0)
-    poll_interval: float = setting(5.0, "how often a running Job is looked at", duration=True, gt=0)
+    poll_interval: float = setting(5.0, "how often a running check is looked at when nothing changes (its watch "
+                                        "wakes it at once); Jobs are listed this often where a watch is refused",
+                                   duration=True, gt=0)
     job_ttl: float = setting(3600.0, "finished Jobs are deleted after this long", duration=True, ge=0)
     page_size: int = setting(500, "items per LIST page", ge=1)
     api_attempts: int = setting(6, "tries of one API call on 429, 5xx and dropped connections", ge=1)

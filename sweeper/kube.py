@@ -85,6 +85,69 @@ def translate(exc: ApiException, what: str) -> KubeError:
     return KubeError(text, status, reason)
 
 
+class Expired(Transient):
+    """A watch's resourceVersion is older than the history the apiserver keeps (410 Gone): list
+    again, then watch from the list's resourceVersion."""
+
+
+class WatchStream:
+    """The events of one watch request, as (type, object) pairs, until the server ends the
+    stream. `close()` from another thread ends it early."""
+
+    def __init__(self, what: str, resp: Any) -> None:
+        self.what = what
+        self._resp = resp
+
+    def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        buf = b""
+        ended = False
+        try:
+            for chunk in self._resp.stream(amt=None, decode_content=False):
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip():
+                        yield self._event(line)
+            ended = True
+        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError, OSError, AttributeError,
+                ValueError) as exc:  # the last two: a response closed under the read by close()
+            raise Transient(f"{self.what}: the watch was cut: {exc.__class__.__name__}: {_truncate(str(exc))}") \
+                from exc
+        finally:
+            if ended:
+                self._resp.release_conn()  # read to its end: the connection may carry the next request
+            else:
+                self.close()
+        if buf.strip():
+            yield self._event(buf)
+
+    def _event(self, line: bytes) -> tuple[str, dict[str, Any]]:
+        try:
+            ev = json.loads(line)
+            type_, obj = str(ev["type"]), ev["object"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise Transient(f"{self.what}: an unreadable watch event: {_truncate(line.decode(errors='replace'))}") \
+                from exc
+        if type_ == "ERROR":
+            code, message = int(obj.get("code") or 0), str(obj.get("message") or "")
+            if code == 410:
+                raise Expired(f"{self.what}: 410 {obj.get('reason', 'Expired')}: {_truncate(message)}", 410,
+                              str(obj.get("reason") or "Expired"))
+            raise Transient(f"{self.what}: watch error {code}: {_truncate(message)}", code, str(obj.get("reason") or ""))
+        return type_, obj
+
+    def close(self) -> None:
+        """End the stream, from any thread; its connection is closed, never reused mid-body."""
+        try:
+            shutdown = getattr(self._resp, "shutdown", None)
+            if shutdown is not None:
+                shutdown()  # wakes a read blocked on the socket in another thread
+            self._resp.close()
+            self._resp.release_conn()
+        except Exception:  # noqa: BLE001 - closing a stream that is already gone
+            pass
+
+
 @dataclass
 class _Tally:
     requests: int = 0
@@ -268,8 +331,13 @@ class Kube:
             return self.get_job(namespace, name)
 
     def get_job(self, namespace: str, name: str) -> dict[str, Any]:
-        return self._call(f"get job {namespace}/{name}", lambda: self.batch.read_namespaced_job(
-            name, namespace, _preload_content=False))
+        """One Job, read with a list by its name: the runs follow their Jobs with a watch, so a
+        sweeper needs no `get` on Jobs, only `list` and `watch`."""
+        found = self._call(f"get job {namespace}/{name}", lambda: self.batch.list_namespaced_job(
+            namespace, field_selector=f"metadata.name={name}", _preload_content=False)).get("items") or []
+        if not found:
+            raise NotFound(f"get job {namespace}/{name}: 404 NotFound: jobs.batch \"{name}\" not found", 404, "NotFound")
+        return dict(found[0])
 
     def list_jobs(self, namespace: str | None, label_selector: str) -> list[dict[str, Any]]:
         if namespace:
@@ -286,6 +354,46 @@ class Kube:
             return True
         except NotFound:
             return False
+
+    # -- watches -----------------------------------------------------------------
+    def _collection(self, plural: str, namespace: str | None) -> Callable[..., Any]:
+        if plural == "jobs":
+            return (lambda **kw: self.batch.list_namespaced_job(namespace, **kw)) if namespace \
+                else self.batch.list_job_for_all_namespaces
+        if plural == "pods":
+            return (lambda **kw: self.core.list_namespaced_pod(namespace, **kw)) if namespace \
+                else self.core.list_pod_for_all_namespaces
+        raise ValueError(f"no watch of {plural}")
+
+    def list_at(self, plural: str, namespace: str | None, label_selector: str,
+                page_size: int = 500) -> tuple[list[dict[str, Any]], str]:
+        """A paged list and the resourceVersion to watch it from (the first page's: later pages
+        are read at the same version)."""
+        fn = self._collection(plural, namespace)
+        items: list[dict[str, Any]] = []
+        rv, token = "", None
+        while True:
+            def fetch(t: str | None = token) -> Any:
+                return fn(limit=page_size, _continue=t, label_selector=label_selector, _preload_content=False)
+            page = self._call(f"list {plural}", fetch)
+            items += page.get("items") or []
+            rv = rv or str((page.get("metadata") or {}).get("resourceVersion") or "")
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items, rv
+
+    def watch(self, plural: str, namespace: str | None, label_selector: str, resource_version: str,
+              timeout_seconds: int) -> WatchStream:
+        """One watch request from `resource_version`, with bookmarks; it ends after
+        `timeout_seconds`. Starting it is retried like any call; a stream cut once started, or
+        a 410 (Expired), is the caller's to handle by listing again."""
+        fn = self._collection(plural, namespace)
+        what = f"watch {plural}"
+        resp = self._call(what, lambda: fn(watch=True, label_selector=label_selector,
+                                           resource_version=resource_version, allow_watch_bookmarks=True,
+                                           timeout_seconds=timeout_seconds, _preload_content=False),
+                          raw=False)
+        return WatchStream(what, resp)
 
     # -- leases ------------------------------------------------------------------
     def get_lease(self, namespace: str, name: str) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any, Protocol, cast
 from sweeper import profiles, signals
 from sweeper.actions import ActionContext, load_all
 from sweeper.actions import node as node_actions
+from sweeper.actions.jobwatch import RunWatch
 from sweeper.clock import Clock, WallClock, iso, parse_iso
 from sweeper.config import Config
 from sweeper.control import KEYS, Controls, dismissal_key
@@ -141,6 +142,8 @@ class Sweep:
         self.actions = load_all()
         self.stop = threading.Event()
         self.lock: SweepLock | None = None
+        self.jobwatch: RunWatch | None = None  # the running run's watch of its check Jobs
+        self._seen: dict[str, dict[str, Any]] = {}  # node -> what its hold read (ActionContext.seen)
         self._replacing = 0  # replace verdicts of this run not yet recorded
         self._lock = threading.Lock()
         self.profiles = profiles.load_profiles(config.path("profiles"))
@@ -313,9 +316,15 @@ class Sweep:
             self.kube = self.remediator.kube = kube.fenced(self.lock.fence)
             self.controls.kube = controls_kube.fenced(self.lock.fence)  # the switches it writes are fenced too
             self.rec = cast(Recorder, FencedRecorder(rec, self.lock.fence))
+        # The run's check Jobs and their pods, listed once and then watched, for every run_job of the run.
+        self.jobwatch = RunWatch(self.kube, self.cfg.namespace, f"{self.cfg.prefix}/run-id={run_id}", self.clock,
+                                 self.cfg.poll_interval, log=lambda m: self.emit("log", {"node": "-", "msg": m}))
         try:
             return self._run(run_id, start, requests_before, rec)
         finally:
+            self.jobwatch.close()
+            self.jobwatch = None
+            self._seen.clear()
             self.kube = self.remediator.kube = kube
             self.controls.kube = controls_kube
             self.rec = rec
@@ -562,9 +571,11 @@ class Sweep:
         verdict and the hold stand."""
         name = node.name
         rules = list((decision or {}).get("rules") or [])
+        seen = self._seen.pop(name, {})
+        marked = seen.get("node") if seen.get("marked") == (verdict, tuple(reasons), tuple(map(str, rules))) else None
         try:
             node_actions.mark_status(self.kube, self.cfg, name, verdict, reasons, rules, self.clock.now(),
-                                     condition=self.cfg.node_condition)
+                                     condition=self.cfg.node_condition, marked=marked)
         except KubeError as exc:
             self.emit("log", {"node": name, "msg": f"could not mark the node's status: {exc}"})
         holding = verdict in HOLDING
@@ -660,7 +671,8 @@ class Sweep:
             intent=lambda op, phase, detail: self.rec.intent(run_id, node.name, self.clock.now(), op, phase, detail),
             log=lambda msg: self.emit("log", {"node": node.name, "msg": msg}),
             cancelled=self.cancelled,
-            on_record=lambda kind, data: self._record(run_id, sweep_id, node.name, kind, data), past=self.rec)
+            on_record=lambda kind, data: self._record(run_id, sweep_id, node.name, kind, data), past=self.rec,
+            jobwatch=self.jobwatch, seen=self._seen.get(node.name, {}))
         ctx.on_result = lambda r: self._on_result(sweep_id, node.name, r)
 
         def on_task(o: TaskOutcome) -> None:
@@ -725,7 +737,10 @@ class Sweep:
             self.emit("raced", {"node": name, "pods": landed})
             self.release(run_id, name, f"GPU pod(s) landed before the taint: {', '.join(landed)}", owner=run_id)
             return None
-        return NodeView.from_obj(updated or self.kube.get_node(name), self.cfg.gpu_resources)
+        node = updated or self.kube.get_node(name)
+        # The playbook's first steps (taint, verify_idle) reuse what was just read and written.
+        self._seen[name] = {"node": node, "at": self.clock.now(), "idle_at": self.clock.now()}
+        return NodeView.from_obj(node, self.cfg.gpu_resources)
 
     @staticmethod
     def _raw(view: NodeView) -> dict[str, Any]:
@@ -740,11 +755,13 @@ class Sweep:
         if not left and (done_by_play not in ("released", "held") or (done_by_play == "held") != holding):
             if holding:
                 self.rec.intent(run_id, name, self.clock.now(), "keep-held", "before", verdict)
-                left = not node_actions.keep_held(self.kube, self.cfg, name, verdict, reason, run_id)
+                left = not node_actions.keep_held(self.kube, self.cfg, name, verdict, reason, run_id,
+                                                  known=self._seen.get(name, {}).get("node"))
                 self.rec.intent(run_id, name, self.clock.now(), "keep-held", "left" if left else "after", verdict)
             else:
                 self.rec.intent(run_id, name, self.clock.now(), "untaint", "before", f"verdict {verdict}")
-                done = node_actions.release(self.kube, self.cfg, name, run_id, clear_suspect=verdict in ("pass", "warn"))
+                done = node_actions.release(self.kube, self.cfg, name, run_id, clear_suspect=verdict in ("pass", "warn"),
+                                            known=self._seen.get(name, {}).get("node"))
                 left = bool(done.left_to)
                 self.rec.intent(run_id, name, self.clock.now(), "untaint", "left" if left else "after",
                                 f"taint of run {done.left_to}" if left else f"verdict {verdict}")

@@ -86,6 +86,11 @@ class ActionContext:
     timed_out: bool = False  # set when a wait was cut short by the deadline
     on_record: Callable[[str, dict[str, Any]], None] = lambda kind, data: None
     past: Any = None  # the node's history, for the policy's history rules (policy.Past); None: findings only
+    jobwatch: Any = None  # the run's shared watch of its check Jobs (actions.jobwatch.RunWatch); None: run_job's own
+    # What the sweep already read of the node: `node` (as its hold's patch returned it), `at` (then),
+    # `idle_at` (when its pods were listed after the taint and held no GPU). Actions reuse it
+    # within node.SEEN_FRESH instead of reading again.
+    seen: dict[str, Any] = field(default_factory=dict)
 
     def remaining(self) -> float | None:
         return None if self.deadline is None else self.deadline - self.clock.now()

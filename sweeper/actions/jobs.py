@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from sweeper.actions import ActionContext, Arg, action, ok
+from sweeper.actions.jobwatch import RunWatch
 from sweeper.clock import parse_duration
 from sweeper.errors import KubeError, NotFound, PlaybookError
 from sweeper.fleet import pending_gpu_pods
@@ -21,6 +23,11 @@ from sweeper.templating import render
 SCHEDULE_TIMEOUT = 300.0
 MAX_POLL = 30.0
 CLIENT_GRACE = 60.0
+# How long a finished Job waits for its pod's last state to come through the pod watch before
+# listing the pods (the pod may be gone): the wait ends at the pod's event, so it is this long only
+# when the pod was deleted.
+POD_LAG = 60.0
+DEMAND_EVERY = 6  # pending pods (abort_on_demand) are listed once per this many poll intervals, per run
 TOOL_FAULT_GRACE = 120.0  # a container that cannot start for this long is given up on (the kubelet retries)
 # Why a container waits without ever having run; each is a fault of the check (its image, its
 # spec, the cluster's config), not of the node's hardware.
@@ -184,7 +191,30 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     job = render_job(ctx, args["template"], timeout, args["vars"] or {})
     namespace = job.get("metadata", {}).get("namespace") or ctx.config.namespace
     name = job["metadata"]["name"]
-    node = ctx.node["name"]
+    watch, own = _watch_for(ctx, namespace)
+    changed = watch.changed(name)  # before the create: no change of the Job can be missed
+    try:
+        return _follow(ctx, args, job, namespace, timeout, watch, changed)
+    finally:
+        watch.forget(name)
+        if own:
+            watch.close()
+
+
+def _watch_for(ctx: ActionContext, namespace: str) -> tuple[RunWatch, bool]:
+    """The run's shared watch of its Jobs, or one of this task's own (`sweeper run`, or a Job in
+    another namespace); True when it is this task's own, to close."""
+    shared = ctx.jobwatch
+    if shared is not None and shared.namespace == namespace:
+        return shared, False
+    return RunWatch(ctx.kube, namespace, f"{ctx.config.prefix}/run-id={ctx.run_id}", ctx.clock,
+                    ctx.config.poll_interval, log=ctx.log), True
+
+
+def _follow(ctx: ActionContext, args: dict[str, Any], job: dict[str, Any], namespace: str, timeout: float,
+            watch: RunWatch, changed: threading.Event) -> dict[str, Any]:
+    name = job["metadata"]["name"]
+    node = ctx.node["name"] if ctx.node else ""
     ctx.intent("create-job", "before", f"{namespace}/{name}")
     ctx.kube.create_job(namespace, job)
     ctx.intent("create-job", "after", f"{namespace}/{name}")
@@ -199,19 +229,18 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     try:
         while True:
             polls += 1
-            current = ctx.kube.get_job(namespace, name)
-            cond = _condition(current)
-            # The pod list is needed for the result, until the container runs (a check that never ran
-            # is no verdict), and now and then to see a pod that never schedules.
-            pods = ctx.kube.namespaced_pods(namespace, f"job-name={name}") \
-                if cond is not None or not ran or polls % 6 == 1 else []
+            changed.clear()  # before reading: a change from here on wakes the wait below
+            current, pods = watch.state(name)
+            cond = _condition(current) if current is not None else None
+            if cond is not None and cond.get("reason") != "DeadlineExceeded" and not any(_finished(p) for p in pods):
+                pods = _finished_pods(ctx, watch, changed, namespace, name)  # its result is read from the pod
             started = started or any((p.get("status") or {}).get("startTime") for p in pods)
             ran = ran or any(_container_ran(p) for p in pods)
             if pods:
                 why = "" if started else _unscheduled(pods) or why
             if not ran:
                 fault.see(pods, ctx.clock.now())
-                if not pods and not started and polls % 6 == 0:  # no pod yet after a few polls: refused?
+                if not pods and not started and polls % 6 == 0:  # no pod yet after a while: refused?
                     fault.see_events(ctx, namespace, name, ctx.clock.now())
             if cond is not None:
                 if cond.get("reason") == "DeadlineExceeded" and fault.code and not ran:
@@ -233,8 +262,8 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
             if ctx.cancelled():
                 inconclusive = "the sweep was stopped before the check finished"
                 break
-            if args["abortable"] and ctx.config.abort_on_demand and polls % 6 == 1:
-                waiting = pending_gpu_pods(ctx.kube.pending_pods(), ctx.config)
+            if args["abortable"] and ctx.config.abort_on_demand:
+                waiting = pending_gpu_pods(watch.pending_pods(DEMAND_EVERY * ctx.config.poll_interval), ctx.config)
                 if waiting:
                     inconclusive = (f"aborted to make room for {len(waiting)} pending GPU pod(s) "
                                     f"({', '.join(waiting[:3])})")
@@ -247,12 +276,12 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
                 result = _hung(node, ctx.clock.now(), timeout) if ran else \
                     fault.result(node, ctx.clock.now()) if fault.code else _never_ran(node, ctx.clock.now(), pods)
                 break
-            # Poll less often as the check runs on: a result is noticed at most ~10% late,
-            # and fifty 10-minute checks do not cost the API server thousands of requests.
+            # The watch wakes this wait on every change of the Job or its pods; the pause only
+            # bounds how late a deadline, a stop or a pod that cannot land is noticed.
             pause = max(ctx.config.poll_interval, min(MAX_POLL, elapsed / 10))
             if why and elapsed < schedule_deadline:  # wake in time to give up on a pod that cannot land
                 pause = max(ctx.config.poll_interval, min(pause, schedule_deadline - elapsed + 1))
-            ctx.clock.sleep(pause)
+            ctx.clock.wait(changed, pause)
     finally:
         ctx.intent("delete-job", "before", f"{namespace}/{name}")
         try:
@@ -267,6 +296,26 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     bad = [f"{c.name}: {c.message}" for c in result.failed_checks][:5]
     return ok(f"{result.status}" + (f": {'; '.join(bad)}" if bad else ""), changed=True, job=name,
               status=result.status, result=result.to_dict()) | {"failed": result.status in ("fail", "error")}
+
+
+def _finished(pod: dict[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
+def _finished_pods(ctx: ActionContext, watch: RunWatch, changed: threading.Event, namespace: str,
+                   name: str) -> list[dict[str, Any]]:
+    """The Job is finished but the pod watch has not yet brought its pod's last state (the two
+    watches are separate streams): wait for it a moment, then list the pods once."""
+    until = ctx.clock.now() + POD_LAG
+    while True:
+        changed.clear()
+        _, pods = watch.state(name)
+        if any(_finished(p) for p in pods):
+            return pods
+        left = until - ctx.clock.now()
+        if left <= 0 or ctx.cancelled():
+            return list(ctx.kube.namespaced_pods(namespace, f"job-name={name}"))
+        ctx.clock.wait(changed, left)
 
 
 def _never_scheduled(ctx: ActionContext, node: str, why: str) -> str:

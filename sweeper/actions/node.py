@@ -24,17 +24,27 @@ EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 
 
 def patch_node(kube: Any, name: str, build: Callable[[dict[str, Any]], list[dict[str, Any]] | None],
-               tries: int = 5) -> dict[str, Any] | None:
+               tries: int = 5, known: dict[str, Any] | None = None, fresh: bool = False) -> dict[str, Any] | None:
     """Read, compute a JSON patch, apply it conditional on the version read; again on conflict.
-    None when the node is gone or nothing needed changing."""
+    None when the node is gone or nothing needed changing.
+
+    `known`: the node as last read or written, used for the first attempt instead of a read (the
+    resourceVersion test still refuses it if the node changed since). Where it says nothing needs
+    changing, the node is read to make sure, unless `fresh` says it was read a moment ago."""
     for _ in range(tries):
-        try:
-            current = kube.get_node(name)
-        except NotFound:
-            return None
+        if known is not None:
+            current, known, confirmed = known, None, fresh
+        else:
+            try:
+                current = kube.get_node(name)
+            except NotFound:
+                return None
+            confirmed = True
         ops = build(current)
         if not ops:
-            return None
+            if confirmed:
+                return None
+            continue
         try:
             return kube.patch_node(name, [{"op": "test", "path": "/metadata/resourceVersion",
                                            "value": current["metadata"]["resourceVersion"]}] + ops)  # type: ignore[no-any-return]
@@ -63,6 +73,17 @@ class Released:
 
     changed: bool
     left_to: str = ""
+    node: dict[str, Any] | None = None  # the node as the write returned it
+
+
+@dataclass(frozen=True)
+class Marks:
+    """What a finished sweep leaves on the node for people and tools: the status labels and the
+    last result's summary annotation (mark_status)."""
+
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    key: tuple[str, tuple[str, ...], tuple[str, ...]]  # verdict, reasons, rules: what they say
 
 
 def _foreign(node: dict[str, Any], cfg: Config, owner: str) -> str:
@@ -73,10 +94,13 @@ def _foreign(node: dict[str, Any], cfg: Config, owner: str) -> str:
     return ""
 
 
-def release(kube: Any, cfg: Config, name: str, owner: str, clear_suspect: bool = False) -> Released:
+def release(kube: Any, cfg: Config, name: str, owner: str, clear_suspect: bool = False,
+            marks: Marks | None = None, known: dict[str, Any] | None = None) -> Released:
     """Take run `owner`'s taint and Sweeper's annotations off and leave everything else as found;
     after a conclusive good verdict, also the suspect label. A taint of any other run is left
-    alone, node and all: the JSON patch tests the taint it removes, value included."""
+    alone, node and all: the JSON patch tests the taint it removes, value included. `marks`: the
+    status labels and last-result annotation, written in the same patch. `known`: the node as
+    this run last saw it (see patch_node)."""
     prefix = cfg.prefix
     other = [""]
 
@@ -100,19 +124,31 @@ def release(kube: Any, cfg: Config, name: str, owner: str, clear_suspect: bool =
         labels = dict(node["metadata"].get("labels") or {})
         if clear_suspect:
             ann.pop(f"{prefix}/suspect-reason", None)
-        if clear_suspect and labels.pop(f"{prefix}/suspect", None) is not None:
-            ops.append({"op": "add", "path": "/metadata/labels", "value": labels})  # checked and handed back
+            labels.pop(f"{prefix}/suspect", None)  # checked and handed back
+        if marks is not None:
+            labels.update(marks.labels)
+            ann.update(marks.annotations)
+        if labels != (node["metadata"].get("labels") or {}):
+            ops.append({"op": "add", "path": "/metadata/labels", "value": labels})
         if ann != (node["metadata"].get("annotations") or {}):
             ops.append({"op": "add", "path": "/metadata/annotations", "value": ann})
         return ops if any(op["op"] != "test" for op in ops) else None
 
-    changed = patch_node(kube, name, build) is not None
-    return Released(changed, other[0])
+    node = patch_node(kube, name, build, known=known)
+    return Released(node is not None, other[0], node)
 
 
-def keep_held(kube: Any, cfg: Config, name: str, verdict: str, reason: str, owner: str) -> bool:
+def keep_held(kube: Any, cfg: Config, name: str, verdict: str, reason: str, owner: str,
+              known: dict[str, Any] | None = None) -> bool:
     """Keep run `owner`'s taint, say why on the node, and stop shielding it from Karpenter.
     False, and nothing written, when the node carries another run's taint."""
+    return not hold_with_reason(kube, cfg, name, verdict, reason, owner, known=known).left_to
+
+
+def hold_with_reason(kube: Any, cfg: Config, name: str, verdict: str, reason: str, owner: str,
+                     marks: Marks | None = None, known: dict[str, Any] | None = None) -> Released:
+    """keep_held, saying what it did: `left_to` names the other run whose taint is on the node
+    (nothing written). `marks` and `known` as for release."""
     prefix = cfg.prefix
     other = [""]
 
@@ -125,10 +161,16 @@ def keep_held(kube: Any, cfg: Config, name: str, verdict: str, reason: str, owne
             ann.pop(DO_NOT_DISRUPT, None)
         ann[f"{prefix}/verdict"] = verdict
         ann[f"{prefix}/reason"] = reason[:1000]
-        return [{"op": "add", "path": "/metadata/annotations", "value": ann}]
+        ops = []
+        if marks is not None:
+            ann.update(marks.annotations)
+            labels = {**(node["metadata"].get("labels") or {}), **marks.labels}
+            if labels != (node["metadata"].get("labels") or {}):
+                ops.append({"op": "add", "path": "/metadata/labels", "value": labels})
+        return ops + [{"op": "add", "path": "/metadata/annotations", "value": ann}]
 
-    patch_node(kube, name, build)
-    return not other[0]
+    done = patch_node(kube, name, build, known=known)
+    return Released(done is not None, other[0], done)
 
 
 def hold(kube: Any, cfg: Config, node: dict[str, Any], run_id: str, now: float) -> dict[str, Any]:
@@ -155,6 +197,35 @@ def gpu_pods_on(kube: Any, cfg: Config, name: str) -> list[str]:
     return gpu_pods_by_node(kube.active_pods(node=name), cfg).get(name, [])
 
 
+# What the sweep read of the node when it held it (ActionContext.seen) stays good this long for
+# the playbook's first steps. The hold listed the node's pods after its NoSchedule taint landed, so
+# the scheduler can place nothing there since; only a pod bound by nodeName could land, and a list
+# made later would not close that gap either (such a pod can come right after it): what keeps the
+# GPUs free is the check Job requesting all of them (a pod holding one leaves the check Pending, an
+# inconclusive sweep). The playbook's first steps come within moments of the hold, even on a slow
+# API server; a playbook that does other work first (a drain, a wait) takes longer than this, and
+# then looks again.
+SEEN_FRESH = 120.0
+
+
+def seen_node(ctx: ActionContext) -> tuple[dict[str, Any] | None, bool]:
+    """The node as last read or written in this sweep, and whether that was within SEEN_FRESH."""
+    node = ctx.seen.get("node")
+    if node is None or ctx.node is None or node["metadata"]["name"] != ctx.node.get("name"):
+        return None, False
+    return node, ctx.clock.now() - float(ctx.seen.get("at", 0.0)) <= SEEN_FRESH
+
+
+def _patch_seen(ctx: ActionContext, build: Callable[[dict[str, Any]], list[dict[str, Any]] | None]) \
+        -> dict[str, Any] | None:
+    """patch_node from what this sweep last saw of the node, remembering what the write returned."""
+    known, fresh = seen_node(ctx)
+    done = patch_node(ctx.cluster(), ctx.node_name, build, known=known, fresh=fresh)
+    if done is not None and known is not None:
+        ctx.seen.update(node=done, at=ctx.clock.now())
+    return done
+
+
 # -- actions ------------------------------------------------------------------------------
 @action("taint", Arg("key", str, required=True), Arg("value", str, default=""),
         Arg("effect", str, default="NoSchedule", choices=EFFECTS),
@@ -169,7 +240,7 @@ def taint(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
         return [{"op": "add", "path": "/spec/taints", "value": taints + [new]}]
 
     ctx.intent("taint", "before", f"{new['key']}={new['value']}:{new['effect']}")
-    changed = patch_node(ctx.cluster(), ctx.node_name, build) is not None
+    changed = _patch_seen(ctx, build) is not None
     ctx.intent("taint", "after", f"{new['key']}:{new['effect']}")
     # `added` names exactly what this task put on the node, so `sweeper run` can take it off again.
     if changed:
@@ -190,7 +261,7 @@ def untaint(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
         return None if len(keep) == len(taints) else [{"op": "add", "path": "/spec/taints", "value": keep}]
 
     ctx.intent("untaint", "before", args["key"])
-    changed = patch_node(ctx.cluster(), ctx.node_name, build) is not None
+    changed = _patch_seen(ctx, build) is not None
     ctx.intent("untaint", "after", args["key"])
     return ok(f"removed {args['key']}" if changed else "no such taint", changed)
 
@@ -207,7 +278,7 @@ def cordon(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
         return [{"op": "add", "path": "/spec/unschedulable", "value": True},
                 {"op": "add", "path": "/metadata/annotations", "value": ann}]
 
-    changed = patch_node(ctx.cluster(), ctx.node_name, build) is not None
+    changed = _patch_seen(ctx, build) is not None
     if changed:
         return ok("cordoned", True, cordoned_by=ctx.run_id)
     return ok("already unschedulable", False)
@@ -228,12 +299,17 @@ def uncordon(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
         return [{"op": "add", "path": "/spec/unschedulable", "value": False},
                 {"op": "add", "path": "/metadata/annotations", "value": ann}]
 
-    changed = patch_node(ctx.cluster(), ctx.node_name, build) is not None
+    changed = _patch_seen(ctx, build) is not None
     return ok("uncordoned" if changed else "left as it was (not cordoned by Sweeper)", changed)
 
 
 @action("verify_idle", help="Fail if any pod other than a DaemonSet's holds a GPU on the node.", needs_node=True)
 def verify_idle(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
+    _, fresh = seen_node(ctx)
+    idle_at = ctx.seen.get("idle_at")
+    if fresh and idle_at is not None and ctx.clock.now() - float(idle_at) <= SEEN_FRESH:
+        return ok(f"no GPU pods on the node (listed after the taint landed, {ctx.clock.now() - float(idle_at):.0f}s "
+                  "ago)", pods=[])
     pods = gpu_pods_on(ctx.cluster(), ctx.config, ctx.node_name)
     if pods:
         return failed(f"{len(pods)} GPU pod(s) on the node: {', '.join(pods[:5])}", pods=pods)
@@ -285,7 +361,7 @@ def _meta_action(field: str) -> Callable[[ActionContext, dict[str, Any]], dict[s
         values = args["set"] or {}
         for k in args["remove"] or []:
             values[k] = None
-        changed = patch_node(ctx.cluster(), ctx.node_name, lambda n: meta_op(n, field, values)) is not None
+        changed = _patch_seen(ctx, lambda n: meta_op(n, field, values)) is not None
         return ok(f"{field} updated" if changed else f"{field} already as asked", changed)
     return run
 
@@ -339,38 +415,53 @@ def hand_back(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     reasons = ctx.vars.get("reasons") or []
     reason = args["reason"] or ("; ".join(str(r) for r in reasons) if reasons else "no verdict was reached")
     kube = ctx.cluster()
+    known, _ = seen_node(ctx)
+    # In a sweep (which held the node), the status labels and last-result annotation go in the same
+    # patch; the sweep writes them again only if its verdict or reasons end up others (a
+    # replacement over the cap becomes a quarantine).
+    decision = ctx.vars.get("decision")
+    rules = [str(r) for r in (decision.get("rules") or [])] if isinstance(decision, dict) else []
+    marks = status_marks(ctx.config, verdict, [str(r) for r in reasons], rules, ctx.clock.now()) \
+        if known is not None and args["verdict"] is None and args["reason"] is None else None
     if verdict in HOLDING:
         ctx.intent("keep-held", "before", verdict)
-        if not keep_held(kube, ctx.config, ctx.node_name, verdict, reason, ctx.run_id):
+        done = hold_with_reason(kube, ctx.config, ctx.node_name, verdict, reason, ctx.run_id, marks=marks,
+                                known=known)
+        if done.left_to:
             ctx.intent("keep-held", "left", verdict)
             ctx.facts["handed_back"] = "left"
             return ok(f"left alone: the node carries another run's taint (verdict {verdict}: {reason[:200]})",
                       False, action="left", verdict=verdict)
         ctx.intent("keep-held", "after", verdict)
         ctx.facts["handed_back"] = "held"
+        _marked(ctx, marks, done.node)
         return ok(f"kept held: {verdict}: {reason[:200]}", True, action="held", verdict=verdict)
     ctx.intent("untaint", "before", f"verdict {verdict}")
-    done = release(kube, ctx.config, ctx.node_name, ctx.run_id, clear_suspect=verdict in ("pass", "warn"))
-    if done.left_to:
-        ctx.intent("untaint", "left", f"taint of run {done.left_to}")
+    released = release(kube, ctx.config, ctx.node_name, ctx.run_id, clear_suspect=verdict in ("pass", "warn"),
+                       marks=marks, known=known)
+    if released.left_to:
+        ctx.intent("untaint", "left", f"taint of run {released.left_to}")
         ctx.facts["handed_back"] = "left"
-        return ok(f"left alone: the node carries the taint of run {done.left_to} (verdict {verdict})", False,
+        return ok(f"left alone: the node carries the taint of run {released.left_to} (verdict {verdict})", False,
                   action="left", verdict=verdict)
     ctx.intent("untaint", "after", f"verdict {verdict}")
     ctx.facts["handed_back"] = "released"
-    return ok(f"released (verdict {verdict})", done.changed, action="released", verdict=verdict)
+    _marked(ctx, marks, released.node)
+    return ok(f"released (verdict {verdict})", released.changed, action="released", verdict=verdict)
+
+
+def _marked(ctx: ActionContext, marks: Marks | None, node: dict[str, Any] | None) -> None:
+    """Tell the sweep which status marks are on the node now, and the node as written."""
+    if node is not None and marks is not None:
+        ctx.seen.update(node=node, at=ctx.clock.now(), marked=marks.key)
 
 
 CONDITION = "GpuSweepHealthy"
 LAST_RESULT_LIMIT = 4096
 
 
-def mark_status(kube: Any, cfg: Config, name: str, verdict: str, reasons: list[str], rules: list[str],
-                now: float, condition: bool = False) -> None:
-    """What people and other tools see on the node after a sweep: labels for the status and the
-    last sweep time, an annotation with the last result's summary (at most 4 KiB), and, when
-    asked, the GpuSweepHealthy condition, whose lastTransitionTime moves only when its status
-    does (so that a repairer counting time in a state can act)."""
+def status_marks(cfg: Config, verdict: str, reasons: list[str], rules: list[str], now: float) -> Marks:
+    """The status labels, the last sweep time, and the last result's summary (at most 4 KiB)."""
     p = cfg.prefix
     summary: dict[str, Any] = {"verdict": verdict, "at": iso(now), "rules": rules, "reasons": []}
     for r in reasons[:5]:
@@ -378,12 +469,25 @@ def mark_status(kube: Any, cfg: Config, name: str, verdict: str, reasons: list[s
         if len(json.dumps(candidate)) > LAST_RESULT_LIMIT:
             break
         summary = candidate
+    return Marks({f"{p}/status": verdict, f"{p}/last-sweep": str(int(now))},
+                 {f"{p}/last-result": json.dumps(summary, separators=(",", ":"))},
+                 (verdict, tuple(reasons), tuple(rules)))
 
-    # One merge patch of Sweeper's own keys: nothing else on the node is read or rewritten.
-    node = kube.patch_node(name, {"metadata": {
-        "labels": {f"{p}/status": verdict, f"{p}/last-sweep": str(int(now))},
-        "annotations": {f"{p}/last-result": json.dumps(summary, separators=(",", ":"))}}},
-        content_type="application/merge-patch+json")
+
+def mark_status(kube: Any, cfg: Config, name: str, verdict: str, reasons: list[str], rules: list[str],
+                now: float, condition: bool = False, marked: dict[str, Any] | None = None) -> None:
+    """What people and other tools see on the node after a sweep: labels for the status and the
+    last sweep time, an annotation with the last result's summary (at most 4 KiB), and, when
+    asked, the GpuSweepHealthy condition, whose lastTransitionTime moves only when its status
+    does (so that a repairer counting time in a state can act). `marked`: the node as the
+    hand-back wrote it with this verdict's labels and annotation, which are then not written again."""
+    if marked is None:
+        marks = status_marks(cfg, verdict, reasons, rules, now)
+        # One merge patch of Sweeper's own keys: nothing else on the node is read or rewritten.
+        node = kube.patch_node(name, {"metadata": {"labels": marks.labels, "annotations": marks.annotations}},
+                               content_type="application/merge-patch+json")
+    else:
+        node = marked
     if not condition or node is None or verdict in ("error", "inconclusive"):
         return
     healthy = "False" if verdict in HOLDING else "True"

@@ -8,7 +8,7 @@ import re
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,8 @@ from sweeper.sim.rbac import (
     object_name,
     rules_review,
 )
-from sweeper.sim.store import RESOURCES, Resource
+from sweeper.sim.selectors import labels_match, parse_field_selector, parse_label_selector
+from sweeper.sim.store import RESOURCES, Change, Resource
 from sweeper.sim.tables import table
 
 GROUPS = {r.group: r.version for r in RESOURCES.values() if r.group}
@@ -39,6 +40,9 @@ APPLY = "application/apply-patch+yaml"
 # The checks a real apiserver lists under /healthz, /livez and /readyz?verbose
 # (https://kubernetes.io/docs/reference/using-api/health-checks/).
 HEALTH_CHECKS = ("ping", "log", "etcd", "poststarthook/start-apiextensions-controllers")
+# A watch sends a BOOKMARK after this many simulated seconds without an event, when the client
+# allows bookmarks (the apiserver sends them about once a minute).
+BOOKMARK_EVERY = 60.0
 _PATH = re.compile(
     r"^/(?:api/v1|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
     r"(?:/namespaces/(?P<ns>[^/]+)(?=/))?"
@@ -65,6 +69,8 @@ class ApiServer:
         self.service_accounts: dict[str, tuple[str, list[Rule]]] = {}
         self.denied: list[tuple[str, str, str]] = []  # (user, method, path) of every 403
         self.scheme = "http"
+        self.watch_drops = 0  # drop_watches() bumps it: every stream opened before hangs up
+        self.stopping = threading.Event()
 
     def enable_tls(self, certfile: str, keyfile: str) -> None:
         """Serve HTTPS with this certificate (as an in-cluster client expects)."""
@@ -86,6 +92,9 @@ class ApiServer:
         return self
 
     def stop(self) -> None:
+        self.stopping.set()
+        with self.cluster.store.lock:
+            self.cluster.store.changed.notify_all()
         self.httpd.shutdown()
         self.httpd.server_close()
         self.cluster.stop()
@@ -108,7 +117,11 @@ class ApiServer:
 
     # -- dispatch ----------------------------------------------------------------
     def handle(self, method: str, raw_path: str, headers: dict[str, str], body: bytes) -> tuple[int, Any, str]:
-        path = urlparse(raw_path).path
+        url = urlparse(raw_path)
+        path = url.path
+        # A watch is a GET that RBAC, the request log and the hooks see as the verb `watch`.
+        if method == "GET" and _watching(url.query):
+            method = "WATCH"
         scheme, _, token = headers.get("authorization", "").partition(" ")
         rules: list[Rule] = ADMIN_RULES
         if scheme.lower() == "bearer" and token.strip() in self.service_accounts:
@@ -127,7 +140,7 @@ class ApiServer:
         answer = self._handle(method, raw_path, headers, body, rules)
         for hook in self.hooks:
             hook("after", method, path)
-        if (self.lost_reply_rate and method != "GET" and not self._discovery(path)
+        if (self.lost_reply_rate and method not in ("GET", "WATCH") and not self._discovery(path)
                 and self.fault_rng.random() < self.lost_reply_rate):
             # The write happened, but the client hears a 503: a retry must cope with its own success.
             raise ApiError(503, "ServiceUnavailable", "simulated lost reply (the write was applied)")
@@ -140,7 +153,7 @@ class ApiServer:
         path = url.path
         store = self.cluster.store
         with store.lock:
-            store.requests.append((method, path))
+            store.requests.append((method, path))  # a watch as ("WATCH", path)
         health = _health(path, "verbose" in parse_qs(url.query, keep_blank_values=True))
         if health is not None:
             return 200, health, "text/plain; charset=utf-8"
@@ -185,6 +198,8 @@ class ApiServer:
             review.update({"apiVersion": res.api_version, "kind": res.kind})
             review.setdefault("metadata", {}).setdefault("creationTimestamp", None)
             return 201, review, "application/json"
+        if method == "WATCH" and not name:
+            return 200, self._watch(res, ns if res.namespaced else None, q, headers), "application/json"
         if method == "GET":
             if name:
                 obj = store.get(plural, ns, name)
@@ -212,6 +227,27 @@ class ApiServer:
         if method == "DELETE" and name:
             return 200, self._delete(res, ns, name, q, body, dry_run), "application/json"
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {path}")
+
+    def _watch(self, res: Resource, ns: str | None, q: dict[str, str], headers: dict[str, str]) -> WatchStream:
+        """A watch of a collection, checked before its stream starts: selectors parse, the
+        resourceVersion is a number."""
+        rv = q.get("resourceVersion") or None
+        if rv is not None and not rv.isdigit():
+            raise ApiError(400, "BadRequest", f"resourceVersion: Invalid value: {rv!r}: must be a number")
+        timeout = float(q["timeoutSeconds"]) if q.get("timeoutSeconds") else None
+        accept = headers.get("accept", "")
+        return WatchStream(self, res, ns, parse_label_selector(q.get("labelSelector")),
+                           parse_field_selector(q.get("fieldSelector"), res.plural),
+                           None if rv in (None, "0") else int(rv), _true(q.get("allowWatchBookmarks", "")), timeout,
+                           q.get("includeObject", "Metadata") if "as=Table" in accept else None,
+                           bool((q.get("fieldSelector") or "").strip()))
+
+    def drop_watches(self) -> None:
+        """Hang up every open watch stream without ending it (a load balancer or an apiserver
+        restart does this): clients must notice and start again."""
+        with self.cluster.store.lock:
+            self.watch_drops += 1
+            self.cluster.store.changed.notify_all()
 
     def _create(self, res: Resource, ns: str | None, obj: dict[str, Any], dry_run: bool) -> dict[str, Any]:
         """POST: what the apiserver's defaulting and the controllers' admission add, then the store."""
@@ -503,6 +539,124 @@ class DroppedConnection(Exception):
     """The simulated apiserver hangs up without answering."""
 
 
+def _true(value: str) -> bool:
+    """A boolean query parameter as Go's strconv.ParseBool reads it (the Python client sends "True")."""
+    return value in ("1", "t", "T", "true", "TRUE", "True")
+
+
+def _watching(query: str) -> bool:
+    return any(_true(v) for v in parse_qs(query).get("watch", []))
+
+
+class WatchStream:
+    """The events of one watch, as the apiserver sends them
+    (https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes):
+    from a resourceVersion on, or, without one (or with "0"), ADDED for what exists now and the
+    changes after it; an object that starts or stops matching the selectors comes as ADDED or
+    DELETED; BOOKMARK events when allowed; a resourceVersion older than the history the store
+    keeps is an ERROR event carrying a 410 Expired Status, after which the client must list
+    again. `timeoutSeconds` runs on the simulated clock; without it the stream lasts until one
+    side hangs up."""
+
+    def __init__(self, api: ApiServer, res: Resource, ns: str | None, labels: Any,
+                 fields: Callable[[dict[str, Any]], bool], since: int | None, bookmarks: bool,
+                 timeout: float | None, table_of: str | None, has_fields: bool) -> None:
+        self.api, self.res, self.ns, self.labels, self.fields = api, res, ns, labels, fields
+        self.since, self.bookmarks, self.timeout, self.table_of = since, bookmarks, timeout, table_of
+        self.selective = bool(labels) or has_fields or ns is not None
+        self.drops = api.watch_drops  # a drop_watches() from here on, even before the stream starts, ends it
+
+    def _match(self, obj: dict[str, Any] | None) -> bool:
+        if obj is None:
+            return False
+        meta = obj.get("metadata") or {}
+        if self.ns is not None and meta.get("namespace") != self.ns:
+            return False
+        return labels_match(self.labels, meta.get("labels")) and self.fields(obj)
+
+    def _line(self, type_: str, obj: dict[str, Any] | None, raw: str | None = None) -> str:
+        if self.table_of is not None and obj is not None:
+            obj = table(self.res.plural, [obj], {"resourceVersion": obj["metadata"]["resourceVersion"]},
+                        self.api.cluster.clock.now(), self.table_of)
+            raw = None
+        return '{"type":"' + type_ + '","object":' + (raw if raw is not None else json.dumps(obj)) + "}\n"
+
+    def _event(self, c: Change) -> str | None:
+        if c.plural != self.res.plural:
+            return None
+        if not self.selective:
+            return self._line(c.type, c.new if self.table_of is not None else None, c.raw)
+        now, before = self._match(c.new), self._match(c.old) if c.type == "MODIFIED" else None
+        if c.type == "MODIFIED":
+            type_ = "MODIFIED" if now and before else "ADDED" if now else "DELETED" if before else ""
+        else:
+            type_ = c.type if now else ""
+        return self._line(type_, c.new, c.raw) if type_ else None
+
+    def _bookmark(self, rv: int) -> str:
+        return self._line("BOOKMARK", None, json.dumps({"kind": self.res.kind, "apiVersion": self.res.api_version,
+                                                        "metadata": {"resourceVersion": str(rv)}}))
+
+    def events(self) -> Iterator[list[str]]:
+        """Batches of event lines, each sent as one chunk."""
+        store, clock, api = self.api.cluster.store, self.api.cluster.clock, self.api
+        end = clock.now() + self.timeout if self.timeout else None
+        drops = self.drops
+        with store.lock:
+            if self.since is None:
+                pos = int(store.resource_version)
+                first = [self._line("ADDED", o) for o in store.iter(self.res.plural) if self._match(o)]
+            elif self.since < store.oldest_watchable():
+                yield [self._line("ERROR", {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                            "message": f"too old resource version: {self.since} "
+                                                       f"({store.oldest_watchable() + 1})",
+                                            "reason": "Expired", "code": 410})]
+                return
+            else:
+                pos, first = self.since, []
+        if first:
+            yield first
+        quiet_since = clock.now()
+        fleet = api.cluster.fleet
+        while not api.stopping.is_set():
+            with store.lock:
+                if api.watch_drops != drops:
+                    raise DroppedConnection()
+                if store.changes and store.changes[-1].rv <= pos or not store.changes:
+                    store.changed.wait(0.05)
+                batch: list[Change] = []
+                for c in reversed(store.changes):
+                    if c.rv <= pos:
+                        break
+                    batch.append(c)
+                if batch and batch[-1].rv > pos + 1 and pos < store.oldest_watchable():
+                    expired = True
+                else:
+                    expired = False
+                lines = [line for c in reversed(batch) if (line := self._event(c)) is not None]
+                if batch:
+                    pos = batch[0].rv
+            if expired:
+                yield [self._line("ERROR", {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                                            "message": f"too old resource version: {pos}", "reason": "Expired",
+                                            "code": 410})]
+                return
+            now = clock.now()
+            if lines:
+                if fleet.api_drop_rate and api.fault_rng.random() < fleet.api_drop_rate:
+                    raise DroppedConnection()
+                yield lines
+                quiet_since = now
+            elif self.bookmarks and now - quiet_since >= BOOKMARK_EVERY:
+                yield [self._bookmark(pos)]
+                quiet_since = now
+            if end is not None and now >= end:
+                if self.bookmarks:
+                    yield [self._bookmark(pos)]
+                return
+
+
+
 def _job_selector(job: dict[str, Any]) -> None:
     """The selector and pod labels the apiserver generates for a Job."""
     uid, name = job["metadata"]["uid"], job["metadata"]["name"]
@@ -528,8 +682,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             code, payload, ctype = self.api.handle(method, self.path, headers, body)
         except DroppedConnection:
-            self.close_connection = True
-            self.connection.shutdown(2)  # no status line, no body: the client sees the connection drop
+            self._hang_up()
             return
         except ApiError as exc:
             code, payload, ctype = exc.code, exc.status(), "application/json"
@@ -538,6 +691,9 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # noqa: BLE001 - a simulated apiserver answers 500, like a real one
             code, payload, ctype = 500, ApiError(500, "InternalError", f"internal error: {exc!r}").status(), \
                 "application/json"
+        if isinstance(payload, WatchStream):
+            self._stream(payload)
+            return
         data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
         self.send_response(code)
         self.send_header("Content-Type", ctype)
@@ -547,6 +703,36 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if method != "HEAD":
             self.wfile.write(data)
+
+    def _hang_up(self) -> None:
+        self.close_connection = True
+        try:
+            self.connection.shutdown(2)  # no status line, or no end of the body: the client sees the connection drop
+        except OSError:
+            pass
+
+    def _stream(self, watch: WatchStream) -> None:
+        """A watch as the apiserver serves it: 200, then one JSON event per line in a chunked
+        body, until timeoutSeconds or until the client or the server hangs up."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def send(lines: list[str]) -> None:
+            data = "".join(lines).encode()
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+        try:
+            for lines in watch.events():
+                send(lines)
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except DroppedConnection:
+            self._hang_up()
+        except OSError:
+            return  # the client went away
 
     def do_GET(self) -> None:  # noqa: N802
         self._serve("GET")

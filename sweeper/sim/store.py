@@ -8,6 +8,7 @@ import bisect
 import json
 import threading
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -69,6 +70,42 @@ RESOURCES: dict[str, Resource] = {r.plural: r for r in (
 )}
 
 
+# How many changes the store remembers for watches, as etcd keeps a window of history until it is
+# compacted: a watch from a resourceVersion older than the window is answered 410 Gone.
+WATCH_WINDOW = 50_000
+
+
+class Change:
+    """One change of an object, as a watch sends it: the object after (and, for a modification,
+    before) it, kept serialized and parsed only when a watch must filter it."""
+
+    __slots__ = ("rv", "type", "plural", "namespace", "_new", "_old", "_new_obj", "_old_obj")
+
+    def __init__(self, rv: int, type_: str, plural: str, namespace: str, new: str, old: str | None) -> None:
+        self.rv, self.type, self.plural, self.namespace = rv, type_, plural, namespace
+        self._new, self._old = new, old
+        self._new_obj: dict[str, Any] | None = None
+        self._old_obj: dict[str, Any] | None = None
+
+    @property
+    def raw(self) -> str:
+        return self._new
+
+    @property
+    def new(self) -> dict[str, Any]:
+        if self._new_obj is None:
+            self._new_obj = json.loads(self._new)
+        return self._new_obj
+
+    @property
+    def old(self) -> dict[str, Any] | None:
+        if self._old is None:
+            return None
+        if self._old_obj is None:
+            self._old_obj = json.loads(self._old)
+        return self._old_obj
+
+
 class Store:
     """Every object of the simulated cluster. One lock guards all of it."""
 
@@ -80,6 +117,30 @@ class Store:
         self.requests: list[tuple[str, str]] = []  # (verb, path) of every API request, for tests and benchmarks
         self.on_delete: list[Callable[[str, dict[str, Any]], None]] = []
         self._sorted: dict[str, list[tuple[str, str]]] = {}  # sorted keys per resource, dropped on create/delete
+        self.changes: deque[Change] = deque(maxlen=WATCH_WINDOW)  # the watch history, oldest first
+        self.changed = threading.Condition(self.lock)  # notified on every change, for watches
+        self._compacted = 0
+
+    def _record(self, type_: str, plural: str, obj: dict[str, Any], old: str | None = None) -> None:
+        """Remember a change for watches (the lock is held) and wake them."""
+        meta = obj["metadata"]
+        self.changes.append(Change(int(meta["resourceVersion"]), type_, plural, meta.get("namespace", ""),
+                                   json.dumps(obj), old))
+        self.changed.notify_all()
+
+    def oldest_watchable(self) -> int:
+        """The oldest resourceVersion a watch may start from: changes after it are all remembered."""
+        with self.lock:
+            if len(self.changes) < (self.changes.maxlen or 0):
+                return self._compacted
+            return max(self._compacted, self.changes[0].rv - 1)
+
+    def compact(self) -> None:
+        """Forget the history of changes up to now, as etcd's compaction does: a watch from an
+        older resourceVersion is then told 410 Gone."""
+        with self.lock:
+            self._compacted = self._rv
+            self.changes.clear()
 
     # -- bookkeeping -------------------------------------------------------
     def next_rv(self) -> str:
@@ -148,6 +209,7 @@ class Store:
             meta["resourceVersion"] = self.next_rv()
             self._objects[plural][key] = obj
             self._sorted.pop(plural, None)
+            self._record("ADDED", plural, obj)
             return _copy(obj)
 
     def update(self, plural: str, namespace: str | None, name: str, obj: dict[str, Any],
@@ -179,6 +241,7 @@ class Store:
                 return obj
             meta["resourceVersion"] = self.next_rv()
             self._objects[plural][key] = obj
+            self._record("MODIFIED", plural, obj, json.dumps(current))
             return _copy(obj)
 
     def mutate(self, plural: str, namespace: str | None, name: str,
@@ -189,8 +252,10 @@ class Store:
             obj = self._objects[plural].get(self._key(res, namespace, name))
             if obj is None:
                 raise not_found(plural, name, res.group)
+            old = json.dumps(obj)
             fn(obj)
             obj["metadata"]["resourceVersion"] = self.next_rv()
+            self._record("MODIFIED", plural, obj, old)
             return obj
 
     def delete(self, plural: str, namespace: str | None, name: str,
@@ -212,6 +277,7 @@ class Store:
             del self._objects[plural][key]
             self._sorted.pop(plural, None)
             obj["metadata"]["resourceVersion"] = self.next_rv()
+            self._record("DELETED", plural, obj)
             for hook in self.on_delete:
                 hook(plural, obj)
             return _copy(obj)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import glob
 import os
+import queue
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -218,3 +220,35 @@ def test_auth_can_i_and_health(served: Path) -> None:
     for path in ("/healthz", "/livez", "/readyz"):
         assert kubectl(served, "get", "--raw", path) == "ok"
     assert "readyz check passed" in kubectl(served, "get", "--raw", "/readyz?verbose")
+
+
+def test_get_nodes_watch_shows_changes_as_they_happen(served: Path) -> None:
+    """`kubectl get nodes -w` lists the nodes, then watches from the list's resourceVersion and
+    prints each change as it comes (the watch protocol:
+    https://kubernetes.io/docs/reference/using-api/api-concepts/#efficient-detection-of-changes)."""
+    env = {**os.environ, "KUBECONFIG": str(served), "HOME": str(served.parent)}
+    proc = subprocess.Popen([KUBECTL, "get", "nodes", "-w"], stdout=subprocess.PIPE,  # type: ignore[list-item]
+                            stderr=subprocess.PIPE, text=True, env=env)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(ln) for ln in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+
+    def next_line() -> str:
+        try:
+            return lines.get(timeout=30)
+        except queue.Empty:
+            proc.kill()
+            raise AssertionError(f"kubectl get nodes -w printed nothing more: {proc.stderr.read()}") from None  # type: ignore[union-attr]
+
+    try:
+        listed = [next_line() for _ in range(17)]  # the header and 16 nodes
+        assert listed[0].split()[:2] == ["NAME", "STATUS"] and listed[-1].startswith("gpu-p5-15")
+        kubectl(served, "cordon", "gpu-p5-11")
+        changed = next_line()
+        assert changed.split()[:2] == ["gpu-p5-11", "Ready,SchedulingDisabled"], changed
+        kubectl(served, "uncordon", "gpu-p5-11")
+        assert next_line().split()[:2] == ["gpu-p5-11", "Ready"]
+        assert proc.poll() is None, "the watch stays open"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        kubectl(served, "uncordon", "gpu-p5-11")

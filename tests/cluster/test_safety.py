@@ -157,8 +157,9 @@ STEPS = [
     ("before", "POST", "/jobs", 1),        # tainted, Job not yet created
     ("after", "POST", "/jobs", 1),         # Job created
     ("after", "POST", "/jobs", 4),         # every Job created, the busy node's light check too
-    ("after", "GET", "/jobs/", 3),         # mid-check, polling
-    ("after", "GET", "/jobs/sweep-gpu-03-", 1),     # mid light check on the busy node
+    ("after", "WATCH", "/jobs", 1),        # the run follows its check Jobs with a watch
+    ("after", "GET", "/log", 1),           # mid-check: a first result read, its Job not yet deleted
+    ("after", "GET", "/pods/sweep-gpu-03-", 1),     # the busy node's light check read, its Job not yet deleted
     ("after", "DELETE", "/jobs/sweep-gpu-03-", 1),  # light check done, its verdict not recorded
     ("after", "DELETE", "/jobs/", 1),      # Job deleted, verdict not acted on
     ("after", "PATCH", "/nodes/gpu-00", 2),  # a passing node untainted, its verdict not yet recorded
@@ -239,14 +240,14 @@ def test_a_stalled_sweeper_does_not_hand_back_a_node_another_run_holds(make_sim,
     stopped = threading.Event()
 
     def hook(st: str, m: str, path: str) -> None:
-        # A's first poll of its check Job: the node is held and the check runs.
-        if st == "after" and m == "GET" and "/jobs/sweep-gpu-00-" in path and not stopped.is_set():
+        # A creates its check Job: the node is held and the check starts.
+        if st == "after" and m == "POST" and path.endswith("/jobs") and not stopped.is_set():
             os.kill(a.pid, signal.SIGSTOP)
             stopped.set()
 
     sim.server.hooks.append(hook)
     try:
-        assert stopped.wait(60), "sweeper A never polled its check Job"
+        assert stopped.wait(60), "sweeper A never created its check Job"
         sim.server.hooks.clear()
         # A's last renewal came before the stop: past lock_ttl (1s) the Lease has expired for B, and A,
         # once resumed, can no longer vouch for it without renewing.
@@ -374,6 +375,34 @@ def test_api_faults_at_five_percent(make_sim, history: History) -> None:
     assert set(taints) <= {"gpu-03"}
     assert jobs_left(sim) == []
     assert outcomes["gpu-03"].verdict == "replace"
+    assert list(history.db.query("select * from node_sweeps where finished is null")) == []
+
+
+def test_dropped_watches_and_a_compacted_history_lose_nothing(make_sim, history: History) -> None:
+    """The run's watches of its Jobs and pods are cut by the server, their history compacted at
+    the same moment (a watch from the last version seen is then 410 Gone), three times over: the
+    run lists again and every check still ends in its verdict, with nothing left behind. The
+    simulator's api_faults.drop_rate also cuts streams at random (test_api_faults_at_five_percent)."""
+    from tests.conftest import fleet_spec
+
+    sim: Sim = make_sim(fleet_spec(nodes=6, faults={"gpu-02": {"xids": [{"code": 79, "gpu": 1}]}},
+                                   check_seconds=300))
+    drops = itertools.count(1)
+    dropped = []
+
+    def cut(stage: str, method: str, path: str) -> None:
+        if stage == "after" and method == "WATCH" and next(drops) <= 3:
+            sim.cluster.store.compact()
+            sim.server.drop_watches()  # this stream too: it hangs up before its first event
+            dropped.append(path)
+
+    sim.server.hooks.append(cut)
+    report = run_sweep(sim, history, replace(TEST_CONFIG, max_nodes=6, check_timeout=3000))
+    assert dropped, "a watch was cut"
+    got = {o.node: (o.verdict, o.action) for o in report.outcomes}
+    assert got == {**{f"gpu-0{i}": ("pass", "released") for i in (0, 1, 3, 4, 5)}, "gpu-02": ("reboot", "held")}
+    assert set(sweep_taints(sim)) == {"gpu-02"}
+    assert jobs_left(sim) == []
     assert list(history.db.query("select * from node_sweeps where finished is null")) == []
 
 
