@@ -98,7 +98,7 @@ def chaos(kills: int, nodes: int, seed: int, max_requests: int) -> dict[str, Any
         config, state = Path(tmp) / "config.yaml", Path(tmp) / "history.db"
         config.write_text(yaml.safe_dump({"max_nodes": 4, "max_percent": 100, "poll_interval": 0.05,
                                           "check_timeout": 300, "lock_ttl": cfg.lock_ttl, "api_attempts": 6,
-                                          "interval": 0, "light_interval": 0}))
+                                          "interval": 1, "light_interval": 1}))  # every node due again at the next run
         cmd = [sys.executable, "-m", "sweeper.cli", "sweep", "--kubeconfig", str(kc), "--state", str(state),
                "--config", str(config), "--json"]
         exits: dict[str, int] = {}
