@@ -956,6 +956,8 @@ class SimCluster:
         if span is not None:
             up = now - self._boot(node_name)
             lines = [ln for ln in lines if float(ln[1:ln.index("]")]) >= up - span]
+            # What filled the buffer is still in it: a busy node's pod network churns the kernel log.
+            lines.insert(0, f"[{max(up - span, 0.0) + 0.5:12.6f}] cni0: port 3(veth5e1f2a7b) entered forwarding state")
         return "\n".join(lines) + "\n"
 
     def _kernel_lines(self, node_name: str, now: float) -> list[str]:
