@@ -72,6 +72,8 @@ class Config:
     opt_out_label: str = setting("sweeper.dev/opt-out", "a node with this label is never taken")
     max_nodes: int = setting(4, "nodes under sweep at once, counting those already held", ge=0)
     max_percent: float = setting(10.0, "share of GPU nodes under sweep at once", ge=0, le=100)
+    run_deadline: float = setting(3600.0, "a run takes no new node after this long; nodes under test finish (0: none)",
+                                  duration=True, ge=0)
     min_node_age: float = setting(600.0, "a younger node is left alone", duration=True, ge=0)
     interval: float = setting(86400.0, "a node is due again after this long", duration=True, gt=0)
     playbook: str = setting("sweep-light.yaml", "the sweep playbook (in playbooks/)", min_length=1)
