@@ -157,17 +157,23 @@ class Sweep:
         self.tool_errors: dict[str, str] = {}  # node -> that fault, where it ended the node's sweep `error`
         self.tool_stop = ""  # the fault of the check that ended tool_error_limit nodes: take no more
         self.cooling = False  # the last discovery found the breaker's cooldown in force
+        self._suspects: dict[str, str] = {}  # node -> why an outside signal names it, as this run first read
 
     # -- discovery ----------------------------------------------------------------
-    def discover(self) -> Plan:
+    def discover(self, refill: bool = False) -> Plan:
+        """`refill`: a look again within a run, which reuses the outside signals the run's first
+        discovery read and marked (one query of each source a run)."""
         nodes = gpu_nodes(self.kube.list_nodes(self.cfg.gpu_node_selector, page_size=self.cfg.page_size), self.cfg)
         pods = self.kube.active_pods(page_size=self.cfg.page_size)
         if not self.dry_run:
             self.trip_breaker(len(nodes))
         gates = self.gates()
         self.cooling = gates.cooldown
-        if self.cfg.suspect_sources:
+        if self.cfg.suspect_sources and refill:
+            gates = replace(gates, suspects=self._suspects)
+        elif self.cfg.suspect_sources:
             found, problems = signals.suspects(self.sources)
+            self._suspects = found
             for problem in problems:
                 self.emit("log", {"node": "-", "msg": f"suspect source unavailable: {problem}"})
             gates = replace(gates, suspects=found)
@@ -410,7 +416,7 @@ class Sweep:
                 self.clock.wait(self.stop, last_plan + self.cfg.poll_interval - self.clock.now())
                 try:
                     self.controls.refresh()
-                    p = self.discover()
+                    p = self.discover(refill=True)
                 except KubeError as exc:
                     self.emit("log", {"node": "-", "msg": f"could not look at the cluster again ({exc}); "
                                                           "taking no more nodes this run"})
