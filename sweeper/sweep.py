@@ -139,6 +139,7 @@ class Sweep:
         self.mode = mode  # recorded with the run: "sweep", or the schedule of `sweeper serve`
         self.actions = load_all()
         self.stop = threading.Event()
+        self.drain = threading.Event()  # take no new node; those under test finish (serve: another schedule's turn)
         self.lock: SweepLock | None = None
         self._replacing = 0  # replace verdicts of this run not yet recorded
         self._lock = threading.Lock()
@@ -386,9 +387,7 @@ class Sweep:
             while True:
                 sweeping = {n for kind, n in running.values() if kind == "sweep"}
                 # A cooldown after a breaker reset takes one node a run; a probe waits for its node.
-                # The first plan is taken whatever the deadline: it bounds the refills.
-                due = deadline if refill else math.inf
-                if not (self._closed(due) or (self.cooling and taken) or (probe and sweeping)):
+                if not (self._closed(deadline, refill) or (self.cooling and taken) or (probe and sweeping)):
                     take = self._refill(p, sweeping, seen)[: 1 if probe else None]
                     lights = sum(1 for kind, _ in running.values() if kind == "light")
                     light = [v for v in self.light_candidates(p) if v.name not in seen]
@@ -410,7 +409,7 @@ class Sweep:
                         # The last run stopped on a fault of the check: one node first, the rest if it ran.
                         probe, probe_failed = False, name in self.tool_errors
                         self.tool_stop = self.tool_stop or self.tool_errors.get(name, "")
-                if self._closed(deadline) or (self.cooling and taken):
+                if self._closed(deadline, True) or (self.cooling and taken):
                     continue  # no more nodes: only wait for those under test
                 # Nodes finishing together share one look at the cluster: at most one per poll_interval.
                 self.clock.wait(self.stop, last_plan + self.cfg.poll_interval - self.clock.now())
@@ -420,12 +419,14 @@ class Sweep:
                 except KubeError as exc:
                     self.emit("log", {"node": "-", "msg": f"could not look at the cluster again ({exc}); "
                                                           "taking no more nodes this run"})
-                    deadline = -math.inf
+                    self.drain.set()
                 last_plan = self.clock.now()
 
-    def _closed(self, deadline: float) -> bool:
-        """No new node: stopped, lock lost, the check's own fault repeated, or past the deadline."""
-        return self.cancelled() or bool(self.tool_stop) or self.clock.now() >= deadline
+    def _closed(self, deadline: float, refill: bool) -> bool:
+        """No new node: stopped, lock lost, or the check's own fault repeated; and for a refill (the
+        first plan is taken whatever the deadline: it bounds the refills), drained or past the deadline."""
+        return self.cancelled() or bool(self.tool_stop) or (
+            refill and (self.drain.is_set() or self.clock.now() >= deadline))
 
     def _refill(self, p: Plan, sweeping: set[str], seen: set[str]) -> list[NodeView]:
         """The due nodes of plan `p` that may be taken now. The plan counted the nodes carrying a
