@@ -12,7 +12,7 @@ from typing import Any
 from sweeper.history import History
 from sweeper.sim.server import running_pods_on
 from sweeper.sweep import Sweep
-from tests.conftest import TEST_CONFIG, Sim
+from tests.conftest import TEST_CONFIG, Sim, fleet_spec
 
 TAINT = TEST_CONFIG.taint_key
 
@@ -99,3 +99,49 @@ def test_past_the_run_deadline_no_node_is_taken_and_those_under_test_finish(make
     assert sum(1 for d in report.plan.skip if d.reason == "over-budget") == 4
     assert tainted(sim) == {}
     assert history.db.execute("select status from runs").fetchone()[0] == "done"
+
+
+def test_a_drained_run_takes_no_new_node_and_finishes_those_under_test(make_sim, history: History) -> None:
+    """`sweeper serve` drains the running sweep when another schedule's turn comes: drained as
+    it holds its first node, the run sweeps its first plan's worth and no more."""
+    sim: Sim = make_sim(nodes=5)
+    cfg = replace(TEST_CONFIG, max_nodes=2, light_playbook="")
+    sw = Sweep(sim.kube, cfg, history, clock=sim.cluster.clock,
+               emit=lambda event, data: sw.drain.set() if event == "hold" else None)
+    report = sw.run()
+    assert sorted(o.node for o in report.outcomes) == ["gpu-00", "gpu-01"]
+    assert {o.action for o in report.outcomes} == {"released"}
+    assert tainted(sim) == {}
+
+
+def test_serve_runs_one_queue_and_schedules_take_turns(make_sim, history: History) -> None:
+    """Two schedules firing every second, each run lasting at least one 20-minute check (2 s of
+    real time at the simulated cluster's 600x): a firing while the other schedule's sweep runs
+    waits its turn (that sweep takes no new node meanwhile), so the serve never contends with
+    itself for the Lease, and the runs never overlap."""
+    from sweeper.serve import Server
+
+    sim: Sim = make_sim(fleet_spec(nodes=4, check_seconds=1200))
+    every_second = "* * * * * *"
+    cfg = replace(TEST_CONFIG, max_nodes=1, light_playbook="", interval=1, poll_interval=0.05, check_timeout=7200,
+                  schedules=(
+        {"name": "a", "cron": every_second, "playbook": "sweep-light.yaml"},
+        {"name": "b", "cron": every_second, "playbook": "sweep-light.yaml"}))
+    logs: list[str] = []
+    server = Server(cfg, sim.kube, history, port=0, host="127.0.0.1", log=logs.append)
+    server.start()
+    try:
+        sim.wait_for(lambda: history.db.execute("select count(*) from runs where finished is not null").fetchone()[0]
+                     >= 4, timeout=120, what="four finished runs")
+    finally:
+        server.stop()
+    runs = list(history.db.query("select mode, started, finished, status from runs order by started"))
+    assert all(r["finished"] is not None and r["status"] == "done" for r in runs), runs
+    assert {r["mode"] for r in runs} == {"schedule:a", "schedule:b"}
+    for x, y in zip(runs, runs[1:], strict=False):
+        assert x["finished"] <= y["started"], f"runs overlap: {x} and {y}"
+    assert "lock-held" not in server.metrics.exposition().decode(), logs
+    assert not [m for m in logs if "holds the lock" in m], logs
+    acts = list(history.db.query("select run_id, node, action, detail from actions order by id"))
+    assert {a["action"] for a in acts} >= {"hold", "release"} and "keep-held" not in {a["action"] for a in acts}
+    assert tainted(sim) == {}
