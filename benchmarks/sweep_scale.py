@@ -101,8 +101,16 @@ def makespan(n: int, concurrency: int, check_seconds: float, speed: float) -> di
         start = clock.now()
         real, cpu = time.perf_counter(), time.process_time()
         runs = swept = 0
+        held: dict[str, float] = {}  # node -> simulated seconds from its hold to its hand-back
+
+        def emit(event: str, data: dict[str, Any]) -> None:
+            if event == "hold":
+                held[data["node"]] = clock.now()
+            elif event == "done" and data["node"] in held:
+                held[data["node"]] = clock.now() - held[data["node"]]
+
         while swept < n and runs < 10:
-            report = Sweep(kube, replace(cfg), hist, clock=clock).run()
+            report = Sweep(kube, replace(cfg), hist, clock=clock, emit=emit).run()
             swept += sum(1 for o in report.outcomes if o.action == "released")
             runs += 1
         took = clock.now() - start
@@ -114,8 +122,11 @@ def makespan(n: int, concurrency: int, check_seconds: float, speed: float) -> di
         sim_requests, sim_cpu = recv.recv()
         sim.join(30)
     ideal = math.ceil(n / concurrency) * check_seconds
+    per_node = sum(held.values()) / max(1, len(held))
     print(f"makespan of {n} nodes at concurrency {concurrency} ({check_seconds:g} s checks, {runs} run(s), "
           f"{swept} swept): {took:.0f} s simulated against an ideal of {ideal:.0f} s: ratio {took / ideal:.3f}; "
+          f"a node is held {per_node:.0f} s on average ({per_node / check_seconds:.3f} of its check), so the "
+          f"queue itself keeps its slots {sum(held.values()) / (concurrency * took):.1%} busy; "
           f"{requests / n:.1f} API requests per node ({sim_requests} served); {real:.0f} s real at {speed:g}x; "
           f"CPU: Sweeper {cpu:.1f} s, the simulator {sim_cpu:.1f} s in its own process (not in the figure)")
     return {"nodes": n, "ratio": took / ideal}
