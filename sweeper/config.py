@@ -99,7 +99,7 @@ class Config:
     policy: str = setting("default.yaml", "how findings and history become a verdict (in policies/)", min_length=1)
     light_playbook: str = setting("light-busy.yaml", "read-only checks on busy nodes (\"\" to turn off)")
     light_interval: float = setting(6 * 3600.0, "how often a busy node gets the light checks", duration=True, gt=0)
-    light_max: int = setting(20, "light checks per run", ge=0)
+    light_max: int = setting(20, "light checks running at once (each busy node once a run)", ge=0)
     yield_to_pending: bool = setting(True, "take no node while GPU pods wait for capacity")
     abort_on_demand: bool = setting(False, "also stop running (abortable) checks then and hand their nodes back")
     max_replacements_per_hour: int = setting(2, "beyond this, a replace verdict becomes quarantine", ge=0)
