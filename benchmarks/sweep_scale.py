@@ -1,6 +1,6 @@
 """A sweep at fleet scale against the simulated cluster over HTTP.
 
-    python -m benchmarks.sweep_scale [--nodes 5000 --pods 50000 --makespan-nodes 1000 --concurrency 50]
+    python -m benchmarks.sweep_scale [--nodes 5000 --pods 50000 --makespan-nodes 100 1000 --concurrency 50 --speed 10]
 
 Prints: API requests and wall time of one discovery pass; the CPU time of planning; the
 memory a discovery pass keeps (what Sweeper holds of the nodes and pods it read, measured
@@ -141,7 +141,8 @@ def main() -> None:
     ap.add_argument("--skip-discovery", action="store_true", help="only the makespan")
     ap.add_argument("--concurrency", type=int, default=50)
     ap.add_argument("--check-seconds", type=float, default=600.0)
-    ap.add_argument("--speed", type=float, default=600.0)
+    ap.add_argument("--speed", type=float, default=10.0,
+                    help="the simulated clock against real time: each real second Sweeper spends counts this many")
     args = ap.parse_args()
     print("$ python -m benchmarks.sweep_scale " + " ".join(sys.argv[1:]))
     if not args.skip_discovery:
