@@ -102,6 +102,8 @@ class Config:
     opt_out_label: str = setting("sweeper.dev/opt-out", "a node with this label is never taken")
     max_nodes: int = setting(4, "nodes under sweep at once, counting those already held", ge=0)
     max_percent: float = setting(10.0, "share of GPU nodes under sweep at once", ge=0, le=100)
+    run_deadline: float = setting(3600.0, "a run takes no new node after this long; nodes under test finish (0: none)",
+                                  duration=True, ge=0)
     min_node_age: float = setting(600.0, "a younger node is left alone", duration=True, ge=0)
     interval: float = setting(86400.0, "a node is due again after this long", duration=True, gt=0)
     playbook: str = setting("sweep-light.yaml", "the sweep playbook (in playbooks/)", min_length=1)
@@ -129,7 +131,7 @@ class Config:
     policy: str = setting("default.yaml", "how findings and history become a verdict (in policies/)", min_length=1)
     light_playbook: str = setting("light-busy.yaml", "read-only checks on busy nodes (\"\" to turn off)")
     light_interval: float = setting(6 * 3600.0, "how often a busy node gets the light checks", duration=True, gt=0)
-    light_max: int = setting(20, "light checks per run", ge=0)
+    light_max: int = setting(20, "light checks running at once (each busy node once a run)", ge=0)
     yield_to_pending: bool = setting(True, "take no node while GPU pods wait for capacity")
     abort_on_demand: bool = setting(False, "also stop running (abortable) checks then and hand their nodes back")
     max_replacements_per_hour: int = setting(2, "beyond this, a replace verdict becomes quarantine", ge=0)

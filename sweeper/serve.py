@@ -1,12 +1,16 @@
 """`sweeper serve`: sweeping on schedules, as a long-running Deployment instead of a CronJob.
 
-APScheduler 3 runs each schedule of the config on its cron trigger (seconds allowed, for
-tests and tight loops): no two runs of one schedule overlap (max_instances 1), a missed
-firing within the grace time runs once (coalesced), later ones are skipped. Every run takes
-the same Lease as the CronJob, so a serve and a CronJob, or two schedules, never sweep at
-once: the one that finds the lock held records it and waits for its next firing. An HTTP
-server exposes /metrics (Prometheus), /healthz, and / (the fleet report, refreshed).
-SIGTERM stops the running sweep (its nodes are handed back), waits for it, and exits 0."""
+One rolling queue: a single thread runs one sweep at a time, each a rolling run (nodes taken
+as slots free up, until none is due or run_deadline). APScheduler 3 fires each schedule of
+the config on its cron trigger (seconds allowed, for tests and tight loops), and a firing
+gives that schedule the next turn: a firing of the schedule whose run is going is part of
+that run, one of a schedule already waiting is coalesced, and one of another schedule asks
+the running sweep to take no new node (those under test finish), so the schedules take
+turns. A missed firing within the grace time fires once, later ones are skipped. Every run
+takes the same Lease as the CronJob, so a serve and a CronJob never sweep at once: a run
+that finds the lock held records it and waits for its schedule's next firing. An HTTP server
+exposes /metrics (Prometheus), /healthz, and / (the fleet report, refreshed). SIGTERM stops
+the running sweep (its nodes are handed back), waits for it, and exits 0."""
 
 from __future__ import annotations
 
@@ -55,15 +59,18 @@ class Server:
         self.metrics = Metrics()
         self.scheduler = BackgroundScheduler(timezone="UTC", job_defaults={
             "coalesce": True, "max_instances": 1, "misfire_grace_time": int(misfire_grace)})
-        self.running: dict[str, Sweep] = {}
+        self.running: dict[str, Sweep] = {}  # the schedule whose sweep is running (one at most)
+        self.waiting: dict[str, Config] = {}  # schedules that fired and wait their turn, in firing order
         self.stopping = threading.Event()
         self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._queue = threading.Thread(target=self._turns, name="serve-queue", daemon=True)
         self.policy = load_policy(cfg.path("policies") / cfg.policy)
         for sch in cfg.schedules:
             run_cfg = cfg.with_overrides(playbook=sch.get("playbook"), max_nodes=sch.get("max_nodes"),
                                          dcgm_level=sch.get("dcgm_level"),
                                          interval=parse_duration(sch["interval"]) if sch.get("interval") else None)
-            self.scheduler.add_job(self.run_schedule, trigger(str(sch["cron"])), args=[str(sch["name"]), run_cfg],
+            self.scheduler.add_job(self.fire, trigger(str(sch["cron"])), args=[str(sch["name"]), run_cfg],
                                    id=str(sch["name"]), name=str(sch["name"]))
         self.scheduler.add_listener(self._missed, EVENT_JOB_MISSED)
         self.httpd = ThreadingHTTPServer((host, port), self._handler())
@@ -76,13 +83,39 @@ class Server:
     def _missed(self, event: JobExecutionEvent) -> None:
         self.log(f"schedule {event.job_id}: a firing was missed (beyond the grace time); skipped")
 
+    def fire(self, name: str, cfg: Config) -> None:
+        """A schedule's cron firing: its turn in the queue (see the module's docstring)."""
+        with self._lock:
+            if self.stopping.is_set() or name in self.running:
+                return
+            self.waiting.setdefault(name, cfg)
+            for sweep in self.running.values():
+                sweep.drain.set()
+            self._wake.set()
+
+    def _turns(self) -> None:
+        """The rolling queue: the waiting schedules' sweeps, one after another, in firing order."""
+        while not self.stopping.is_set():
+            self._wake.wait()
+            with self._lock:
+                if not self.waiting or self.stopping.is_set():
+                    self._wake.clear()
+                    continue
+                name = next(iter(self.waiting))
+                cfg = self.waiting.pop(name)
+            self.run_schedule(name, cfg)
+
     def run_schedule(self, name: str, cfg: Config) -> None:
         if self.stopping.is_set():
             return
         t0 = time.monotonic()
         sweep = Sweep(self.kube, cfg, self.history, mode=f"schedule:{name}")
         with self._lock:
+            if self.stopping.is_set():
+                return
             self.running[name] = sweep
+            if self.waiting:
+                sweep.drain.set()  # another schedule fired meanwhile: this one takes its first plan, then yields
         try:
             report = sweep.run()
         except LockHeld as exc:
@@ -159,6 +192,7 @@ class Server:
     def start(self) -> None:
         self.prime()
         self.scheduler.start()
+        self._queue.start()
         threading.Thread(target=self.httpd.serve_forever, name="serve-http", daemon=True).start()
         jobs = ", ".join(f"{j.id} ({j.trigger})" for j in self.scheduler.get_jobs())
         self.log(f"serving on {self.httpd.server_address[0]!s}:{self.port}; schedules: {jobs}")
@@ -170,7 +204,10 @@ class Server:
         with self._lock:
             for sweep in self.running.values():
                 sweep.stop.set()
+            self._wake.set()
         self.scheduler.shutdown(wait=True)
+        if self._queue.is_alive():
+            self._queue.join()
         self.httpd.shutdown()
         self.httpd.server_close()
 

@@ -9,7 +9,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol, cast
@@ -141,6 +141,7 @@ class Sweep:
         self.mode = mode  # recorded with the run: "sweep", or the schedule of `sweeper serve`
         self.actions = load_all()
         self.stop = threading.Event()
+        self.drain = threading.Event()  # take no new node; those under test finish (serve: another schedule's turn)
         self.lock: SweepLock | None = None
         self.jobwatch: RunWatch | None = None  # the running run's watch of its check Jobs
         self._seen: dict[str, dict[str, Any]] = {}  # node -> what its hold read (ActionContext.seen)
@@ -160,16 +161,24 @@ class Sweep:
         self._tool_faults: dict[str, str] = {}  # node -> the fault of the check seen in its results
         self.tool_errors: dict[str, str] = {}  # node -> that fault, where it ended the node's sweep `error`
         self.tool_stop = ""  # the fault of the check that ended tool_error_limit nodes: take no more
+        self.cooling = False  # the last discovery found the breaker's cooldown in force
+        self._suspects: dict[str, str] = {}  # node -> why an outside signal names it, as this run first read
 
     # -- discovery ----------------------------------------------------------------
-    def discover(self) -> Plan:
+    def discover(self, refill: bool = False) -> Plan:
+        """`refill`: a look again within a run, which reuses the outside signals the run's first
+        discovery read and marked (one query of each source a run)."""
         nodes = gpu_nodes(self.kube.list_nodes(self.cfg.gpu_node_selector, page_size=self.cfg.page_size), self.cfg)
         pods = self.kube.active_pods(page_size=self.cfg.page_size)
         if not self.dry_run:
             self.trip_breaker(len(nodes))
         gates = self.gates()
-        if self.cfg.suspect_sources:
+        self.cooling = gates.cooldown
+        if self.cfg.suspect_sources and refill:
+            gates = replace(gates, suspects=self._suspects)
+        elif self.cfg.suspect_sources:
             found, problems = signals.suspects(self.sources)
+            self._suspects = found
             for problem in problems:
                 self.emit("log", {"node": "-", "msg": f"suspect source unavailable: {problem}"})
             gates = replace(gates, suspects=found)
@@ -351,22 +360,9 @@ class Sweep:
                     self.rec.action(run_id, d.node.name, self.clock.now(), "would-sweep", d.detail, dry_run=True)
                     report.outcomes.append(NodeOutcome(d.node.name, "", [d.detail], "would-take"))
             else:
-                light = self.light_candidates(p)
-                take = [d.node for d in p.take]
-                probe_failed = False
-                if take and self._probe_first():
-                    # The last run stopped on a fault of the check: one node first, the rest if it ran.
-                    first = self.sweep_node(run_id, take.pop(0))
-                    report.outcomes.append(first)
-                    probe_failed = first.node in self.tool_errors
-                    self.tool_stop = self.tool_stop or self.tool_errors.get(first.node, "")
-                if take or light:
-                    with ThreadPoolExecutor(max_workers=len(take) + len(light), thread_name_prefix="sweep") as pool:
-                        futures = [pool.submit(self.sweep_node, run_id, v) for v in take]
-                        futures += [pool.submit(self.light_check, run_id, v) for v in light]
-                        report.outcomes += [f.result() for f in futures]
-                if p.take or light:
-                    self.trip_breaker(p.gpu_nodes)
+                probe_failed = self._roll(run_id, start, report)
+                if report.outcomes:
+                    self.trip_breaker(report.plan.gpu_nodes)
                 report.tool_errors = dict(self.tool_errors)
                 if self.tool_stop:
                     report.tool_stop = self._stop_reason(self.tool_stop, probe_failed)
@@ -384,6 +380,86 @@ class Sweep:
             taken = sum(1 for o in report.outcomes if o.action in ("released", "held"))
             own.run_finished(run_id, report.finished, status, taken, report.to_dict())
         return report
+
+    # -- the rolling queue ----------------------------------------------------------------
+    def _roll(self, run_id: str, start: float, report: RunReport) -> bool:
+        """Keep as many nodes under test as the budget allows until none is due, the run's
+        deadline passes or the run is stopped: each time nodes finish, look at the cluster again
+        (the same discovery and gates as the first plan: other runs' and people's holds, GPU pods
+        waiting, pause, breaker, floor) and give the freed slots to the next due nodes. A node is
+        taken at most once per run; light checks ride in the same pool, up to light_max at once.
+        True when the probe node (see _probe_first) ended with a fault of the check."""
+        deadline = start + self.cfg.run_deadline if self.cfg.run_deadline > 0 else math.inf
+        p = report.plan
+        seen: set[str] = set()  # nodes this run took or light-checked, or is doing so now
+        running: dict[Future[NodeOutcome], tuple[str, str]] = {}  # -> (sweep|light, node)
+        probe = self._probe_first()
+        probe_failed = taken = refill = False  # taken: this run took a node; refill: past the first plan
+        last_plan = self.clock.now()
+        workers = max(1, self.cfg.max_nodes + self.cfg.light_max)
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sweep") as pool:
+            while True:
+                sweeping = {n for kind, n in running.values() if kind == "sweep"}
+                # A cooldown after a breaker reset takes one node a run; a probe waits for its node.
+                if not (self._closed(deadline, refill) or (self.cooling and taken) or (probe and sweeping)):
+                    take = self._refill(p, sweeping, seen)[: 1 if probe else None]
+                    lights = sum(1 for kind, _ in running.values() if kind == "light")
+                    light = [v for v in self.light_candidates(p) if v.name not in seen]
+                    for kind, views in (("sweep", take), ("light", light[: max(0, self.cfg.light_max - lights)])):
+                        for v in views:
+                            work = self.sweep_node if kind == "sweep" else self.light_check
+                            running[pool.submit(work, run_id, v)] = (kind, v.name)
+                            seen.add(v.name)
+                    taken = taken or bool(take)
+                refill = True
+                if not running:
+                    return probe_failed
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for f in done:
+                    kind, name = running.pop(f)
+                    outcome = f.result()
+                    report.outcomes.append(outcome)
+                    if probe and kind == "sweep":
+                        # The last run stopped on a fault of the check: one node first, the rest if it ran.
+                        probe, probe_failed = False, name in self.tool_errors
+                        self.tool_stop = self.tool_stop or self.tool_errors.get(name, "")
+                if self._closed(deadline, True) or (self.cooling and taken):
+                    continue  # no more nodes: only wait for those under test
+                # Nodes finishing together share one look at the cluster: at most one per poll_interval.
+                self.clock.wait(self.stop, last_plan + self.cfg.poll_interval - self.clock.now())
+                try:
+                    self.controls.refresh()
+                    p = self.discover(refill=True)
+                except KubeError as exc:
+                    self.emit("log", {"node": "-", "msg": f"could not look at the cluster again ({exc}); "
+                                                          "taking no more nodes this run"})
+                    self.drain.set()
+                last_plan = self.clock.now()
+
+    def _closed(self, deadline: float, refill: bool) -> bool:
+        """No new node: stopped, lock lost, or the check's own fault repeated; and for a refill (the
+        first plan is taken whatever the deadline: it bounds the refills), drained or past the deadline."""
+        return self.cancelled() or bool(self.tool_stop) or (
+            refill and (self.drain.is_set() or self.clock.now() >= deadline))
+
+    def _refill(self, p: Plan, sweeping: set[str], seen: set[str]) -> list[NodeView]:
+        """The due nodes of plan `p` that may be taken now. The plan counted the nodes carrying a
+        sweep taint; a node of this run not yet tainted in what it read (being held, or being
+        handed back) still counts against the budget, so the budget is never exceeded while
+        slots are refilled."""
+        listed = {d.node.name: d.node for d in (*p.take, *p.skip)}
+        unseen = sum(1 for n in sweeping if n not in listed or not listed[n].sweep_taint(self.cfg.taint_key))
+        room = p.budget - unseen
+        out = []
+        for d in (*p.take, *(d for d in p.skip if d.reason == "over-budget")):
+            if d.node.name in seen:
+                continue
+            if d.reason == "recheck":  # already held (counted), back from its reboot or GPU reset
+                out.append(d.node)
+            elif room > 0:
+                out.append(d.node)
+                room -= 1
+        return out
 
     # -- crash recovery -------------------------------------------------------------------
     def reconcile(self, run_id: str) -> list[dict[str, str]]:

@@ -88,7 +88,7 @@ def sim(make_sim: Callable[..., Sim]) -> Sim:
 
 
 TEST_CONFIG = Config(max_nodes=8, max_percent=100, min_node_age=600, interval=86400, poll_interval=5,
-                     check_timeout=300)
+                     check_timeout=300, run_deadline=0)
 
 
 @pytest.fixture

@@ -76,7 +76,7 @@ def test_an_expired_lock_is_taken_over(sim: Sim, history: History) -> None:
 
 def test_two_sweepers_started_together(make_sim, tmp_path: Path) -> None:
     sim: Sim = make_sim(nodes=10)
-    cfg = replace(TEST_CONFIG, max_nodes=3)
+    cfg = replace(TEST_CONFIG, max_nodes=3, run_deadline=1)  # one plan's worth: no refill past 1 s
     results: list[Any] = []
 
     def go(i: int) -> None:
@@ -464,7 +464,7 @@ def test_pause_floor_and_attempts(make_sim, history: History, tmp_path: Path) ->
     paused = run_sweep(sim, history)
     assert paused.outcomes == [] and {d.reason for d in paused.plan.skip} == {"paused"}
     CliRunner().invoke(main, ["resume", "--state", str(history.path), *kc])
-    floor = run_sweep(sim, history, replace(TEST_CONFIG, min_healthy_nodes=4))
+    floor = run_sweep(sim, history, replace(TEST_CONFIG, min_healthy_nodes=4, run_deadline=1))  # one plan's worth
     assert len(floor.outcomes) == 2, "6 healthy, a floor of 4: two may be taken"
     history.db.execute("update node_sweeps set verdict = 'quarantine'")
     for _ in range(2):
@@ -551,7 +551,7 @@ def test_demand_and_suspects(make_sim, history: History) -> None:
     sim.core.delete_namespaced_pod("big", "training")
     sim.core.patch_node_status("gpu-03", {"status": {"conditions": [
         {"type": "Ready", "status": "True"}, {"type": "GpuXid", "status": "True", "reason": "XidFound"}]}})
-    first = run_sweep(sim, history, replace(TEST_CONFIG, allowed_taint_keys=("maint",), max_nodes=1))
+    first = run_sweep(sim, history, replace(TEST_CONFIG, allowed_taint_keys=("maint",), max_nodes=1, run_deadline=1))
     assert [o.node for o in first.outcomes] == ["gpu-03"], "a suspect goes first"
     assert "suspect: condition GpuXid" in first.plan.take[0].detail
     again = run_sweep(sim, history, replace(TEST_CONFIG, allowed_taint_keys=("maint",), max_nodes=4,

@@ -138,13 +138,13 @@ def test_unreadable_output_is_an_error_never_a_pass(make_sim, history: History) 
 
 def test_budget_and_ordering(make_sim, history: History) -> None:
     sim: Sim = make_sim(nodes=6)
-    cfg = replace(TEST_CONFIG, max_nodes=2)
+    cfg = replace(TEST_CONFIG, max_nodes=2, run_deadline=1)  # one plan's worth: no refill past 1 s
     first = run_sweep(sim, history, cfg)
     assert len(first.outcomes) == 2
     assert sum(1 for d in first.plan.skip if d.reason == "over-budget") == 4
     second = run_sweep(sim, history, cfg)
     assert not {o.node for o in first.outcomes} & {o.node for o in second.outcomes}, "never-swept nodes go first"
-    pct = run_sweep(sim, history, replace(TEST_CONFIG, max_nodes=10, max_percent=34))
+    pct = run_sweep(sim, history, replace(cfg, max_nodes=10, max_percent=34))
     assert len(pct.outcomes) == 2, "34% of 6 GPU nodes is 2"
 
 
