@@ -226,6 +226,7 @@ def _follow(ctx: ActionContext, args: dict[str, Any], job: dict[str, Any], names
     ran = False  # a check container did run: only then is a deadline a hung check, a fault of the node
     fault = _Fault()  # why the container cannot start, or why the pod is not even created
     why = ""  # the scheduler's word on the pod, from the last time the pods were read
+    confirmed = False  # the Job was read afresh once past its deadline
     try:
         while True:
             polls += 1
@@ -272,6 +273,12 @@ def _follow(ctx: ActionContext, args: dict[str, Any], job: dict[str, Any], names
             if why and elapsed > schedule_deadline:
                 inconclusive = _never_scheduled(ctx, node, why)
                 break
+            if elapsed > timeout + CLIENT_GRACE and not confirmed:
+                # Past the deadline by what we have seen: read the Job once afresh before calling
+                # it hung (a fault of the node), since a lagging stream or poll may not have it yet.
+                confirmed = True
+                watch.refresh(name)
+                continue
             if elapsed > timeout + CLIENT_GRACE:
                 result = _hung(node, ctx.clock.now(), timeout) if ran else \
                     fault.result(node, ctx.clock.now()) if fault.code else _never_ran(node, ctx.clock.now(), pods)

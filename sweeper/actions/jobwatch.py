@@ -67,6 +67,22 @@ class RunWatch:
             pods = [p for p in self._objects["pods"].values() if _job_of(p) == job]
             return self._objects["jobs"].get(job), pods
 
+    def refresh(self, job: str) -> None:
+        """Read one Job and its pods afresh into what the run has seen: before a verdict that the
+        watch's (or the poll's) view alone would give, such as a check past its deadline, which
+        a stream that lags behind, or a poll that has not come round, would make look hung."""
+        try:
+            fresh = self.kube.get_job(self.namespace, job)
+        except KubeError:
+            fresh = None
+        pods = self.kube.namespaced_pods(self.namespace, f"job-name={job}")
+        with self._lock:
+            if fresh is not None:
+                self._objects["jobs"][job] = fresh
+            for pod in pods:
+                self._objects["pods"][pod["metadata"]["name"]] = pod
+        self._wake({job})
+
     def forget(self, job: str) -> None:
         with self._lock:
             self._changed.pop(job, None)
