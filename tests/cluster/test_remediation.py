@@ -130,7 +130,7 @@ def test_the_cap_and_the_breaker_stop_a_mass_replacement(make_sim, history: Hist
     cfg = replace(KARPENTER, max_replacements_per_hour=2, breaker_failures=3, breaker_percent=0)
     report = run_sweep(sim, history, cfg)
     verdicts = sorted(o.verdict for o in report.outcomes)
-    assert verdicts.count("replace") == 2 and verdicts.count("quarantine") == 3
+    assert verdicts.count("replace") == 2 and verdicts.count("quarantine") == 3, report.outcomes
     assert len([n for n in claims(sim) if "-r" not in n]) == 6 - 2, "only two NodeClaims deleted"
     held = [n.metadata.name for n in sim.core.list_node().items
             if any(t.key == cfg.taint_key for t in n.spec.taints or [])]

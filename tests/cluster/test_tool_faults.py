@@ -182,11 +182,14 @@ def test_ten_nodes_with_the_same_tool_error_stop_the_run_with_exit_5(make_sim, t
     res = runner.invoke(main, ["sweep", *base, "--json"])
     assert res.exit_code == 5, res.output
     report = json.loads(res.stdout)
-    assert sorted(n["verdict"] for n in report["nodes"]) == ["error"] * 10
+    # The first plan takes 10; a slot freed before the third error may be refilled (the rolling
+    # queue), never after it: at most tool_error_limit - 1 more nodes.
+    verdicts = [n["verdict"] for n in report["nodes"]]
+    assert set(verdicts) == {"error"} and 10 <= len(verdicts) <= 12, verdicts
     assert all(n["action"] == "released" for n in report["nodes"])
-    assert len(set(report["tool_errors"].values())) == 1 and len(report["tool_errors"]) == 10
+    assert len(set(report["tool_errors"].values())) == 1 and len(report["tool_errors"]) == len(verdicts)
     assert res.stderr.count("run stopped") == 1, res.stderr
-    assert "the same fault of the check ended 10 nodes" in res.stderr
+    assert f"the same fault of the check ended {len(verdicts)} nodes" in res.stderr
     assert f'ErrImagePull: the check image "{BAD_IMAGE}" cannot be pulled' in res.stderr
     for n in sim.core.list_node().items:
         assert not [t for t in n.spec.taints or [] if t.key == "sweeper.dev/sweep"], n.metadata.name
