@@ -91,6 +91,29 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "sweeper history" in out and (tmp_path / "report.html").exists()
 
 
+def test_the_demo_s_fleet_table_prints_a_held_node_s_reason_as_text(make_sim, tmp_path: Path) -> None:
+    """The reason annotation is the node's data: `[bold red]` in it was read as rich markup and lost."""
+    import io
+
+    from rich.console import Console
+
+    from sweeper.demo import DEMO_CONFIG, fleet_table
+    from sweeper.history import History
+
+    sim: Sim = make_sim(nodes=2)
+    reason = "xid (GPU 3): XID 79, name=[bold red]python[/bold red] \\[x] [/] fell off the bus"
+    sim.core.patch_node("gpu-01", {
+        "metadata": {"annotations": {f"{DEMO_CONFIG.prefix}/reason": reason}},
+        "spec": {"taints": [{"key": DEMO_CONFIG.taint_key, "value": "sw-1", "effect": "NoSchedule"}]}})
+    console = Console(file=io.StringIO(), width=300, color_system=None, highlight=False)
+    hist = History(tmp_path / "h.db")
+    summary = fleet_table(console, sim.kube, hist, DEMO_CONFIG)
+    hist.close()
+    assert summary["gpu-01"]["state"] == "held" and summary["gpu-00"]["state"] == "in service"
+    held = next(line for line in console.file.getvalue().splitlines() if "gpu-01" in line)
+    assert reason[:90] in held, held
+
+
 # -- every escape: its exit code, one line naming the file, nothing changed in the cluster ----------
 def cluster_writes(sim: Sim) -> list[tuple[str, str]]:
     return [(m, p) for m, p in sim.cluster.store.requests if m in ("POST", "PUT", "PATCH", "DELETE")]
