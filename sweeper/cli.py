@@ -545,7 +545,8 @@ def profiles_cmd(config_path: str | None, with_nodes: bool, kubeconfig: str | No
                Col("NCCL floor GB/s"), Col("instance types", cut=True)),
               ([r["profile"], f"{r['gpus']} x {r['gpu_model'] or 'any'}", opt(r["nvlinks"]),
                 " ".join(x for x in (opt(r["pcie_gen"], "gen{}"), opt(r["pcie_width"], "x{}")) if x != "-") or "-",
-                "-" if r["nic"] == "none" else f"{opt(r['nics'])} x {r['nic']}" + opt(r["nic_rate_gbps"], " {:g} Gb/s"),
+                "-" if r["nic"] == "none" else f"{opt(r['nics'])} x {r['nic']}"
+                + ("" if r["nic_rate_gbps"] is None else f" {r['nic_rate_gbps']:g} Gb/s"),
                 opt(r["mtu"]), opt(r["nccl_busbw_min"], "{:g}"), ", ".join(r["instance_types"]) or "-"]
                for r in rows))
     if nodes:

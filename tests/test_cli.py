@@ -265,6 +265,16 @@ def weeks_of_history(tmp_path: Path) -> str:
     return str(tmp_path / "h.db")
 
 
+def test_profiles_name_a_fabric_without_a_rate_without_a_stray_dash() -> None:
+    """GCP's a3 profiles give no gVNIC rate: their fabric read `4 x gve-`."""
+    res = CliRunner().invoke(main, ["profiles"])
+    assert res.exit_code == 0, res.output
+    row = next(line for line in res.stdout.splitlines() if line.startswith("gcp-a3-highgpu-8g "))
+    assert re.search(r"   4 x gve   ", row) and "gve-" not in row, row
+    row = next(line for line in res.stdout.splitlines() if line.startswith("p5.48xlarge "))
+    assert "32 x efa 100 Gb/s" in row, row
+
+
 def test_table_commands_take_every_output_format(tmp_path: Path) -> None:
     state = weeks_of_history(tmp_path)
     runner = CliRunner()
