@@ -55,6 +55,19 @@ def test_sweep_then_history_and_plan(make_sim, tmp_path: Path) -> None:
                                                                "gpu-02": "not-due"}
 
 
+def test_plan_says_a_node_over_the_budget_waits_for_a_slot_of_this_run(make_sim, tmp_path: Path) -> None:
+    """A run is a rolling queue: a node over the budget now is taken when a slot frees, so the plan
+    no longer says the budget allows only N nodes 'this run'."""
+    sim: Sim = make_sim(nodes=3)
+    base = ["--kubeconfig", str(sim.kubeconfig), "--state", str(tmp_path / "h.db"),
+            "--config", str(write_config(tmp_path, max_nodes=1))]
+    res = CliRunner().invoke(main, ["plan", *base, "--json"])
+    assert res.exit_code == 0, res.output
+    over = [n for n in json.loads(res.stdout)["nodes"] if n["reason"] == "over-budget"]
+    assert len(over) == 2 and all(n["detail"].startswith("queued: 1 slot(s) free now; taken as one frees")
+                                  and "this run" not in n["detail"] for n in over), over
+
+
 def test_exit_codes(make_sim, tmp_path: Path) -> None:
     runner = CliRunner()
     bad = tmp_path / "bad.yaml"
