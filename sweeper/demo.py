@@ -65,19 +65,20 @@ def run_demo(console: Console, state: Path, *, cycles: int, hours_between: float
         if trended:
             node, rule = trended["node"], next(r for r in trended["rules"] if r in trends)
             metric = next(t.metric for t in policy.trends if t.name == rule)
-            console.rule(f"replaced on its trend, before it failed: sweeper history {node} --check "
-                         f"{metric.split('.')[0]}")
+            console.rule(f"sweeper history {node} --check {metric.split('.')[0]}: replaced on its trend, "
+                         "before it failed")
             print_history(console, hist.node_history(node, check=metric.split(".")[0]))
         page = Path(state).with_name("report.html")
         data = gather(hist, policy, 0.0, cluster.clock.now(), cfg.interval, {"p5.48xlarge": 460.0},
                       gpu_nodes=cluster_gpu_nodes(kube, cfg), node_source="the cluster")
         page.write_text(render(data, "Sweeper demo fleet"))
-        # a path is text: `--state 'runs[1].db'` is not rich markup
-        console.print(f"\nhistory: {state}   (sweeper history NODE --state {state})", markup=False)
-        console.print(f"fleet report: {page}", markup=False)
+        # a path is text (`--state 'runs[1].db'` is not markup), and a command stays on one line to copy
+        console.print(f"\nhistory: {state}   (sweeper history NODE --state {state})", markup=False, soft_wrap=True)
+        console.print(f"fleet report: {page}", markup=False, soft_wrap=True)
         console.print("  open it in a browser: coverage, every sweep on a time axis, the trend"
                       + (f" that replaced {trended['node']}" if trended else "")
-                      + f", NCCL bandwidth, a page per node (sweeper report --state {state} --offline)", markup=False)
+                      + f", NCCL bandwidth, a page per node (sweeper report --state {state} --offline)",
+                      markup=False, soft_wrap=True)
         console.print(f"demo finished in {time.monotonic() - t0:.1f}s of real time, "
                       f"{(cluster.clock.now() - cluster.started) / 3600:.1f}h of simulated time")
         kube.close()

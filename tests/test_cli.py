@@ -89,7 +89,8 @@ def test_exit_codes(make_sim, tmp_path: Path) -> None:
 
 
 def test_demo_runs_end_to_end(tmp_path: Path) -> None:
-    res = CliRunner().invoke(main, ["demo", "--state", str(tmp_path / "demo.db")], env={"COLUMNS": "200"})
+    """At 80 columns, as in a pipe: the commands it suggests stay whole on one line, to be copied."""
+    res = CliRunner().invoke(main, ["demo", "--state", str(tmp_path / "demo.db")], env={"COLUMNS": "80"})
     assert res.exit_code == 0, res.output
     out = res.stdout
     assert "cycle 5 of 5" in out and "the fleet" in out
@@ -101,7 +102,9 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert re.search(r"gpu-p5-13 .*held .*quarantine", out), "the hung check waits for a person"
     assert re.search(r"gpu-p5-06: replace -> held\s+\(corrected-ecc-rising", out), \
         "the node whose corrected ECC climbs is replaced on its slope"
-    assert "sweeper history" in out and (tmp_path / "report.html").exists()
+    assert f"(sweeper history NODE --state {tmp_path / 'demo.db'})" in out and (tmp_path / "report.html").exists()
+    assert f"(sweeper report --state {tmp_path / 'demo.db'} --offline)" in out
+    assert "sweeper history gpu-p5-06 --check ecc:" in out
 
 
 def test_the_demo_s_fleet_table_prints_a_held_node_s_reason_as_text(make_sim, tmp_path: Path) -> None:
