@@ -149,7 +149,8 @@ def main(debug: bool) -> None:
     out of scheduling a few at a time, runs active health checks on them as Jobs, and hands
     each node back or holds it with a reason. Every result goes into a SQLite history.
 
-    Exit codes: 0 done, 1 findings (check), 2 bad input, 3 cluster or state unreachable,
+    Exit codes: 0 done, 1 findings (check, lint, ingest) or a failed play (run), 2 bad input,
+    3 cluster or state unreachable,
     4 another sweep holds the lock, 5 the sweep stopped on a repeated fault of the check itself,
     70 an internal error (a bug; --debug shows the traceback).
     """
