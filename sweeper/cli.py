@@ -867,6 +867,7 @@ def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
     cfg = _config(config_path)
     hist = _history(state, create=False)
     latest = {r["node"]: r for r in hist.fleet()}
+    full = hist.last_swept()  # a light check of a busy node shows, but only a full sweep makes a node not due
     now = time.time()
     rows: list[dict[str, Any]] = []
     views: list[Any] = []
@@ -881,13 +882,14 @@ def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
     for name in names:
         last = latest.get(name)
         v = by_name.get(name)
-        due = (last["started"] + cfg.interval) if last else now
+        swept = full.get(name)
+        due = (swept + cfg.interval) if swept is not None else now
         taint = v.sweep_taint(cfg.taint_key) if v else None
         rows.append({
             "node": name, "profile": last["profile"] if last else "",
             "last_sweep": last["started"] if last else None, "verdict": last["verdict"] if last else "",
             "rules": last.get("rules", []) if last else [], "due": max(due, now) if v or last else None,
-            "overdue": last is not None and now - last["started"] > cfg.interval,
+            "overdue": swept is not None and now - swept > cfg.interval,
             "suspect": "; ".join(suspect_signals(v, cfg)) if v else "",
             "held": bool(taint) or (v is not None and f"{cfg.prefix}/cordoned-by" in v.annotations),
             "in_cluster": v is not None})

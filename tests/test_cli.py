@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -279,6 +281,28 @@ def weeks_of_history(tmp_path: Path) -> str:
             h.run_finished(run, t0 + k * 86400 + 90, "done", 3, {})
     h.close()
     return str(tmp_path / "h.db")
+
+
+def test_nodes_says_a_busy_node_with_only_light_checks_is_due(tmp_path: Path) -> None:
+    """A light check of a busy node is shown as its last sweep, but only a full sweep makes a node not
+    due (the planner's rule); `nodes` said `in 23h` for a busy node never swept in full."""
+    from sweeper.history import History
+
+    h = History(tmp_path / "h.db")
+    t0 = time.time() - 3600
+    h.run_started("sw-1", t0, "sweep")
+    for node, kind in (("gpu-busy", "light"), ("gpu-idle", "sweep")):
+        sid = h.sweep_started("sw-1", node, t0, "sweep-light.yaml", "p5.48xlarge", kind=kind)
+        h.sweep_finished(sid, t0 + 60, "pass", ["all checks passed"])
+    h.run_finished("sw-1", t0 + 90, "done", 2, {})
+    h.close()
+    res = CliRunner().invoke(main, ["nodes", "--offline", "--state", str(tmp_path / "h.db"), "-o", "json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["node"]: r for r in json.loads(res.stdout)["nodes"]}
+    assert rows["gpu-busy"]["verdict"] == "pass" and rows["gpu-busy"]["last_sweep"], rows
+    due = {n: datetime.fromisoformat(r["due"].replace("Z", "+00:00")).timestamp() for n, r in rows.items()}
+    assert due["gpu-busy"] <= time.time() < due["gpu-idle"], rows
+    assert abs(due["gpu-idle"] - (t0 + 86400)) < 2, rows
 
 
 def test_profiles_name_a_fabric_without_a_rate_without_a_stray_dash() -> None:
