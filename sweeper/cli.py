@@ -121,6 +121,28 @@ class _Main(click.Group):
     (and the checks imported) only when it runs or its help is asked for: other commands start fast."""
 
     LAZY = {"check": "Run the node-local checks (inside a Job on the node) and print one result document."}
+    # What `sweeper --help` lists: whole on 80 columns, where click would cut each first sentence with "...".
+    SHORT = {
+        "backtest": "Replay the history under another policy.",
+        "breaker": "The circuit breaker: status, reset.",
+        "check": "The node-local checks, run inside a check Job.",
+        "demo": "The whole product on the embedded simulated cluster.",
+        "history": "A node's sweeps, verdicts, findings, actions and trends.",
+        "ingest": "Parse a tool's output and record it in a node's history.",
+        "lint": "Check playbooks, job templates, profiles and config.",
+        "nodes": "The fleet: each GPU node's last sweep, verdict, when due.",
+        "pause": "Stop sweeps from taking nodes (held nodes stay held).",
+        "plan": "Which nodes a sweep would take now, and why not the others.",
+        "profiles": "The hardware profiles, and which one each node gets.",
+        "release": "The panic button: hand back the nodes Sweeper holds.",
+        "report": "The fleet report: one self-contained HTML file.",
+        "resume": "Undo `sweeper pause`.",
+        "run": "Run one playbook, on one node or with no target.",
+        "serve": "Sweep on cron schedules; serve /metrics and the report.",
+        "sim": "The simulated cluster as an HTTP API server (sim serve).",
+        "state": "The history database: retention (state prune).",
+        "sweep": "One rolling pass over the GPU nodes (the CronJob's command).",
+    }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*self.commands, *self.LAZY})
@@ -133,7 +155,8 @@ class _Main(click.Group):
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         names = self.list_commands(ctx)
         limit = formatter.width - 6 - max(len(n) for n in names)
-        rows = [(n, (self.commands.get(n) or click.Command(n, help=self.LAZY[n])).get_short_help_str(limit))
+        rows = [(n, self.SHORT.get(n) or (self.commands.get(n) or click.Command(n, help=self.LAZY[n]))
+                 .get_short_help_str(limit))
                 for n in names if n not in self.commands or not self.commands[n].hidden]
         with formatter.section("Commands"):
             formatter.write_dl(rows)

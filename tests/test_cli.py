@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -303,6 +304,16 @@ def test_nodes_says_a_busy_node_with_only_light_checks_is_due(tmp_path: Path) ->
     due = {n: datetime.fromisoformat(r["due"].replace("Z", "+00:00")).timestamp() for n, r in rows.items()}
     assert due["gpu-busy"] <= time.time() < due["gpu-idle"], rows
     assert abs(due["gpu-idle"] - (t0 + 86400)) < 2, rows
+
+
+def test_the_command_list_of_the_help_is_whole_on_80_columns() -> None:
+    """`sweeper --help` listed nearly every command as a first sentence cut with '...'."""
+    res = CliRunner().invoke(main, ["--help"], terminal_width=80)
+    assert res.exit_code == 0, res.output
+    listed = res.stdout.split("Commands:", 1)[1].split("Examples:", 1)[0]
+    rows = [line.split(None, 1) for line in listed.strip().splitlines()]
+    assert [r[0] for r in rows] == main.list_commands(click.Context(main)), listed
+    assert all(len(r) == 2 and "..." not in r[1] for r in rows), listed
 
 
 def test_profiles_name_a_fabric_without_a_rate_without_a_stray_dash() -> None:
