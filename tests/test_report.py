@@ -191,6 +191,9 @@ def test_the_demo_report_in_headless_chromium(demo: dict[str, Any]) -> None:
         left = js("return Object.fromEntries([...document.querySelectorAll('table.left tbody tr')]"
                   ".map(r => [r.cells[0].textContent, r.cells[2].textContent]))")
         assert left == {"gpu-p5-06": "replaced", "gpu-p5-09": "replaced"}
+        broken = js("return [...document.querySelectorAll('td a')].filter(a => a.getClientRects().length > 1)"
+                    ".map(a => a.textContent)")
+        assert not broken, f"a node's name is broken over two lines in a narrow column: {broken}"
 
         # the trend that replaced gpu-p5-06, and the NCCL bandwidth per profile
         trend = js("let f = document.querySelector('figure.trend[data-node=\"gpu-p5-06\"]'); "
