@@ -323,8 +323,11 @@ def _print_outcomes(out: Out, report: Any) -> None:
     out.table(_OUTCOME_COLS, ([o.node, o.verdict, o.action, f"{o.seconds:.0f}", "; ".join(o.reasons)]
                               for o in report.outcomes), colour=[1])
     reasons: dict[str, int] = {}
+    # the rolling queue takes nodes its first plan skipped (over the budget then): those were swept
+    swept = {o.node for o in report.outcomes if o.action != "light"}
     for d in report.plan.skip:
-        reasons[d.reason] = reasons.get(d.reason, 0) + 1
+        if d.node.name not in swept:
+            reasons[d.reason] = reasons.get(d.reason, 0) + 1
     if reasons:
         out.title("skipped: " + ", ".join(f"{n} {r}" for r, n in sorted(reasons.items())))
 

@@ -71,6 +71,19 @@ def test_plan_says_a_node_over_the_budget_waits_for_a_slot_of_this_run(make_sim,
                                   and "this run" not in n["detail"] for n in over), over
 
 
+def test_a_sweep_does_not_count_as_skipped_the_nodes_its_rolling_queue_took_later(make_sim, tmp_path: Path) -> None:
+    """One node at a time over three: the first plan skips two over the budget, the run takes them as
+    slots free; its summary said `skipped: 2 over-budget` under the three nodes it swept."""
+    sim: Sim = make_sim(nodes=3)
+    base = ["--kubeconfig", str(sim.kubeconfig), "--state", str(tmp_path / "h.db"),
+            "--config", str(write_config(tmp_path, max_nodes=1, run_deadline=0))]
+    res = CliRunner().invoke(main, ["sweep", *base], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    rows = [line.split()[:3] for line in res.stdout.splitlines() if line.startswith("gpu-")]
+    assert sorted(rows) == [[f"gpu-0{i}", "pass", "released"] for i in range(3)], res.stdout
+    assert "over-budget" not in res.stdout and "skipped:" not in res.stdout, res.stdout
+
+
 def test_exit_codes(make_sim, tmp_path: Path) -> None:
     runner = CliRunner()
     bad = tmp_path / "bad.yaml"
