@@ -897,12 +897,16 @@ def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
     now = time.time()
     rows: list[dict[str, Any]] = []
     views: list[Any] = []
+    profile_of: dict[str, str] = {}
     if not offline:
+        from sweeper import profiles as prof
         from sweeper.fleet import NodeView, gpu_nodes, suspect_signals
 
         kube = _kube(kubeconfig, context, cfg)
         views = [NodeView.from_obj(o, cfg.gpu_resources)
                  for o in gpu_nodes(kube.list_nodes(cfg.gpu_node_selector, page_size=cfg.page_size), cfg)]
+        catalogue = prof.load_profiles(cfg.path("profiles"))  # a node never swept gets the profile it would
+        profile_of = {v.name: prof.match(catalogue, v.labels).name for v in views}
     names = [v.name for v in views] if views else sorted(latest)
     by_name = {v.name: v for v in views}
     for name in names:
@@ -912,7 +916,7 @@ def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
         due = (swept + cfg.interval) if swept is not None else now
         taint = v.sweep_taint(cfg.taint_key) if v else None
         rows.append({
-            "node": name, "profile": last["profile"] if last else "",
+            "node": name, "profile": (last["profile"] if last else "") or profile_of.get(name, ""),
             "last_sweep": last["started"] if last else None, "verdict": last["verdict"] if last else "",
             "rules": last.get("rules", []) if last else [], "due": max(due, now) if v or last else None,
             "overdue": swept is not None and now - swept > cfg.interval,

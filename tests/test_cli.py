@@ -329,6 +329,18 @@ def test_the_command_list_of_the_help_is_whole_on_80_columns() -> None:
     assert all(len(r) == 2 and "..." not in r[1] for r in rows), listed
 
 
+def test_nodes_names_the_profile_of_a_node_never_swept_from_the_cluster(make_sim, tmp_path: Path) -> None:
+    """Before its first sweep a node showed `-` for its profile; the cluster's instance-type label
+    says which it gets, as `sweeper profiles --nodes` says."""
+    sim: Sim = make_sim(nodes=2)
+    res = CliRunner().invoke(main, ["nodes", "--kubeconfig", str(sim.kubeconfig), "--state",
+                                    str(tmp_path / "h.db"), "-o", "json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["nodes"]
+    assert [(r["node"], r["profile"], r["last_sweep"]) for r in rows] == [
+        ("gpu-00", "p5.48xlarge", None), ("gpu-01", "p5.48xlarge", None)], rows
+
+
 def test_profiles_name_a_fabric_without_a_rate_without_a_stray_dash() -> None:
     """GCP's a3 profiles give no gVNIC rate: their fabric read `4 x gve-`."""
     res = CliRunner().invoke(main, ["profiles"])
