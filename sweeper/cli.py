@@ -121,6 +121,28 @@ class _Main(click.Group):
     (and the checks imported) only when it runs or its help is asked for: other commands start fast."""
 
     LAZY = {"check": "Run the node-local checks (inside a Job on the node) and print one result document."}
+    # What `sweeper --help` lists: whole on 80 columns, where click would cut each first sentence with "...".
+    SHORT = {
+        "backtest": "Replay the history under another policy.",
+        "breaker": "The circuit breaker: status, reset.",
+        "check": "The node-local checks, run inside a check Job.",
+        "demo": "The whole product on the embedded simulated cluster.",
+        "history": "A node's sweeps, verdicts, findings, actions and trends.",
+        "ingest": "Parse a tool's output and record it in a node's history.",
+        "lint": "Check playbooks, job templates, profiles and config.",
+        "nodes": "The fleet: each GPU node's last sweep, verdict, when due.",
+        "pause": "Stop sweeps from taking nodes (held nodes stay held).",
+        "plan": "Which nodes a sweep would take now, and why not the others.",
+        "profiles": "The hardware profiles, and which one each node gets.",
+        "release": "The panic button: hand back the nodes Sweeper holds.",
+        "report": "The fleet report: one self-contained HTML file.",
+        "resume": "Undo `sweeper pause`.",
+        "run": "Run one playbook, on one node or with no target.",
+        "serve": "Sweep on cron schedules; serve /metrics and the report.",
+        "sim": "The simulated cluster as an HTTP API server (sim serve).",
+        "state": "The history database: retention (state prune).",
+        "sweep": "One rolling pass over the GPU nodes (the CronJob's command).",
+    }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted({*self.commands, *self.LAZY})
@@ -133,7 +155,8 @@ class _Main(click.Group):
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         names = self.list_commands(ctx)
         limit = formatter.width - 6 - max(len(n) for n in names)
-        rows = [(n, (self.commands.get(n) or click.Command(n, help=self.LAZY[n])).get_short_help_str(limit))
+        rows = [(n, self.SHORT.get(n) or (self.commands.get(n) or click.Command(n, help=self.LAZY[n]))
+                 .get_short_help_str(limit))
                 for n in names if n not in self.commands or not self.commands[n].hidden]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
@@ -149,7 +172,8 @@ def main(debug: bool) -> None:
     out of scheduling a few at a time, runs active health checks on them as Jobs, and hands
     each node back or holds it with a reason. Every result goes into a SQLite history.
 
-    Exit codes: 0 done, 1 findings (check), 2 bad input, 3 cluster or state unreachable,
+    Exit codes: 0 done, 1 findings (check, lint, ingest) or a failed play (run), 2 bad input,
+    3 cluster or state unreachable,
     4 another sweep holds the lock, 5 the sweep stopped on a repeated fault of the check itself,
     70 an internal error (a bug; --debug shows the traceback).
     """
@@ -299,8 +323,11 @@ def _print_outcomes(out: Out, report: Any) -> None:
     out.table(_OUTCOME_COLS, ([o.node, o.verdict, o.action, f"{o.seconds:.0f}", "; ".join(o.reasons)]
                               for o in report.outcomes), colour=[1])
     reasons: dict[str, int] = {}
+    # the rolling queue takes nodes its first plan skipped (over the budget then): those were swept
+    swept = {o.node for o in report.outcomes if o.action != "light"}
     for d in report.plan.skip:
-        reasons[d.reason] = reasons.get(d.reason, 0) + 1
+        if d.node.name not in swept:
+            reasons[d.reason] = reasons.get(d.reason, 0) + 1
     if reasons:
         out.title("skipped: " + ", ".join(f"{n} {r}" for r, n in sorted(reasons.items())))
 
@@ -545,7 +572,8 @@ def profiles_cmd(config_path: str | None, with_nodes: bool, kubeconfig: str | No
                Col("NCCL floor GB/s"), Col("instance types", cut=True)),
               ([r["profile"], f"{r['gpus']} x {r['gpu_model'] or 'any'}", opt(r["nvlinks"]),
                 " ".join(x for x in (opt(r["pcie_gen"], "gen{}"), opt(r["pcie_width"], "x{}")) if x != "-") or "-",
-                "-" if r["nic"] == "none" else f"{opt(r['nics'])} x {r['nic']}" + opt(r["nic_rate_gbps"], " {:g} Gb/s"),
+                "-" if r["nic"] == "none" else f"{opt(r['nics'])} x {r['nic']}"
+                + ("" if r["nic_rate_gbps"] is None else f" {r['nic_rate_gbps']:g} Gb/s"),
                 opt(r["mtu"]), opt(r["nccl_busbw_min"], "{:g}"), ", ".join(r["instance_types"]) or "-"]
                for r in rows))
     if nodes:
@@ -865,27 +893,36 @@ def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
     cfg = _config(config_path)
     hist = _history(state, create=False)
     latest = {r["node"]: r for r in hist.fleet()}
+    # a light check of a busy node shows, but only a full sweep makes a node not due (the planner's rule);
+    # the history is asked again only where a latest row is not one
+    full = hist.last_swept() if any(r.get("kind") != "sweep" or r.get("verdict") == "inconclusive"
+                                    for r in latest.values()) else {n: r["started"] for n, r in latest.items()}
     now = time.time()
     rows: list[dict[str, Any]] = []
     views: list[Any] = []
+    profile_of: dict[str, str] = {}
     if not offline:
+        from sweeper import profiles as prof
         from sweeper.fleet import NodeView, gpu_nodes, suspect_signals
 
         kube = _kube(kubeconfig, context, cfg)
         views = [NodeView.from_obj(o, cfg.gpu_resources)
                  for o in gpu_nodes(kube.list_nodes(cfg.gpu_node_selector, page_size=cfg.page_size), cfg)]
+        catalogue = prof.load_profiles(cfg.path("profiles"))  # a node never swept gets the profile it would
+        profile_of = {v.name: prof.match(catalogue, v.labels).name for v in views}
     names = [v.name for v in views] if views else sorted(latest)
     by_name = {v.name: v for v in views}
     for name in names:
         last = latest.get(name)
         v = by_name.get(name)
-        due = (last["started"] + cfg.interval) if last else now
+        swept = full.get(name)
+        due = (swept + cfg.interval) if swept is not None else now
         taint = v.sweep_taint(cfg.taint_key) if v else None
         rows.append({
-            "node": name, "profile": last["profile"] if last else "",
+            "node": name, "profile": (last["profile"] if last else "") or profile_of.get(name, ""),
             "last_sweep": last["started"] if last else None, "verdict": last["verdict"] if last else "",
             "rules": last.get("rules", []) if last else [], "due": max(due, now) if v or last else None,
-            "overdue": last is not None and now - last["started"] > cfg.interval,
+            "overdue": swept is not None and now - swept > cfg.interval,
             "suspect": "; ".join(suspect_signals(v, cfg)) if v else "",
             "held": bool(taint) or (v is not None and f"{cfg.prefix}/cordoned-by" in v.annotations),
             "in_cluster": v is not None})

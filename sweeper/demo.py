@@ -10,10 +10,12 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from sweeper.config import Config
 from sweeper.history import History
 from sweeper.kube import Kube, RetryPolicy
+from sweeper.output import clean
 from sweeper.policy import load_policy
 from sweeper.report import cluster_gpu_nodes, gather, render
 from sweeper.sim.cluster import SimCluster
@@ -63,18 +65,20 @@ def run_demo(console: Console, state: Path, *, cycles: int, hours_between: float
         if trended:
             node, rule = trended["node"], next(r for r in trended["rules"] if r in trends)
             metric = next(t.metric for t in policy.trends if t.name == rule)
-            console.rule(f"replaced on its trend, before it failed: sweeper history {node} --check "
-                         f"{metric.split('.')[0]}")
+            console.rule(f"sweeper history {node} --check {metric.split('.')[0]}: replaced on its trend, "
+                         "before it failed")
             print_history(console, hist.node_history(node, check=metric.split(".")[0]))
         page = Path(state).with_name("report.html")
         data = gather(hist, policy, 0.0, cluster.clock.now(), cfg.interval, {"p5.48xlarge": 460.0},
                       gpu_nodes=cluster_gpu_nodes(kube, cfg), node_source="the cluster")
         page.write_text(render(data, "Sweeper demo fleet"))
-        console.print(f"\nhistory: {state}   (sweeper history NODE --state {state})")
-        console.print(f"fleet report: {page}")
+        # a path is text (`--state 'runs[1].db'` is not markup), and a command stays on one line to copy
+        console.print(f"\nhistory: {state}   (sweeper history NODE --state {state})", markup=False, soft_wrap=True)
+        console.print(f"fleet report: {page}", markup=False, soft_wrap=True)
         console.print("  open it in a browser: coverage, every sweep on a time axis, the trend"
                       + (f" that replaced {trended['node']}" if trended else "")
-                      + f", NCCL bandwidth, a page per node (sweeper report --state {state} --offline)")
+                      + f", NCCL bandwidth, a page per node (sweeper report --state {state} --offline)",
+                      markup=False, soft_wrap=True)
         console.print(f"demo finished in {time.monotonic() - t0:.1f}s of real time, "
                       f"{(cluster.clock.now() - cluster.started) / 3600:.1f}h of simulated time")
         kube.close()
@@ -119,7 +123,8 @@ def fleet_table(console: Console, kube: Kube, hist: History, cfg: Config) -> dic
         verdict = (last or {}).get("verdict") or "-"
         reason = v.annotations.get(f"{cfg.prefix}/reason", "") if state == "held" else ""
         style = {"held": "red", "busy": "cyan"}.get(state, "green")
-        t.add_row(v.name, f"[{style}]{state}[/{style}]", verdict, str(len(h["sweeps"])), reason[:90])
+        # the reason is a node's annotation: text (Text, never markup), control characters escaped
+        t.add_row(Text(v.name), Text(state, style=style), Text(verdict), str(len(h["sweeps"])), Text(clean(reason)[:90]))
         summary[v.name] = {"state": state, "verdict": verdict, "sweeps": len(h["sweeps"])}
     console.print(t)
     return summary

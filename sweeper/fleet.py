@@ -273,8 +273,10 @@ def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, l
                 why += f"; suspect: {', '.join(suspects[v.name])}"
             out.take.append(Decision(v, True, "idle", why))
         else:
+            # a run is a rolling queue: a node over the budget now is taken when a slot frees
             out.skip.append(Decision(v, False, "over-budget",
-                                     f"budget allows {out.budget} more node(s) this run"))
+                                     f"queued: {out.budget} slot(s) free now; taken as one frees, "
+                                     "within run_deadline"))
     return out
 
 

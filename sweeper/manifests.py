@@ -152,7 +152,8 @@ def pod_template(mode: str, opts: Options) -> dict[str, Any]:
     while it holds nodes (https://karpenter.sh/docs/concepts/disruption/#pod-level-controls), tolerating
     the system pools' taint."""
     serve = mode == "serve"
-    command = ["sweeper", "serve", "--port", "8080"] if serve else ["sweeper", "sweep"]
+    # serve listens on loopback unless told: in a pod, the kubelet's probes and the Service reach the pod's IP
+    command = ["sweeper", "serve", "--address", "0.0.0.0", "--port", "8080"] if serve else ["sweeper", "sweep"]
     command += ["--config", "/etc/sweeper/config.yaml", "--state", "/var/lib/sweeper/history.db"]
     container: dict[str, Any] = {
         "name": "sweeper", "image": opts.image, "command": command,

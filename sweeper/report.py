@@ -488,7 +488,7 @@ h3{font-size:15px;margin:20px 0 4px}h4{font-size:13px;margin:12px 0 4px}
 .note,.empty{color:#667}.tiles{display:flex;gap:12px;flex-wrap:wrap}.tile{background:#fff;border:1px solid #dde2ea;
 border-radius:6px;padding:10px 16px;min-width:120px}.tile b{display:block;font-size:22px}
 table{border-collapse:collapse;background:#fff;width:100%}td,th{border:1px solid #dde2ea;padding:4px 8px;text-align:left;
-vertical-align:top}th{background:#f0f3f7}svg text{font-size:10px;fill:#334}svg.timeline text.node{font-size:10px}
+vertical-align:top}th{background:#f0f3f7}td a{white-space:nowrap}svg text{font-size:10px;fill:#334}svg.timeline text.node{font-size:10px}
 svg .grid{stroke:#e3e7ee}svg .lane{stroke:#f0f2f6}svg circle.sweep{stroke:#fff;stroke-width:1}
 .legend span{margin-right:12px;white-space:nowrap}figure .legend{font-size:11px;max-width:380px}.legend i{display:inline-block;width:10px;height:10px;margin-right:4px;
 border-radius:5px}.cards{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0;background:#fff;border:1px solid #dde2ea;

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -55,6 +58,32 @@ def test_sweep_then_history_and_plan(make_sim, tmp_path: Path) -> None:
                                                                "gpu-02": "not-due"}
 
 
+def test_plan_says_a_node_over_the_budget_waits_for_a_slot_of_this_run(make_sim, tmp_path: Path) -> None:
+    """A run is a rolling queue: a node over the budget now is taken when a slot frees, so the plan
+    no longer says the budget allows only N nodes 'this run'."""
+    sim: Sim = make_sim(nodes=3)
+    base = ["--kubeconfig", str(sim.kubeconfig), "--state", str(tmp_path / "h.db"),
+            "--config", str(write_config(tmp_path, max_nodes=1))]
+    res = CliRunner().invoke(main, ["plan", *base, "--json"])
+    assert res.exit_code == 0, res.output
+    over = [n for n in json.loads(res.stdout)["nodes"] if n["reason"] == "over-budget"]
+    assert len(over) == 2 and all(n["detail"].startswith("queued: 1 slot(s) free now; taken as one frees")
+                                  and "this run" not in n["detail"] for n in over), over
+
+
+def test_a_sweep_does_not_count_as_skipped_the_nodes_its_rolling_queue_took_later(make_sim, tmp_path: Path) -> None:
+    """One node at a time over three: the first plan skips two over the budget, the run takes them as
+    slots free; its summary said `skipped: 2 over-budget` under the three nodes it swept."""
+    sim: Sim = make_sim(nodes=3)
+    base = ["--kubeconfig", str(sim.kubeconfig), "--state", str(tmp_path / "h.db"),
+            "--config", str(write_config(tmp_path, max_nodes=1, run_deadline=0))]
+    res = CliRunner().invoke(main, ["sweep", *base], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    rows = [line.split()[:3] for line in res.stdout.splitlines() if line.startswith("gpu-")]
+    assert sorted(rows) == [[f"gpu-0{i}", "pass", "released"] for i in range(3)], res.stdout
+    assert "over-budget" not in res.stdout and "skipped:" not in res.stdout, res.stdout
+
+
 def test_exit_codes(make_sim, tmp_path: Path) -> None:
     runner = CliRunner()
     bad = tmp_path / "bad.yaml"
@@ -76,7 +105,8 @@ def test_exit_codes(make_sim, tmp_path: Path) -> None:
 
 
 def test_demo_runs_end_to_end(tmp_path: Path) -> None:
-    res = CliRunner().invoke(main, ["demo", "--state", str(tmp_path / "demo.db")], env={"COLUMNS": "200"})
+    """At 80 columns, as in a pipe: the commands it suggests stay whole on one line, to be copied."""
+    res = CliRunner().invoke(main, ["demo", "--state", str(tmp_path / "demo.db")], env={"COLUMNS": "80"})
     assert res.exit_code == 0, res.output
     out = res.stdout
     assert "cycle 5 of 5" in out and "the fleet" in out
@@ -88,7 +118,32 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert re.search(r"gpu-p5-13 .*held .*quarantine", out), "the hung check waits for a person"
     assert re.search(r"gpu-p5-06: replace -> held\s+\(corrected-ecc-rising", out), \
         "the node whose corrected ECC climbs is replaced on its slope"
-    assert "sweeper history" in out and (tmp_path / "report.html").exists()
+    assert f"(sweeper history NODE --state {tmp_path / 'demo.db'})" in out and (tmp_path / "report.html").exists()
+    assert f"(sweeper report --state {tmp_path / 'demo.db'} --offline)" in out
+    assert "sweeper history gpu-p5-06 --check ecc:" in out
+
+
+def test_the_demo_s_fleet_table_prints_a_held_node_s_reason_as_text(make_sim, tmp_path: Path) -> None:
+    """The reason annotation is the node's data: `[bold red]` in it was read as rich markup and lost."""
+    import io
+
+    from rich.console import Console
+
+    from sweeper.demo import DEMO_CONFIG, fleet_table
+    from sweeper.history import History
+
+    sim: Sim = make_sim(nodes=2)
+    reason = "xid (GPU 3): XID 79, name=[bold red]python[/bold red] \\[x] [/] fell off the bus"
+    sim.core.patch_node("gpu-01", {
+        "metadata": {"annotations": {f"{DEMO_CONFIG.prefix}/reason": reason}},
+        "spec": {"taints": [{"key": DEMO_CONFIG.taint_key, "value": "sw-1", "effect": "NoSchedule"}]}})
+    console = Console(file=io.StringIO(), width=300, color_system=None, highlight=False)
+    hist = History(tmp_path / "h.db")
+    summary = fleet_table(console, sim.kube, hist, DEMO_CONFIG)
+    hist.close()
+    assert summary["gpu-01"]["state"] == "held" and summary["gpu-00"]["state"] == "in service"
+    held = next(line for line in console.file.getvalue().splitlines() if "gpu-01" in line)
+    assert reason[:90] in held, held
 
 
 # -- every escape: its exit code, one line naming the file, nothing changed in the cluster ----------
@@ -240,6 +295,60 @@ def weeks_of_history(tmp_path: Path) -> str:
             h.run_finished(run, t0 + k * 86400 + 90, "done", 3, {})
     h.close()
     return str(tmp_path / "h.db")
+
+
+def test_nodes_says_a_busy_node_with_only_light_checks_is_due(tmp_path: Path) -> None:
+    """A light check of a busy node is shown as its last sweep, but only a full sweep makes a node not
+    due (the planner's rule); `nodes` said `in 23h` for a busy node never swept in full."""
+    from sweeper.history import History
+
+    h = History(tmp_path / "h.db")
+    t0 = time.time() - 3600
+    h.run_started("sw-1", t0, "sweep")
+    for node, kind in (("gpu-busy", "light"), ("gpu-idle", "sweep")):
+        sid = h.sweep_started("sw-1", node, t0, "sweep-light.yaml", "p5.48xlarge", kind=kind)
+        h.sweep_finished(sid, t0 + 60, "pass", ["all checks passed"])
+    h.run_finished("sw-1", t0 + 90, "done", 2, {})
+    h.close()
+    res = CliRunner().invoke(main, ["nodes", "--offline", "--state", str(tmp_path / "h.db"), "-o", "json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["node"]: r for r in json.loads(res.stdout)["nodes"]}
+    assert rows["gpu-busy"]["verdict"] == "pass" and rows["gpu-busy"]["last_sweep"], rows
+    due = {n: datetime.fromisoformat(r["due"].replace("Z", "+00:00")).timestamp() for n, r in rows.items()}
+    assert due["gpu-busy"] <= time.time() < due["gpu-idle"], rows
+    assert abs(due["gpu-idle"] - (t0 + 86400)) < 2, rows
+
+
+def test_the_command_list_of_the_help_is_whole_on_80_columns() -> None:
+    """`sweeper --help` listed nearly every command as a first sentence cut with '...'."""
+    res = CliRunner().invoke(main, ["--help"], terminal_width=80)
+    assert res.exit_code == 0, res.output
+    listed = res.stdout.split("Commands:", 1)[1].split("Examples:", 1)[0]
+    rows = [line.split(None, 1) for line in listed.strip().splitlines()]
+    assert [r[0] for r in rows] == main.list_commands(click.Context(main)), listed
+    assert all(len(r) == 2 and "..." not in r[1] for r in rows), listed
+
+
+def test_nodes_names_the_profile_of_a_node_never_swept_from_the_cluster(make_sim, tmp_path: Path) -> None:
+    """Before its first sweep a node showed `-` for its profile; the cluster's instance-type label
+    says which it gets, as `sweeper profiles --nodes` says."""
+    sim: Sim = make_sim(nodes=2)
+    res = CliRunner().invoke(main, ["nodes", "--kubeconfig", str(sim.kubeconfig), "--state",
+                                    str(tmp_path / "h.db"), "-o", "json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["nodes"]
+    assert [(r["node"], r["profile"], r["last_sweep"]) for r in rows] == [
+        ("gpu-00", "p5.48xlarge", None), ("gpu-01", "p5.48xlarge", None)], rows
+
+
+def test_profiles_name_a_fabric_without_a_rate_without_a_stray_dash() -> None:
+    """GCP's a3 profiles give no gVNIC rate: their fabric read `4 x gve-`."""
+    res = CliRunner().invoke(main, ["profiles"])
+    assert res.exit_code == 0, res.output
+    row = next(line for line in res.stdout.splitlines() if line.startswith("gcp-a3-highgpu-8g "))
+    assert re.search(r"   4 x gve   ", row) and "gve-" not in row, row
+    row = next(line for line in res.stdout.splitlines() if line.startswith("p5.48xlarge "))
+    assert "32 x efa 100 Gb/s" in row, row
 
 
 def test_table_commands_take_every_output_format(tmp_path: Path) -> None:

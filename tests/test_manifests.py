@@ -129,6 +129,23 @@ def test_serve_and_the_cronjob_never_write_one_history() -> None:
     assert yaml.safe_load(cm["data"]["config.yaml"])["schedules"], "serve sweeps on the config's schedules"
 
 
+def test_the_serve_pod_listens_where_its_probes_and_service_reach_it() -> None:
+    """`sweeper serve` listens on 127.0.0.1 unless told; the kubelet's httpGet probes go to the pod's
+    IP (https://kubernetes.io/docs/tasks/configure-pod-container/configure-liveness-readiness-startup-probes/#http-probes:
+    "host: Host name to connect to, defaults to the pod IP"), as does the Service, so the Deployment's
+    command must name every address. Its own option parser reads the manifest's command."""
+    from sweeper.cli import main
+
+    for name in ("serve/serve.yaml", "cronjob.yaml"):
+        dep = next(d for d in docs_of(name) if d["kind"] == "Deployment")
+        container = dep["spec"]["template"]["spec"]["containers"][0]
+        assert container["readinessProbe"]["httpGet"]["port"] == "http" and "host" not in container["readinessProbe"]["httpGet"]
+        command = container["command"]
+        serve = main.get_command(None, command[1])  # type: ignore[arg-type]
+        ctx = serve.make_context("serve", list(command[2:]))
+        assert ctx.params["address"] == "0.0.0.0" and ctx.params["port"] == 8080, (name, command)
+
+
 def controller_pods_of(docs: list[dict]) -> list[tuple[dict, dict]]:
     return [(d, d["spec"]["jobTemplate"]["spec"]["template"] if d["kind"] == "CronJob" else d["spec"]["template"])
             for d in docs if d["kind"] in ("CronJob", "Deployment")]

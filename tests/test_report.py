@@ -124,7 +124,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_the_demo_replaces_a_node_on_its_trend_before_it_fails(demo: dict[str, Any]) -> None:
     out = demo["out"]
-    assert "replaced on its trend, before it failed: sweeper history gpu-p5-06" in out
+    assert "sweeper history gpu-p5-06 --check ecc: replaced on its trend, before it failed" in out
     assert re.search(r"\s+replace\s+corrected-ecc-rising\s", out), "the rule beside the verdict"
     assert re.search(r"ecc\.aggregate_corrected\s+[▁▂▃▄▅▆▇█]{4,}\s", out), "the climb as a sparkline"
     assert re.search(r"ecc\.aggregate_uncorrected\s+▁+\s+0\n", out), "replaced before a single uncorrectable error"
@@ -191,6 +191,9 @@ def test_the_demo_report_in_headless_chromium(demo: dict[str, Any]) -> None:
         left = js("return Object.fromEntries([...document.querySelectorAll('table.left tbody tr')]"
                   ".map(r => [r.cells[0].textContent, r.cells[2].textContent]))")
         assert left == {"gpu-p5-06": "replaced", "gpu-p5-09": "replaced"}
+        broken = js("return [...document.querySelectorAll('td a')].filter(a => a.getClientRects().length > 1)"
+                    ".map(a => a.textContent)")
+        assert not broken, f"a node's name is broken over two lines in a narrow column: {broken}"
 
         # the trend that replaced gpu-p5-06, and the NCCL bandwidth per profile
         trend = js("let f = document.querySelector('figure.trend[data-node=\"gpu-p5-06\"]'); "
