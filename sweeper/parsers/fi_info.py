@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from sweeper.parsers.paste import MAX_LINE, Paste, binary, clean, longest_line
+from sweeper.parsers.paste import Paste, clean, unreadable
 from sweeper.result import CheckResult, Metric, Result, error_result
 
 SOURCE = "fi-info"
@@ -70,14 +70,9 @@ def looks_like(text: str) -> bool:
 
 
 def parse(text: str, node: str, now: float, expect: int | None = None, exit_code: int | None = None) -> Result:
-    if not text or not text.strip():
-        return error_result(node, SOURCE, "fi_info printed nothing", now)
-    if len(text) > MAX_BYTES:
-        return error_result(node, SOURCE, f"{len(text)} bytes of output is over the {MAX_BYTES} limit", now)
-    if binary(text):
-        return error_result(node, SOURCE, "binary data, not fi_info's text output", now)
-    if longest_line(text) > MAX_LINE:
-        return error_result(node, SOURCE, f"a line over {MAX_LINE} characters: not fi_info output", now)
+    why = unreadable(text, "fi_info", MAX_BYTES)
+    if why:
+        return error_result(node, SOURCE, why, now)
     paste = clean(text)
     lines = paste.lines
     failed = _nodata(paste)

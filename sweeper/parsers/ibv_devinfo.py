@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from sweeper.parsers.paste import MAX_LINE, binary, clean, longest_line
+from sweeper.parsers.paste import clean, unreadable
 from sweeper.result import CheckResult, Metric, Result, error_result
 
 SOURCE = "ibv-devinfo"
@@ -175,14 +175,9 @@ def _port_check(d: Device, p: Port) -> CheckResult:
 
 def parse(text: str, node: str, now: float, expect: int | None = None, kind: str = "") -> Result:
     """Every port ACTIVE, and as many devices of `kind` (efa or ib) as the profile expects."""
-    if not text or not text.strip():
-        return error_result(node, SOURCE, "ibv_devinfo printed nothing", now)
-    if len(text) > MAX_BYTES:
-        return error_result(node, SOURCE, f"{len(text)} bytes of output is over the {MAX_BYTES} limit", now)
-    if binary(text):
-        return error_result(node, SOURCE, "binary data, not ibv_devinfo's text output", now)
-    if longest_line(text) > MAX_LINE:
-        return error_result(node, SOURCE, f"a line over {MAX_LINE} characters: not ibv_devinfo output", now)
+    why = unreadable(text, "ibv_devinfo", MAX_BYTES)
+    if why:
+        return error_result(node, SOURCE, why, now)
     lines = clean(text).lines
     if "No IB devices found" in text:
         devs: list[Device] = []

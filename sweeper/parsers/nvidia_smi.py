@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sweeper.parsers.paste import MAX_LINE, Paste, binary, clean, longest_line
+from sweeper.parsers.paste import Paste, clean, unreadable
 from sweeper.result import CheckResult, Metric, Result, error_result
 
 SOURCE = "nvidia-smi"
@@ -596,14 +596,9 @@ def _looks_q(lines: list[str]) -> bool:
 def parse(text: str, node: str, now: float, expect_gpus: int | None = None, gpu_model: str = "") -> Result:
     """Any of the shapes in the module docstring, as printed or as pasted; the result's source is
     `nvidia-smi` whatever the shape."""
-    if not text or not text.strip():
-        return error_result(node, SOURCE, "nvidia-smi printed nothing", now)
-    if len(text) > MAX_BYTES:
-        return error_result(node, SOURCE, f"{len(text)} bytes of output is over the {MAX_BYTES} limit", now)
-    if binary(text):
-        return error_result(node, SOURCE, "binary data, not nvidia-smi's text output", now)
-    if longest_line(text) > MAX_LINE:
-        return error_result(node, SOURCE, f"a line over {MAX_LINE} characters: not nvidia-smi output", now)
+    why = unreadable(text, "nvidia-smi", MAX_BYTES)
+    if why:
+        return error_result(node, SOURCE, why, now)
     paste = clean(text)
     if any(_DRIVER.search(ln) for ln in paste.lines[:50]):
         first = next(ln for ln in paste.lines if _DRIVER.search(ln))

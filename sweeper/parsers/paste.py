@@ -129,3 +129,17 @@ def binary(text: str) -> bool:
         return False
     bad = sum(1 for ch in sample if (ord(ch) < 32 and ch not in "\t\n\r") or 0x7f <= ord(ch) < 0xa0 or ch == "\ufffd")
     return bad * 20 > len(sample)
+
+
+def unreadable(text: str, tool: str, max_bytes: int) -> str:
+    """Why `text` cannot be `tool`'s output at all (nothing, too much, binary, a line no tool
+    prints), or "" when a reader may look at it."""
+    if not text or not text.strip():
+        return f"{tool} printed nothing"
+    if len(text) > max_bytes:
+        return f"{len(text)} bytes of output is over the {max_bytes} limit"
+    if binary(text):
+        return f"binary data, not {tool}'s text output"
+    if longest_line(text) > MAX_LINE:
+        return f"a line over {MAX_LINE} characters: not {tool} output"
+    return ""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from sweeper.parsers.paste import MAX_LINE, binary, clean, longest_line
+from sweeper.parsers.paste import clean, unreadable
 from sweeper.result import CheckResult, Result, error_result
 
 # From nearest to farthest. NV# (NVLink) is nearer than any PCIe path.
@@ -103,14 +103,9 @@ def parse_matrix(text: str) -> Topology | None:
 def parse(text: str, node: str, now: float, nvlinks: int | None = None, nic_affinity: str = "") -> Result:
     """GPU-GPU links (all NVLink when the profile has NVLink) and, when NICs are listed, each
     GPU's nearest NIC no farther than `nic_affinity` (PIX, PXB, PHB, NODE or SYS)."""
-    if not text or not text.strip():
-        return error_result(node, "topo", "nvidia-smi topo -m printed nothing", now)
-    if len(text) > MAX_BYTES:
-        return error_result(node, "topo", f"{len(text)} bytes of output is over the {MAX_BYTES} limit", now)
-    if binary(text):
-        return error_result(node, "topo", "binary data, not nvidia-smi topo -m's text output", now)
-    if longest_line(text) > MAX_LINE:
-        return error_result(node, "topo", f"a line over {MAX_LINE} characters: not nvidia-smi topo -m output", now)
+    why = unreadable(text, "nvidia-smi topo -m", MAX_BYTES)
+    if why:
+        return error_result(node, "topo", why, now)
     topo = parse_matrix(text)
     if topo is None:
         lines = clean(text).lines
