@@ -1,9 +1,9 @@
 """The SQLite history: runs, node sweeps, checks, metrics, actions and the intent log.
 The only importer of `sqlite_utils`; the sweep sees it through the Recorder protocol.
 
-Reads go through the standard library's sqlite3 alone: `sqlite_utils` (some 50 ms of imports)
-is loaded on the first write or pending migration, so `sweeper history NODE` and the other
-reading commands never pay for it."""
+Reads and the sweep's own writes go through the standard library's sqlite3 alone:
+`sqlite_utils` (some 50 ms of imports) is loaded for migrations, pruning and the switches, so
+`sweeper history NODE` and the other reading commands never pay for it."""
 
 from __future__ import annotations
 
@@ -170,25 +170,39 @@ class History:
         self.conn.close()
 
     # -- the Recorder protocol ----------------------------------------------------
+    # Plain INSERT and UPDATE statements, one commit each: the sweep's threads share the
+    # connection, so each write holds it for as few statements (and GIL hand-overs) as it can.
+    def _write(self, table: str, row: dict[str, Any], where_id: Any = None) -> int:
+        """Insert `row` into `table`, or update the row whose id is `where_id`, and commit; lists
+        and dicts are stored as JSON. The new row's id."""
+        values = [json.dumps(v) if isinstance(v, (dict, list, tuple)) else v for v in row.values()]
+        with self.conn:
+            if where_id is None:
+                cur = self.conn.execute(f"insert into {table} ({', '.join(row)}) values "
+                                        f"({', '.join('?' * len(row))})", values)
+            else:
+                cur = self.conn.execute(f"update {table} set {', '.join(f'{k} = ?' for k in row)} where id = ?",
+                                        [*values, where_id])
+        return int(cur.lastrowid or 0)
+
     @_locked
     def run_started(self, run_id: str, started: float, mode: str) -> None:
         from socket import gethostname
 
-        self.db.table("runs").insert({"id": run_id, "started": started, "finished": None, "status": "running",
-                                "mode": mode, "host": gethostname(), "taken": 0, "summary": "{}"})
+        self._write("runs", {"id": run_id, "started": started, "finished": None, "status": "running",
+                             "mode": mode, "host": gethostname(), "taken": 0, "summary": "{}"})
 
     @_locked
     def run_finished(self, run_id: str, finished: float, status: str, taken: int, summary: dict[str, Any]) -> None:
-        self.db.table("runs").update(run_id, {"finished": finished, "status": status, "taken": taken,
-                                        "summary": json.dumps(summary)})
+        self._write("runs", {"finished": finished, "status": status, "taken": taken, "summary": summary},
+                    where_id=run_id)
 
     @_locked
     def sweep_started(self, run_id: str, node: str, started: float, playbook: str, profile: str,
                       dry_run: bool = False, kind: str = "sweep") -> int:
-        table = self.db.table("node_sweeps").insert({
+        return self._write("node_sweeps", {
             "run_id": run_id, "node": node, "started": started, "finished": None, "playbook": playbook,
             "profile": profile, "verdict": None, "reasons": "[]", "dry_run": int(dry_run), "kind": kind})
-        return int(table.last_pk)  # type: ignore[arg-type]
 
     @_locked
     def sweep_finished(self, sweep_id: int, finished: float, verdict: str, reasons: list[str],
@@ -200,28 +214,29 @@ class History:
                         "rules": json.dumps(list(decision.get("rules") or [])),
                         "decided": decision.get("decided"), "policy": decision.get("policy"),
                         "policy_verdict": decision.get("verdict")})
-        self.db.table("node_sweeps").update(sweep_id, row)
+        self._write("node_sweeps", row, where_id=sweep_id)
 
     @_locked
     def result(self, sweep_id: int | None, result: Result) -> None:
-        with self.db.conn:
-            self.db.table("checks").insert_all(
-                ({"sweep_id": sweep_id, "node": result.node, "ts": result.finished, "source": result.source,
-                  "name": c.name, "status": c.status, "severity": c.severity, "gpu": c.gpu, "code": c.code,
-                  "message": c.message} for c in result.checks), batch_size=500)
-            self.db.table("metrics").insert_all(
-                ({"sweep_id": sweep_id, "node": result.node, "ts": result.finished, "name": m.name, "gpu": m.gpu,
-                  "value": m.value, "unit": m.unit} for m in result.metrics), batch_size=500)
+        with self.conn:
+            self.conn.executemany(
+                "insert into checks (sweep_id, node, ts, source, name, status, severity, gpu, code, message) "
+                "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(sweep_id, result.node, result.finished, result.source, c.name, c.status, c.severity, c.gpu, c.code,
+                  c.message) for c in result.checks])
+            self.conn.executemany(
+                "insert into metrics (sweep_id, node, ts, name, gpu, value, unit) values (?, ?, ?, ?, ?, ?, ?)",
+                [(sweep_id, result.node, result.finished, m.name, m.gpu, m.value, m.unit) for m in result.metrics])
 
     @_locked
     def action(self, run_id: str, node: str, ts: float, action: str, detail: str, dry_run: bool = False) -> None:
-        self.db.table("actions").insert({"run_id": run_id, "node": node, "ts": ts, "action": action, "detail": detail,
-                                   "dry_run": int(dry_run)})
+        self._write("actions", {"run_id": run_id, "node": node, "ts": ts, "action": action, "detail": detail,
+                                "dry_run": int(dry_run)})
 
     @_locked
     def intent(self, run_id: str, node: str, ts: float, op: str, phase: str, detail: str = "") -> None:
-        self.db.table("intents").insert({"run_id": run_id, "node": node, "ts": ts, "op": op, "phase": phase,
-                                   "detail": detail})
+        self._write("intents", {"run_id": run_id, "node": node, "ts": ts, "op": op, "phase": phase,
+                                "detail": detail})
 
     @_locked
     def last_swept(self) -> dict[str, float]:

@@ -425,8 +425,11 @@ class Sweep:
                         self.tool_stop = self.tool_stop or self.tool_errors.get(name, "")
                 if self._closed(deadline, True) or (self.cooling and taken):
                     continue  # no more nodes: only wait for those under test
-                # Nodes finishing together share one look at the cluster: at most one per poll_interval.
-                self.clock.wait(self.stop, last_plan + self.cfg.poll_interval - self.clock.now())
+                # Nodes finishing together share one look at the cluster: at most one per poll_interval
+                # while others are under test. With none left there is nothing to share it with: the
+                # run looks at once, and ends at once when nothing more is due.
+                if running:
+                    self.clock.wait(self.stop, last_plan + self.cfg.poll_interval - self.clock.now())
                 try:
                     self.controls.refresh()
                     p = self.discover(refill=True)
