@@ -1,27 +1,29 @@
 """The SQLite history: runs, node sweeps, checks, metrics, actions and the intent log.
-The only importer of `sqlite_utils`; the sweep sees it through the Recorder protocol."""
+The only importer of `sqlite_utils`; the sweep sees it through the Recorder protocol.
+
+Reads and the sweep's own writes go through the standard library's sqlite3 alone:
+`sqlite_utils` (some 50 ms of imports) is loaded for migrations, pruning and the switches, so
+`sweeper history NODE` and the other reading commands never pay for it."""
 
 from __future__ import annotations
 
 import json
-import socket
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
-
-from sqlite_utils import Database
-from sqlite_utils.migrations import Migrations
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sweeper.errors import StateError
-from sweeper.result import Result
 
-migrations = Migrations("sweeper")
+if TYPE_CHECKING:
+    from sqlite_utils import Database
+    from sqlite_utils.migrations import Migrations
+
+    from sweeper.result import Result
 
 
-@migrations()
 def m001_initial(db: Database) -> None:
     db.table("runs").create({"id": str, "started": float, "finished": float, "status": str, "mode": str,
                        "host": str, "taken": int, "summary": str}, pk="id")
@@ -46,19 +48,16 @@ def m001_initial(db: Database) -> None:
     db.table("intents").create_index(["run_id", "node"])
 
 
-@migrations()
 def m002_controls(db: Database) -> None:
     db.table("controls").create({"key": str, "value": str, "ts": float}, pk="key")
     db.table("node_sweeps").create_index(["verdict", "finished"])
 
 
-@migrations()
 def m003_sweep_kind(db: Database) -> None:
     # 'sweep': the node was held and checked; 'light': read-only checks on a busy node, never held.
     db.table("node_sweeps").add_column("kind", str, not_null_default="sweep")
 
 
-@migrations()
 def m004_policy(db: Database) -> None:
     # What the policy decided on: the causes (check|code) behind the verdict, the history rules
     # that raised it, and when it was decided (what a backtest replays up to).
@@ -74,7 +73,21 @@ def m004_policy(db: Database) -> None:
     db.table("node_sweeps").create_index(["profile", "finished"])
 
 
-KNOWN = [m.name for m in migrations._migrations]
+MIGRATIONS = (m001_initial, m002_controls, m003_sweep_kind, m004_policy)
+KNOWN = [m.__name__ for m in MIGRATIONS]
+MIGRATIONS_TABLE = "_sqlite_migrations"  # where sqlite_utils.Migrations records what it applied
+
+
+def _migrations() -> Migrations:
+    """The schema as one sqlite_utils migration set, built when a file needs one applied."""
+    from sqlite_utils.migrations import Migrations
+
+    migrations = Migrations("sweeper")
+    for fn in MIGRATIONS:
+        migrations()(fn)
+    return migrations
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -100,7 +113,8 @@ class History:
             conn = sqlite3.connect(str(self.path), check_same_thread=False, timeout=30)
         except (OSError, sqlite3.Error) as exc:
             raise StateError(f"cannot open the history at {self.path}: {exc}") from exc
-        self.db = Database(conn, execute_plugins=False)  # no plugin entry-point scan: faster start, same behaviour
+        self.conn = conn
+        self._db: Database | None = None
         # Switching to WAL and migrating take locks that SQLite does not wait for through its busy
         # timeout; a second process opening a new file at the same moment retries here.
         for attempt in range(50):
@@ -116,36 +130,79 @@ class History:
                                  "Sweeper history)") from exc
 
     def _open(self) -> None:
-        self.db.execute("PRAGMA busy_timeout = 30000")
-        self.db.enable_wal()
-        applied = [m.name for m in migrations.applied(self.db)]
+        self.conn.execute("PRAGMA busy_timeout = 30000")
+        if self.conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            self.conn.execute("PRAGMA journal_mode = wal")
+        applied = self._applied()
         unknown = [n for n in applied if n not in KNOWN]
         if unknown:
             raise StateError(f"{self.path} was written by a newer Sweeper (migrations {unknown} are unknown "
                              "to this version); upgrade Sweeper or point --state at another file")
-        migrations.apply(self.db)
+        if len(set(applied)) < len(KNOWN):
+            _migrations().apply(self.db)
+
+    def _applied(self) -> list[str]:
+        """The names of the migrations this file has, as sqlite_utils.Migrations recorded them."""
+        if not self.conn.execute("select 1 from sqlite_master where type = 'table' and name = ?",
+                                 [MIGRATIONS_TABLE]).fetchone():
+            return []
+        return [r[0] for r in self.conn.execute(f"select name from {MIGRATIONS_TABLE} where migration_set = "
+                                                "'sweeper' order by rowid")]
+
+    @property
+    def db(self) -> Database:
+        """The connection as a sqlite_utils Database, for writes and migrations (made on first use)."""
+        with self._lock:
+            if self._db is None:
+                from sqlite_utils import Database
+
+                # no plugin entry-point scan: faster start, same behaviour
+                self._db = Database(self.conn, execute_plugins=False)
+            return self._db
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[dict[str, Any]]:
+        """Rows as dicts, read with the standard library alone."""
+        cur = self.conn.execute(sql, params)
+        keys = [d[0] for d in cur.description]
+        return [dict(zip(keys, row, strict=True)) for row in cur]
 
     def close(self) -> None:
-        self.db.close()
+        self.conn.close()
 
     # -- the Recorder protocol ----------------------------------------------------
+    # Plain INSERT and UPDATE statements, one commit each: the sweep's threads share the
+    # connection, so each write holds it for as few statements (and GIL hand-overs) as it can.
+    def _write(self, table: str, row: dict[str, Any], where_id: Any = None) -> int:
+        """Insert `row` into `table`, or update the row whose id is `where_id`, and commit; lists
+        and dicts are stored as JSON. The new row's id."""
+        values = [json.dumps(v) if isinstance(v, (dict, list, tuple)) else v for v in row.values()]
+        with self.conn:
+            if where_id is None:
+                cur = self.conn.execute(f"insert into {table} ({', '.join(row)}) values "
+                                        f"({', '.join('?' * len(row))})", values)
+            else:
+                cur = self.conn.execute(f"update {table} set {', '.join(f'{k} = ?' for k in row)} where id = ?",
+                                        [*values, where_id])
+        return int(cur.lastrowid or 0)
+
     @_locked
     def run_started(self, run_id: str, started: float, mode: str) -> None:
-        self.db.table("runs").insert({"id": run_id, "started": started, "finished": None, "status": "running",
-                                "mode": mode, "host": socket.gethostname(), "taken": 0, "summary": "{}"})
+        from socket import gethostname
+
+        self._write("runs", {"id": run_id, "started": started, "finished": None, "status": "running",
+                             "mode": mode, "host": gethostname(), "taken": 0, "summary": "{}"})
 
     @_locked
     def run_finished(self, run_id: str, finished: float, status: str, taken: int, summary: dict[str, Any]) -> None:
-        self.db.table("runs").update(run_id, {"finished": finished, "status": status, "taken": taken,
-                                        "summary": json.dumps(summary)})
+        self._write("runs", {"finished": finished, "status": status, "taken": taken, "summary": summary},
+                    where_id=run_id)
 
     @_locked
     def sweep_started(self, run_id: str, node: str, started: float, playbook: str, profile: str,
                       dry_run: bool = False, kind: str = "sweep") -> int:
-        table = self.db.table("node_sweeps").insert({
+        return self._write("node_sweeps", {
             "run_id": run_id, "node": node, "started": started, "finished": None, "playbook": playbook,
             "profile": profile, "verdict": None, "reasons": "[]", "dry_run": int(dry_run), "kind": kind})
-        return int(table.last_pk)  # type: ignore[arg-type]
 
     @_locked
     def sweep_finished(self, sweep_id: int, finished: float, verdict: str, reasons: list[str],
@@ -157,54 +214,55 @@ class History:
                         "rules": json.dumps(list(decision.get("rules") or [])),
                         "decided": decision.get("decided"), "policy": decision.get("policy"),
                         "policy_verdict": decision.get("verdict")})
-        self.db.table("node_sweeps").update(sweep_id, row)
+        self._write("node_sweeps", row, where_id=sweep_id)
 
     @_locked
     def result(self, sweep_id: int | None, result: Result) -> None:
-        with self.db.conn:
-            self.db.table("checks").insert_all(
-                ({"sweep_id": sweep_id, "node": result.node, "ts": result.finished, "source": result.source,
-                  "name": c.name, "status": c.status, "severity": c.severity, "gpu": c.gpu, "code": c.code,
-                  "message": c.message} for c in result.checks), batch_size=500)
-            self.db.table("metrics").insert_all(
-                ({"sweep_id": sweep_id, "node": result.node, "ts": result.finished, "name": m.name, "gpu": m.gpu,
-                  "value": m.value, "unit": m.unit} for m in result.metrics), batch_size=500)
+        with self.conn:
+            self.conn.executemany(
+                "insert into checks (sweep_id, node, ts, source, name, status, severity, gpu, code, message) "
+                "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(sweep_id, result.node, result.finished, result.source, c.name, c.status, c.severity, c.gpu, c.code,
+                  c.message) for c in result.checks])
+            self.conn.executemany(
+                "insert into metrics (sweep_id, node, ts, name, gpu, value, unit) values (?, ?, ?, ?, ?, ?, ?)",
+                [(sweep_id, result.node, result.finished, m.name, m.gpu, m.value, m.unit) for m in result.metrics])
 
     @_locked
     def action(self, run_id: str, node: str, ts: float, action: str, detail: str, dry_run: bool = False) -> None:
-        self.db.table("actions").insert({"run_id": run_id, "node": node, "ts": ts, "action": action, "detail": detail,
-                                   "dry_run": int(dry_run)})
+        self._write("actions", {"run_id": run_id, "node": node, "ts": ts, "action": action, "detail": detail,
+                                "dry_run": int(dry_run)})
 
     @_locked
     def intent(self, run_id: str, node: str, ts: float, op: str, phase: str, detail: str = "") -> None:
-        self.db.table("intents").insert({"run_id": run_id, "node": node, "ts": ts, "op": op, "phase": phase,
-                                   "detail": detail})
+        self._write("intents", {"run_id": run_id, "node": node, "ts": ts, "op": op, "phase": phase,
+                                "detail": detail})
 
     @_locked
     def last_swept(self) -> dict[str, float]:
         """Node to the start of its latest finished, conclusive, non-dry-run sweep."""
-        rows = self.db.query("select node, max(started) as last from node_sweeps where finished is not null "
+        rows = self._query("select node, max(started) as last from node_sweeps where finished is not null "
                              "and dry_run = 0 and kind = 'sweep' and verdict != 'inconclusive' group by node")
         return {r["node"]: r["last"] for r in rows}
 
     @_locked
     def last_light(self) -> dict[str, float]:
         """Node to the start of its latest light (read-only, busy-node) check."""
-        rows = self.db.query("select node, max(started) as last from node_sweeps where kind = 'light' group by node")
+        rows = self._query("select node, max(started) as last from node_sweeps where kind = 'light' group by node")
         return {r["node"]: r["last"] for r in rows}
 
     @_locked
     def story(self, run_id: str, node: str) -> dict[str, Any]:
         """What a run recorded about a node: its latest sweep and its intents (for reconciling)."""
-        sweeps = list(self.db.query("select * from node_sweeps where run_id = ? and node = ? order by id desc limit 1",
+        sweeps = list(self._query("select * from node_sweeps where run_id = ? and node = ? order by id desc limit 1",
                                     [run_id, node]))
-        intents = list(self.db.query("select op, phase, ts, detail from intents where run_id = ? and node = ? "
+        intents = list(self._query("select op, phase, ts, detail from intents where run_id = ? and node = ? "
                                      "order by id", [run_id, node]))
         return {"sweep": sweeps[0] if sweeps else None, "intents": intents}
 
     @_locked
     def get_control(self, key: str) -> dict[str, Any] | None:
-        rows = list(self.db.query("select value, ts from controls where key = ?", [key]))
+        rows = list(self._query("select value, ts from controls where key = ?", [key]))
         return {**json.loads(rows[0]["value"]), "ts": rows[0]["ts"]} if rows else None
 
     @_locked
@@ -219,7 +277,7 @@ class History:
     def failures_since(self, since: float, verdicts: tuple[str, ...]) -> dict[str, int]:
         """Node to the number of its sweeps with one of these verdicts finished since `since`."""
         marks = ",".join("?" * len(verdicts))
-        rows = self.db.query(f"select node, count(*) as n from node_sweeps where finished >= ? and dry_run = 0 "
+        rows = self._query(f"select node, count(*) as n from node_sweeps where finished >= ? and dry_run = 0 "
                              f"and kind = 'sweep' and verdict in ({marks}) group by node", [since, *verdicts])
         return {r["node"]: r["n"] for r in rows}
 
@@ -233,34 +291,34 @@ class History:
         Sweeper, not a person, released the node, even when the run died before recording it."""
         out = []
         for node in nodes:
-            last = list(self.db.query("select * from node_sweeps where node = ? and finished is not null "
+            last = list(self._query("select * from node_sweeps where node = ? and finished is not null "
                                       "and dry_run = 0 and kind = 'sweep' order by finished desc limit 1", [node]))
             if not last or last[0]["verdict"] not in holding:
                 continue
             s = last[0]
-            after = list(self.db.query("select 1 from actions where node = ? and ts >= ? and action in "
+            after = list(self._query("select 1 from actions where node = ? and ts >= ? and action in "
                                        "('release', 'false-positive') limit 1", [node, s["finished"]]))
-            untainted = list(self.db.query(
+            untainted = list(self._query(
                 "select 1 from intents i where i.node = ? and i.ts >= ? and i.op = 'untaint' "
                 "and i.phase in ('before', 'after') and not exists (select 1 from intents j where "
                 "j.run_id = i.run_id and j.node = i.node and j.op = 'untaint' and j.phase = 'left' and j.id > i.id) "
                 "limit 1", [node, s["finished"]]))
             if after or untainted:
                 continue
-            s["findings"] = list(self.db.query("select name, code, gpu from checks where sweep_id = ? "
+            s["findings"] = list(self._query("select name, code, gpu from checks where sweep_id = ? "
                                                "and status = 'fail'", [s["id"]]))
             out.append(s)
         return out
 
     @_locked
     def unfinished_runs(self) -> list[str]:
-        return [r["id"] for r in self.db.query("select id from runs where finished is null")]
+        return [r["id"] for r in self._query("select id from runs where finished is null")]
 
     @_locked
     def open_sweeps(self, exclude_run: str) -> list[dict[str, Any]]:
         """Sweep rows (light checks included) left unfinished by runs other than `exclude_run`,
         each with `proven`: the verdict its run's intent log proves, or None."""
-        rows = list(self.db.query("select id, run_id, node, started, kind from node_sweeps where finished is null "
+        rows = list(self._query("select id, run_id, node, started, kind from node_sweeps where finished is null "
                                   "and run_id != ? order by id", [exclude_run]))
         for r in rows:
             r["proven"] = self.proven_verdict(r["run_id"], r["node"])
@@ -272,7 +330,7 @@ class History:
         begins once the verdict is reached (`untaint` with `verdict V`, or `keep-held` V), so
         its first intent is enough. {"verdict", "ts"}, or None."""
         proven = None
-        for r in self.db.query("select op, phase, ts, detail from intents where run_id = ? and node = ? "
+        for r in self._query("select op, phase, ts, detail from intents where run_id = ? and node = ? "
                                "and op in ('untaint', 'keep-held') order by id", [run_id, node]):
             detail = r["detail"] or ""
             if r["op"] == "keep-held" and detail:
@@ -287,43 +345,43 @@ class History:
                      check: str = "") -> dict[str, Any]:
         """`check`: only findings and metrics whose name starts with it (e.g. `ecc`, `nvlink`)."""
         since = since or 0.0
-        sweeps = list(self.db.query(
+        sweeps = list(self._query(
             "select * from node_sweeps where node = ? and started >= ? order by started desc limit ?",
             [node, since, limit]))
         for s in sweeps:
             s["reasons"] = json.loads(s["reasons"] or "[]")
             s["rules"] = json.loads(s.get("rules") or "[]")
             s["causes"] = json.loads(s.get("causes") or "[]")
-            s["problems"] = list(self.db.query(
+            s["problems"] = list(self._query(
                 "select source, name, status, severity, gpu, code, message from checks "
                 "where sweep_id = ? and status in ('fail', 'error', 'warn') and name like ? order by id",
                 [s["id"], check + "%"]))
-        actions = list(self.db.query("select run_id, ts, action, detail, dry_run from actions "
+        actions = list(self._query("select run_id, ts, action, detail, dry_run from actions "
                                      "where node = ? and ts >= ? order by ts desc limit ?", [node, since, limit]))
         metrics: dict[str, list[tuple[float, float]]] = {}
-        for r in self.db.query("select name, ts, case when unit = 'C' then max(value) else sum(value) end as value "
+        for r in self._query("select name, ts, case when unit = 'C' then max(value) else sum(value) end as value "
                                "from metrics where node = ? and ts >= ? and name like ? group by name, ts order by ts",
                                [node, since, check + "%"]):
             metrics.setdefault(r["name"], []).append((r["ts"], r["value"]))
-        summaries = list(self.db.query("select day, sweeps, verdicts from summaries where node = ? order by day",
+        summaries = list(self._query("select day, sweeps, verdicts from summaries where node = ? order by day",
                                        [node]))
         return {"node": node, "sweeps": sweeps, "actions": actions, "metrics": metrics, "pruned_days": summaries}
 
     @_locked
     def knows(self, node: str) -> bool:
         """Whether anything was ever recorded of the node (a sweep, an action, a pruned day's summary)."""
-        return any(self.db.execute(f"select 1 from {table} where node = ? limit 1", [node]).fetchone()
+        return any(self.conn.execute(f"select 1 from {table} where node = ? limit 1", [node]).fetchone()
                    for table in ("node_sweeps", "actions", "summaries"))
 
     @_locked
     def counts(self) -> dict[str, int]:
-        return {t: self.db[t].count for t in ("runs", "node_sweeps", "checks", "metrics", "actions", "intents",
-                                              "summaries")}
+        return {t: self.conn.execute(f"select count(*) from {t}").fetchone()[0]
+                for t in ("runs", "node_sweeps", "checks", "metrics", "actions", "intents", "summaries")}
 
     # -- the Past protocol of the policy ---------------------------------------------------
     @_locked
     def sweeps(self, node: str, since: float, until: float) -> list[dict[str, Any]]:
-        rows = self.db.query(
+        rows = self._query(
             "select started, verdict, causes from node_sweeps where node = ? and started >= ? and started <= ? "
             "and finished is not null and dry_run = 0 and kind = 'sweep' "
             "and verdict not in ('inconclusive', 'error') order by started", [node, since, until])
@@ -332,7 +390,7 @@ class History:
 
     @_locked
     def series(self, node: str, metric: str, since: float, until: float) -> list[tuple[float, int | None, float]]:
-        rows = self.db.execute("select ts, gpu, value from metrics where node = ? and name = ? and ts >= ? "
+        rows = self.conn.execute("select ts, gpu, value from metrics where node = ? and name = ? and ts >= ? "
                                "and ts <= ? order by ts", [node, metric, since, until]).fetchall()
         return [(r[0], r[1], r[2]) for r in rows]
 
@@ -340,7 +398,7 @@ class History:
     def peer_values(self, profile: str, metric: str, since: float, until: float, exclude: str) -> dict[str, float]:
         """Each other node of the profile: its latest reading of the metric in the window (the
         lowest GPU where the metric is per GPU)."""
-        rows = self.db.execute(
+        rows = self.conn.execute(
             "select m.node, m.ts, min(m.value) from metrics m join node_sweeps s on s.id = m.sweep_id "
             "where m.name = ? and m.ts >= ? and m.ts <= ? and s.profile = ? and m.node != ? "
             "group by m.node, m.ts order by m.ts", [metric, since, until, profile, exclude]).fetchall()
@@ -352,7 +410,7 @@ class History:
     @_locked
     def last_run(self) -> dict[str, Any] | None:
         """The latest run that finished its pass (not a dry run): id, mode and summary."""
-        rows = list(self.db.query("select id, mode, summary from runs where status = 'done' and mode != 'dry-run' "
+        rows = list(self._query("select id, mode, summary from runs where status = 'done' and mode != 'dry-run' "
                                   "order by started desc limit 1"))
         if not rows:
             return None
@@ -362,7 +420,7 @@ class History:
     def tool_errors_since(self, since: float) -> dict[str, int]:
         """Node to its sweeps finished since `since` that ended `error` because the check could not
         run at all (a fault of the tool, cause check.tool): they say nothing about the node."""
-        rows = self.db.query("select node, count(*) as n from node_sweeps where finished >= ? and dry_run = 0 "
+        rows = self._query("select node, count(*) as n from node_sweeps where finished >= ? and dry_run = 0 "
                              "and kind = 'sweep' and verdict = 'error' and causes like '%\"check.tool|%' "
                              "group by node", [since])
         return {r["node"]: r["n"] for r in rows}
@@ -371,7 +429,7 @@ class History:
     @_locked
     def fleet(self) -> list[dict[str, Any]]:
         """Every node's latest conclusive sweep: node, profile, started, verdict, reasons, kind."""
-        rows = self.db.query(
+        rows = self._query(
             "select s.* from node_sweeps s join (select node, max(started) as last from node_sweeps "
             "where finished is not null and dry_run = 0 and kind in ('sweep', 'light') group by node) l "
             "on s.node = l.node and s.started = l.last order by s.node")
@@ -386,7 +444,7 @@ class History:
     def verdict_matrix(self, since: float) -> dict[str, list[tuple[float, str]]]:
         """Node to its conclusive sweeps since `since`: (started, verdict), oldest first."""
         out: dict[str, list[tuple[float, str]]] = {}
-        for node, started, verdict in self.db.execute(
+        for node, started, verdict in self.conn.execute(
                 "select node, started, verdict from node_sweeps where started >= ? and finished is not null "
                 "and dry_run = 0 and kind in ('sweep', 'light') order by started", [since]).fetchall():
             out.setdefault(node, []).append((started, verdict))
@@ -396,7 +454,7 @@ class History:
     def sweep_timeline(self, since: float) -> list[dict[str, Any]]:
         """Every conclusive sweep since `since`, oldest first: node, started, verdict, reasons (as JSON
         text: a fleet's worth is read only for the rows drawn), rules, kind."""
-        rows = list(self.db.query(
+        rows = list(self._query(
             "select node, started, verdict, reasons, rules, kind from node_sweeps where started >= ? "
             "and finished is not null and dry_run = 0 and kind in ('sweep', 'light') order by started", [since]))
         for r in rows:
@@ -408,7 +466,7 @@ class History:
         """(node, GPU, readings, least-squares slope per day) of a metric in the window, for every
         node and GPU with two readings or more, computed in SQLite (a fleet's worth of rows never
         reaches Python). Time is in days from `since`, which keeps the sums well conditioned."""
-        rows = self.db.execute(
+        rows = self.conn.execute(
             "select node, gpu, count(*), sum(x), sum(v), sum(x * x), sum(x * v) from (select node, gpu, "
             "(ts - ?) / 86400.0 as x, value as v from metrics where name = ? and ts >= ? and ts <= ?) "
             "group by node, gpu having count(*) >= 2", [since, metric, since, until]).fetchall()
@@ -421,13 +479,13 @@ class History:
     @_locked
     def replaced(self) -> dict[str, float]:
         """Node to when Sweeper saw its replacement through (the provider took it away)."""
-        return {r[0]: r[1] for r in self.db.execute(
+        return {r[0]: r[1] for r in self.conn.execute(
             "select node, max(ts) from actions where action = 'replaced' and dry_run = 0 group by node").fetchall()}
 
     @_locked
     def metric_latest(self, metric: str, since: float) -> list[dict[str, Any]]:
         """Each node's latest reading of a metric (lowest over GPUs), with its profile."""
-        rows = self.db.execute(
+        rows = self.conn.execute(
             "select m.node, s.profile, m.ts, min(m.value) from metrics m join node_sweeps s on s.id = m.sweep_id "
             "where m.name = ? and m.ts >= ? group by m.node, m.ts order by m.ts", [metric, since]).fetchall()
         latest: dict[str, dict[str, Any]] = {}
@@ -441,16 +499,16 @@ class History:
         noticed, and the failed checks of the sweep that held it (the findings that node's decisions
         ignore from then on, until the next dismissal)."""
         out = []
-        for a in self.db.query("select node, ts from actions where action = 'false-positive' and dry_run = 0 "
+        for a in self._query("select node, ts from actions where action = 'false-positive' and dry_run = 0 "
                                "order by ts"):
-            held = list(self.db.query(
+            held = list(self._query(
                 "select id from node_sweeps where node = ? and finished is not null and finished <= ? "
                 "and dry_run = 0 and kind = 'sweep' order by finished desc limit 1", [a["node"], a["ts"]]))
-            findings = list(self.db.query("select name, code, gpu from checks where sweep_id = ? and status = 'fail'",
+            findings = list(self._query("select name, code, gpu from checks where sweep_id = ? and status = 'fail'",
                                           [held[0]["id"]])) if held else []
             out.append({"node": a["node"], "ts": a["ts"], "findings": findings})
         # Dismissals made by a sweeper with another history, seen in the cluster by a run of this one.
-        for a in self.db.query("select node, ts, detail from actions where action = 'control-seen' and dry_run = 0 "
+        for a in self._query("select node, ts, detail from actions where action = 'control-seen' and dry_run = 0 "
                                "and detail like 'dismissed.%' order by ts"):
             try:
                 seen = json.loads(a["detail"].split(": ", 1)[1])
@@ -464,7 +522,7 @@ class History:
     @_locked
     def replay_rows(self, since: float) -> list[dict[str, Any]]:
         """Every conclusive sweep since `since` with what its policy decided on, oldest first."""
-        rows = list(self.db.query(
+        rows = list(self._query(
             "select id, node, profile, started, finished, decided, verdict, policy_verdict, reasons, causes, rules, "
             "policy, kind "
             "from node_sweeps where started >= ? and finished is not null and dry_run = 0 "
@@ -478,11 +536,11 @@ class History:
     def sweep_documents(self, sweep_id: int) -> list[dict[str, Any]]:
         """A sweep's recorded results, one document per source, as the policy reads them."""
         docs: dict[str, dict[str, Any]] = {}
-        for r in self.db.query("select source, name, status, severity, gpu, code, message from checks "
+        for r in self._query("select source, name, status, severity, gpu, code, message from checks "
                                "where sweep_id = ? order by id", [sweep_id]):
             d = docs.setdefault(r["source"], {"source": r["source"], "checks": [], "metrics": []})
             d["checks"].append({k: r[k] for k in ("name", "status", "severity", "gpu", "code", "message")})
-        for r in self.db.query("select name, gpu, value, unit from metrics where sweep_id = ? order by id",
+        for r in self._query("select name, gpu, value, unit from metrics where sweep_id = ? order by id",
                                [sweep_id]):
             if docs:
                 next(iter(docs.values()))["metrics"].append(dict(r))
@@ -494,25 +552,25 @@ class History:
         """Delete sweeps (with their checks and metrics), actions, intents and runs older than
         `before`, keeping one summary row a node a day: sweeps, verdict counts, and per metric
         the min, max and last value."""
-        old = [r[0] for r in self.db.execute("select id from node_sweeps where started < ? and finished is not null",
+        old = [r[0] for r in self.conn.execute("select id from node_sweeps where started < ? and finished is not null",
                                              [before]).fetchall()]
         counts = {"node_sweeps": len(old)}
         if not old:
             return {**counts, "checks": 0, "metrics": 0, "summaries": 0}
         marks = "select id from node_sweeps where started < ? and finished is not null"
-        counts["checks"] = self.db.execute(f"select count(*) from checks where sweep_id in ({marks})",
+        counts["checks"] = self.conn.execute(f"select count(*) from checks where sweep_id in ({marks})",
                                            [before]).fetchone()[0]
-        counts["metrics"] = self.db.execute(f"select count(*) from metrics where sweep_id in ({marks})",
+        counts["metrics"] = self.conn.execute(f"select count(*) from metrics where sweep_id in ({marks})",
                                             [before]).fetchone()[0]
         summaries: dict[tuple[str, str], dict[str, Any]] = {}
-        for node, started, verdict in self.db.execute(
+        for node, started, verdict in self.conn.execute(
                 "select node, started, verdict from node_sweeps where started < ? and finished is not null",
                 [before]).fetchall():
             day = time.strftime("%Y-%m-%d", time.gmtime(started))
             s = summaries.setdefault((node, day), {"sweeps": 0, "verdicts": {}, "metrics": {}})
             s["sweeps"] += 1
             s["verdicts"][verdict] = s["verdicts"].get(verdict, 0) + 1
-        for node, ts, name, value in self.db.execute(
+        for node, ts, name, value in self.conn.execute(
                 f"select node, ts, name, value from metrics where sweep_id in ({marks}) order by ts", [before]):
             day = time.strftime("%Y-%m-%d", time.gmtime(ts))
             s = summaries.setdefault((node, day), {"sweeps": 0, "verdicts": {}, "metrics": {}})
@@ -523,7 +581,7 @@ class History:
             return counts
         with self.db.conn:
             for (node, day), s in summaries.items():
-                prior = list(self.db.query("select * from summaries where node = ? and day = ?", [node, day]))
+                prior = list(self._query("select * from summaries where node = ? and day = ?", [node, day]))
                 if prior:  # merge with what an earlier prune kept of the same day
                     p = prior[0]
                     s["sweeps"] += p["sweeps"]

@@ -425,8 +425,12 @@ class Sweep:
                         self.tool_stop = self.tool_stop or self.tool_errors.get(name, "")
                 if self._closed(deadline, True) or (self.cooling and taken):
                     continue  # no more nodes: only wait for those under test
-                # Nodes finishing together share one look at the cluster: at most one per poll_interval.
-                self.clock.wait(self.stop, last_plan + self.cfg.poll_interval - self.clock.now())
+                # Nodes finishing together share one look at the cluster: at most one per poll_interval
+                # while others are under test. With none left there is nothing to share it with: the
+                # run looks at once, and ends at once when nothing more is due.
+                if running:
+                    self.clock.wait(self.stop, last_plan + self.cfg.poll_interval - self.clock.now())
+                last_plan = self.clock.now()  # looks start at most one per poll_interval
                 try:
                     self.controls.refresh()
                     p = self.discover(refill=True)
@@ -434,7 +438,6 @@ class Sweep:
                     self.emit("log", {"node": "-", "msg": f"could not look at the cluster again ({exc}); "
                                                           "taking no more nodes this run"})
                     self.drain.set()
-                last_plan = self.clock.now()
 
     def _closed(self, deadline: float, refill: bool) -> bool:
         """No new node: stopped, lock lost, or the check's own fault repeated; and for a refill (the

@@ -194,3 +194,31 @@ def test_a_newer_history_is_refused(tmp_path: Path) -> None:
     h.close()
     res = CliRunner().invoke(main, ["history", "x", "--state", str(tmp_path / "n.db")])
     assert res.exit_code == 3 and "newer Sweeper" in res.stderr
+
+
+def test_an_older_history_is_migrated_on_open_and_read_then_written(tmp_path: Path) -> None:
+    """A file that lacks a later migration is brought up to date when opened (the opening looks
+    with the standard library and loads sqlite_utils only for what is pending); reads and writes
+    then share the one connection, in WAL mode."""
+    import sqlite3
+
+    from sqlite_utils import Database
+
+    from sweeper.history import KNOWN, _migrations
+
+    path = tmp_path / "old.db"
+    old = Database(path)
+    _migrations().apply(old, stop_before=KNOWN[-1])
+    old.close()
+    with sqlite3.connect(path) as conn:
+        assert "causes" not in {r[1] for r in conn.execute("pragma table_info(node_sweeps)")}
+    h = History(path)
+    assert h._applied() == KNOWN
+    assert h.node_history("gpu-00")["sweeps"] == [] and not h.knows("gpu-00")
+    h.run_started("sw-1", 100.0, "sweep")
+    sid = h.sweep_started("sw-1", "gpu-00", 100.0, "sweep-light.yaml", "p5.48xlarge")
+    h.sweep_finished(sid, 160.0, "pass", ["all checks passed"], {"causes": ["xid|79"], "decided": 150.0})
+    (row,) = h.node_history("gpu-00")["sweeps"]
+    assert row["verdict"] == "pass" and row["causes"] == ["xid|79"] and h.knows("gpu-00")
+    assert h.conn.execute("pragma journal_mode").fetchone()[0] == "wal"
+    h.close()

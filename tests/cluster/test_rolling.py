@@ -145,3 +145,17 @@ def test_serve_runs_one_queue_and_schedules_take_turns(make_sim, history: Histor
     acts = list(history.db.query("select run_id, node, action, detail from actions order by id"))
     assert {a["action"] for a in acts} >= {"hold", "release"} and "keep-held" not in {a["action"] for a in acts}
     assert tainted(sim) == {}
+
+
+def test_the_run_ends_when_its_last_node_is_handed_back_not_a_poll_interval_later(make_sim,
+                                                                                   history: History) -> None:
+    """Nodes finishing together share one look at the cluster, at most one per poll_interval;
+    once none is under test the run looks at once (the same discovery and gates) and, with
+    nothing more due, ends. With a poll_interval of an hour of simulated time and one node of a
+    45 s check, the run ends within that hour, and the node was swept."""
+    sim: Sim = make_sim(nodes=1)
+    cfg = replace(TEST_CONFIG, max_nodes=1, light_playbook="", poll_interval=3600)
+    report = sweep(sim, history, cfg)
+    assert [(o.node, o.action) for o in report.outcomes] == [("gpu-00", "released")]
+    assert report.finished - report.started < cfg.poll_interval, "no wait for a look that nothing shares"
+    assert tainted(sim) == {}
