@@ -5,6 +5,7 @@ operator's laptop with its own history file, the CronJob with the one on its vol
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -115,7 +116,8 @@ def test_a_breaker_a_run_opened_is_seen_and_reset_from_another_machine(make_sim,
         assert res.exit_code == 0, res.output
         closed = switch(sim, "breaker")
         assert closed["state"] == "closed" and closed["close_reason"] == "bad driver rolled back"
-        assert closed["reason"].startswith("6 failing verdicts"), "the reset keeps why it opened"
+        # The rolling run opens the breaker at its first look past the threshold: 3 to 6 failures in.
+        assert re.match(r"[3-6] failing verdicts", closed["reason"]), f"the reset keeps why it opened: {closed}"
         # The CLI stamps the reset with the wall clock; restamp it on the simulated clock the sweep uses.
         set_switch(sim, "breaker", {**closed, "closed_at": sim.cluster.clock.now()})
         after = run_sweep(sim, other, cfg)
