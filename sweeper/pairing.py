@@ -85,6 +85,7 @@ class Repairs:
     known_good: set[str] = field(default_factory=set)
     waiting: dict[str, Suspect] = field(default_factory=dict)
     tried: dict[str, set[str]] = field(default_factory=dict)  # suspect -> partners it was re-paired with
+    out: dict[str, Suspect] = field(default_factory=dict)  # suspects in a re-pair now
 
     def passed(self, *nodes: str) -> None:
         self.known_good.update(nodes)
@@ -116,4 +117,13 @@ class Repairs:
     def taken(self, suspect: str, partner: str) -> Suspect:
         """The suspect leaves the waiting list for a re-pair with `partner`."""
         self.tried.setdefault(suspect, set()).add(partner)
-        return self.waiting.pop(suspect)
+        self.out[suspect] = self.waiting.pop(suspect)
+        return self.out[suspect]
+
+    def back(self, suspect: str) -> None:
+        """Its re-pair was abandoned before it ran (the partner could not be held): it waits again."""
+        self.waiting[suspect] = self.out.pop(suspect)
+
+    def settled(self, suspect: str) -> None:
+        """Its re-pair ran: the suspect has its verdict."""
+        self.out.pop(suspect, None)
