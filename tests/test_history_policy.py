@@ -208,7 +208,7 @@ def test_an_older_history_is_migrated_on_open_and_read_then_written(tmp_path: Pa
 
     path = tmp_path / "old.db"
     old = Database(path)
-    _migrations().apply(old, stop_before=KNOWN[-1])
+    _migrations().apply(old, stop_before="m004_policy")  # two migrations pending: the policy's, the pairs'
     old.close()
     with sqlite3.connect(path) as conn:
         assert "causes" not in {r[1] for r in conn.execute("pragma table_info(node_sweeps)")}
@@ -220,5 +220,7 @@ def test_an_older_history_is_migrated_on_open_and_read_then_written(tmp_path: Pa
     h.sweep_finished(sid, 160.0, "pass", ["all checks passed"], {"causes": ["xid|79"], "decided": 150.0})
     (row,) = h.node_history("gpu-00")["sweeps"]
     assert row["verdict"] == "pass" and row["causes"] == ["xid|79"] and h.knows("gpu-00")
+    h.pair_result("sw-1", 160.0, "gpu-00", "gpu-01", "pass", "sweep", 180.0, "")
+    assert h.known_good(0.0) == {"gpu-00", "gpu-01"}
     assert h.conn.execute("pragma journal_mode").fetchone()[0] == "wal"
     h.close()
