@@ -109,6 +109,80 @@ def gpu_request(pod: dict[str, Any]) -> int:
     return total
 
 
+def extended_requests(pod: dict[str, Any]) -> dict[str, int]:
+    """The extended resources (a domain-prefixed name: nvidia.com/gpu, vpc.amazonaws.com/efa,
+    rdma/ib) the pod's containers request; a limit alone stands for the request, as the apiserver
+    defaults it. https://kubernetes.io/docs/concepts/configuration/manage-resources-containers/#extended-resources"""
+    total: dict[str, int] = {}
+    for c in pod.get("spec", {}).get("containers", []) or []:
+        res = c.get("resources") or {}
+        asked = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        for name, val in asked.items():
+            if "/" in name and not name.startswith(("kubernetes.io/", "requests.")):
+                total[name] = total.get(name, 0) + int(val or 0)
+    return {k: v for k, v in sorted(total.items(), key=lambda kv: (kv[0] != GPU, kv[0])) if v}
+
+
+def selector_matches(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+    """A LabelSelector object (matchLabels, matchExpressions) against labels; a null selector
+    matches nothing, an empty one everything, as for inter-pod affinity terms."""
+    if selector is None:
+        return False
+    for k, v in (selector.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for e in selector.get("matchExpressions") or []:
+        op, key, vals = e.get("operator"), e.get("key"), e.get("values") or []
+        ok = {"In": key in labels and labels.get(key) in vals, "NotIn": labels.get(key) not in vals,
+              "Exists": key in labels, "DoesNotExist": key not in labels}.get(op, False)
+        if not ok:
+            return False
+    return True
+
+
+def anti_affinity_terms(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return list((((pod.get("spec") or {}).get("affinity") or {}).get("podAntiAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or [])
+
+
+def _term_selects(term: dict[str, Any], owner: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether an affinity term of `owner` selects the pod `other` (its namespaces, then its labels)."""
+    namespaces = term.get("namespaces") or []
+    ns_sel = term.get("namespaceSelector")
+    other_ns = other["metadata"].get("namespace")
+    if namespaces or ns_sel is not None:
+        if other_ns not in namespaces and ns_sel != {}:
+            return False
+    elif other_ns != owner["metadata"].get("namespace"):
+        return False
+    return selector_matches(term.get("labelSelector"), other["metadata"].get("labels") or {})
+
+
+def anti_affinity_conflict(pod: dict[str, Any], node: dict[str, Any], placed: list[tuple[dict[str, Any], str]],
+                           labels_of: Any) -> str:
+    """The scheduler's InterPodAffinity filter for required anti-affinity, both ways: the pod's
+    own terms against pods already in the node's topology domain, and placed pods' terms against
+    the pod. https://kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node/#inter-pod-affinity-and-anti-affinity"""
+    node_labels = node["metadata"].get("labels") or {}
+    own = anti_affinity_terms(pod)
+    for other, where in placed:
+        if other is pod:
+            continue
+        theirs = anti_affinity_terms(other)
+        if not own and not theirs:
+            continue
+        where_labels = node_labels if where == node["metadata"]["name"] else labels_of(where)
+        for term in own:
+            key = term.get("topologyKey", "")
+            if key in node_labels and where_labels.get(key) == node_labels[key] and _term_selects(term, pod, other):
+                return "node(s) didn't match pod anti-affinity rules"
+        for term in theirs:
+            key = term.get("topologyKey", "")
+            if key in node_labels and where_labels.get(key) == node_labels[key] and _term_selects(term, other, pod):
+                return "node(s) didn't satisfy existing pods anti-affinity rules"
+    return ""
+
+
 def tolerates(tolerations: list[dict[str, Any]] | None, taint: dict[str, Any]) -> bool:
     for t in tolerations or []:
         if t.get("effect") and t["effect"] != taint.get("effect"):
@@ -240,8 +314,8 @@ class SimCluster:
         resources = {"cpu": hw["cpu"], "memory": hw["memory"], "pods": "110", "ephemeral-storage": "3500Gi"}
         if hw["gpus"]:
             resources[GPU] = str(gpus)
-        if hw["nic"] == "efa":
-            resources["vpc.amazonaws.com/efa"] = str(hw["nics"])
+        for res, count in hw["fabric_resources"].items():  # the fabric's device plugin: one per device found
+            resources[res] = str(max(0, count - spec.faults.nics_missing))
         now = self.clock.now()
         node = {
             "metadata": {"name": spec.name, "labels": labels, "annotations": {},
@@ -493,19 +567,28 @@ class SimCluster:
 
     def _used_by_node(self) -> dict[str, int]:
         """GPUs requested by unfinished pods bound to each node, in one pass over the pods."""
-        used: dict[str, int] = {}
+        return {node: used.get(GPU, 0) for node, used in self._used_extended().items()}
+
+    def _used_extended(self) -> dict[str, dict[str, int]]:
+        """Extended resources (GPUs, fabric devices) requested by unfinished pods bound to each node."""
+        used: dict[str, dict[str, int]] = {}
         for p in self.store.iter("pods"):
             node = p["spec"].get("nodeName")
             if node and p["status"].get("phase") not in TERMINAL:
-                used[node] = used.get(node, 0) + gpu_request(p)
+                mine = used.setdefault(node, {})
+                for res, n in extended_requests(p).items():
+                    mine[res] = mine.get(res, 0) + n
         return used
 
     def _free_gpus(self, node: dict[str, Any]) -> int:
         alloc = int(node["status"]["allocatable"].get(GPU, 0))
         return alloc - self._used_by_node().get(node["metadata"]["name"], 0)
 
-    def _feasible(self, pod: dict[str, Any], node: dict[str, Any], free: int) -> str:
-        """'' if the pod fits the node, else the scheduler's reason."""
+    def _feasible(self, pod: dict[str, Any], node: dict[str, Any], free: dict[str, int],
+                  wants: dict[str, int] | None = None, placed: list[tuple[dict[str, Any], str]] | None = None) -> str:
+        """'' if the pod fits the node, else the scheduler's reason. `free`: the node's unrequested
+        extended resources; `placed`: the bound unfinished pods with the node each is on (needed
+        only when a pod has required anti-affinity)."""
         if not is_ready(node):
             return "node(s) were not ready"
         tol = pod["spec"].get("tolerations")
@@ -520,9 +603,16 @@ class SimCluster:
         spec = self.specs.get(node["metadata"]["name"])
         if spec and spec.faults.checks_never_schedule and self._is_check_pod(pod):
             return "node(s) had volume node affinity conflict"
-        if gpu_request(pod) > free:
-            return f"Insufficient {GPU}"
+        for res, n in (extended_requests(pod) if wants is None else wants).items():
+            if n > free.get(res, 0):
+                return f"Insufficient {res}"
+        if placed is not None:
+            return anti_affinity_conflict(pod, node, placed, self._node_labels)
         return ""
+
+    def _node_labels(self, name: str) -> dict[str, str]:
+        node = self.store.peek("nodes", None, name)
+        return (node["metadata"].get("labels") or {}) if node else {}
 
     def _schedule(self, now: float) -> None:
         pending = [p for p in self.store.iter("pods")
@@ -530,14 +620,21 @@ class SimCluster:
         if not pending:
             return
         nodes = list(self.store.iter("nodes"))
-        used = self._used_by_node()
-        free = {n["metadata"]["name"]: int(n["status"]["allocatable"].get(GPU, 0)) - used.get(n["metadata"]["name"], 0)
+        used = self._used_extended()
+        free = {n["metadata"]["name"]: {r: int(v) - used.get(n["metadata"]["name"], {}).get(r, 0)
+                                        for r, v in n["status"]["allocatable"].items() if "/" in r}
                 for n in nodes}
+        # Inter-pod anti-affinity is looked at only when some pod asks for it (a large fleet steps fast).
+        placed: list[tuple[dict[str, Any], str]] | None = None
+        if any(anti_affinity_terms(p) for p in self.store.iter("pods")):
+            placed = [(p, p["spec"]["nodeName"]) for p in self.store.iter("pods")
+                      if p["spec"].get("nodeName") and p["status"].get("phase") not in TERMINAL]
         for pod in sorted(pending, key=lambda p: p["metadata"]["creationTimestamp"]):
             reasons: dict[str, int] = {}
             fits = []
+            wants = extended_requests(pod)
             for n in nodes:
-                why = self._feasible(pod, n, free[n["metadata"]["name"]])
+                why = self._feasible(pod, n, free[n["metadata"]["name"]], wants, placed)
                 if why:
                     reasons[why] = reasons.get(why, 0) + 1
                 else:
@@ -553,7 +650,10 @@ class SimCluster:
                 continue
             choice = self._place_rng.choice(fits) if pod["metadata"].get("labels", {}).get("app") == "training" else fits[0]
             target = choice["metadata"]["name"]
-            free[target] -= gpu_request(pod)
+            for res, count in wants.items():
+                free[target][res] = free[target].get(res, 0) - count
+            if placed is not None:
+                placed.append((pod, target))
 
             def bind(o: dict[str, Any], target: str = target) -> None:
                 o["spec"]["nodeName"] = target
@@ -574,16 +674,14 @@ class SimCluster:
                                                                           "the node was deleted", ""))
                 continue
             if phase == "Pending":
-                alloc = int(node["status"]["allocatable"].get(GPU, 0))
-                others = sum(gpu_request(p) for p in self.store.iter("pods")
-                             if p is not pod and p["spec"].get("nodeName") == node_name
-                             and p["status"].get("phase") == "Running")
-                if not pod["status"].get("startTime") and gpu_request(pod) > alloc - others:
-                    def reject(o: dict[str, Any], alloc: int = alloc, others: int = others) -> None:
+                short = None if pod["status"].get("startTime") else self._device_shortage(pod, node)
+                if short is not None:
+                    def reject(o: dict[str, Any], res: str = short[0], want: int = short[1],
+                               avail: int = short[2]) -> None:
                         o["status"].update({"phase": "Failed", "reason": "UnexpectedAdmissionError",
                                             "message": f"Allocate failed due to requested number of devices "
-                                                       f"unavailable for {GPU}. Requested: {gpu_request(o)}, "
-                                                       f"Available: {alloc - others}"})
+                                                       f"unavailable for {res}. Requested: {want}, "
+                                                       f"Available: {avail}"})
                     self.store.mutate("pods", *key, reject)
                     continue
                 fault = self._container_fault(pod, key, now)
@@ -606,6 +704,24 @@ class SimCluster:
                 reason = "Completed" if exit_code == 0 else "Error"
                 self.store.mutate("pods", *key, partial(self._terminate, now=now, exit_code=exit_code, reason=reason,
                                                         message=message, log=log))
+
+    def _device_shortage(self, pod: dict[str, Any], node: dict[str, Any]) -> tuple[str, int, int] | None:
+        """The kubelet's device manager at admission: (resource, requested, available) for the first
+        extended resource the node's running pods leave too little of, else None."""
+        wants = extended_requests(pod)
+        if not wants:
+            return None
+        node_name = node["metadata"]["name"]
+        others: dict[str, int] = {}
+        for p in self.store.iter("pods"):
+            if p is not pod and p["spec"].get("nodeName") == node_name and p["status"].get("phase") == "Running":
+                for res, n in extended_requests(p).items():
+                    others[res] = others.get(res, 0) + n
+        for res, n in wants.items():
+            avail = int(node["status"]["allocatable"].get(res, 0)) - others.get(res, 0)
+            if n > avail:
+                return res, n, avail
+        return None
 
     def _start_pod(self, pod: dict[str, Any], now: float) -> None:
         key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
