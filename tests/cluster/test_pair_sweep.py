@@ -1,0 +1,139 @@
+"""Pair sweeps end to end against the simulated cluster: two nodes held together, one pair run,
+re-pairing a failed pair's nodes with known-good partners, races, the budget, and SIGKILL at
+every step of a pair sweep.
+
+Some tests use a stand-in pair playbook whose check is the node-local one on `node` alone (a
+fault the simulator already models, XID 79): they pin the engine's holding, re-pairing and
+verdicts apart from the pair Job."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from sweeper.history import History
+from sweeper.sim.server import running_pods_on
+from tests.conftest import TEST_CONFIG, Sim, run_sweep
+
+TAINT = TEST_CONFIG.taint_key
+XID79 = {"xids": [{"code": 79, "gpu": 2}]}
+
+STANDIN = """name: stand-in pair
+pair: true
+tasks:
+  - name: the node-local checks of node A, as the pair's check
+    run_job: {template: sweeper-check.yaml.j2, timeout: 15m}
+    register: a
+    ignore_errors: true
+  - name: verdict
+    decide: {results: ["{{ a }}"]}
+"""
+
+
+def standin(tmp_path: Path, **kw: Any) -> Any:
+    (tmp_path / "pb").mkdir(exist_ok=True)
+    (tmp_path / "pb" / "standin.yaml").write_text(STANDIN)
+    return replace(TEST_CONFIG, playbook="standin.yaml", playbook_dir=str(tmp_path / "pb"), light_playbook="",
+                   **kw)
+
+
+def tainted(sim: Sim) -> set[str]:
+    """From the simulated cluster's store: the truth."""
+    with sim.cluster.store.lock:
+        return {n["metadata"]["name"] for n in sim.cluster.store.iter("nodes")
+                if any(t.get("key") == TAINT for t in n["spec"].get("taints") or [])}
+
+
+def actions_of(report: Any) -> dict[str, list[tuple[str, str]]]:
+    out: dict[str, list[tuple[str, str]]] = {}
+    for o in report.outcomes:
+        out.setdefault(o.node, []).append((o.verdict, o.action))
+    return out
+
+
+def pairs(history: History) -> list[tuple[str, str, str, str]]:
+    return [(r["node"], r["partner"], r["status"], r["mode"]) for r in history.db.query("select * from pairs order by id")]
+
+
+def test_the_engine_re_pairs_a_failed_pair_and_names_the_culprit(make_sim, history: History, tmp_path: Path) -> None:
+    sim: Sim = make_sim(nodes=6, faults={"gpu-00": XID79})
+    report = run_sweep(sim, history, standin(tmp_path, max_nodes=4))
+    got = actions_of(report)
+    assert got["gpu-00"] == [("inconclusive", "suspect"), ("reboot", "held")]
+    assert got["gpu-01"] == [("inconclusive", "suspect"), ("pass", "released")], "its first partner goes back"
+    done = pairs(history)
+    assert set(done[:2]) == {("gpu-02", "gpu-03", "pass", "sweep"), ("gpu-00", "gpu-01", "fail", "sweep")}
+    repairs = {r[0]: r for r in done if r[3] == "repair"}
+    assert repairs["gpu-00"][1] in {"gpu-02", "gpu-03"} and repairs["gpu-00"][2] == "fail"
+    assert repairs["gpu-01"][1] in {"gpu-02", "gpu-03"} and repairs["gpu-01"][2] == "pass"
+    k = repairs["gpu-00"][1]
+    assert got[k][-1] == ("inconclusive", "released"), "the known-good partner of the culprit goes back"
+    assert ("gpu-04", "gpu-05", "pass", "sweep") in done, "new pairs after the re-pairs"
+    assert tainted(sim) == {"gpu-00"}
+    rows = history.node_history("gpu-01")["sweeps"]
+    assert [(r["verdict"], r["kind"]) for r in rows][:2] == [("pass", "pair"), ("inconclusive", "pair")]
+    assert rows[1]["reasons"][0].startswith("pair with gpu-00 failed: xid")
+    assert sim.batch.list_namespaced_job("sweeper").items == []
+
+
+def test_no_known_good_partner_sends_both_back_inconclusive(make_sim, history: History, tmp_path: Path) -> None:
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": XID79})
+    report = run_sweep(sim, history, standin(tmp_path))
+    got = actions_of(report)
+    assert got["gpu-00"][-1] == ("inconclusive", "released") and got["gpu-01"][-1] == ("inconclusive", "released")
+    assert "no known-good partner" in report.outcomes[-1].reasons[0]
+    assert tainted(sim) == set()
+    # gpu-01 leads: the device plugin holds back its GPU 2, and the sickest nodes go first
+    assert pairs(history) == [("gpu-01", "gpu-00", "fail", "sweep")]
+    assert history.pair_suspects(0) == {"gpu-00": "gpu-01", "gpu-01": "gpu-00"}
+
+
+def test_a_raced_pair_disturbs_no_pod_and_hands_both_back(make_sim, history: History, tmp_path: Path) -> None:
+    """`pod_lands_on_taint`: a training pod is bound to the node just as Sweeper's taint lands
+    (the scheduler's bind and the taint race; a NoSchedule taint does not evict a bound pod,
+    kubernetes.io/docs/concepts/scheduling-eviction/taint-and-toleration/)."""
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"pod_lands_on_taint": 1}})
+    report = run_sweep(sim, history, standin(tmp_path))
+    got = actions_of(report)
+    assert got == {"gpu-00": [("", "skipped")], "gpu-01": [("", "raced")]}
+    pods = running_pods_on(sim.cluster, "gpu-01")
+    assert len(pods) == 1 and pods[0]["metadata"]["namespace"] == "training", "the workload runs on, untouched"
+    assert tainted(sim) == set()
+    assert sim.batch.list_namespaced_job("sweeper").items == [] and pairs(history) == []
+    assert history.db.execute("select count(*) from node_sweeps").fetchone()[0] == 0
+
+
+def test_a_pair_counts_two_against_max_nodes_the_floor_and_demand(make_sim, history: History,
+                                                                   tmp_path: Path) -> None:
+    from kubernetes import client
+
+    sim: Sim = make_sim(nodes=6)
+    most = {"n": 0}
+
+    def count(stage: str, method: str, path: str) -> None:
+        if stage == "after" and method == "PATCH" and "/nodes/" in path:
+            most["n"] = max(most["n"], len(tainted(sim)))
+
+    sim.server.hooks.append(count)
+    report = run_sweep(sim, history, standin(tmp_path, max_nodes=3))
+    assert most["n"] == 2, "room for three nodes holds one pair at a time"
+    assert sorted(o.node for o in report.outcomes) == [f"gpu-0{i}" for i in range(6)]
+    sim.server.hooks.clear()
+    again = replace(standin(tmp_path), interval=1)
+    floor = run_sweep(sim, history, replace(again, min_healthy_nodes=5))
+    assert floor.plan.budget == 1 and floor.outcomes == [], "room for one node takes no pair"
+    pod = client.V1Pod(metadata=client.V1ObjectMeta(name="big", namespace="training"),
+                       spec=client.V1PodSpec(containers=[client.V1Container(
+                           name="c", image="i", resources=client.V1ResourceRequirements(limits={"nvidia.com/gpu": "16"}))]))
+    sim.core.create_namespaced_pod("training", pod)
+    sim.wait_for(lambda: sim.core.read_namespaced_pod("big", "training").status.conditions, what="unschedulable")
+    demand = run_sweep(sim, history, again)
+    assert demand.outcomes == [] and "demand" in {d.reason for d in demand.plan.skip}
+
+
+def test_an_odd_node_of_a_group_waits(make_sim, history: History, tmp_path: Path) -> None:
+    sim: Sim = make_sim(nodes=3)
+    report = run_sweep(sim, history, standin(tmp_path))
+    assert sorted(o.node for o in report.outcomes) == ["gpu-00", "gpu-01"]
+    assert tainted(sim) == set()
