@@ -1021,6 +1021,13 @@ def backtest_cmd(config_path: str | None, state: str, policy_name: str, since: s
                      out.when(b.at if b else None, "")])
     out.table((Col("node"), Col("would have"), Col("when"), Col("rule"), Col("actually"), Col("when")), rows,
               colour=[1, 4])
+    pairs = bt.pair_changes()
+    if pairs:
+        out.title(f"{len(pairs)} decisions on pairs differ")
+        out.table((Col("node"), Col("when"), Col("partner"), Col("mode"), Col("would have"), Col("rule"),
+                   Col("actually")),
+                  [[d.node, out.when(d.at, ""), d.partner or "", d.mode or "", d.replayed, ", ".join(d.rules),
+                    d.recorded] for d in pairs], colour=[4, 6])
     for which in ("recorded", "replayed"):
         c = bt.counts(which)
         out.title(f"{which}: " + ", ".join(f"{n} {v}" for v, n in sorted(c.items())))
