@@ -415,7 +415,14 @@ class History:
             metrics.setdefault(r["name"], []).append((r["ts"], r["value"]))
         summaries = list(self._query("select day, sweeps, verdicts from summaries where node = ? order by day",
                                        [node]))
-        return {"node": node, "sweeps": sweeps, "actions": actions, "metrics": metrics, "pruned_days": summaries}
+        pairs = self._query(
+            "select ts, run_id, partner, mode, role, busbw, status, detail from ("
+            "select id, ts, run_id, partner, mode, 'node' as role, busbw, status, detail from pairs "
+            "where node = ? and ts >= ? union all "
+            "select id, ts, run_id, node, mode, 'partner', busbw, status, detail from pairs "
+            "where partner = ? and ts >= ?) order by ts desc, id desc limit ?", [node, since, node, since, limit])
+        return {"node": node, "sweeps": sweeps, "actions": actions, "metrics": metrics, "pruned_days": summaries,
+                "pairs": pairs}
 
     @_locked
     def knows(self, node: str) -> bool:

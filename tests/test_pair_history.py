@@ -223,3 +223,35 @@ def test_backtest_replays_pair_decisions(h: History, tmp_path: Path) -> None:
     assert res.exit_code == 0 and "2 decisions on pairs differ" in res.stdout
     line = next(ln for ln in res.stdout.splitlines() if " k " in f" {ln} " and "repair" in ln)
     assert line.split()[0] == "s" and "replace" in line and "quarantine" in line
+
+
+# -- sweeper history NODE ----------------------------------------------------------------------
+
+def test_the_history_command_lists_the_node_s_pair_runs(h: History) -> None:
+    pair(h, T0, "n1", "n2", "pass", busbw=181.46, run="run-a")
+    pair(h, T0 + HOUR, "n3", "n1", "fail", busbw=52.0, detail="pair.nccl: busbw 52.0 GB/s below the floor 150",
+         run="run-b")
+    pair(h, T0 + 2 * HOUR, "n1", "n4", "fail", mode="repair", busbw=None, detail="pair.mtu: eth0 path MTU",
+         run="run-b")
+    pair(h, T0 + 3 * HOUR, "n5", "n6", "pass")
+    res = CliRunner().invoke(main, ["history", "n1", "--state", str(h.path), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert [(p["partner"], p["mode"], p["role"], p["busbw"], p["status"]) for p in doc["pairs"]] == [
+        ("n4", "repair", "node", None, "fail"), ("n3", "sweep", "partner", 52.0, "fail"),
+        ("n2", "sweep", "node", 181.46, "pass")], "newest first, from either side"
+    assert doc["pairs"][2]["ts"] == "2025-06-15T15:06:40Z" and doc["pairs"][1]["run_id"] == "run-b"
+    res = CliRunner().invoke(main, ["history", "n1", "--state", str(h.path)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    lines = res.stdout.splitlines()
+    head = lines.index("pairs")
+    assert lines[head + 1].split() == ["WHEN", "PARTNER", "MODE", "BUSBW", "GB/S", "STATUS", "DETAIL"]
+    rows = [ln.split() for ln in lines[head + 2: head + 5]]
+    assert [r[2:] for r in rows] == [
+        ["n4", "re-pair", "(suspect)", "fail", "pair.mtu:", "eth0", "path", "MTU"],
+        ["n3", "sweep", "52.0", "fail", "pair.nccl:", "busbw", "52.0", "GB/s", "below", "the", "floor", "150"],
+        ["n2", "sweep", "181.5", "pass"]]
+    res = CliRunner().invoke(main, ["history", "n4", "--state", str(h.path)], env={"COLUMNS": "200"})
+    assert "re-pair (known-good)" in res.stdout
+    res = CliRunner().invoke(main, ["history", "n1", "--state", str(h.path), "--since", "3650d", "--json"])
+    assert len(json.loads(res.stdout)["pairs"]) == 3
