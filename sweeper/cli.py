@@ -127,7 +127,7 @@ class _Main(click.Group):
         "breaker": "The circuit breaker: status, reset.",
         "check": "The node-local checks, run inside a check Job.",
         "demo": "The whole product on the embedded simulated cluster.",
-        "history": "A node's sweeps, verdicts, findings, actions and trends.",
+        "history": "A node's sweeps, verdicts, pairs, findings, actions and trends.",
         "ingest": "Parse a tool's output and record it in a node's history.",
         "lint": "Check playbooks, job templates, profiles and config.",
         "nodes": "The fleet: each GPU node's last sweep, verdict, when due.",
@@ -794,8 +794,9 @@ def sparkline(values: list[float]) -> str:
 @output_options
 @run_cli
 def history(node: str, state: str, since: str | None, check: str, out: Out) -> None:
-    """A node's sweeps, verdicts and the rules behind them, failed checks, actions and metric
-    trends (sparklines). A node the history has never seen is exit 2."""
+    """A node's sweeps, verdicts and the rules behind them, pair runs (partner, mode, bus
+    bandwidth), failed checks, actions and metric trends (sparklines). A node the history has
+    never seen is exit 2."""
     _need_state(state)
     cutoff = _since(since)
     hist = _history(state)
@@ -1026,6 +1027,13 @@ def backtest_cmd(config_path: str | None, state: str, policy_name: str, since: s
                      out.when(b.at if b else None, "")])
     out.table((Col("node"), Col("would have"), Col("when"), Col("rule"), Col("actually"), Col("when")), rows,
               colour=[1, 4])
+    pairs = bt.pair_changes()
+    if pairs:
+        out.title(f"{len(pairs)} decisions on pairs differ")
+        out.table((Col("node"), Col("when"), Col("partner"), Col("mode"), Col("would have"), Col("rule"),
+                   Col("actually")),
+                  [[d.node, out.when(d.at, ""), d.partner or "", d.mode or "", d.replayed, ", ".join(d.rules),
+                    d.recorded] for d in pairs], colour=[4, 6])
     for which in ("recorded", "replayed"):
         c = bt.counts(which)
         out.title(f"{which}: " + ", ".join(f"{n} {v}" for v, n in sorted(c.items())))
@@ -1064,6 +1072,15 @@ _SWEEP_COLS = (Col("started"), Col("run"), Col("verdict"), Col("rule"), Col("pla
                Col("profile", wide=True), Col("why", cut=True))
 _FINDING_COLS = (Col("when"), Col("check"), Col("gpu"), Col("status"), Col("code"), Col("message", cut=True))
 _ACTION_COLS = (Col("when"), Col("run", wide=True), Col("action"), Col("detail", cut=True))
+_PAIR_COLS = (Col("when"), Col("run", wide=True), Col("partner"), Col("mode"), Col("busbw GB/s"), Col("status"),
+              Col("detail", cut=True))
+
+
+def _pair_mode(p: dict[str, Any]) -> str:
+    """sweep, or a re-pair with this node as the suspect or as the known-good partner."""
+    if p["mode"] != "repair":
+        return str(p["mode"])
+    return "re-pair (suspect)" if p["role"] == "node" else "re-pair (known-good)"
 
 
 def print_history(console: Any, h: dict[str, Any]) -> None:
@@ -1079,6 +1096,12 @@ def print_history(console: Any, h: dict[str, Any]) -> None:
                            s.get("playbook") or "", s.get("profile") or "",
                            "; ".join(s["reasons"]) if s["verdict"] != "pass" else ""] for s in h["sweeps"]),
             colour=[2])
+    if h.get("pairs"):
+        o.title("")
+        o.title("pairs" + (f" (the latest 20 of {len(h['pairs'])})" if len(h["pairs"]) > 20 else ""))
+        o.table(_PAIR_COLS, ([o.when(p["ts"]), p["run_id"], p["partner"], _pair_mode(p),
+                              "" if p["busbw"] is None else f"{p['busbw']:.1f}", p["status"], p["detail"]]
+                             for p in h["pairs"][:20]), colour=[5])
     if h.get("pruned_days"):
         days = h["pruned_days"]
         o.title(f"{sum(d['sweeps'] for d in days)} older sweeps over {len(days)} days were pruned "

@@ -84,6 +84,8 @@ def m005_pairs(db: Database) -> None:
     db.table("pairs").create_index(["node", "ts"])
     db.table("pairs").create_index(["partner", "ts"])
     db.table("pairs").create_index(["ts"])
+    db.table("pairs").create_index(["node_sweep_id"])
+    db.table("pairs").create_index(["partner_sweep_id"])
 
 
 MIGRATIONS = (m001_initial, m002_controls, m003_sweep_kind, m004_policy, m005_pairs)
@@ -413,7 +415,14 @@ class History:
             metrics.setdefault(r["name"], []).append((r["ts"], r["value"]))
         summaries = list(self._query("select day, sweeps, verdicts from summaries where node = ? order by day",
                                        [node]))
-        return {"node": node, "sweeps": sweeps, "actions": actions, "metrics": metrics, "pruned_days": summaries}
+        pairs = self._query(
+            "select ts, run_id, partner, mode, role, busbw, status, detail from ("
+            "select id, ts, run_id, partner, mode, 'node' as role, busbw, status, detail from pairs "
+            "where node = ? and ts >= ? union all "
+            "select id, ts, run_id, node, mode, 'partner', busbw, status, detail from pairs "
+            "where partner = ? and ts >= ?) order by ts desc, id desc limit ?", [node, since, node, since, limit])
+        return {"node": node, "sweeps": sweeps, "actions": actions, "metrics": metrics, "pruned_days": summaries,
+                "pairs": pairs}
 
     @_locked
     def knows(self, node: str) -> bool:
@@ -582,12 +591,22 @@ class History:
 
     @_locked
     def replay_rows(self, since: float) -> list[dict[str, Any]]:
-        """Every conclusive sweep since `since` with what its policy decided on, oldest first."""
+        """Every conclusive sweep since `since` with what its policy decided on, oldest first. A
+        sweep of a pair carries its pair: pair_status, pair_mode, pair_role, pair_partner, pair_ts
+        (None elsewhere); the inconclusive sweeps of a pair that failed (waiting for a re-pair) are
+        there too, as a stricter pair rule would have decided them."""
         rows = list(self._query(
-            "select id, node, profile, started, finished, decided, verdict, policy_verdict, reasons, causes, rules, "
-            "policy, kind "
-            "from node_sweeps where started >= ? and finished is not null and dry_run = 0 "
-            "and kind in ('sweep', 'light', 'pair') and verdict not in ('inconclusive') order by started", [since]))
+            "select s.id, s.node, s.profile, s.started, s.finished, s.decided, s.verdict, s.policy_verdict, s.reasons, "
+            "s.causes, s.rules, s.policy, s.kind, coalesce(a.status, b.status) as pair_status, "
+            "coalesce(a.mode, b.mode) as pair_mode, case when a.id is not null then 'node' when b.id is not null "
+            "then 'partner' end as pair_role, coalesce(a.partner, b.node) as pair_partner, "
+            "coalesce(a.ts, b.ts) as pair_ts from node_sweeps s "
+            "left join pairs a on s.kind = 'pair' and a.node_sweep_id = s.id "
+            "left join pairs b on s.kind = 'pair' and a.id is null and b.partner_sweep_id = s.id "
+            "where s.started >= ? and s.finished is not null and s.dry_run = 0 "
+            "and s.kind in ('sweep', 'light', 'pair') and (s.verdict != 'inconclusive' "
+            "or (coalesce(a.status, b.status) = 'fail' and coalesce(a.mode, b.mode) = 'sweep')) "
+            "order by s.started", [since]))
         for r in rows:
             for k in ("reasons", "causes", "rules"):
                 r[k] = json.loads(r[k] or "[]")

@@ -152,6 +152,10 @@ def test_the_built_in_findings_are_the_shipped_policy_s() -> None:
     ({"peers": [{"name": "x", "metric": "m", "below_median_by": 0.1, "consecutive": 2, "min_peers": 3,
                  "window": "soon", "then": "warn"}]}, "not a duration"),
     ({"failure_rates": [{"name": "x", "k": 6, "n": 5, "then": "warn"}]}, "k must be between 1 and n"),
+    ({"pair_failures": [{"name": "x", "partners": 0, "window": "7d", "then": "quarantine"}]},
+     "partners must be 1 or more"),
+    ({"pair_failures": [{"name": "x", "partners": 2, "window": "7d", "then": "pass"}]},
+     "pair_failures[0].then: 'pass' is not one of"),
     ({"trendz": []}, "unknown key(s) ['trendz']"),
     ({"findings": {"codes": {"DBE": "nuke"}}}, "findings.codes.DBE"),
 ])
