@@ -92,10 +92,14 @@ class Repairs:
 
     def failed(self, a: str, b: str, group: GroupKey, why: str) -> None:
         """A pair of mode "sweep" failed: both wait for a re-pair; neither is known-good now."""
-        for s, other in ((a, b), (b, a)):
-            self.known_good.discard(s)
-            self.waiting[s] = Suspect(s, other, group, why)
-            self.tried.setdefault(s, set()).add(other)
+        self.suspect(a, b, group, why)
+        self.suspect(b, a, group, why)
+
+    def suspect(self, node: str, first_partner: str, group: GroupKey, why: str) -> None:
+        """`node` waits for a re-pair; it is not known-good now, and never re-paired with its first partner."""
+        self.known_good.discard(node)
+        self.waiting[node] = Suspect(node, first_partner, group, why)
+        self.tried.setdefault(node, set()).add(first_partner)
 
     def partner_for(self, suspect: str, idle: Sequence[tuple[str, GroupKey]], busy: set[str]) -> str | None:
         """The first idle known-good node of the suspect's group that is not busy, not a suspect and

@@ -17,6 +17,7 @@ from typing import Any, Protocol, cast
 from sweeper import pairing, profiles, signals
 from sweeper.actions import ActionContext, load_all
 from sweeper.actions import node as node_actions
+from sweeper.actions.decide import policy_for
 from sweeper.actions.jobwatch import RunWatch
 from sweeper.clock import Clock, WallClock, iso, parse_iso
 from sweeper.config import Config
@@ -28,7 +29,7 @@ from sweeper.lock import SweepLock
 from sweeper.notify import Webhook, message
 from sweeper.playbook.executor import Executor, TaskOutcome, load
 from sweeper.playbook.model import Playbook
-from sweeper.policy import HOLDING, finding_key
+from sweeper.policy import HOLDING, finding_key, pair_rule
 from sweeper.remedy import Remediator, Remedy
 from sweeper.result import Metric, Result, tool_cause
 
@@ -111,7 +112,7 @@ class PairRun:
 
     outcomes: list[NodeOutcome]
     passed: tuple[str, ...] = ()  # known-good now
-    suspects: tuple[NodeView, ...] = ()  # held, waiting for a re-pair
+    suspects: tuple[tuple[NodeView, str], ...] = ()  # held, waiting for a re-pair: (node, its first partner)
     why: str = ""  # the suspects' failed pair, in words
     back: NodeView | None = None  # a re-pair abandoned before it ran: its suspect waits again
 
@@ -527,10 +528,9 @@ class Sweep:
                     got: PairRun = f.result()
                     report.outcomes.extend(got.outcomes)
                     book.passed(*got.passed)
-                    if len(got.suspects) == 2 and group is not None:
-                        a, b = got.suspects
-                        book.failed(a.name, b.name, group, got.why)
-                        held.update({a.name: a, b.name: b})
+                    for view, first in got.suspects:
+                        book.suspect(view.name, first, cast(pairing.GroupKey, group), got.why)
+                        held[view.name] = view
                     if kind == "repair" and got.back is not None:
                         book.back(got.back.name)
                         held[got.back.name] = got.back
@@ -1065,15 +1065,26 @@ class Sweep:
             status = pairing.pair_status(verdict)
             self.rec.pair_result(run_id, self.clock.now(), first.name, second.name, status, mode, busbw,
                                  "; ".join(reasons)[:1000], (ids[0], ids[1]))
-            calls = pairing.node_verdicts(mode, first.name, second.name, verdict, reasons)
-            if all(c.suspect for c in calls):
-                out.suspects, out.why = (first, second), f"{status}: {'; '.join(reasons)}"[:500]
-            elif status in ("pass", "warn"):
+            calls = tuple(self._pair_rule(c) for c in pairing.node_verdicts(mode, first.name, second.name, verdict,
+                                                                              reasons))
+            out.suspects = tuple((n, o.name) for c, n, o in zip(calls, nodes, nodes[::-1], strict=True) if c.suspect)
+            out.why = f"{status}: {'; '.join(reasons)}"[:500]
+            if status in ("pass", "warn"):
                 out.passed = (first.name, second.name)
             for call, view, prof, sweep_id in zip(calls, nodes, profs, ids, strict=True):
                 out.outcomes.append(self._pair_node(run_id, call, view, prof, sweep_id,
                                                     decision if call.verdict == verdict else None, t0))
         return out
+
+    def _pair_rule(self, call: pairing.NodeCall) -> pairing.NodeCall:
+        """A suspect that the policy's pair rules already condemn (failed pairs with too many
+        different partners) gets that verdict now, without a re-pair."""
+        if not call.suspect:
+            return call
+        found = pair_rule(policy_for(ActionContext(config=self.cfg)), self.rec, call.node, self.clock.now())
+        if found is None or found.verdict not in HOLDING:
+            return call
+        return pairing.NodeCall(call.node, found.verdict, found.reasons)
 
     def _pair_node(self, run_id: str, call: pairing.NodeCall, view: NodeView, prof: profiles.Profile,
                    sweep_id: int, decision: dict[str, Any] | None, t0: float) -> NodeOutcome:

@@ -137,3 +137,22 @@ def test_an_odd_node_of_a_group_waits(make_sim, history: History, tmp_path: Path
     report = run_sweep(sim, history, standin(tmp_path))
     assert sorted(o.node for o in report.outcomes) == ["gpu-00", "gpu-01"]
     assert tainted(sim) == set()
+
+
+def test_a_node_that_failed_with_enough_partners_is_held_without_a_re_pair(make_sim, history: History,
+                                                                           tmp_path: Path) -> None:
+    """The shipped policy's `pair_failures` rule (three different partners within 7 days)."""
+    sim: Sim = make_sim(nodes=4, faults={"gpu-00": XID79})
+    now = sim.cluster.clock.now()
+    for i, other in enumerate(("gpu-x1", "gpu-x2")):
+        history.pair_result(f"sw-old-{i}", now - 3600 * (i + 1), "gpu-00", other, "fail", "sweep", 100.0, "low")
+    report = run_sweep(sim, history, standin(tmp_path))
+    got = actions_of(report)
+    assert got["gpu-00"] == [("quarantine", "held")], "the rule condemns it at once"
+    assert got["gpu-01"] == [("inconclusive", "suspect"), ("pass", "released")]
+    repairs = [r for r in pairs(history) if r[3] == "repair"]
+    assert len(repairs) == 1 and repairs[0][0] == "gpu-01" and repairs[0][1] in {"gpu-02", "gpu-03"}
+    assert repairs[0][2] == "pass"
+    why = next(o for o in report.outcomes if o.node == "gpu-00").reasons[0]
+    assert why.startswith("fails-with-three-partners: failed pairs with 3 different partners")
+    assert tainted(sim) == {"gpu-00"}
