@@ -138,6 +138,6 @@ def failed(msg: str, **data: Any) -> dict[str, Any]:
 
 
 def load_all() -> dict[str, Action]:
-    from sweeper.actions import decide, jobs, node, pure  # noqa: F401  (registration by import)
+    from sweeper.actions import decide, jobs, node, pair, pure  # noqa: F401  (registration by import)
 
     return REGISTRY
