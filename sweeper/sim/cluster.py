@@ -4,6 +4,7 @@ generator and fault model, all stepping on one shared clock."""
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import math
 import random
@@ -38,6 +39,7 @@ from sweeper.sim.store import Store
 
 GPU = "nvidia.com/gpu"
 RUN_SECONDS = "sim.sweeper.dev/run-seconds"
+INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 TERMINAL = ("Succeeded", "Failed")
 TRAINING_NS = "training"
 # The application XIDs NVIDIA's device plugin does not treat as a sick GPU; any other XID marks the
@@ -107,6 +109,26 @@ def gpu_request(pod: dict[str, Any]) -> int:
         val = (res.get("requests") or {}).get(GPU) or (res.get("limits") or {}).get(GPU) or 0
         total += int(val)
     return total
+
+
+def completion_index(pod: dict[str, Any]) -> int | None:
+    """An Indexed Job's pod's index (its annotation), or None."""
+    value = (pod["metadata"].get("annotations") or {}).get(INDEX_KEY)
+    return int(value) if value is not None and str(value).isdigit() else None
+
+
+def index_ranges(indexes: set[int]) -> str:
+    """Indexes as the Job's status.completedIndexes writes them: sorted intervals, "0-2,4,6-7"."""
+    out: list[str] = []
+    run: list[int] = []
+    for i in sorted(indexes):
+        if run and i != run[-1] + 1:
+            out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+            run = []
+        run.append(i)
+    if run:
+        out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+    return ",".join(out)
 
 
 def extended_requests(pod: dict[str, Any]) -> dict[str, int]:
@@ -1119,6 +1141,18 @@ class SimCluster:
             start = status.get("startTime")
             new: dict[str, Any] = {"active": len(active), "succeeded": succeeded, "failed": failed,
                                    "startTime": start or iso(now)}
+            indexed = job["spec"].get("completionMode") == "Indexed"
+            done: set[int] = set()
+            if indexed:
+                # Indexed: the Job succeeds when each index 0..completions-1 has a succeeded pod, and
+                # says which have in completedIndexes (intervals, "0-2,4").
+                # https://kubernetes.io/docs/concepts/workloads/controllers/job/#completion-mode
+                done = {i for p in pods if p["status"].get("phase") == "Succeeded"
+                        and (i := completion_index(p)) is not None and i < int(job["spec"].get("completions") or 1)}
+                succeeded = len(done)
+                new["succeeded"] = succeeded
+                if done:
+                    new["completedIndexes"] = index_ranges(done)
             deadline = job["spec"].get("activeDeadlineSeconds")
             verdict = None
             if succeeded >= int(job["spec"].get("completions") or 1):
@@ -1139,13 +1173,28 @@ class SimCluster:
                 else:
                     new["completionTime"] = iso(now)
                 new["conditions"] = conds + [cond]
+            elif indexed and not job["spec"].get("suspend"):
+                running = {completion_index(p) for p in active}
+                room = int(job["spec"].get("parallelism", 1)) - len(active)
+                for i in range(int(job["spec"].get("completions") or 1)):
+                    if room <= 0:
+                        break
+                    if i in done or i in running:
+                        continue
+                    if not self._job_pod(job, now, index=i):
+                        break
+                    new["active"] += 1
+                    room -= 1
             elif not active and not job["spec"].get("suspend") and self._job_pod(job, now):
                 new["active"] = 1
             if any(status.get(k) != v for k, v in new.items()):
                 self.store.mutate("jobs", ns, name, partial(_update_status, **new))
 
-    def _job_pod(self, job: dict[str, Any], now: float) -> bool:
-        """Create the Job's pod through admission; False if it was rejected (retried with back-off)."""
+    def _job_pod(self, job: dict[str, Any], now: float, index: int | None = None) -> bool:
+        """Create the Job's pod through admission; False if it was rejected (retried with back-off).
+        An Indexed Job's pod carries its index as annotation and label, in JOB_COMPLETION_INDEX
+        (from that annotation, through the downward API) and in its hostname `<job>-<index>`.
+        https://kubernetes.io/docs/concepts/workloads/controllers/job/#completion-mode"""
         uid = job["metadata"]["uid"]
         retry = self._create_retry.get(uid)
         if retry and now < retry[0]:
@@ -1161,9 +1210,22 @@ class SimCluster:
                             "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid,
                                                  "controller": True, "blockOwnerDeletion": True}]},
                "spec": dict(tmpl.get("spec") or {}), "status": {"phase": "Pending"}}
+        prefix = name
+        if index is not None:
+            prefix = f"{name}-{index}"
+            pod["metadata"]["generateName"] = prefix + "-"
+            pod["metadata"]["annotations"][INDEX_KEY] = str(index)
+            pod["metadata"]["labels"][INDEX_KEY] = str(index)
+            pod["spec"] = copy.deepcopy(pod["spec"])
+            pod["spec"]["hostname"] = prefix
+            env_var = {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
+                "apiVersion": "v1", "fieldPath": f"metadata.annotations['{INDEX_KEY}']"}}}
+            for c in (pod["spec"].get("initContainers") or []) + (pod["spec"].get("containers") or []):
+                if not any(e.get("name") == "JOB_COMPLETION_INDEX" for e in c.get("env") or []):
+                    c["env"] = [*(c.get("env") or []), env_var]
         ns = job["metadata"]["namespace"]
         self._pod_serial += 1  # the apiserver names a generateName pod before admission sees it
-        pod["metadata"]["name"] = f"{name}-{hashlib.sha1(f'{uid}/{self._pod_serial}'.encode()).hexdigest()[:5]}"
+        pod["metadata"]["name"] = f"{prefix}-{hashlib.sha1(f'{uid}/{self._pod_serial}'.encode()).hexdigest()[:5]}"
         refused = self.admit_pod(ns, pod)
         if refused:
             delay = min(360.0, 2 * retry[1]) if retry else 10.0
