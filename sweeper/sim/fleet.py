@@ -142,6 +142,15 @@ class Faults:
     no_peermem: bool = setting(False, "no GPUDirect RDMA peer-memory module is loaded")
     fabric_manager_down: bool = setting(False, "Fabric Manager is not running: NVSwitch GPUs never join the fabric")
     no_journal: bool = setting(False, "the host keeps no journal (journalctl finds none)")
+    link_degraded: float = setting(1.0, "share of the node's fabric rate left (a pair runs at the slower node's)",
+                                   ge=0, le=1)
+    port_flapping: bool = setting(False, "a fabric port drops now and then: pair bandwidth varies widely and some "
+                                  "pair runs abort with a NET/OFI or NET/IB error")
+    path_mtu: dict[str, int] = setting(help="interface -> the largest packet a path through this node carries "
+                                       "(larger don't-fragment probes are lost)", factory=dict, ge=68)
+    gpudirect_off: bool = setting(False, "NCCL falls back to host memory (no GPUDirect RDMA): about a quarter of "
+                                  "the pair bandwidth")
+    fabric_corrupt: bool = setting(False, "the fabric corrupts data: a pair's all-reduce counts wrong values")
 
 
 FAULT_KEYS = {f.name for f in fields(Faults)}
