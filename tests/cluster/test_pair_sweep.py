@@ -1,6 +1,6 @@
-"""Pair sweeps end to end against the simulated cluster: two nodes held together, one pair run,
-re-pairing a failed pair's nodes with known-good partners, races, the budget, and SIGKILL at
-every step of a pair sweep.
+"""Pair sweeps end to end against the simulated cluster: two nodes held together, one pair run
+of the shipped pair-fabric.yaml over the simulated fabric, re-pairing a failed pair's nodes with
+known-good partners, races, the budget, and SIGKILL at every step of a pair sweep.
 
 Some tests use a stand-in pair playbook whose check is the node-local one on `node` alone (a
 fault the simulator already models, XID 79): they pin the engine's holding, re-pairing and
@@ -38,6 +38,15 @@ def standin(tmp_path: Path, **kw: Any) -> Any:
                    **kw)
 
 
+def fabric(**kw: Any) -> Any:
+    return replace(TEST_CONFIG, playbook="pair-fabric.yaml", light_playbook="", **kw)
+
+
+def services_left(sim: Sim) -> list[str]:
+    with sim.cluster.store.lock:
+        return [v["metadata"]["name"] for v in sim.cluster.store.iter("services")]
+
+
 def tainted(sim: Sim) -> set[str]:
     """From the simulated cluster's store: the truth."""
     with sim.cluster.store.lock:
@@ -54,6 +63,42 @@ def actions_of(report: Any) -> dict[str, list[tuple[str, str]]]:
 
 def pairs(history: History) -> list[tuple[str, str, str, str]]:
     return [(r["node"], r["partner"], r["status"], r["mode"]) for r in history.db.query("select * from pairs order by id")]
+
+
+def test_a_pair_passes_and_both_nodes_go_back(make_sim, history: History) -> None:
+    sim: Sim = make_sim(nodes=2)
+    report = run_sweep(sim, history, fabric())
+    assert actions_of(report) == {"gpu-00": [("pass", "released")], "gpu-01": [("pass", "released")]}
+    (row,) = history.db.query("select * from pairs")
+    assert (row["node"], row["partner"], row["status"], row["mode"]) == ("gpu-00", "gpu-01", "pass", "sweep")
+    assert row["busbw"] > 350, "above the p5 profile's floor"
+    assert history.known_good(0) == {"gpu-00", "gpu-01"}
+    for node, sweep_id in (("gpu-00", row["node_sweep_id"]), ("gpu-01", row["partner_sweep_id"])):
+        sweep = history.node_history(node)["sweeps"][0]
+        assert (sweep["id"], sweep["kind"], sweep["verdict"]) == (sweep_id, "pair", "pass")
+        names = {r["name"] for r in history.db.query("select name from checks where sweep_id = ?", [sweep_id])}
+        assert {"pair.nccl", "pair.mtu"} <= names, node
+    assert tainted(sim) == set() and services_left(sim) == []
+    assert sim.batch.list_namespaced_job("sweeper").items == []
+
+
+def test_a_degraded_link_is_named_through_re_pairing(make_sim, history: History) -> None:
+    """A pair's bandwidth is its slower node's: a failed pair names neither node until each is
+    re-paired with a node that passed."""
+    sim: Sim = make_sim(nodes=4, faults={"gpu-00": {"link_degraded": 0.4}})
+    report = run_sweep(sim, history, fabric())
+    got = actions_of(report)
+    assert got["gpu-00"][0] == ("inconclusive", "suspect") and got["gpu-00"][-1][1] == "held"
+    assert got["gpu-00"][-1][0] in ("reboot", "replace", "quarantine")
+    assert got["gpu-01"] == [("inconclusive", "suspect"), ("pass", "released")], "its first partner goes back"
+    repairs = {r[0]: r for r in pairs(history) if r[3] == "repair"}
+    assert repairs["gpu-00"][1:3] in {("gpu-02", "fail"), ("gpu-03", "fail")}
+    assert got[repairs["gpu-00"][1]][-1] == ("inconclusive", "released")
+    reasons = history.node_history("gpu-00")["sweeps"][0]["reasons"]
+    assert any("pair.nccl" in r for r in reasons) and f"failed again with known-good partner {repairs['gpu-00'][1]}" \
+        in reasons
+    assert tainted(sim) == {"gpu-00"} and services_left(sim) == []
+    assert sim.batch.list_namespaced_job("sweeper").items == []
 
 
 def test_the_engine_re_pairs_a_failed_pair_and_names_the_culprit(make_sim, history: History, tmp_path: Path) -> None:
@@ -77,30 +122,29 @@ def test_the_engine_re_pairs_a_failed_pair_and_names_the_culprit(make_sim, histo
     assert sim.batch.list_namespaced_job("sweeper").items == []
 
 
-def test_no_known_good_partner_sends_both_back_inconclusive(make_sim, history: History, tmp_path: Path) -> None:
-    sim: Sim = make_sim(nodes=2, faults={"gpu-01": XID79})
-    report = run_sweep(sim, history, standin(tmp_path))
+def test_no_known_good_partner_sends_both_back_inconclusive(make_sim, history: History) -> None:
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"link_degraded": 0.4}})
+    report = run_sweep(sim, history, fabric())
     got = actions_of(report)
     assert got["gpu-00"][-1] == ("inconclusive", "released") and got["gpu-01"][-1] == ("inconclusive", "released")
     assert "no known-good partner" in report.outcomes[-1].reasons[0]
     assert tainted(sim) == set()
-    # gpu-01 leads: the device plugin holds back its GPU 2, and the sickest nodes go first
-    assert pairs(history) == [("gpu-01", "gpu-00", "fail", "sweep")]
+    assert pairs(history) == [("gpu-00", "gpu-01", "fail", "sweep")]
     assert history.pair_suspects(0) == {"gpu-00": "gpu-01", "gpu-01": "gpu-00"}
 
 
-def test_a_raced_pair_disturbs_no_pod_and_hands_both_back(make_sim, history: History, tmp_path: Path) -> None:
+def test_a_raced_pair_disturbs_no_pod_and_hands_both_back(make_sim, history: History) -> None:
     """`pod_lands_on_taint`: a training pod is bound to the node just as Sweeper's taint lands
     (the scheduler's bind and the taint race; a NoSchedule taint does not evict a bound pod,
     kubernetes.io/docs/concepts/scheduling-eviction/taint-and-toleration/)."""
     sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"pod_lands_on_taint": 1}})
-    report = run_sweep(sim, history, standin(tmp_path))
+    report = run_sweep(sim, history, fabric())
     got = actions_of(report)
     assert got == {"gpu-00": [("", "skipped")], "gpu-01": [("", "raced")]}
     pods = running_pods_on(sim.cluster, "gpu-01")
     assert len(pods) == 1 and pods[0]["metadata"]["namespace"] == "training", "the workload runs on, untouched"
     assert tainted(sim) == set()
-    assert sim.batch.list_namespaced_job("sweeper").items == [] and pairs(history) == []
+    assert sim.batch.list_namespaced_job("sweeper").items == [] and services_left(sim) == [] and pairs(history) == []
     assert history.db.execute("select count(*) from node_sweeps").fetchone()[0] == 0
 
 
