@@ -8,12 +8,20 @@ verdicts apart from the pair Job."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
+import yaml
+
 from sweeper.history import History
 from sweeper.sim.server import running_pods_on
+from tests.cluster.test_safety import _sweep_cmd
 from tests.conftest import TEST_CONFIG, Sim, run_sweep
 
 TAINT = TEST_CONFIG.taint_key
@@ -200,3 +208,89 @@ def test_a_node_that_failed_with_enough_partners_is_held_without_a_re_pair(make_
     why = next(o for o in report.outcomes if o.node == "gpu-00").reasons[0]
     assert why.startswith("fails-with-three-partners: failed pairs with 3 different partners")
     assert tainted(sim) == {"gpu-00"}
+
+
+# -- SIGKILL at every step of a pair sweep -------------------------------------------------------
+# gpu-00's link is degraded: its first pair fails, both nodes wait held for a re-pair, and the
+# re-pairs run, so every intent of a pair sweep (taint, create-service, create-job, delete-job,
+# delete-service, keep-held, untaint) and the suspects' wait are cut somewhere.
+PAIR_STEPS = [
+    ("after", "PUT", "/leases/", 1),          # lock taken, nothing else done
+    ("after", "PATCH", "/nodes/", 1),         # the first node of a pair tainted, its partner not yet
+    ("after", "PATCH", "/nodes/", 2),         # a pair held, nothing started
+    ("before", "POST", "/services", 1),       # held, the Service not yet created
+    ("after", "POST", "/services", 1),        # the Service created, its Job not yet
+    ("after", "POST", "/jobs", 1),            # the pair's Job created
+    ("after", "GET", "/log", 1),              # rank 0's log read, rank 1's not yet
+    ("after", "DELETE", "/jobs/", 1),         # the Job deleted, its Service not yet
+    ("after", "DELETE", "/services/", 1),     # both deleted, the verdicts not acted on
+    ("after", "DELETE", "/services/", 2),     # both pairs done: a failed pair's suspects wait held
+    ("after", "POST", "/jobs", 3),            # a re-pair's Job created
+    ("after", "DELETE", "/services/", 3),     # a re-pair done, its verdicts not acted on
+    ("after", "PATCH", "/nodes/", 8),         # mid hand-back of the re-pairs
+]
+
+
+def lost_verdicts(h: History) -> list[dict[str, Any]]:
+    """Sweep rows whose verdict is not the one their hand-back's intent proves. A pair sweep may
+    give a node two rows in one run (a suspect and then its re-pair, or a known-good partner taken
+    again): each row's hand-back is the one between its start and the next row's of that node."""
+    out = []
+    rows = list(h.db.query("select id, run_id, node, started, verdict from node_sweeps where finished is not null "
+                           "order by id"))
+    for row in rows:
+        later = [r["started"] for r in rows if (r["run_id"], r["node"]) == (row["run_id"], row["node"])
+                 and r["id"] > row["id"]]
+        proven = None
+        for i in h.db.query("select op, detail from intents where run_id = ? and node = ? and ts >= ? and ts < ? "
+                            "and op in ('untaint', 'keep-held') order by id",
+                            [row["run_id"], row["node"], row["started"], min(later, default=float("inf"))]):
+            if i["op"] == "keep-held" and i["detail"]:
+                proven = i["detail"]
+            elif i["op"] == "untaint" and (i["detail"] or "").startswith("verdict "):
+                proven = i["detail"][len("verdict "):]
+        if proven and proven != row["verdict"] and (proven, row["verdict"]) != ("replace", "quarantine"):
+            out.append({**row, "proven": proven})
+    return out
+
+
+@pytest.mark.parametrize("stage,method,fragment,nth", PAIR_STEPS)
+def test_sigkill_at_every_step_of_a_pair_sweep(make_sim, tmp_path: Path, stage: str, method: str, fragment: str,
+                                               nth: int) -> None:
+    sim: Sim = make_sim(nodes=4, faults={"gpu-00": {"link_degraded": 0.4}})
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump({"max_nodes": 4, "max_percent": 100, "poll_interval": 0.05, "check_timeout": 300,
+                                   "lock_ttl": 1, "api_attempts": 3, "playbook": "pair-fabric.yaml",
+                                   "light_playbook": ""}))
+    state = tmp_path / "h.db"
+    proc = subprocess.Popen(_sweep_cmd(sim.kubeconfig, state, cfg), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    seen = {"n": 0, "killed": False}
+
+    def hook(st: str, m: str, path: str) -> None:
+        if st == stage and m == method and fragment in path and not seen["killed"]:
+            seen["n"] += 1
+            if seen["n"] == nth:
+                seen["killed"] = True
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    sim.server.hooks.append(hook)
+    proc.wait(timeout=120)
+    sim.server.hooks.clear()
+    assert seen["killed"], f"the sweep never reached {stage} {method} {fragment} #{nth}"
+    time.sleep(1.2)  # the dead run's lock expires (lock_ttl 1s)
+    again = subprocess.run(_sweep_cmd(sim.kubeconfig, state, cfg), capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert set(tainted(sim)) <= {"gpu-00"}, f"only the degraded node may stay held: {tainted(sim)}"
+    assert sim.batch.list_namespaced_job("sweeper").items == []
+    assert services_left(sim) == []
+    h = History(state)
+    try:
+        assert h.unfinished_runs() == []
+        assert list(h.db.query("select node, run_id from node_sweeps where finished is null")) == []
+        assert lost_verdicts(h) == [], "a verdict the intent log proves is the one recorded"
+        if "gpu-00" in tainted(sim):
+            assert h.node_history("gpu-00")["sweeps"][0]["verdict"] in ("reboot", "replace", "quarantine")
+    finally:
+        h.close()
