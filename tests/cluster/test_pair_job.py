@@ -17,8 +17,9 @@ import pytest
 from sweeper.actions import ActionContext, load_all
 from sweeper.config import Config
 from sweeper.errors import PlaybookError
+from sweeper.history import History
 from sweeper.profiles import load_profile
-from tests.conftest import TEST_CONFIG, Sim
+from tests.conftest import TEST_CONFIG, Sim, run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 P5 = load_profile(ROOT / "profiles" / "p5.48xlarge.yaml").as_vars()
@@ -98,3 +99,19 @@ def test_a_pair_without_a_partner_is_refused(make_sim: Callable[..., Sim]) -> No
     with pytest.raises(PlaybookError, match="partner"):
         act.fn(ctx, act.validate({}, "test"))
     assert leftovers(sim) == ([], [])
+
+
+def test_reconcile_deletes_the_service_a_dead_run_left(make_sim: Callable[..., Sim], history: History) -> None:
+    """A run killed between its pair Service's create and delete leaves it behind; the next run's
+    reconcile deletes it, as it deletes the dead run's Jobs. A Service that is not a pair sweep's
+    (no component=pair label) is none of its business."""
+    sim = make_sim(nodes=2)
+    history.run_started("sw-dead", sim.cluster.clock.now() - 7200, "sweep")
+    labels = {"app.kubernetes.io/managed-by": "sweeper", "app.kubernetes.io/component": "pair",
+              "sweeper.dev/run-id": "sw-dead"}
+    for name, extra in (("sweep-pair-gpu-00-dead00", labels), ("someone-elses", {"app": "web"})):
+        sim.core.create_namespaced_service(TEST_CONFIG.namespace, {
+            "metadata": {"name": name, "labels": extra}, "spec": {"clusterIP": "None", "ports": [{"port": 29500}]}})
+    report = run_sweep(sim, history)
+    assert leftovers(sim)[1] == ["someone-elses"]
+    assert {"service": "sweep-pair-gpu-00-dead00", "action": "deleted", "why": "left by run sw-dead"} in report.reconciled
