@@ -55,6 +55,12 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     args = parser.parse_args()
+    # Under mpirun (the MPIJob form) Open MPI names the ranks; torchrun's names are what
+    # init_process_group reads (MASTER_ADDR and MASTER_PORT come with mpirun's -x).
+    for ours, ompi in (("RANK", "OMPI_COMM_WORLD_RANK"), ("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE"),
+                       ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK")):
+        if ours not in os.environ and ompi in os.environ:
+            os.environ[ours] = os.environ[ompi]
     local = int(os.environ["LOCAL_RANK"])
     torch.cuda.set_device(local)
     dist.init_process_group("nccl", device_id=torch.device("cuda", local))
