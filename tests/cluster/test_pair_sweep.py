@@ -232,12 +232,13 @@ PAIR_STEPS = [
 
 
 def lost_verdicts(h: History) -> list[dict[str, Any]]:
-    """Sweep rows whose verdict is not the one their hand-back's intent proves. A pair sweep may
-    give a node two rows in one run (a suspect and then its re-pair, or a known-good partner taken
-    again): each row's hand-back is the one between its start and the next row's of that node."""
+    """Sweep rows whose verdict is not the one their hand-back's intent proves, or that reconcile
+    recorded from a hand-back that was not theirs. A pair sweep may give a node two rows in one
+    run (a suspect and then its re-pair, or a known-good partner taken again): each row's
+    hand-back is the one between its start and the next row's of that node."""
     out = []
-    rows = list(h.db.query("select id, run_id, node, started, verdict from node_sweeps where finished is not null "
-                           "order by id"))
+    rows = list(h.db.query("select id, run_id, node, started, verdict, reasons from node_sweeps "
+                           "where finished is not null order by id"))
     for row in rows:
         later = [r["started"] for r in rows if (r["run_id"], r["node"]) == (row["run_id"], row["node"])
                  and r["id"] > row["id"]]
@@ -251,6 +252,8 @@ def lost_verdicts(h: History) -> list[dict[str, Any]]:
                 proven = i["detail"][len("verdict "):]
         if proven and proven != row["verdict"] and (proven, row["verdict"]) != ("replace", "quarantine"):
             out.append({**row, "proven": proven})
+        elif not proven and "recorded by reconcile" in (row["reasons"] or ""):
+            out.append({**row, "proven": None})
     return out
 
 
