@@ -297,3 +297,33 @@ def test_sigkill_at_every_step_of_a_pair_sweep(make_sim, tmp_path: Path, stage: 
             assert h.node_history("gpu-00")["sweeps"][0]["verdict"] in ("reboot", "replace", "quarantine")
     finally:
         h.close()
+
+
+def test_sweeper_run_a_pair_playbook_by_hand(make_sim, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from sweeper.cli import main
+
+    sim: Sim = make_sim(nodes=3, faults={"gpu-02": {"link_degraded": 0.4}})
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"poll_interval": 0.02}))
+    state = tmp_path / "h.db"
+    common = ["--config", str(config), "--kubeconfig", str(sim.kubeconfig), "--state", str(state)]
+    runner = CliRunner()
+    alone = runner.invoke(main, ["run", "pair-fabric.yaml", "--node", "gpu-00", *common])
+    assert alone.exit_code == 2 and "--node A --partner B" in alone.stderr, alone.output
+    single = runner.invoke(main, ["run", "sweep-light.yaml", "--node", "gpu-00", "--partner", "gpu-01", *common])
+    assert single.exit_code == 2 and "--partner is for a pair playbook" in single.stderr, single.output
+    ok = runner.invoke(main, ["run", "pair-fabric.yaml", "--node", "gpu-00", "--partner", "gpu-01", *common])
+    assert ok.exit_code == 0, ok.output
+    slow = runner.invoke(main, ["run", "pair-fabric.yaml", "--node", "gpu-00", "--partner", "gpu-02", *common])
+    assert slow.exit_code == 0, slow.output  # the play ran; its verdict is a finding
+    h = History(state)
+    try:
+        assert pairs(h) == [("gpu-00", "gpu-01", "pass", "sweep"), ("gpu-00", "gpu-02", "fail", "sweep")]
+        rows = {r["node"]: r for r in h.db.query("select * from node_sweeps order by id")}
+        assert {r["kind"] for r in rows.values()} == {"pair"}
+        assert rows["gpu-01"]["verdict"] == "pass" and rows["gpu-02"]["verdict"] in ("reboot", "replace", "quarantine")
+    finally:
+        h.close()
+    assert tainted(sim) == set() and services_left(sim) == []
