@@ -41,6 +41,13 @@ def form_pairs(items: Iterable[T], key: Callable[[T], GroupKey], room: int) -> l
     return out
 
 
+def choose_partner(node: str, group: GroupKey, idle: Sequence[tuple[str, GroupKey]], known_good: set[str],
+                   exclude: set[str]) -> str | None:
+    """The first idle known-good node of the group, other than `node` and those excluded."""
+    return next((name for name, key in idle
+                 if key == group and name in known_good and name != node and name not in exclude), None)
+
+
 @dataclass(frozen=True)
 class NodeCall:
     """What a pair run decides for one of its two nodes."""
@@ -86,6 +93,7 @@ class Repairs:
     waiting: dict[str, Suspect] = field(default_factory=dict)
     tried: dict[str, set[str]] = field(default_factory=dict)  # suspect -> partners it was re-paired with
     out: dict[str, Suspect] = field(default_factory=dict)  # suspects in a re-pair now
+    earlier: dict[str, str] = field(default_factory=dict)  # an earlier run's suspects, let go -> first partner
 
     def passed(self, *nodes: str) -> None:
         self.known_good.update(nodes)
@@ -105,12 +113,8 @@ class Repairs:
         """The first idle known-good node of the suspect's group that is not busy, not a suspect and
         not a partner the suspect already had; None if there is none."""
         s = self.waiting[suspect]
-        tried = self.tried.get(suspect, set())
-        for name, key in idle:
-            if (key == s.group and name in self.known_good and name != suspect and name not in busy
-                    and name not in self.waiting and name not in tried):
-                return name
-        return None
+        return choose_partner(suspect, s.group, idle, self.known_good,
+                              busy | set(self.waiting) | self.tried.get(suspect, set()))
 
     def hopeless(self, suspect: str, idle: Sequence[tuple[str, GroupKey]], in_flight: Iterable[GroupKey]) -> bool:
         """No known-good partner can come this run: none idle in the group, and no pair of the group

@@ -496,8 +496,8 @@ class Sweep:
         or again only as a re-pair's suspect or known-good partner."""
         deadline = start + self.cfg.run_deadline if self.cfg.run_deadline > 0 else math.inf
         p = report.plan
-        book = pairing.Repairs(known_good=set(self.rec.known_good(
-            self.clock.now() - self.cfg.pair_known_good_window)))
+        since = self.clock.now() - self.cfg.pair_known_good_window
+        book = pairing.Repairs(known_good=set(self.rec.known_good(since)), earlier=self.rec.pair_suspects(since))
         held: dict[str, NodeView] = {}  # the waiting suspects, as their holds read them
         seen: set[str] = set()
         running: dict[Future[Any], tuple[str, tuple[str, ...], pairing.GroupKey | None]] = {}
@@ -584,6 +584,19 @@ class Sweep:
             started = True
         due = [d.node for d in (*p.take, *p.skip) if d.reason in ("idle", "over-budget")
                and d.node.name not in seen and d.node.name not in busy]
+        # A suspect an earlier run let go for want of a known-good partner: re-paired with one now if there is one.
+        for v in [v for v in due if v.name in book.earlier]:
+            k = pairing.choose_partner(v.name, self._group(v), keyed, book.known_good,
+                                       busy | set(book.earlier) | {book.earlier[v.name]})
+            if k is None or room < 2:
+                continue
+            running[pool.submit(self.sweep_pair, run_id, v, views[k], "repair", False)] = (
+                "repair", (v.name, k), self._group(v))
+            busy.update((v.name, k))
+            seen.update((v.name, k))
+            room -= 2
+            started = True
+        due = [v for v in due if v.name not in seen]
         for a, b in pairing.form_pairs(due, self._group, room):
             running[pool.submit(self.sweep_pair, run_id, a, b, "sweep")] = ("pair", (a.name, b.name), self._group(a))
             seen.update((a.name, b.name))
@@ -1027,30 +1040,33 @@ class Sweep:
             return None, NodeOutcome(view.name, "", ["a GPU pod landed before the taint; released untouched"], "raced")
         return node, None
 
-    def sweep_pair(self, run_id: str, a: NodeView, b: NodeView, mode: str) -> PairRun:
-        """Hold both nodes (in mode "repair", `a` is the suspect, already held), run the pair playbook
-        once for the two, record one sweep row per node and one pair result, and hand both back,
-        or keep a suspect held for its re-pair, or a culprit with its verdict."""
+    def sweep_pair(self, run_id: str, a: NodeView, b: NodeView, mode: str, held: bool | None = None) -> PairRun:
+        """Hold both nodes (in mode "repair", `a` is the suspect, already held by this run unless
+        `held` is False: a suspect an earlier run let go), run the pair playbook once for the two,
+        record one sweep row per node and one pair result, and hand both back, or keep a suspect
+        held for its re-pair, or a culprit with its verdict."""
         t0 = time.monotonic()
+        held = mode == "repair" if held is None else held
+        back = a if held else None  # a re-pair abandoned before it ran: the suspect waits again
         if self.tool_stop:
-            return PairRun([NodeOutcome(v.name, "", [f"not taken: {self.tool_stop}"], "skipped") for v in (a, b)],
-                           back=a if mode == "repair" else None)
-        nodes: list[NodeView] = [a] if mode == "repair" else []
-        for v in ([b] if mode == "repair" else [a, b]):
+            return PairRun([NodeOutcome(v.name, "", [f"not taken: {self.tool_stop}"], "skipped")
+                            for v in ((b,) if held else (a, b))], back=back)
+        nodes: list[NodeView] = [a] if held else []
+        for v in ([b] if held else [a, b]):
             got, lost = self._hold_one(run_id, v)
             if got is not None:
                 nodes.append(got)
                 continue
-            # The pair is abandoned cleanly: what this pair held goes back untouched (a suspect waits again).
+            # The pair is abandoned cleanly: what this pair held goes back untouched.
             outs = [cast(NodeOutcome, lost)]
             for other in (a, b):
-                if other.name == v.name or (mode == "repair" and other.name == a.name):
+                if other.name == v.name or (held and other.name == a.name):
                     continue
                 why = f"partner {v.name} could not be held ({lost.action if lost else 'lost'}): not swept"
                 if any(n.name == other.name for n in nodes):
                     self.release(run_id, other.name, why, owner=run_id)
                 outs.append(NodeOutcome(other.name, "", [why], "skipped"))
-            return PairRun(outs, back=a if mode == "repair" else None)
+            return PairRun(outs, back=back)
         first, second = nodes
         profs = [profiles.match(self.profiles, n.labels) for n in nodes]
         ids = tuple(self.rec.sweep_started(run_id, n.name, self.clock.now(), self.playbook.name, pr.name, kind="pair")

@@ -119,3 +119,13 @@ def test_a_playbook_says_pair_true_or_false() -> None:
     assert parse_playbook(text.format(""), actions).pair is False
     with pytest.raises(PlaybookError, match="<playbook>:2: pair must be true or false"):
         parse_playbook(text.format("pair: yes please\n"), actions)
+
+
+def test_choose_partner_takes_the_first_known_good_idle_node_of_the_group() -> None:
+    from sweeper.pairing import choose_partner
+
+    g, other = ("p5", ()), ("p4d", ())
+    idle = [("a", other), ("b", g), ("c", g), ("d", g)]
+    assert choose_partner("s", g, idle, known_good={"a", "c", "d"}, exclude=set()) == "c"
+    assert choose_partner("s", g, idle, known_good={"a", "c", "d"}, exclude={"c"}) == "d"
+    assert choose_partner("c", g, idle, known_good={"c"}, exclude=set()) is None

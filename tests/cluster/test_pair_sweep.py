@@ -327,3 +327,18 @@ def test_sweeper_run_a_pair_playbook_by_hand(make_sim, tmp_path: Path) -> None:
     finally:
         h.close()
     assert tainted(sim) == set() and services_left(sim) == []
+
+
+def test_an_earlier_runs_suspect_is_re_paired_with_a_known_good_partner(make_sim, history: History) -> None:
+    """A suspect let go for want of a known-good partner (the history's pair_suspects) is re-paired
+    with one in a later run, before any new pair, rather than paired with another unknown node."""
+    sim: Sim = make_sim(nodes=4, faults={"gpu-00": {"link_degraded": 0.4}})
+    now = sim.cluster.clock.now()
+    history.pair_result("sw-old", now - 7200, "gpu-00", "gpu-x", "fail", "sweep", 190.0, "low")
+    history.pair_result("sw-old", now - 7000, "gpu-03", "gpu-y", "pass", "sweep", 440.0, "")
+    report = run_sweep(sim, history, fabric())
+    got = actions_of(report)
+    assert set(pairs(history)[2:]) == {("gpu-00", "gpu-03", "fail", "repair"), ("gpu-01", "gpu-02", "pass", "sweep")}
+    assert got["gpu-00"][-1][0] in ("reboot", "replace", "quarantine") and got["gpu-00"][-1][1] == "held"
+    assert got["gpu-03"] == [("inconclusive", "released")]
+    assert tainted(sim) == {"gpu-00"}
