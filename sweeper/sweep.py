@@ -515,9 +515,10 @@ class Sweep:
                         seen.add(v.name)
                 refill = True
                 if not running:
+                    why = ("the run stopped taking nodes before its re-pair" if self._closed(deadline, True)
+                           else "no known-good partner was free this run")
                     for name in list(book.waiting):
-                        report.outcomes.append(self._let_suspect_go(run_id, book, name,
-                                                                    "no known-good partner was free this run"))
+                        report.outcomes.append(self._let_suspect_go(run_id, book, name, why))
                     return False
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for f in done:

@@ -342,3 +342,14 @@ def test_an_earlier_runs_suspect_is_re_paired_with_a_known_good_partner(make_sim
     assert got["gpu-00"][-1][0] in ("reboot", "replace", "quarantine") and got["gpu-00"][-1][1] == "held"
     assert got["gpu-03"] == [("inconclusive", "released")]
     assert tainted(sim) == {"gpu-00"}
+
+
+def test_suspects_still_waiting_when_the_run_stops_taking_nodes_go_back(make_sim, history: History) -> None:
+    """run_deadline: the first plan is taken, no refill after it, so no re-pair either."""
+    sim: Sim = make_sim(nodes=4, faults={"gpu-00": {"link_degraded": 0.4}})
+    report = run_sweep(sim, history, fabric(max_nodes=2, run_deadline=1))
+    got = actions_of(report)
+    assert got == {"gpu-00": [("inconclusive", "suspect"), ("inconclusive", "released")],
+                   "gpu-01": [("inconclusive", "suspect"), ("inconclusive", "released")]}
+    assert "the run stopped taking nodes before its re-pair" in report.outcomes[-1].reasons[0]
+    assert tainted(sim) == set() and history.pair_suspects(0) == {"gpu-00": "gpu-01", "gpu-01": "gpu-00"}
