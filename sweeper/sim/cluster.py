@@ -998,8 +998,7 @@ class SimCluster:
                 timeout = tools.RDZV_TIMEOUT
             if now < self._started_at(pod) + timeout:
                 return
-            rng = random.Random(f"{self.fleet.seed}/rdzv/{key[1]}")
-            exit_code, log = 2, self._pair_probes(pod, node_name, None, rng) + tools.rendezvous_timeout()
+            exit_code, log = 2, tools.rendezvous_timeout(self._peer_name(pod), timeout, completion_index(pod) or 0)
         self.logs[key] = log
         self.store.mutate("pods", *key, partial(self._terminate, now=now, exit_code=exit_code,
                                                 reason="Completed" if exit_code == 0 else "Error", message="",
@@ -1039,7 +1038,8 @@ class SimCluster:
         if (env.get("PAIR_GPUS") or "").isdigit():
             gpus = int(env["PAIR_GPUS"])
         stop_at = 2 ** rng.randint(20, max(20, max_bytes.bit_length() - 1)) if aborted else None
-        table, _ = tools.pair_table((nodes[0], nodes[1]), hws[0]["model"], max(gpus, 1), busbw, max_bytes, rng,
+        hosts = [p["spec"].get("hostname") or p["metadata"]["name"] for p in pods]
+        table, _ = tools.pair_table((hosts[0], hosts[1]), hws[0]["model"], max(gpus, 1), busbw, max_bytes, rng,
                                     wrong=any(s.faults.fabric_corrupt for s in specs), stop_at=stop_at)
         finish = self._started_at(max(pods, key=self._started_at)) + tools.NCCL_PAIR_SECONDS * (
             rng.uniform(0.3, 0.8) if aborted else 1.0)
@@ -1056,6 +1056,17 @@ class SimCluster:
             out[i] = (finish, 1 if aborted else 0, log)
         return out
 
+    def _peer_name(self, pod: dict[str, Any]) -> str:
+        """The other index's DNS name through the headless Service, as the program works it out:
+        PAIR_PEER if set, else <job>-<other index>.<subdomain> (one pod template serves both
+        indexes, so it cannot name the peer itself)."""
+        env = self._env(pod)
+        if env.get("PAIR_PEER") and "$(" not in env["PAIR_PEER"]:
+            return env["PAIR_PEER"]
+        job = env.get("PAIR_JOB") or (pod["metadata"].get("labels") or {}).get("job-name", "")
+        sub = env.get("PAIR_SERVICE") or pod["spec"].get("subdomain")
+        return f"{job}-{1 - (completion_index(pod) or 0)}" + (f".{sub}" if sub else "")
+
     def _pair_probes(self, pod: dict[str, Any], node_name: str, peer: dict[str, Any] | None, rng: Any) -> str:
         """The path-MTU probes toward the peer, one per PAIR_IFACES interface: the local interface's
         MTU is this node's (the `mtu` fault), the path's the smaller `path_mtu` of the two nodes."""
@@ -1066,17 +1077,13 @@ class SimCluster:
             mtu = int(env.get("PAIR_MTU") or tools.IFACE_MTU.get(hw["nic"], 1500))
         except ValueError:
             mtu = 1500
-        peer_name = env.get("PAIR_PEER", "")
-        if not peer_name or "$(" in peer_name:
-            # One pod template cannot name a different peer per index: the program then takes the
-            # other index's stable DNS name, <job>-<index>.<subdomain>.
-            job = (pod["metadata"].get("labels") or {}).get("job-name", "")
-            sub = pod["spec"].get("subdomain")
-            peer_name = f"{job}-{1 - (completion_index(pod) or 0)}" + (f".{sub}" if sub else "")
+        peer_name = self._peer_name(pod)
         peer_ip = peer["status"].get("podIP") if peer is not None else None
         peer_spec = self.specs.get(peer["spec"].get("nodeName", "")) if peer is not None else None
         out = []
-        for iface in (env.get("PAIR_IFACES") or "eth0").split():
+        if not env.get("PAIR_MTU"):
+            return ""  # no MTU to probe: the program skips the probes
+        for iface in env.get("PAIR_IFACES", "").split():
             limits = [s.faults.path_mtu[iface] for s in (spec, peer_spec) if s is not None and iface in s.faults.path_mtu]
             code, text = tools.ping_probe(iface, mtu, peer_name, peer_ip, pod["status"].get("podIP", "10.1.0.1"),
                                           spec.faults.mtu or tools.IFACE_MTU.get(hw["nic"], 1500),
