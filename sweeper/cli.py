@@ -468,7 +468,7 @@ def lint_cmd(paths: tuple[str, ...], config_path: str | None, strict: bool, as_j
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--format", "fmt", default="auto", show_default=True,
               type=click.Choice(["auto", "dcgm", "nccl", "kernel-log", "sweeper", "nvidia-smi", "ibv-devinfo", "topo",
-                                 "fi-info"]),
+                                 "fi-info", "ping"]),
               help="What the file holds; auto detects it. nvidia-smi takes both -q and --query-gpu CSV.")
 @click.option("--profile", "profile_name", help="Judge against this hardware profile (GPU count and model, "
               "NVLinks, NICs, NCCL floor); the flags below override it.")

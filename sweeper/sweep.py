@@ -479,6 +479,13 @@ class Sweep:
             if owner != run_id:
                 self.kube.delete_job(self.cfg.namespace, job["metadata"]["name"])
                 done.append({"job": job["metadata"]["name"], "action": "deleted", "why": f"left by run {owner}"})
+        # A pair sweep's headless Service outlives a run killed between its create and its delete.
+        for svc in self.kube.list_services(self.cfg.namespace,
+                                           "app.kubernetes.io/managed-by=sweeper,app.kubernetes.io/component=pair"):
+            owner = (svc["metadata"].get("labels") or {}).get(f"{self.cfg.prefix}/run-id", "")
+            if owner != run_id:
+                self.kube.delete_service(self.cfg.namespace, svc["metadata"]["name"])
+                done.append({"service": svc["metadata"]["name"], "action": "deleted", "why": f"left by run {owner}"})
         untainted = []
         for obj in self.kube.list_nodes(self.cfg.gpu_node_selector, page_size=self.cfg.page_size):
             view = NodeView.from_obj(obj, self.cfg.gpu_resources)
