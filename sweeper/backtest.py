@@ -6,18 +6,23 @@ metrics, at the moment it was first decided. The history rules see the metrics a
 (this node's trends, its peers) and the verdicts of the replay itself (ladders, relapses,
 failure rates), so a policy that escalates sooner changes what follows. A person's dismissal
 (releasing a node Sweeper held) is replayed as it happened: from then on the findings of the
-sweep that held the node warn instead of holding it, in the replay as they did live."""
+sweep that held the node warn instead of holding it, in the replay as they did live.
+
+Pair sweeps are replayed too. A node whose pair failed waited for a re-pair (its recorded
+verdict `inconclusive`) unless a pair rule held it at once: the replay asks the candidate's
+pair rules again, over the recorded pair results. The suspect of a failed re-pair (the culprit)
+is decided again from the pair's recorded findings, as any sweep is."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from sweeper.policy import HOLDING, Policy, decide, finding_key
+from sweeper.policy import HOLDING, Policy, Verdict, decide, finding_key, pair_rule
 
 
 class ReplayPast:
-    """The Past of a replay: recorded metrics, replayed verdicts."""
+    """The Past of a replay: recorded metrics and pair results, replayed verdicts."""
 
     def __init__(self, history: Any) -> None:
         self.history = history
@@ -32,6 +37,9 @@ class ReplayPast:
     def peer_values(self, profile: str, metric: str, since: float, until: float, exclude: str) -> dict[str, float]:
         return dict(self.history.peer_values(profile, metric, since, until, exclude))
 
+    def pair_results(self, node: str, since: float, until: float) -> list[dict[str, Any]]:
+        return list(self.history.pair_results(node, since, until))
+
 
 @dataclass
 class Decision:
@@ -41,6 +49,8 @@ class Decision:
     replayed: str
     rules: list[str]
     reasons: list[str]
+    partner: str | None = None  # a sweep of a pair: the other node, and the pair's mode (sweep, repair)
+    mode: str | None = None
 
     @property
     def differs(self) -> bool:
@@ -62,6 +72,11 @@ class Backtest:
                 out[d.node] = d
         return out
 
+    def pair_changes(self) -> list[Decision]:
+        """The decisions on pairs that the policy changes: culprits it would hold otherwise, and
+        nodes of a failed pair it would hold at once or let wait for their re-pair."""
+        return [d for d in self.decisions if d.partner is not None and d.differs]
+
     def counts(self, which: str) -> dict[str, int]:
         out: dict[str, int] = {}
         for d in self.decisions:
@@ -74,8 +89,10 @@ class Backtest:
                 "differ": sum(d.differs for d in self.decisions),
                 "recorded": self.counts("recorded"), "replayed": self.counts("replayed"),
                 "decisions": [{"node": d.node, "at": d.at, "recorded": d.recorded, "replayed": d.replayed,
-                               "rules": d.rules, "reasons": d.reasons} for d in self.decisions if d.differs
-                              or d.replayed in HOLDING or d.recorded in HOLDING]}
+                               "rules": d.rules, "reasons": d.reasons,
+                               **({"pair": {"partner": d.partner, "mode": d.mode}} if d.partner is not None else {})}
+                              for d in self.decisions if d.differs or d.replayed in HOLDING or d.recorded in HOLDING],
+                "pair_changes": len(self.pair_changes())}
 
 
 def backtest(history: Any, policy: Policy, since: float) -> Backtest:
@@ -89,10 +106,16 @@ def backtest(history: Any, policy: Policy, since: float) -> Backtest:
         docs = history.sweep_documents(row["id"])
         at = row["decided"] if row["decided"] is not None else row["finished"]
         dismissed = next((keys for ts, keys in reversed(dismissals.get(row["node"], [])) if ts <= at), set())
-        v = decide(docs, dismissed, policy, node=row["node"], profile=row["profile"] or "", now=at, past=past)
-        if v.verdict not in ("error", "inconclusive") and row["kind"] == "sweep":
+        if row.get("pair_status") == "fail" and row.get("pair_mode") == "sweep":
+            # waiting for a re-pair, unless a pair rule holds it now
+            v = pair_rule(policy, past, row["node"], max(at, row["pair_ts"])) or Verdict(
+                "inconclusive", (f"pair with {row['pair_partner']} failed; re-pairing with a known-good partner",))
+        else:
+            v = decide(docs, dismissed, policy, node=row["node"], profile=row["profile"] or "", now=at, past=past)
+        if v.verdict not in ("error", "inconclusive") and row["kind"] in ("sweep", "pair"):
             past.decided.setdefault(row["node"], []).append(
                 {"started": row["started"], "verdict": v.verdict, "causes": list(v.causes)})
         recorded = row["policy_verdict"] or row["verdict"]
-        out.decisions.append(Decision(row["node"], at, recorded, v.verdict, list(v.rules), list(v.reasons)))
+        out.decisions.append(Decision(row["node"], at, recorded, v.verdict, list(v.rules), list(v.reasons),
+                                      row.get("pair_partner"), row.get("pair_mode")))
     return out

@@ -127,7 +127,7 @@ class _Main(click.Group):
         "breaker": "The circuit breaker: status, reset.",
         "check": "The node-local checks, run inside a check Job.",
         "demo": "The whole product on the embedded simulated cluster.",
-        "history": "A node's sweeps, verdicts, findings, actions and trends.",
+        "history": "A node's sweeps, verdicts, pairs, findings, actions and trends.",
         "ingest": "Parse a tool's output and record it in a node's history.",
         "lint": "Check playbooks, job templates, profiles and config.",
         "nodes": "The fleet: each GPU node's last sweep, verdict, when due.",
@@ -362,9 +362,11 @@ def _extra_vars(pairs: tuple[str, ...]) -> dict[str, Any]:
 @main.command("run", epilog=_examples(
     "sweeper run sweep-dcgm.yaml --node gpu-p5-04",
     "sweeper run quarantine-deep.yaml --node gpu-p5-04 -e dcgm_level=4",
-    "sweeper run sweep-light.yaml --node gpu-p5-04 --json"))
+    "sweeper run sweep-light.yaml --node gpu-p5-04 --json",
+    "sweeper run pair-fabric.yaml --node gpu-p5-04 --partner gpu-p5-05"))
 @click.argument("playbook", type=click.Path(dir_okay=False))
 @click.option("--node", help="Target node (node actions need one).")
+@click.option("--partner", help="The second node of a pair playbook (`pair: true`); --node is the first.")
 @click.option("-e", "--extra-vars", "extra", multiple=True, metavar="KEY=VALUE|@FILE",
               help="Variables that override the playbook's (repeatable; values are YAML).")
 @click.option("--tags", help="Run only tasks with these tags (comma-separated).")
@@ -375,13 +377,15 @@ def _extra_vars(pairs: tuple[str, ...]) -> dict[str, Any]:
                    "(a maintenance playbook that means to keep the node out).")
 @click.option("--json", "as_json", is_flag=True, help="Print the per-task outcomes as JSON on stdout.")
 @run_cli
-def run_cmd(playbook: str, node: str | None, extra: tuple[str, ...], tags: str | None, skip_tags: str | None,
-            keep: bool, config_path: str | None, kubeconfig: str | None, context: str | None, state: str,
+def run_cmd(playbook: str, node: str | None, partner: str | None, extra: tuple[str, ...], tags: str | None,
+            skip_tags: str | None, keep: bool, config_path: str | None, kubeconfig: str | None, context: str | None, state: str,
             as_json: bool) -> None:
     """Run one playbook, on one node (--node) or with no target (pure actions only).
 
     What the play tainted or cordoned itself is handed back when it ends without a holding
     verdict (reboot, replace, quarantine): on failure, on SIGTERM, on an undefined variable.
+    A pair playbook (`pair: true`) runs on --node and --partner together; it neither holds nor
+    hands back either node (run it on nodes that are idle, or that Sweeper holds).
     Exit 0 when the play succeeds (a rescued failure counts as success), 1 when it fails,
     2 when the playbook or its variables are invalid.
     """
@@ -408,7 +412,8 @@ def run_cmd(playbook: str, node: str | None, extra: tuple[str, ...], tags: str |
     stop = threading.Event()  # SIGTERM: stop between tasks, run `always`, hand the node back
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        result = run_playbook(path, cfg, kube=kube, node_name=node, extra_vars=_extra_vars(extra),
+        result = run_playbook(path, cfg, kube=kube, node_name=node, partner_name=partner,
+                              extra_vars=_extra_vars(extra),
                               tags=tuple(t for t in (tags or "").split(",") if t),
                               skip_tags=tuple(t for t in (skip_tags or "").split(",") if t),
                               state=state if node else None, on_task=progress, cancelled=stop.is_set,
@@ -789,8 +794,9 @@ def sparkline(values: list[float]) -> str:
 @output_options
 @run_cli
 def history(node: str, state: str, since: str | None, check: str, out: Out) -> None:
-    """A node's sweeps, verdicts and the rules behind them, failed checks, actions and metric
-    trends (sparklines). A node the history has never seen is exit 2."""
+    """A node's sweeps, verdicts and the rules behind them, pair runs (partner, mode, bus
+    bandwidth), failed checks, actions and metric trends (sparklines). A node the history has
+    never seen is exit 2."""
     _need_state(state)
     cutoff = _since(since)
     hist = _history(state)
@@ -1021,6 +1027,13 @@ def backtest_cmd(config_path: str | None, state: str, policy_name: str, since: s
                      out.when(b.at if b else None, "")])
     out.table((Col("node"), Col("would have"), Col("when"), Col("rule"), Col("actually"), Col("when")), rows,
               colour=[1, 4])
+    pairs = bt.pair_changes()
+    if pairs:
+        out.title(f"{len(pairs)} decisions on pairs differ")
+        out.table((Col("node"), Col("when"), Col("partner"), Col("mode"), Col("would have"), Col("rule"),
+                   Col("actually")),
+                  [[d.node, out.when(d.at, ""), d.partner or "", d.mode or "", d.replayed, ", ".join(d.rules),
+                    d.recorded] for d in pairs], colour=[4, 6])
     for which in ("recorded", "replayed"):
         c = bt.counts(which)
         out.title(f"{which}: " + ", ".join(f"{n} {v}" for v, n in sorted(c.items())))
@@ -1059,6 +1072,15 @@ _SWEEP_COLS = (Col("started"), Col("run"), Col("verdict"), Col("rule"), Col("pla
                Col("profile", wide=True), Col("why", cut=True))
 _FINDING_COLS = (Col("when"), Col("check"), Col("gpu"), Col("status"), Col("code"), Col("message", cut=True))
 _ACTION_COLS = (Col("when"), Col("run", wide=True), Col("action"), Col("detail", cut=True))
+_PAIR_COLS = (Col("when"), Col("run", wide=True), Col("partner"), Col("mode"), Col("busbw GB/s"), Col("status"),
+              Col("detail", cut=True))
+
+
+def _pair_mode(p: dict[str, Any]) -> str:
+    """sweep, or a re-pair with this node as the suspect or as the known-good partner."""
+    if p["mode"] != "repair":
+        return str(p["mode"])
+    return "re-pair (suspect)" if p["role"] == "node" else "re-pair (known-good)"
 
 
 def print_history(console: Any, h: dict[str, Any]) -> None:
@@ -1074,6 +1096,12 @@ def print_history(console: Any, h: dict[str, Any]) -> None:
                            s.get("playbook") or "", s.get("profile") or "",
                            "; ".join(s["reasons"]) if s["verdict"] != "pass" else ""] for s in h["sweeps"]),
             colour=[2])
+    if h.get("pairs"):
+        o.title("")
+        o.title("pairs" + (f" (the latest 20 of {len(h['pairs'])})" if len(h["pairs"]) > 20 else ""))
+        o.table(_PAIR_COLS, ([o.when(p["ts"]), p["run_id"], p["partner"], _pair_mode(p),
+                              "" if p["busbw"] is None else f"{p['busbw']:.1f}", p["status"], p["detail"]]
+                             for p in h["pairs"][:20]), colour=[5])
     if h.get("pruned_days"):
         days = h["pruned_days"]
         o.title(f"{sum(d['sweeps'] for d in days)} older sweeps over {len(days)} days were pruned "

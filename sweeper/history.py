@@ -73,7 +73,22 @@ def m004_policy(db: Database) -> None:
     db.table("node_sweeps").create_index(["profile", "finished"])
 
 
-MIGRATIONS = (m001_initial, m002_controls, m003_sweep_kind, m004_policy)
+def m005_pairs(db: Database) -> None:
+    # One row a pair run: node A and partner B (in a re-pair: the suspect and its known-good
+    # partner), the pair's status, its mode (sweep | repair), the bus bandwidth and each side's
+    # sweep row. Read from either side, by time: the indexes serve one node's rows and the
+    # fleet's latest rows in a window.
+    db.table("pairs").create({"id": int, "run_id": str, "ts": float, "node": str, "partner": str, "status": str,
+                              "mode": str, "busbw": float, "detail": str, "node_sweep_id": int,
+                              "partner_sweep_id": int}, pk="id")
+    db.table("pairs").create_index(["node", "ts"])
+    db.table("pairs").create_index(["partner", "ts"])
+    db.table("pairs").create_index(["ts"])
+    db.table("pairs").create_index(["node_sweep_id"])
+    db.table("pairs").create_index(["partner_sweep_id"])
+
+
+MIGRATIONS = (m001_initial, m002_controls, m003_sweep_kind, m004_policy, m005_pairs)
 KNOWN = [m.__name__ for m in MIGRATIONS]
 MIGRATIONS_TABLE = "_sqlite_migrations"  # where sqlite_utils.Migrations records what it applied
 
@@ -239,11 +254,46 @@ class History:
                                 "detail": detail})
 
     @_locked
+    def pair_result(self, run_id: str, ts: float, node: str, partner: str, status: str, mode: str,
+                    busbw: float | None, detail: str,
+                    sweep_ids: tuple[int | None, int | None] = (None, None)) -> int:
+        """One pair run: `node` is A (in a re-pair, the suspect), `partner` B (in a re-pair, the
+        known-good partner); `mode` is sweep or repair; `sweep_ids` each side's sweep row."""
+        return self._write("pairs", {"run_id": run_id, "ts": ts, "node": node, "partner": partner, "status": status,
+                                     "mode": mode, "busbw": busbw, "detail": detail,
+                                     "node_sweep_id": sweep_ids[0], "partner_sweep_id": sweep_ids[1]})
+
+    @_locked
     def last_swept(self) -> dict[str, float]:
         """Node to the start of its latest finished, conclusive, non-dry-run sweep."""
         rows = self._query("select node, max(started) as last from node_sweeps where finished is not null "
-                             "and dry_run = 0 and kind = 'sweep' and verdict != 'inconclusive' group by node")
+                             "and dry_run = 0 and kind in ('sweep', 'pair') and verdict != 'inconclusive' group by node")
         return {r["node"]: r["last"] for r in rows}
+
+    def _latest_pairs(self, since: float) -> dict[str, dict[str, Any]]:
+        """Each node's latest conclusive pair result since `since`, from either side: {"status",
+        "mode", "partner", "role"}. Pairs that ended error or inconclusive (a fault of the tool, a
+        race, a stopped run) say nothing about the fabric of either node and are passed over."""
+        rows = self.conn.execute(
+            "select n, other, status, mode, role from (select n, other, status, mode, role, row_number() over "
+            "(partition by n order by ts desc, id desc) as k from (select id, ts, node as n, partner as other, "
+            "status, mode, 'node' as role from pairs where ts >= ? and status in ('pass', 'warn', 'fail') "
+            "union all select id, ts, partner, node, status, mode, 'partner' from pairs where ts >= ? "
+            "and status in ('pass', 'warn', 'fail'))) where k = 1", [since, since]).fetchall()
+        return {n: {"partner": other, "status": status, "mode": mode, "role": role}
+                for n, other, status, mode, role in rows}
+
+    @_locked
+    def known_good(self, since: float) -> set[str]:
+        """Nodes whose latest conclusive pair result since `since` (either side) passed or warned."""
+        return {n for n, r in self._latest_pairs(since).items() if r["status"] in ("pass", "warn")}
+
+    @_locked
+    def pair_suspects(self, since: float) -> dict[str, str]:
+        """Node to the partner of its failed pair, for nodes whose latest conclusive pair result
+        since `since` is a failed pair of a sweep (not yet re-paired with a known-good partner)."""
+        return {n: r["partner"] for n, r in self._latest_pairs(since).items()
+                if r["status"] == "fail" and r["mode"] == "sweep"}
 
     @_locked
     def last_light(self) -> dict[str, float]:
@@ -278,7 +328,7 @@ class History:
         """Node to the number of its sweeps with one of these verdicts finished since `since`."""
         marks = ",".join("?" * len(verdicts))
         rows = self._query(f"select node, count(*) as n from node_sweeps where finished >= ? and dry_run = 0 "
-                             f"and kind = 'sweep' and verdict in ({marks}) group by node", [since, *verdicts])
+                             f"and kind in ('sweep', 'pair') and verdict in ({marks}) group by node", [since, *verdicts])
         return {r["node"]: r["n"] for r in rows}
 
     @_locked
@@ -292,7 +342,7 @@ class History:
         out = []
         for node in nodes:
             last = list(self._query("select * from node_sweeps where node = ? and finished is not null "
-                                      "and dry_run = 0 and kind = 'sweep' order by finished desc limit 1", [node]))
+                                      "and dry_run = 0 and kind in ('sweep', 'pair') order by finished desc limit 1", [node]))
             if not last or last[0]["verdict"] not in holding:
                 continue
             s = last[0]
@@ -365,7 +415,14 @@ class History:
             metrics.setdefault(r["name"], []).append((r["ts"], r["value"]))
         summaries = list(self._query("select day, sweeps, verdicts from summaries where node = ? order by day",
                                        [node]))
-        return {"node": node, "sweeps": sweeps, "actions": actions, "metrics": metrics, "pruned_days": summaries}
+        pairs = self._query(
+            "select ts, run_id, partner, mode, role, busbw, status, detail from ("
+            "select id, ts, run_id, partner, mode, 'node' as role, busbw, status, detail from pairs "
+            "where node = ? and ts >= ? union all "
+            "select id, ts, run_id, node, mode, 'partner', busbw, status, detail from pairs "
+            "where partner = ? and ts >= ?) order by ts desc, id desc limit ?", [node, since, node, since, limit])
+        return {"node": node, "sweeps": sweeps, "actions": actions, "metrics": metrics, "pruned_days": summaries,
+                "pairs": pairs}
 
     @_locked
     def knows(self, node: str) -> bool:
@@ -376,17 +433,30 @@ class History:
     @_locked
     def counts(self) -> dict[str, int]:
         return {t: self.conn.execute(f"select count(*) from {t}").fetchone()[0]
-                for t in ("runs", "node_sweeps", "checks", "metrics", "actions", "intents", "summaries")}
+                for t in ("runs", "node_sweeps", "checks", "metrics", "actions", "intents", "summaries", "pairs")}
 
     # -- the Past protocol of the policy ---------------------------------------------------
     @_locked
     def sweeps(self, node: str, since: float, until: float) -> list[dict[str, Any]]:
         rows = self._query(
             "select started, verdict, causes from node_sweeps where node = ? and started >= ? and started <= ? "
-            "and finished is not null and dry_run = 0 and kind = 'sweep' "
+            "and finished is not null and dry_run = 0 and kind in ('sweep', 'pair') "
             "and verdict not in ('inconclusive', 'error') order by started", [node, since, until])
         return [{"started": r["started"], "verdict": r["verdict"], "causes": json.loads(r["causes"] or "[]")}
                 for r in rows]
+
+    @_locked
+    def pair_results(self, node: str, since: float, until: float) -> list[dict[str, Any]]:
+        """The node's pair results from either side, oldest first: ts, run_id, partner (the other
+        node), status, mode, busbw, detail, role (node: it was A or the suspect; partner: it was B
+        or the known-good partner) and sweep_id (its own sweep row of that pair run)."""
+        return self._query(
+            "select ts, run_id, partner, status, mode, busbw, detail, role, sweep_id from ("
+            "select id, ts, run_id, partner, status, mode, busbw, detail, 'node' as role, node_sweep_id as sweep_id "
+            "from pairs where node = ? and ts >= ? and ts <= ? union all "
+            "select id, ts, run_id, node, status, mode, busbw, detail, 'partner', partner_sweep_id "
+            "from pairs where partner = ? and ts >= ? and ts <= ?) order by ts, id",
+            [node, since, until, node, since, until])
 
     @_locked
     def series(self, node: str, metric: str, since: float, until: float) -> list[tuple[float, int | None, float]]:
@@ -421,7 +491,7 @@ class History:
         """Node to its sweeps finished since `since` that ended `error` because the check could not
         run at all (a fault of the tool, cause check.tool): they say nothing about the node."""
         rows = self._query("select node, count(*) as n from node_sweeps where finished >= ? and dry_run = 0 "
-                             "and kind = 'sweep' and verdict = 'error' and causes like '%\"check.tool|%' "
+                             "and kind in ('sweep', 'pair') and verdict = 'error' and causes like '%\"check.tool|%' "
                              "group by node", [since])
         return {r["node"]: r["n"] for r in rows}
 
@@ -431,7 +501,7 @@ class History:
         """Every node's latest conclusive sweep: node, profile, started, verdict, reasons, kind."""
         rows = self._query(
             "select s.* from node_sweeps s join (select node, max(started) as last from node_sweeps "
-            "where finished is not null and dry_run = 0 and kind in ('sweep', 'light') group by node) l "
+            "where finished is not null and dry_run = 0 and kind in ('sweep', 'light', 'pair') group by node) l "
             "on s.node = l.node and s.started = l.last order by s.node")
         out = []
         for r in rows:
@@ -446,7 +516,7 @@ class History:
         out: dict[str, list[tuple[float, str]]] = {}
         for node, started, verdict in self.conn.execute(
                 "select node, started, verdict from node_sweeps where started >= ? and finished is not null "
-                "and dry_run = 0 and kind in ('sweep', 'light') order by started", [since]).fetchall():
+                "and dry_run = 0 and kind in ('sweep', 'light', 'pair') order by started", [since]).fetchall():
             out.setdefault(node, []).append((started, verdict))
         return out
 
@@ -456,7 +526,7 @@ class History:
         text: a fleet's worth is read only for the rows drawn), rules, kind."""
         rows = list(self._query(
             "select node, started, verdict, reasons, rules, kind from node_sweeps where started >= ? "
-            "and finished is not null and dry_run = 0 and kind in ('sweep', 'light') order by started", [since]))
+            "and finished is not null and dry_run = 0 and kind in ('sweep', 'light', 'pair') order by started", [since]))
         for r in rows:
             r["rules"] = json.loads(r["rules"]) if r["rules"] and r["rules"] != "[]" else []
         return rows
@@ -503,7 +573,7 @@ class History:
                                "order by ts"):
             held = list(self._query(
                 "select id from node_sweeps where node = ? and finished is not null and finished <= ? "
-                "and dry_run = 0 and kind = 'sweep' order by finished desc limit 1", [a["node"], a["ts"]]))
+                "and dry_run = 0 and kind in ('sweep', 'pair') order by finished desc limit 1", [a["node"], a["ts"]]))
             findings = list(self._query("select name, code, gpu from checks where sweep_id = ? and status = 'fail'",
                                           [held[0]["id"]])) if held else []
             out.append({"node": a["node"], "ts": a["ts"], "findings": findings})
@@ -521,12 +591,22 @@ class History:
 
     @_locked
     def replay_rows(self, since: float) -> list[dict[str, Any]]:
-        """Every conclusive sweep since `since` with what its policy decided on, oldest first."""
+        """Every conclusive sweep since `since` with what its policy decided on, oldest first. A
+        sweep of a pair carries its pair: pair_status, pair_mode, pair_role, pair_partner, pair_ts
+        (None elsewhere); the inconclusive sweeps of a pair that failed (waiting for a re-pair) are
+        there too, as a stricter pair rule would have decided them."""
         rows = list(self._query(
-            "select id, node, profile, started, finished, decided, verdict, policy_verdict, reasons, causes, rules, "
-            "policy, kind "
-            "from node_sweeps where started >= ? and finished is not null and dry_run = 0 "
-            "and kind in ('sweep', 'light') and verdict not in ('inconclusive') order by started", [since]))
+            "select s.id, s.node, s.profile, s.started, s.finished, s.decided, s.verdict, s.policy_verdict, s.reasons, "
+            "s.causes, s.rules, s.policy, s.kind, coalesce(a.status, b.status) as pair_status, "
+            "coalesce(a.mode, b.mode) as pair_mode, case when a.id is not null then 'node' when b.id is not null "
+            "then 'partner' end as pair_role, coalesce(a.partner, b.node) as pair_partner, "
+            "coalesce(a.ts, b.ts) as pair_ts from node_sweeps s "
+            "left join pairs a on s.kind = 'pair' and a.node_sweep_id = s.id "
+            "left join pairs b on s.kind = 'pair' and a.id is null and b.partner_sweep_id = s.id "
+            "where s.started >= ? and s.finished is not null and s.dry_run = 0 "
+            "and s.kind in ('sweep', 'light', 'pair') and (s.verdict != 'inconclusive' "
+            "or (coalesce(a.status, b.status) = 'fail' and coalesce(a.mode, b.mode) = 'sweep')) "
+            "order by s.started", [since]))
         for r in rows:
             for k in ("reasons", "causes", "rules"):
                 r[k] = json.loads(r[k] or "[]")
@@ -549,12 +629,13 @@ class History:
     # -- retention -----------------------------------------------------------------------------
     @_locked
     def prune(self, before: float, dry_run: bool = False) -> dict[str, int]:
-        """Delete sweeps (with their checks and metrics), actions, intents and runs older than
+        """Delete sweeps (with their checks and metrics), pair results, actions, intents and runs older than
         `before`, keeping one summary row a node a day: sweeps, verdict counts, and per metric
         the min, max and last value."""
         old = [r[0] for r in self.conn.execute("select id from node_sweeps where started < ? and finished is not null",
                                              [before]).fetchall()]
-        counts = {"node_sweeps": len(old)}
+        counts = {"node_sweeps": len(old),
+                  "pairs": self.conn.execute("select count(*) from pairs where ts < ?", [before]).fetchone()[0]}
         if not old:
             return {**counts, "checks": 0, "metrics": 0, "summaries": 0}
         marks = "select id from node_sweeps where started < ? and finished is not null"
@@ -597,6 +678,7 @@ class History:
             self.db.execute(f"delete from metrics where sweep_id in ({marks})", [before])
             self.db.execute("delete from node_sweeps where started < ? and finished is not null", [before])
             self.db.execute("delete from actions where ts < ?", [before])
+            self.db.execute("delete from pairs where ts < ?", [before])
             self.db.execute("delete from intents where ts < ?", [before])
             self.db.execute("delete from runs where finished is not null and finished < ? and id not in "
                             "(select distinct run_id from node_sweeps)", [before])

@@ -2,7 +2,7 @@
 error or inconclusive, with the rules that fired as its reason.
 
 The policy is data (`policies/*.yaml`): the severity of this sweep's findings, escalation
-ladders, relapses, failure rates, metric trends and peer comparison. The history is read
+ladders, relapses, failure rates, metric trends, peer comparison and failed pairs. The history is read
 through the `Past` protocol, so the same evaluation runs in a live sweep (the SQLite history)
 and in a backtest (a replay of it)."""
 
@@ -45,7 +45,10 @@ class Verdict:
 class Past(Protocol):
     """What the history rules read. Times are inclusive bounds. `sweeps` gives the finished,
     conclusive sweeps of a node that were acted on (not light checks of a busy node), oldest
-    first, as {"started", "verdict", "causes"}."""
+    first, as {"started", "verdict", "causes"}. `pair_results` gives the node's pair results
+    from either side, oldest first, as {"ts", "run_id", "partner", "status", "mode", "busbw",
+    "detail", "role"} (role `node`: it was A, or the suspect of a re-pair; `partner`: it was B,
+    or the known-good partner of a re-pair)."""
 
     def sweeps(self, node: str, since: float, until: float) -> list[dict[str, Any]]: ...
 
@@ -53,6 +56,8 @@ class Past(Protocol):
 
     def peer_values(self, profile: str, metric: str, since: float, until: float,
                     exclude: str) -> dict[str, float]: ...
+
+    def pair_results(self, node: str, since: float, until: float) -> list[dict[str, Any]]: ...
 
 
 # -- the policy as data ----------------------------------------------------------------
@@ -112,6 +117,14 @@ class Peers:
 
 
 @dataclass(frozen=True)
+class PairFailures:
+    name: str
+    partners: int
+    window: float
+    then: str
+
+
+@dataclass(frozen=True)
 class Policy:
     name: str = "built-in"
     findings: Findings = field(default_factory=Findings)
@@ -120,6 +133,7 @@ class Policy:
     failure_rates: tuple[FailureRate, ...] = ()
     trends: tuple[Trend, ...] = ()
     peers: tuple[Peers, ...] = ()
+    pair_failures: tuple[PairFailures, ...] = ()
     source: str = ""
 
     @property
@@ -127,6 +141,7 @@ class Policy:
         """How far back any rule looks."""
         spans: list[float] = [r.window for r in self.ladders] + [r.window for r in self.relapses]
         spans += [r.window for r in self.trends] + [r.window for r in self.peers]
+        spans += [r.window for r in self.pair_failures]
         return max(spans, default=0.0)
 
 
@@ -138,6 +153,7 @@ _SECTIONS: dict[str, tuple[type, dict[str, type | tuple[type, ...]]]] = {
                        "min_points": int, "then": str}),
     "peers": (Peers, {"name": str, "metric": str, "below_median_by": (int, float), "consecutive": int,
                       "min_peers": int, "window": (str, int, float), "then": str}),
+    "pair_failures": (PairFailures, {"name": str, "partners": int, "window": (str, int, float), "then": str}),
 }
 
 
@@ -208,6 +224,8 @@ def parse_policy(raw: Any, origin: str = "policy") -> Policy:
             names.add(kw["name"])
             if key == "failure_rates" and not 0 < kw["k"] <= kw["n"]:
                 raise ConfigError(f"{where}: k must be between 1 and n")
+            if key == "pair_failures" and kw["partners"] < 1:
+                raise ConfigError(f"{where}: partners must be 1 or more")
             built.append(cls(**kw))
         sections[key] = tuple(built)
     return Policy(name=str(raw.get("name", "policy")), findings=Findings(**tables, otherwise=otherwise),
@@ -300,6 +318,7 @@ def decide(results: list[dict[str, Any]], dismissed: set[str] | None = None, pol
     raised += _failure_rates(policy, base, past, node, now)
     raised += _trends(policy, past, node, now)
     raised += _peers(policy, past, node, profile, now, metrics)
+    raised += _pair_failures(policy, past, node, now)
     verdict = base.verdict
     for v, _, _ in raised:
         verdict = worse(verdict, v)
@@ -406,6 +425,43 @@ def _peers(policy: Policy, past: Past, node: str, profile: str, now: float,
                         f"{median:g} by more than {pr.below_median_by:.0%} on {pr.consecutive} consecutive sweeps "
                         f"({len(peers)} peers)"))
     return out
+
+
+def failed_partners(results: list[dict[str, Any]]) -> list[str]:
+    """The different partners a node failed pairs with, in the order first failed with. A
+    re-pair that failed counts against its suspect only: its known-good partner was paired to
+    judge the suspect, and the pair's failure is the suspect's."""
+    out: list[str] = []
+    for r in results:
+        if r["status"] != "fail" or (r["mode"] == "repair" and r["role"] == "partner"):
+            continue
+        if r["partner"] not in out:
+            out.append(r["partner"])
+    return out
+
+
+def _pair_failures(policy: Policy, past: Past, node: str, now: float) -> list[tuple[str, str, str]]:
+    out = []
+    for pf in policy.pair_failures:
+        partners = failed_partners(past.pair_results(node, now - pf.window, now))
+        if len(partners) >= pf.partners:
+            shown = ", ".join(partners[:5]) + (f" and {len(partners) - 5} more" if len(partners) > 5 else "")
+            out.append((pf.then, pf.name, f"failed pairs with {len(partners)} different partners within "
+                        f"{_span(pf.window)} ({shown}; limit {pf.partners})"))
+    return out
+
+
+def pair_rule(policy: Policy, past: Past, node: str, now: float) -> Verdict | None:
+    """The pair rules alone, for a node whose pair just failed and waits for a re-pair: the
+    verdict of the strictest rule that fires (then the node is not re-paired), or None."""
+    raised = _pair_failures(policy, past, node, now)
+    if not raised:
+        return None
+    verdict = "pass"
+    for v, _, _ in raised:
+        verdict = worse(verdict, v)
+    return Verdict(verdict, tuple(f"{rule}: {why}" for v, rule, why in raised if v == verdict),
+                   tuple(rule for _, rule, _ in raised))
 
 
 def _span(seconds: float) -> str:

@@ -152,6 +152,10 @@ def test_the_built_in_findings_are_the_shipped_policy_s() -> None:
     ({"peers": [{"name": "x", "metric": "m", "below_median_by": 0.1, "consecutive": 2, "min_peers": 3,
                  "window": "soon", "then": "warn"}]}, "not a duration"),
     ({"failure_rates": [{"name": "x", "k": 6, "n": 5, "then": "warn"}]}, "k must be between 1 and n"),
+    ({"pair_failures": [{"name": "x", "partners": 0, "window": "7d", "then": "quarantine"}]},
+     "partners must be 1 or more"),
+    ({"pair_failures": [{"name": "x", "partners": 2, "window": "7d", "then": "pass"}]},
+     "pair_failures[0].then: 'pass' is not one of"),
     ({"trendz": []}, "unknown key(s) ['trendz']"),
     ({"findings": {"codes": {"DBE": "nuke"}}}, "findings.codes.DBE"),
 ])
@@ -208,7 +212,7 @@ def test_an_older_history_is_migrated_on_open_and_read_then_written(tmp_path: Pa
 
     path = tmp_path / "old.db"
     old = Database(path)
-    _migrations().apply(old, stop_before=KNOWN[-1])
+    _migrations().apply(old, stop_before="m004_policy")  # two migrations pending: the policy's, the pairs'
     old.close()
     with sqlite3.connect(path) as conn:
         assert "causes" not in {r[1] for r in conn.execute("pragma table_info(node_sweeps)")}
@@ -220,5 +224,7 @@ def test_an_older_history_is_migrated_on_open_and_read_then_written(tmp_path: Pa
     h.sweep_finished(sid, 160.0, "pass", ["all checks passed"], {"causes": ["xid|79"], "decided": 150.0})
     (row,) = h.node_history("gpu-00")["sweeps"]
     assert row["verdict"] == "pass" and row["causes"] == ["xid|79"] and h.knows("gpu-00")
+    h.pair_result("sw-1", 160.0, "gpu-00", "gpu-01", "pass", "sweep", 180.0, "")
+    assert h.known_good(0.0) == {"gpu-00", "gpu-01"}
     assert h.conn.execute("pragma journal_mode").fetchone()[0] == "wal"
     h.close()
