@@ -177,6 +177,32 @@ def test_a_peer_that_never_starts_ends_in_a_rendezvous_timeout(make_sim: Callabl
                    "came within 300s (pair-allreduce, rank 0)\n")
 
 
+def test_a_late_peer_within_the_timeout_joins_the_gang(make_sim: Callable[..., Sim]) -> None:
+    """Rank 0 runs and waits; its peer is placed only when its node is uncordoned. Both then end
+    together, the pair's run time after the later one started, and the pair succeeds."""
+    from sweeper.sim.tools import NCCL_PAIR_SECONDS
+
+    sim = make_sim(nodes=2)
+    sim.core.patch_node("gpu-01", {"spec": {"unschedulable": True}})
+    sim.batch.create_namespaced_job("default", pair_job("late", "gpu-00", "gpu-01", PAIR_RDZV_TIMEOUT="360000"))
+
+    def pods() -> dict[int, Any]:
+        return {int(p.metadata.annotations[INDEX]): p for p in sim.core.list_namespaced_pod(
+            "default", label_selector="batch.kubernetes.io/job-name=late").items}
+
+    sim.wait_for(lambda: pods()[0].status.phase == "Running" and (pods()[1].status.conditions or [None])[0],
+                 what="rank 0 running, rank 1 unschedulable")
+    assert pods()[1].spec.node_name is None
+    sim.core.patch_node("gpu-01", {"spec": {"unschedulable": False}})
+    sim.wait_for(lambda: sim.batch.read_namespaced_job("late", "default").status.succeeded == 2, timeout=20,
+                 what="the pair to finish")
+    states = {i: p.status.container_statuses[0].state.terminated for i, p in pods().items()}
+    assert states[0].exit_code == states[1].exit_code == 0
+    assert states[0].started_at < states[1].started_at
+    assert states[0].finished_at == states[1].finished_at
+    assert (states[1].finished_at - states[1].started_at).total_seconds() >= NCCL_PAIR_SECONDS
+
+
 def test_a_flapping_port_varies_widely_and_aborts_some_runs(make_sim: Callable[..., Sim]) -> None:
     sim = make_sim(nodes=2, faults={"gpu-01": {"port_flapping": True}})
     runs = [run_pair(sim, f"f{i}") for i in range(8)]
