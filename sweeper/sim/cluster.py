@@ -180,29 +180,25 @@ def _term_selects(term: dict[str, Any], owner: dict[str, Any], other: dict[str, 
     return selector_matches(term.get("labelSelector"), other["metadata"].get("labels") or {})
 
 
-def anti_affinity_conflict(pod: dict[str, Any], node: dict[str, Any], placed: list[tuple[dict[str, Any], str]],
-                           labels_of: Any) -> str:
-    """The scheduler's InterPodAffinity filter for required anti-affinity, both ways: the pod's
-    own terms against pods already in the node's topology domain, and placed pods' terms against
-    the pod. https://kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node/#inter-pod-affinity-and-anti-affinity"""
-    node_labels = node["metadata"].get("labels") or {}
+def anti_affinity_rules(pod: dict[str, Any], placed: list[tuple[dict[str, Any], str]]) -> list[tuple[str, str, str]]:
+    """The scheduler's InterPodAffinity filter for required anti-affinity, both ways, as
+    (reason, topology key, node of a placed pod): the pod's own terms that select a placed pod,
+    and placed pods' terms that select the pod. A node in the same topology domain as such a node
+    is refused with that reason. Worked out once per pod, so a large fleet is not walked per node.
+    https://kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node/#inter-pod-affinity-and-anti-affinity"""
+    rules = []
     own = anti_affinity_terms(pod)
     for other, where in placed:
         if other is pod:
             continue
-        theirs = anti_affinity_terms(other)
-        if not own and not theirs:
-            continue
-        where_labels = node_labels if where == node["metadata"]["name"] else labels_of(where)
         for term in own:
-            key = term.get("topologyKey", "")
-            if key in node_labels and where_labels.get(key) == node_labels[key] and _term_selects(term, pod, other):
-                return "node(s) didn't match pod anti-affinity rules"
-        for term in theirs:
-            key = term.get("topologyKey", "")
-            if key in node_labels and where_labels.get(key) == node_labels[key] and _term_selects(term, other, pod):
-                return "node(s) didn't satisfy existing pods anti-affinity rules"
-    return ""
+            if _term_selects(term, pod, other):
+                rules.append(("node(s) didn't match pod anti-affinity rules", term.get("topologyKey", ""), where))
+        for term in anti_affinity_terms(other):
+            if _term_selects(term, other, pod):
+                rules.append(("node(s) didn't satisfy existing pods anti-affinity rules", term.get("topologyKey", ""),
+                              where))
+    return rules
 
 
 def tolerates(tolerations: list[dict[str, Any]] | None, taint: dict[str, Any]) -> bool:
@@ -612,10 +608,11 @@ class SimCluster:
         return alloc - self._used_by_node().get(node["metadata"]["name"], 0)
 
     def _feasible(self, pod: dict[str, Any], node: dict[str, Any], free: dict[str, int],
-                  wants: dict[str, int] | None = None, placed: list[tuple[dict[str, Any], str]] | None = None) -> str:
+                  wants: dict[str, int] | None = None, rules: list[tuple[str, str, str]] | None = None,
+                  labels_of: dict[str, dict[str, str]] | None = None) -> str:
         """'' if the pod fits the node, else the scheduler's reason. `free`: the node's unrequested
-        extended resources; `placed`: the bound unfinished pods with the node each is on (needed
-        only when a pod has required anti-affinity)."""
+        extended resources; `rules`: the pod's anti-affinity rules (anti_affinity_rules), with
+        `labels_of` each node's labels."""
         if not is_ready(node):
             return "node(s) were not ready"
         tol = pod["spec"].get("tolerations")
@@ -633,13 +630,11 @@ class SimCluster:
         for res, n in (extended_requests(pod) if wants is None else wants).items():
             if n > free.get(res, 0):
                 return f"Insufficient {res}"
-        if placed is not None:
-            return anti_affinity_conflict(pod, node, placed, self._node_labels)
+        labels = node["metadata"].get("labels") or {}
+        for reason, key, where in rules or ():
+            if key in labels and (labels_of or {}).get(where, {}).get(key) == labels[key]:
+                return reason
         return ""
-
-    def _node_labels(self, name: str) -> dict[str, str]:
-        node = self.store.peek("nodes", None, name)
-        return (node["metadata"].get("labels") or {}) if node else {}
 
     def _schedule(self, now: float) -> None:
         pending = [p for p in self.store.iter("pods")
@@ -653,15 +648,18 @@ class SimCluster:
                 for n in nodes}
         # Inter-pod anti-affinity is looked at only when some pod asks for it (a large fleet steps fast).
         placed: list[tuple[dict[str, Any], str]] | None = None
+        labels_of: dict[str, dict[str, str]] = {}
         if any(anti_affinity_terms(p) for p in self.store.iter("pods")):
             placed = [(p, p["spec"]["nodeName"]) for p in self.store.iter("pods")
                       if p["spec"].get("nodeName") and p["status"].get("phase") not in TERMINAL]
+            labels_of = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in nodes}
         for pod in sorted(pending, key=lambda p: p["metadata"]["creationTimestamp"]):
             reasons: dict[str, int] = {}
             fits = []
             wants = extended_requests(pod)
+            rules = anti_affinity_rules(pod, placed) if placed is not None else None
             for n in nodes:
-                why = self._feasible(pod, n, free[n["metadata"]["name"]], wants, placed)
+                why = self._feasible(pod, n, free[n["metadata"]["name"]], wants, rules, labels_of)
                 if why:
                     reasons[why] = reasons.get(why, 0) + 1
                 else:
