@@ -140,8 +140,8 @@ def extended_requests(pod: dict[str, Any]) -> dict[str, int]:
         res = c.get("resources") or {}
         asked = {**(res.get("limits") or {}), **(res.get("requests") or {})}
         for name, val in asked.items():
-            if "/" in name and not name.startswith(("kubernetes.io/", "requests.")):
-                total[name] = total.get(name, 0) + int(val or 0)
+            if "/" in name and not name.startswith("kubernetes.io/") and str(val or 0).isdigit():
+                total[name] = total.get(name, 0) + int(val or 0)  # the apiserver admits only integers here
     return {k: v for k, v in sorted(total.items(), key=lambda kv: (kv[0] != GPU, kv[0])) if v}
 
 
