@@ -120,3 +120,31 @@ def test_dcgm_failure_per_gpu_reaches_the_dcgm_parser() -> None:
     code, out = dcgm_output(fleet.nodes[0], 3)
     r = dcgm.parse(out, "n-00", 0.0, exit_code=code, expect_gpus=8)
     assert {(c.name, c.gpu) for c in r.checks if c.status == "fail"} == {("dcgm.memory_bandwidth", 4)}
+
+
+FABRIC_FAULTS: list[dict[str, Any]] = [{"link_degraded": 0.4}, {"port_flapping": True}, {"path_mtu": {"eth0": 1500}},
+                                       {"gpudirect_off": True}, {"fabric_corrupt": True}]
+
+
+@pytest.mark.parametrize("faults", FABRIC_FAULTS, ids=lambda f: next(iter(f)))
+def test_fabric_faults_are_invisible_to_single_node_checks(faults: dict[str, Any]) -> None:
+    """What a pair sweep is for: these faults show only between two nodes (tests/test_sim_fabric.py)."""
+    r = check_node("p5.48xlarge", faults)
+    assert r.status == "pass", [(c.name, c.message) for c in r.checks if c.status != "pass"]
+
+
+def test_fabric_fault_values_are_checked_by_the_fleet_loader() -> None:
+    from sweeper.schema import ConfigProblems
+
+    def problems(faults: dict[str, Any]) -> list[str]:
+        with pytest.raises(ConfigProblems) as exc:
+            parse_fleet({"node_groups": [{"name_prefix": "n-", "count": 1}], "faults": {"n-00": faults}})
+        return exc.value.problems
+
+    assert problems({"link_degraded": 1.5})[0].startswith("fleet:")
+    assert "faults.n-00.link_degraded" in problems({"link_degraded": 1.5})[0]
+    assert "faults.n-00.path_mtu" in problems({"path_mtu": {"eth0": 9}})[0]
+    assert "faults.n-00.port_flapping" in problems({"port_flapping": "often"})[0]
+    fleet = parse_fleet({"node_groups": [{"name_prefix": "n-", "count": 1}],
+                         "faults": {"n-00": {"path_mtu": {"eth0": 1500}, "link_degraded": 0.5}}})
+    assert fleet.nodes[0].faults.path_mtu == {"eth0": 1500} and fleet.nodes[0].faults.link_degraded == 0.5

@@ -140,8 +140,8 @@ def extended_requests(pod: dict[str, Any]) -> dict[str, int]:
         res = c.get("resources") or {}
         asked = {**(res.get("limits") or {}), **(res.get("requests") or {})}
         for name, val in asked.items():
-            if "/" in name and not name.startswith(("kubernetes.io/", "requests.")):
-                total[name] = total.get(name, 0) + int(val or 0)
+            if "/" in name and not name.startswith("kubernetes.io/") and str(val or 0).isdigit():
+                total[name] = total.get(name, 0) + int(val or 0)  # the apiserver admits only integers here
     return {k: v for k, v in sorted(total.items(), key=lambda kv: (kv[0] != GPU, kv[0])) if v}
 
 
@@ -180,29 +180,25 @@ def _term_selects(term: dict[str, Any], owner: dict[str, Any], other: dict[str, 
     return selector_matches(term.get("labelSelector"), other["metadata"].get("labels") or {})
 
 
-def anti_affinity_conflict(pod: dict[str, Any], node: dict[str, Any], placed: list[tuple[dict[str, Any], str]],
-                           labels_of: Any) -> str:
-    """The scheduler's InterPodAffinity filter for required anti-affinity, both ways: the pod's
-    own terms against pods already in the node's topology domain, and placed pods' terms against
-    the pod. https://kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node/#inter-pod-affinity-and-anti-affinity"""
-    node_labels = node["metadata"].get("labels") or {}
+def anti_affinity_rules(pod: dict[str, Any], placed: list[tuple[dict[str, Any], str]]) -> list[tuple[str, str, str]]:
+    """The scheduler's InterPodAffinity filter for required anti-affinity, both ways, as
+    (reason, topology key, node of a placed pod): the pod's own terms that select a placed pod,
+    and placed pods' terms that select the pod. A node in the same topology domain as such a node
+    is refused with that reason. Worked out once per pod, so a large fleet is not walked per node.
+    https://kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node/#inter-pod-affinity-and-anti-affinity"""
+    rules = []
     own = anti_affinity_terms(pod)
     for other, where in placed:
         if other is pod:
             continue
-        theirs = anti_affinity_terms(other)
-        if not own and not theirs:
-            continue
-        where_labels = node_labels if where == node["metadata"]["name"] else labels_of(where)
         for term in own:
-            key = term.get("topologyKey", "")
-            if key in node_labels and where_labels.get(key) == node_labels[key] and _term_selects(term, pod, other):
-                return "node(s) didn't match pod anti-affinity rules"
-        for term in theirs:
-            key = term.get("topologyKey", "")
-            if key in node_labels and where_labels.get(key) == node_labels[key] and _term_selects(term, other, pod):
-                return "node(s) didn't satisfy existing pods anti-affinity rules"
-    return ""
+            if _term_selects(term, pod, other):
+                rules.append(("node(s) didn't match pod anti-affinity rules", term.get("topologyKey", ""), where))
+        for term in anti_affinity_terms(other):
+            if _term_selects(term, other, pod):
+                rules.append(("node(s) didn't satisfy existing pods anti-affinity rules", term.get("topologyKey", ""),
+                              where))
+    return rules
 
 
 def tolerates(tolerations: list[dict[str, Any]] | None, taint: dict[str, Any]) -> bool:
@@ -612,10 +608,11 @@ class SimCluster:
         return alloc - self._used_by_node().get(node["metadata"]["name"], 0)
 
     def _feasible(self, pod: dict[str, Any], node: dict[str, Any], free: dict[str, int],
-                  wants: dict[str, int] | None = None, placed: list[tuple[dict[str, Any], str]] | None = None) -> str:
+                  wants: dict[str, int] | None = None, rules: list[tuple[str, str, str]] | None = None,
+                  labels_of: dict[str, dict[str, str]] | None = None) -> str:
         """'' if the pod fits the node, else the scheduler's reason. `free`: the node's unrequested
-        extended resources; `placed`: the bound unfinished pods with the node each is on (needed
-        only when a pod has required anti-affinity)."""
+        extended resources; `rules`: the pod's anti-affinity rules (anti_affinity_rules), with
+        `labels_of` each node's labels."""
         if not is_ready(node):
             return "node(s) were not ready"
         tol = pod["spec"].get("tolerations")
@@ -633,13 +630,11 @@ class SimCluster:
         for res, n in (extended_requests(pod) if wants is None else wants).items():
             if n > free.get(res, 0):
                 return f"Insufficient {res}"
-        if placed is not None:
-            return anti_affinity_conflict(pod, node, placed, self._node_labels)
+        labels = node["metadata"].get("labels") or {}
+        for reason, key, where in rules or ():
+            if key in labels and (labels_of or {}).get(where, {}).get(key) == labels[key]:
+                return reason
         return ""
-
-    def _node_labels(self, name: str) -> dict[str, str]:
-        node = self.store.peek("nodes", None, name)
-        return (node["metadata"].get("labels") or {}) if node else {}
 
     def _schedule(self, now: float) -> None:
         pending = [p for p in self.store.iter("pods")
@@ -653,15 +648,18 @@ class SimCluster:
                 for n in nodes}
         # Inter-pod anti-affinity is looked at only when some pod asks for it (a large fleet steps fast).
         placed: list[tuple[dict[str, Any], str]] | None = None
+        labels_of: dict[str, dict[str, str]] = {}
         if any(anti_affinity_terms(p) for p in self.store.iter("pods")):
             placed = [(p, p["spec"]["nodeName"]) for p in self.store.iter("pods")
                       if p["spec"].get("nodeName") and p["status"].get("phase") not in TERMINAL]
+            labels_of = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in nodes}
         for pod in sorted(pending, key=lambda p: p["metadata"]["creationTimestamp"]):
             reasons: dict[str, int] = {}
             fits = []
             wants = extended_requests(pod)
+            rules = anti_affinity_rules(pod, placed) if placed is not None else None
             for n in nodes:
-                why = self._feasible(pod, n, free[n["metadata"]["name"]], wants, placed)
+                why = self._feasible(pod, n, free[n["metadata"]["name"]], wants, rules, labels_of)
                 if why:
                     reasons[why] = reasons.get(why, 0) + 1
                 else:
@@ -998,8 +996,7 @@ class SimCluster:
                 timeout = tools.RDZV_TIMEOUT
             if now < self._started_at(pod) + timeout:
                 return
-            rng = random.Random(f"{self.fleet.seed}/rdzv/{key[1]}")
-            exit_code, log = 2, self._pair_probes(pod, node_name, None, rng) + tools.rendezvous_timeout()
+            exit_code, log = 2, tools.rendezvous_timeout(self._peer_name(pod), timeout, completion_index(pod) or 0)
         self.logs[key] = log
         self.store.mutate("pods", *key, partial(self._terminate, now=now, exit_code=exit_code,
                                                 reason="Completed" if exit_code == 0 else "Error", message="",
@@ -1039,7 +1036,8 @@ class SimCluster:
         if (env.get("PAIR_GPUS") or "").isdigit():
             gpus = int(env["PAIR_GPUS"])
         stop_at = 2 ** rng.randint(20, max(20, max_bytes.bit_length() - 1)) if aborted else None
-        table, _ = tools.pair_table((nodes[0], nodes[1]), hws[0]["model"], max(gpus, 1), busbw, max_bytes, rng,
+        hosts = [p["spec"].get("hostname") or p["metadata"]["name"] for p in pods]
+        table, _ = tools.pair_table((hosts[0], hosts[1]), hws[0]["model"], max(gpus, 1), busbw, max_bytes, rng,
                                     wrong=any(s.faults.fabric_corrupt for s in specs), stop_at=stop_at)
         finish = self._started_at(max(pods, key=self._started_at)) + tools.NCCL_PAIR_SECONDS * (
             rng.uniform(0.3, 0.8) if aborted else 1.0)
@@ -1056,6 +1054,17 @@ class SimCluster:
             out[i] = (finish, 1 if aborted else 0, log)
         return out
 
+    def _peer_name(self, pod: dict[str, Any]) -> str:
+        """The other index's DNS name through the headless Service, as the program works it out:
+        PAIR_PEER if set, else <job>-<other index>.<subdomain> (one pod template serves both
+        indexes, so it cannot name the peer itself)."""
+        env = self._env(pod)
+        if env.get("PAIR_PEER") and "$(" not in env["PAIR_PEER"]:
+            return env["PAIR_PEER"]
+        job = env.get("PAIR_JOB") or (pod["metadata"].get("labels") or {}).get("job-name", "")
+        sub = env.get("PAIR_SERVICE") or pod["spec"].get("subdomain")
+        return f"{job}-{1 - (completion_index(pod) or 0)}" + (f".{sub}" if sub else "")
+
     def _pair_probes(self, pod: dict[str, Any], node_name: str, peer: dict[str, Any] | None, rng: Any) -> str:
         """The path-MTU probes toward the peer, one per PAIR_IFACES interface: the local interface's
         MTU is this node's (the `mtu` fault), the path's the smaller `path_mtu` of the two nodes."""
@@ -1066,17 +1075,13 @@ class SimCluster:
             mtu = int(env.get("PAIR_MTU") or tools.IFACE_MTU.get(hw["nic"], 1500))
         except ValueError:
             mtu = 1500
-        peer_name = env.get("PAIR_PEER", "")
-        if not peer_name or "$(" in peer_name:
-            # One pod template cannot name a different peer per index: the program then takes the
-            # other index's stable DNS name, <job>-<index>.<subdomain>.
-            job = (pod["metadata"].get("labels") or {}).get("job-name", "")
-            sub = pod["spec"].get("subdomain")
-            peer_name = f"{job}-{1 - (completion_index(pod) or 0)}" + (f".{sub}" if sub else "")
+        peer_name = self._peer_name(pod)
         peer_ip = peer["status"].get("podIP") if peer is not None else None
         peer_spec = self.specs.get(peer["spec"].get("nodeName", "")) if peer is not None else None
         out = []
-        for iface in (env.get("PAIR_IFACES") or "eth0").split():
+        if not env.get("PAIR_MTU"):
+            return ""  # no MTU to probe: the program skips the probes
+        for iface in env.get("PAIR_IFACES", "").split():
             limits = [s.faults.path_mtu[iface] for s in (spec, peer_spec) if s is not None and iface in s.faults.path_mtu]
             code, text = tools.ping_probe(iface, mtu, peer_name, peer_ip, pod["status"].get("podIP", "10.1.0.1"),
                                           spec.faults.mtu or tools.IFACE_MTU.get(hw["nic"], 1500),

@@ -175,18 +175,17 @@ def parse_bytes(text: str | None, default: int = 8 * 1024 ** 3) -> int:
 
 def pair_table(hosts: tuple[str, str], model: str, gpus: int, busbw: float, max_bytes: int, rng: Any,
                wrong: bool = False, stop_at: int | None = None) -> tuple[str, int]:
-    """Rank 0's all_reduce table over both nodes (nGpus 1 per process, 2 x `gpus` ranks): the bus
-    bandwidth at the largest size is `busbw`, smaller sizes pay a fixed latency. With `wrong`,
-    the larger sizes count wrong elements. With `stop_at`, the table ends before that size (the
-    run aborted). Returns the text and how many results were wrong."""
+    """Rank 0's all-reduce table as the pair image's allreduce_bench.py prints it, in nccl-tests'
+    shape: one process per GPU (nGpus 1), 2 x `gpus` ranks named by their pods' hostnames; the bus
+    bandwidth at the largest size is `busbw`, smaller sizes pay a fixed latency. With `wrong`, the
+    larger sizes count wrong elements. With `stop_at`, the table ends before that size (the run
+    aborted). Returns the text and how many values were wrong."""
     ranks = 2 * gpus
-    lines = ["# nccl-tests version 2.16.9 nccl-headers=22707 nccl-library=22707",
-             "# Collective test starting: all_reduce_perf",
-             f"# nThread 1 nGpus 1 minBytes 8 maxBytes {max_bytes} step: 2(factor) warmup iters: 5 iters: 20 "
-             "agg iters: 1 validation: 1 graph: 0 unalign: 0", "#", "# Using devices"]
+    lines = [f"# nThread 1 nGpus 1 minBytes 8 maxBytes {max_bytes} step: 2(factor) warmup iters: 5 iters: 20 "
+             "agg iters: 1 validation: 1 graph: 0", "#", "# Using devices"]
     for r in range(ranks):
         host, g = hosts[r // gpus], r % gpus
-        lines.append(f"#  Rank {r:2d} Group  0 Pid {52100 + r:6d} on {host:>14} device {g:2d} "
+        lines.append(f"#  Rank {r:2d} Group  0 Pid {52100 + r:6d} on {host:>10} device {g:2d} "
                      f"[0000:{0x18 + g * 16:02x}:00] {model}")
     lines += ["#", "#" + " " * 62 + "out-of-place" + " " * 23 + "in-place",
               "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw"
@@ -205,15 +204,14 @@ def pair_table(hosts: tuple[str, str], model: str, gpus: int, busbw: float, max_
             t = (latency + max(0.0, t_max - latency) * size / max_bytes) * rng.uniform(0.995, 1.005)
             algbw = size / (t * 1e3)
             bad = rng.randint(1, max(1, size // 4 // 100_000)) if wrong and size >= 1024 ** 2 else 0
-            errors += bool(bad)
-            cols.append(f"{t:8.1f}  {algbw:6.2f}  {algbw * factor:6.2f}  {bad:6d}")
+            errors += bad
+            cols.append(f"{t:8.2f}  {algbw:6.2f}  {algbw * factor:6.2f}  {bad:6d}")
             total += algbw * factor
             n += 1
-        lines.append(f"{size:12d}  {size // 4:12d}     float     sum      -1 " + " ".join(cols))
+        lines.append(f"{size:12d}  {size // 4:12d}     float     sum      -1  {cols[0]}  {cols[1]}")
         size *= 2
     lines += [f"# Out of bounds values : {errors} {'FAILED' if errors else 'OK'}",
-              f"# Avg bus bandwidth    : {total / max(n, 1):.4f}", "#", "# Collective test concluded: all_reduce_perf",
-              ""]
+              f"# Avg bus bandwidth    : {total / max(n, 1):g}", "#", ""]
     return "\n".join(lines), errors
 
 
@@ -241,16 +239,8 @@ def net_error(nic: str, host: str, gpu: int, peer_ip: str) -> str:
             "allreduce_bench.py FAILED\n")
 
 
-def rendezvous_timeout() -> str:
-    """torchrun's end when the other node never joins the c10d rendezvous within its join timeout:
-    dynamic_rendezvous raises RendezvousTimeoutError with no message of its own."""
-    return ("Traceback (most recent call last):\n"
-            '  File "/usr/local/bin/torchrun", line 8, in <module>\n'
-            "    sys.exit(main())\n"
-            '  File "/usr/local/lib/python3.12/dist-packages/torch/distributed/elastic/rendezvous/'
-            'dynamic_rendezvous.py", line 1155, in next_rendezvous\n'
-            "    self._op_executor.run(join_op, deadline, self._get_deadline)\n"
-            '  File "/usr/local/lib/python3.12/dist-packages/torch/distributed/elastic/rendezvous/'
-            'dynamic_rendezvous.py", line 676, in run\n'
-            "    raise RendezvousTimeoutError\n"
-            "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError\n")
+def rendezvous_timeout(peer: str, timeout: float, rank: int) -> str:
+    """What the pair program prints when its peer's DNS name (published once the peer pod has an
+    address) never appears within the rendezvous timeout: torch's RendezvousTimeoutError, by name."""
+    return (f"torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError: the peer {peer} never came within "
+            f"{int(timeout)}s (pair-allreduce, rank {rank})\n")
