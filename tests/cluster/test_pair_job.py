@@ -25,10 +25,13 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 P5 = load_profile(ROOT / "profiles" / "p5.48xlarge.yaml").as_vars()
 
 
+ND = load_profile(ROOT / "profiles" / "azure-nd-h100-v5.yaml").as_vars()
+
+
 def node_vars(sim: Sim, name: str) -> dict[str, Any]:
     obj = sim.kube.get_node(name)
     return {"name": name, "gpus": 8, "labels": obj["metadata"].get("labels") or {},
-            "annotations": obj["metadata"].get("annotations") or {}, "profile": P5}
+            "annotations": obj["metadata"].get("annotations") or {}, "profile": ND if name.startswith("nd-") else P5}
 
 
 def run_pair(sim: Sim, a: str = "gpu-00", b: str = "gpu-01", cfg: Config = TEST_CONFIG,
@@ -147,4 +150,18 @@ def test_a_stopped_sweep_leaves_the_pair_inconclusive(make_sim: Callable[..., Si
     out, intents = run_pair(sim, cancelled=lambda: True)
     assert out["status"] == "inconclusive" and "stopped" in out["msg"], out
     assert [op for op, phase, _ in intents if phase == "after"][-2:] == ["delete-job", "delete-service"]
+    assert leftovers(sim) == ([], [])
+
+
+def test_an_infiniband_pair_takes_its_hcas_and_has_no_floor_to_meet(make_sim: Callable[..., Sim]) -> None:
+    """Azure ND H100 v5: each pod takes the node's 8 `rdma/ib` devices (AKS's Network Operator
+    names them so: https://azure.github.io/aks-rdma-infiniband/configurations/network-operator);
+    the profile sets no two-node floor, so the bandwidth check is `skip` and the pair passes."""
+    spec = fleet_spec(nodes=0)
+    spec["node_groups"] = [{"name_prefix": "nd-", "count": 2, "instance_type": "Standard_ND96isr_H100_v5", "age": "2d"}]
+    sim = make_sim(spec)
+    out, _ = run_pair(sim, "nd-00", "nd-01")
+    assert out["status"] == "pass", out
+    skipped = [c for c in out["result"]["checks"] if c["status"] == "skip"]
+    assert [c["name"] for c in skipped] == ["pair.nccl"] and out["busbw"] > 0
     assert leftovers(sim) == ([], [])
