@@ -426,5 +426,7 @@ def read_pair(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]], a:
     ifaces = parser_args.get("ifaces", profile.get("fabric_ifaces") or [])
     if isinstance(ifaces, str):
         ifaces = ifaces.split()
+    if mtu in (None, ""):
+        ifaces = []  # no MTU to probe for: pair-allreduce probes nothing, and nothing is expected
     return pair_parser.parse(logs, a, now, partner=b, min_busbw=None if floor in (None, "") else float(floor),
                              mtu=None if mtu in (None, "") else int(mtu), ifaces=list(ifaces), exit_codes=codes)

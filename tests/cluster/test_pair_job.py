@@ -19,23 +19,27 @@ from sweeper.config import Config
 from sweeper.errors import PlaybookError
 from sweeper.history import History
 from sweeper.profiles import load_profile
-from tests.conftest import TEST_CONFIG, Sim, run_sweep
+from tests.conftest import TEST_CONFIG, Sim, fleet_spec, run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 P5 = load_profile(ROOT / "profiles" / "p5.48xlarge.yaml").as_vars()
 
 
+ND = load_profile(ROOT / "profiles" / "azure-nd-h100-v5.yaml").as_vars()
+
+
 def node_vars(sim: Sim, name: str) -> dict[str, Any]:
     obj = sim.kube.get_node(name)
     return {"name": name, "gpus": 8, "labels": obj["metadata"].get("labels") or {},
-            "annotations": obj["metadata"].get("annotations") or {}, "profile": P5}
+            "annotations": obj["metadata"].get("annotations") or {}, "profile": ND if name.startswith("nd-") else P5}
 
 
 def run_pair(sim: Sim, a: str = "gpu-00", b: str = "gpu-01", cfg: Config = TEST_CONFIG,
+             cancelled: Callable[[], bool] = lambda: False,
              **args: Any) -> tuple[dict[str, Any], list[tuple[str, str, str]]]:
     intents: list[tuple[str, str, str]] = []
     ctx = ActionContext(config=cfg, clock=sim.cluster.clock, kube=sim.kube, node=node_vars(sim, a),
-                        partner=node_vars(sim, b), run_id="sw-pair-1",
+                        partner=node_vars(sim, b), run_id="sw-pair-1", cancelled=cancelled,
                         intent=lambda op, phase, detail: intents.append((op, phase, detail)))
     act = load_all()["run_pair_job"]
     out = act.fn(ctx, act.validate({"timeout": "30m", **args}, "test"))
@@ -123,4 +127,41 @@ def test_the_mpijob_template_is_linted_but_not_run(make_sim: Callable[..., Sim])
     sim = make_sim(nodes=2)
     with pytest.raises(PlaybookError, match="MPIJob"):
         run_pair(sim, template="nccl-pair-mpijob.yaml.j2")
+    assert leftovers(sim) == ([], [])
+
+
+def test_an_unpullable_pair_image_is_a_fault_of_the_tool(make_sim: Callable[..., Sim]) -> None:
+    """Both pods wait with ErrImagePull, then ImagePullBackOff
+    (https://kubernetes.io/docs/concepts/containers/images/#imagepullbackoff): `error`, never
+    `fail`, and a fault no pair result may hold against either node."""
+    bad = "ghcr.io/sweeper-dev/nccl-pair:typo"
+    sim = make_sim(fleet_spec(nodes=2, registry={"missing": [bad]}))
+    out, _ = run_pair(sim, vars={"pair_image": bad})
+    assert out["status"] == "error" and out["failed"] is True, out
+    (check,) = out["result"]["checks"]
+    assert (check["name"], check["code"]) == ("check.tool", "ErrImagePull")
+    assert bad in check["message"] and out["busbw"] is None
+    assert leftovers(sim) == ([], [])
+
+
+def test_a_stopped_sweep_leaves_the_pair_inconclusive(make_sim: Callable[..., Sim]) -> None:
+    """SIGTERM mid-pair: no verdict on either node, and nothing left behind."""
+    sim = make_sim(nodes=2)
+    out, intents = run_pair(sim, cancelled=lambda: True)
+    assert out["status"] == "inconclusive" and "stopped" in out["msg"], out
+    assert [op for op, phase, _ in intents if phase == "after"][-2:] == ["delete-job", "delete-service"]
+    assert leftovers(sim) == ([], [])
+
+
+def test_an_infiniband_pair_takes_its_hcas_and_has_no_floor_to_meet(make_sim: Callable[..., Sim]) -> None:
+    """Azure ND H100 v5: each pod takes the node's 8 `rdma/ib` devices (AKS's Network Operator
+    names them so: https://azure.github.io/aks-rdma-infiniband/configurations/network-operator);
+    the profile sets no two-node floor, so the bandwidth check is `skip` and the pair passes."""
+    spec = fleet_spec(nodes=0)
+    spec["node_groups"] = [{"name_prefix": "nd-", "count": 2, "instance_type": "Standard_ND96isr_H100_v5", "age": "2d"}]
+    sim = make_sim(spec)
+    out, _ = run_pair(sim, "nd-00", "nd-01")
+    assert out["status"] == "pass", out
+    skipped = [c for c in out["result"]["checks"] if c["status"] == "skip"]
+    assert [c["name"] for c in skipped] == ["pair.nccl"] and out["busbw"] > 0
     assert leftovers(sim) == ([], [])
