@@ -532,6 +532,33 @@ class History:
         return rows
 
     @_locked
+    def pair_overview(self, since: float, limit: int = 200) -> dict[str, Any]:
+        """The fleet's pair runs since `since`, for the report: counts by mode and status; the
+        latest failed pairs (with each side's profile); the culprits (suspects whose re-pair
+        failed, with the verdict they were held with); and each node that failed pairs, with how
+        many different partners (a failed re-pair counts against its suspect only)."""
+        counts: dict[str, dict[str, int]] = {}
+        for mode, status, n in self.conn.execute("select mode, status, count(*) from pairs where ts >= ? "
+                                                 "group by mode, status", [since]).fetchall():
+            counts.setdefault(mode, {})[status] = n
+        failures = self._query(
+            "select p.ts, p.run_id, p.node, p.partner, p.mode, p.busbw, p.status, p.detail, s.profile "
+            "from pairs p left join node_sweeps s on s.id = p.node_sweep_id "
+            "where p.ts >= ? and p.status = 'fail' order by p.ts desc, p.id desc limit ?", [since, limit])
+        culprits = self._query(
+            "select p.node, p.ts, p.partner, p.busbw, p.detail, s.verdict, s.rules from pairs p "
+            "join (select node, max(ts) as last from pairs where ts >= ? and mode = 'repair' and status = 'fail' "
+            "group by node) l on p.node = l.node and p.ts = l.last and p.mode = 'repair' and p.status = 'fail' "
+            "left join node_sweeps s on s.id = p.node_sweep_id order by p.ts desc", [since])
+        for c in culprits:
+            c["rules"] = json.loads(c["rules"] or "[]")
+        partners = dict(self.conn.execute(
+            "select n, count(distinct other) from (select node as n, partner as other from pairs where ts >= ? "
+            "and status = 'fail' union all select partner, node from pairs where ts >= ? and status = 'fail' "
+            "and mode = 'sweep') group by n", [since, since]).fetchall())
+        return {"counts": counts, "failures": failures, "culprits": culprits, "failed_partners": partners}
+
+    @_locked
     def metric_slopes(self, metric: str, since: float, until: float) -> list[tuple[str, int | None, int, float]]:
         """(node, GPU, readings, least-squares slope per day) of a metric in the window, for every
         node and GPU with two readings or more, computed in SQLite (a fleet's worth of rows never

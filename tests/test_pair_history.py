@@ -17,7 +17,7 @@ from sweeper.cli import main
 from sweeper.history import History
 from sweeper.policy import Policy, decide, load_policy, pair_rule, parse_policy
 from sweeper.result import CheckResult, Metric, Result
-from tests.weeks import ROOT
+from tests.weeks import ROOT, record_pair
 
 SHIPPED = load_policy(ROOT / "policies" / "default.yaml")
 
@@ -33,16 +33,8 @@ def h(tmp_path: Path) -> History:
 
 def pair(h: History, ts: float, a: str, b: str, status: str, mode: str = "sweep", busbw: float | None = 180.0,
          detail: str = "", run: str = "r1") -> int:
-    """One pair run as the engine records it: a sweep row each side (kind pair), then the pair row."""
-    verdicts = {"pass": "pass", "warn": "warn", "error": "error"}
-    ids = []
-    for n in (a, b):
-        sid = h.sweep_started(run, n, ts - 600, "pair-fabric", "p5.48xlarge", kind="pair")
-        if status in verdicts:
-            h.result(sid, Result(n, "nccl-pair", ts - 600, ts - 60, (CheckResult("pair.nccl", status, detail),)))
-        h.sweep_finished(sid, ts, verdicts.get(status, "inconclusive"), [detail or status])
-        ids.append(sid)
-    return h.pair_result(run, ts, a, b, status, mode, busbw, detail, (ids[0], ids[1]))
+    """One pair run recorded at `ts` (tests/weeks.py: the pair's row a minute before its sweeps end)."""
+    return record_pair(h, ts + 60, a, b, status, mode, busbw, detail, run)
 
 
 def test_pair_results_are_read_from_either_side_oldest_first(h: History) -> None:
@@ -94,7 +86,7 @@ def test_pair_sweeps_count_as_sweeps_of_the_node(h: History) -> None:
     the history rules); the inconclusive rows of a failed pair, waiting for its re-pair, are not."""
     pair(h, T0, "a", "b", "pass")
     pair(h, T0 + HOUR, "c", "d", "fail")
-    assert h.last_swept() == {"a": T0 - 600, "b": T0 - 600}
+    assert h.last_swept() == {"a": T0 - 540, "b": T0 - 540}
     assert [s["verdict"] for s in h.sweeps("a", T0 - DAY, T0 + DAY)] == ["pass"]
     assert h.sweeps("c", T0 - DAY, T0 + DAY) == []
     assert {r["node"] for r in h.fleet()} == {"a", "b", "c", "d"}
