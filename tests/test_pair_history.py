@@ -5,6 +5,7 @@ section of `sweeper history` and of the report."""
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import replace
 from pathlib import Path
 
@@ -79,6 +80,29 @@ def test_an_inconclusive_repair_leaves_the_suspect_waiting(h: History) -> None:
     pair(h, T0 + HOUR, "s", "k", "inconclusive", mode="repair")  # k was taken by a workload
     assert h.pair_suspects(T0 - 1) == {"s": "t", "t": "s"}
     assert h.pair_suspects(T0 + 1) == {}, "a failure older than the window is forgotten"
+
+
+def test_known_good_and_suspects_agree_with_every_pair_read_in_order(h: History) -> None:
+    """What is kept as pairs are written (each node's latest conclusive result) is what reading
+    every pair of the window in time order gives, whatever order they were written in and with
+    pairs that end at the same second (the one written later is the later)."""
+    rng = random.Random(7)
+    nodes = [f"n{i}" for i in range(12)]
+    written = []
+    for i in range(400):
+        a, b = rng.sample(nodes, 2)
+        ts = T0 + rng.randrange(0, 200) * 60.0  # out of order, and many at the same minute
+        status = rng.choice(["pass", "pass", "warn", "fail", "fail", "error", "inconclusive"])
+        mode = rng.choice(["sweep", "sweep", "repair"])
+        h.pair_result("r", ts, a, b, status, mode, None, "")
+        written.append((ts, i, a, b, status, mode))
+    for since in (T0, T0 + 100 * 60.0, T0 + 190 * 60.0):
+        latest: dict[str, tuple[str, str, str]] = {}
+        for ts, _i, a, b, status, mode in sorted(written):
+            if ts >= since and status in ("pass", "warn", "fail"):
+                latest[a], latest[b] = (status, mode, b), (status, mode, a)
+        assert h.known_good(since) == {n for n, (st, _, _) in latest.items() if st in ("pass", "warn")}
+        assert h.pair_suspects(since) == {n: p for n, (st, m, p) in latest.items() if st == "fail" and m == "sweep"}
 
 
 def test_pair_sweeps_count_as_sweeps_of_the_node(h: History) -> None:
