@@ -220,6 +220,9 @@ def test_backtest_replays_pair_decisions(h: History, tmp_path: Path) -> None:
     got = [(d.node, d.partner, d.mode, d.recorded, d.replayed, tuple(d.rules)) for d in bt.pair_changes()]
     assert got == [("s", "p2", "sweep", "inconclusive", "quarantine", ("two-partners",)),
                    ("s", "k", "repair", "quarantine", "replace", ("two-partners",))]
+    warn = replace(stricter, pair_failures=(replace(stricter.pair_failures[0], then="warn"),))
+    assert [(d.node, d.mode, d.replayed) for d in backtest(h, warn, 0.0).pair_changes()] == [
+        ("s", "repair", "replace")], "a rule that only warns leaves a failed pair waiting for its re-pair"
     # p1 and p2 failed with s alone: they waited for their re-pair under either policy
     assert {d.node: d.replayed for d in bt.decisions if d.node in ("p1", "p2")} == {
         "p1": "inconclusive", "p2": "inconclusive"}
