@@ -76,14 +76,14 @@ def m004_policy(db: Database) -> None:
 def m005_pairs(db: Database) -> None:
     # One row a pair run: node A and partner B (in a re-pair: the suspect and its known-good
     # partner), the pair's status, its mode (sweep | repair), the bus bandwidth and each side's
-    # sweep row. Read from either side, by time: the indexes serve one node's rows and the
-    # fleet's latest rows in a window.
+    # sweep row. Read from either side, by time: the indexes serve one node's rows, and the
+    # fleet's pairs of one status and mode in a window (failures are few among many passes).
     db.table("pairs").create({"id": int, "run_id": str, "ts": float, "node": str, "partner": str, "status": str,
                               "mode": str, "busbw": float, "detail": str, "node_sweep_id": int,
                               "partner_sweep_id": int}, pk="id")
     db.table("pairs").create_index(["node", "ts"])
     db.table("pairs").create_index(["partner", "ts"])
-    db.table("pairs").create_index(["ts"])
+    db.table("pairs").create_index(["status", "mode", "ts"])
     db.table("pairs").create_index(["node_sweep_id"])
     db.table("pairs").create_index(["partner_sweep_id"])
     # Each node's latest conclusive pair result (pass, warn or fail), kept as pairs are written, so
@@ -550,24 +550,29 @@ class History:
         failed, with the verdict they were held with); and each node that failed pairs, with how
         many different partners (a failed re-pair counts against its suspect only)."""
         counts: dict[str, dict[str, int]] = {}
-        for mode, status, n in self.conn.execute("select mode, status, count(*) from pairs where ts >= ? "
-                                                 "group by mode, status", [since]).fetchall():
-            counts.setdefault(mode, {})[status] = n
+        for status in (*CONCLUSIVE_PAIRS, "error", "inconclusive"):  # one index range each
+            for mode in ("sweep", "repair"):
+                n = self.conn.execute("select count(*) from pairs where status = ? and mode = ? and ts >= ?",
+                                      [status, mode, since]).fetchone()[0]
+                if n:
+                    counts.setdefault(mode, {})[status] = n
         failures = self._query(
             "select p.ts, p.run_id, p.node, p.partner, p.mode, p.busbw, p.status, p.detail, s.profile "
             "from pairs p left join node_sweeps s on s.id = p.node_sweep_id "
-            "where p.ts >= ? and p.status = 'fail' order by p.ts desc, p.id desc limit ?", [since, limit])
-        culprits = self._query(
-            "select p.node, p.ts, p.partner, p.busbw, p.detail, s.verdict, s.rules from pairs p "
-            "join (select node, max(ts) as last from pairs where ts >= ? and mode = 'repair' and status = 'fail' "
-            "group by node) l on p.node = l.node and p.ts = l.last and p.mode = 'repair' and p.status = 'fail' "
-            "left join node_sweeps s on s.id = p.node_sweep_id order by p.ts desc", [since])
+            "where p.status = 'fail' and p.mode in ('sweep', 'repair') and p.ts >= ? "
+            "order by p.ts desc, p.id desc limit ?", [since, limit])
+        latest: dict[str, dict[str, Any]] = {}  # the failed re-pairs are few: the latest per node in Python
+        for c in self._query("select p.node, p.ts, p.partner, p.busbw, p.detail, s.verdict, s.rules from pairs p "
+                             "left join node_sweeps s on s.id = p.node_sweep_id where p.status = 'fail' "
+                             "and p.mode = 'repair' and p.ts >= ? order by p.ts, p.id", [since]):
+            latest[c["node"]] = c
+        culprits = sorted(latest.values(), key=lambda c: -c["ts"])
         for c in culprits:
             c["rules"] = json.loads(c["rules"] or "[]")
         partners = dict(self.conn.execute(
-            "select n, count(distinct other) from (select node as n, partner as other from pairs where ts >= ? "
-            "and status = 'fail' union all select partner, node from pairs where ts >= ? and status = 'fail' "
-            "and mode = 'sweep') group by n", [since, since]).fetchall())
+            "select n, count(distinct other) from (select node as n, partner as other from pairs where status = 'fail' "
+            "and mode in ('sweep', 'repair') and ts >= ? union all select partner, node from pairs "
+            "where status = 'fail' and mode = 'sweep' and ts >= ?) group by n", [since, since]).fetchall())
         return {"counts": counts, "failures": failures, "culprits": culprits, "failed_partners": partners}
 
     @_locked

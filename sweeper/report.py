@@ -28,6 +28,7 @@ BANDWIDTH = "nccl.busbw_largest"
 MAX_TIMELINE_NODES = 400
 MAX_NODE_PAGES = 100
 MAX_TREND_CARDS = 12
+MAX_PAIR_ROWS = 50
 
 
 @dataclass
@@ -447,6 +448,11 @@ def _gbps(value: float | None) -> str:
     return "" if value is None else f"{value:.1f}"
 
 
+def _more(total: int, what: str) -> str:
+    more = total - MAX_PAIR_ROWS
+    return f"<p class=note>and {more} more {what} (<code>sweeper history NODE</code>)</p>" if more > 0 else ""
+
+
 def _pairs(data: ReportData, pages: set[str]) -> str:
     """Pair runs in the window: how many ended how, the culprits found by a re-pair, the nodes
     still waiting for one, the nodes that failed with several partners, and the latest failures."""
@@ -469,26 +475,27 @@ def _pairs(data: ReportData, pages: set[str]) -> str:
             f"<td>{_node_link(c['partner'], pages)}</td><td>{_gbps(c['busbw'])}</td>"
             f"<td><b style='color:{COLORS.get(c['verdict'] or '', '#999')}'>{_esc(c['verdict'] or 'unfinished')}</b>"
             f"</td><td>{_esc(', '.join(c['rules']))}</td><td>{_esc((c['detail'] or '')[:300])}</td></tr>"
-            for c in culprits)
+            for c in culprits[:MAX_PAIR_ROWS])
         parts.append("<table class=pair-culprits><thead><tr><th>node</th><th>when</th><th>known-good partner</th>"
                      "<th>bus bandwidth GB/s</th><th>verdict</th><th>rule</th><th>detail</th></tr></thead>"
-                     f"<tbody>{rows}</tbody></table>")
+                     f"<tbody>{rows}</tbody></table>" + _more(len(culprits), "culprits"))
     else:
         parts.append("<p class=empty>No re-pair failed.</p>")
     if data.suspects:
         rows = "".join(f"<tr data-node='{_esc(n)}'><td>{_node_link(n, pages)}</td><td>{_node_link(p, pages)}</td></tr>"
-                       for n, p in sorted(data.suspects.items()))
+                       for n, p in sorted(data.suspects.items())[:MAX_PAIR_ROWS])
         parts.append("<h3>Waiting for a re-pair</h3><p class=note>their latest pair failed; no known-good partner "
                      "has judged them yet</p><table class=pair-suspects><thead><tr><th>node</th><th>failed with"
-                     f"</th></tr></thead><tbody>{rows}</tbody></table>")
+                     f"</th></tr></thead><tbody>{rows}</tbody></table>" + _more(len(data.suspects), "nodes waiting"))
     many = sorted(((n, k) for n, k in (data.pairs.get("failed_partners") or {}).items() if k > 1),
                   key=lambda nk: (-nk[1], nk[0]))
     if many:
         rows = "".join(f"<tr data-node='{_esc(n)}'><td>{_node_link(n, pages)}</td><td>{k}</td></tr>"
-                       for n, k in many[:50])
+                       for n, k in many[:MAX_PAIR_ROWS])
         parts.append("<h3>Failed with several partners</h3><table class=pair-partners><thead><tr><th>node</th>"
-                     f"<th>different partners failed with</th></tr></thead><tbody>{rows}</tbody></table>")
-    failures = (data.pairs.get("failures") or [])[:50]
+                     f"<th>different partners failed with</th></tr></thead><tbody>{rows}</tbody></table>"
+                     + _more(len(many), "such nodes"))
+    failures = (data.pairs.get("failures") or [])[:MAX_PAIR_ROWS]
     if failures:
         rows = "".join(
             f"<tr><td>{_when(f['ts'])}</td><td>{_node_link(f['node'], pages)}</td>"
