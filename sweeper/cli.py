@@ -362,9 +362,11 @@ def _extra_vars(pairs: tuple[str, ...]) -> dict[str, Any]:
 @main.command("run", epilog=_examples(
     "sweeper run sweep-dcgm.yaml --node gpu-p5-04",
     "sweeper run quarantine-deep.yaml --node gpu-p5-04 -e dcgm_level=4",
-    "sweeper run sweep-light.yaml --node gpu-p5-04 --json"))
+    "sweeper run sweep-light.yaml --node gpu-p5-04 --json",
+    "sweeper run pair-fabric.yaml --node gpu-p5-04 --partner gpu-p5-05"))
 @click.argument("playbook", type=click.Path(dir_okay=False))
 @click.option("--node", help="Target node (node actions need one).")
+@click.option("--partner", help="The second node of a pair playbook (`pair: true`); --node is the first.")
 @click.option("-e", "--extra-vars", "extra", multiple=True, metavar="KEY=VALUE|@FILE",
               help="Variables that override the playbook's (repeatable; values are YAML).")
 @click.option("--tags", help="Run only tasks with these tags (comma-separated).")
@@ -375,13 +377,15 @@ def _extra_vars(pairs: tuple[str, ...]) -> dict[str, Any]:
                    "(a maintenance playbook that means to keep the node out).")
 @click.option("--json", "as_json", is_flag=True, help="Print the per-task outcomes as JSON on stdout.")
 @run_cli
-def run_cmd(playbook: str, node: str | None, extra: tuple[str, ...], tags: str | None, skip_tags: str | None,
-            keep: bool, config_path: str | None, kubeconfig: str | None, context: str | None, state: str,
+def run_cmd(playbook: str, node: str | None, partner: str | None, extra: tuple[str, ...], tags: str | None,
+            skip_tags: str | None, keep: bool, config_path: str | None, kubeconfig: str | None, context: str | None, state: str,
             as_json: bool) -> None:
     """Run one playbook, on one node (--node) or with no target (pure actions only).
 
     What the play tainted or cordoned itself is handed back when it ends without a holding
     verdict (reboot, replace, quarantine): on failure, on SIGTERM, on an undefined variable.
+    A pair playbook (`pair: true`) runs on --node and --partner together; it neither holds nor
+    hands back either node (run it on nodes that are idle, or that Sweeper holds).
     Exit 0 when the play succeeds (a rescued failure counts as success), 1 when it fails,
     2 when the playbook or its variables are invalid.
     """
@@ -408,7 +412,8 @@ def run_cmd(playbook: str, node: str | None, extra: tuple[str, ...], tags: str |
     stop = threading.Event()  # SIGTERM: stop between tasks, run `always`, hand the node back
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        result = run_playbook(path, cfg, kube=kube, node_name=node, extra_vars=_extra_vars(extra),
+        result = run_playbook(path, cfg, kube=kube, node_name=node, partner_name=partner,
+                              extra_vars=_extra_vars(extra),
                               tags=tuple(t for t in (tags or "").split(",") if t),
                               skip_tags=tuple(t for t in (skip_tags or "").split(",") if t),
                               state=state if node else None, on_task=progress, cancelled=stop.is_set,
@@ -468,7 +473,7 @@ def lint_cmd(paths: tuple[str, ...], config_path: str | None, strict: bool, as_j
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--format", "fmt", default="auto", show_default=True,
               type=click.Choice(["auto", "dcgm", "nccl", "kernel-log", "sweeper", "nvidia-smi", "ibv-devinfo", "topo",
-                                 "fi-info"]),
+                                 "fi-info", "ping"]),
               help="What the file holds; auto detects it. nvidia-smi takes both -q and --query-gpu CSV.")
 @click.option("--profile", "profile_name", help="Judge against this hardware profile (GPU count and model, "
               "NVLinks, NICs, NCCL floor); the flags below override it.")

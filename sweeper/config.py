@@ -107,6 +107,12 @@ class Config:
     min_node_age: float = setting(600.0, "a younger node is left alone", duration=True, ge=0)
     interval: float = setting(86400.0, "a node is due again after this long", duration=True, gt=0)
     playbook: str = setting("sweep-light.yaml", "the sweep playbook (in playbooks/)", min_length=1)
+    pair_labels: tuple[str, ...] = setting(
+        ("topology.kubernetes.io/zone", "topology.k8s.aws/network-node-layer-1",
+         "topology.k8s.aws/network-node-layer-2", "topology.k8s.aws/network-node-layer-3"),
+        "a pair playbook pairs nodes of one profile with equal values of these labels (absent on both: equal)")
+    pair_known_good_window: float = setting(7 * 86400.0, "a node whose latest pair passed within this long is a "
+                                            "known-good partner for re-pairing", duration=True, gt=0)
     check_image: str = setting("ghcr.io/sweeper-dev/sweeper:0.1.0", "image of the check Jobs", min_length=1)
     check_timeout: float = setting(900.0, "deadline of a check Job", duration=True, gt=0)
     poll_interval: float = setting(5.0, "how often a running check is looked at when nothing changes (its watch "

@@ -390,12 +390,16 @@ class History:
     def proven_verdict(self, run_id: str, node: str) -> dict[str, Any] | None:
         """The verdict a run's hand-back of a node proves, from the intent log: the hand-back only
         begins once the verdict is reached (`untaint` with `verdict V`, or `keep-held` V), so
-        its first intent is enough. {"verdict", "ts"}, or None."""
+        its first intent is enough. {"verdict", "ts"}, or None. A pair sweep may hold a node again
+        within its run (a re-pair's partner): a new hold starts a new story, so only a hand-back
+        after the run's latest `taint` of the node counts."""
         proven = None
         for r in self._query("select op, phase, ts, detail from intents where run_id = ? and node = ? "
-                               "and op in ('untaint', 'keep-held') order by id", [run_id, node]):
+                               "and op in ('untaint', 'keep-held', 'taint') order by id", [run_id, node]):
             detail = r["detail"] or ""
-            if r["op"] == "keep-held" and detail:
+            if r["op"] == "taint":
+                proven = None
+            elif r["op"] == "keep-held" and detail:
                 proven = {"verdict": detail, "ts": r["ts"]}
             elif r["op"] == "untaint" and detail.startswith("verdict "):
                 proven = {"verdict": detail[len("verdict "):], "ts": r["ts"]}

@@ -9,13 +9,13 @@ from collections.abc import Iterable, Iterator
 from typing import Any, BinaryIO
 
 from sweeper.errors import ConfigError
-from sweeper.parsers import dcgm, fi_info, ibv_devinfo, nccl, nvidia_smi, sweeper_result, topo
+from sweeper.parsers import dcgm, fi_info, ibv_devinfo, nccl, nvidia_smi, ping, sweeper_result, topo
 from sweeper.parsers import kernel_log as kernel_log_format
 from sweeper.parsers.kernel_log import MAX_LINE
 from sweeper.result import CheckResult, Result
 from sweeper.xid import judge_kernel_log
 
-FORMATS = ("auto", "dcgm", "nccl", "kernel-log", "sweeper", "nvidia-smi", "ibv-devinfo", "topo", "fi-info")
+FORMATS = ("auto", "dcgm", "nccl", "kernel-log", "sweeper", "nvidia-smi", "ibv-devinfo", "topo", "fi-info", "ping")
 MAX_INPUT = 64 * 1024 * 1024  # what is read of a file whose format cannot be streamed
 HEAD = 256 * 1024  # what format detection looks at
 
@@ -40,6 +40,8 @@ def detect(text: str) -> str:
         return "ibv-devinfo"
     if fi_info.looks_like(head):
         return "fi-info"
+    if ping.looks_like(head):
+        return "ping"
     raise ConfigError("cannot tell the format of this file; pass --format "
                       + "|".join(f for f in FORMATS if f != "auto"))
 
@@ -126,6 +128,8 @@ def ingest(text: str, node: str, fmt: str, now: float | None = None, **options: 
     if fmt == "fi-info":
         return fmt, fi_info.parse(text, node, now, expect=options.get("expect_nics"),
                                   exit_code=options.get("exit_code"))
+    if fmt == "ping":
+        return fmt, ping.parse(text, node, now, mtu=options.get("mtu"), exit_code=options.get("exit_code"))
     if fmt == "topo":
         return fmt, topo.parse(text, node, now, nvlinks=options.get("nvlinks"),
                                nic_affinity=options.get("nic_affinity") or "")

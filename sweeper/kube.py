@@ -355,6 +355,35 @@ class Kube:
         except NotFound:
             return False
 
+    # -- services ----------------------------------------------------------------
+    # A pair sweep's headless Service gives its two pods stable DNS names
+    # (https://kubernetes.io/docs/tasks/job/job-with-pod-to-pod-communication/).
+    def create_service(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        name = body.get("metadata", {}).get("name", "")
+        try:
+            return self._call(f"create service {namespace}/{name}", lambda: self.core.create_namespaced_service(
+                namespace, body, _preload_content=False), write=True)
+        except AlreadyExists:
+            # A retried create whose first attempt went through: the Service is ours.
+            return self._call(f"get service {namespace}/{name}", lambda: self.core.read_namespaced_service(
+                name, namespace, _preload_content=False))
+
+    def list_services(self, namespace: str | None, label_selector: str) -> list[dict[str, Any]]:
+        if namespace:
+            fn = lambda **kw: self.core.list_namespaced_service(namespace, **kw)  # noqa: E731
+        else:
+            fn = self.core.list_service_for_all_namespaces
+        return list(self._pages("list services", fn, 500, label_selector=label_selector))
+
+    def delete_service(self, namespace: str, name: str) -> bool:
+        """Delete a Service; False when it was already gone."""
+        try:
+            self._call(f"delete service {namespace}/{name}", lambda: self.core.delete_namespaced_service(
+                name, namespace, _preload_content=False), write=True)
+            return True
+        except NotFound:
+            return False
+
     # -- watches -----------------------------------------------------------------
     def _collection(self, plural: str, namespace: str | None) -> Callable[..., Any]:
         if plural == "jobs":

@@ -14,6 +14,7 @@ from jinja2 import TemplateSyntaxError
 from sweeper import profiles
 from sweeper.actions import ActionContext, load_all
 from sweeper.actions.jobs import render_job
+from sweeper.actions.pair import mpijob_pods, render_pair
 from sweeper.config import Config, load_config
 from sweeper.errors import ConfigError, PlaybookError
 from sweeper.playbook.model import Task, load_playbook
@@ -25,7 +26,11 @@ K8S_VERSION = "1.31"
 SAMPLE_NODE = {"name": "ip-10-0-12-34.ec2.internal", "gpus": 8, "uid": "00000000-0000-0000-0000-000000000000",
                "labels": {"kubernetes.io/hostname": "ip-10-0-12-34", "node.kubernetes.io/instance-type": "p5.48xlarge"},
                "annotations": {}, "profile": profiles.Profile("p5.48xlarge", gpus=8, gpu_model="H100", nvlinks=18, nic="efa",
-                                                 nics=32, nccl_busbw_min=460.0).as_vars()}
+                                                 nics=32, nccl_busbw_min=460.0, mtu=9001,
+                                                 fabric_resources={"vpc.amazonaws.com/efa": 32},
+                                                 fabric_ifaces=("eth0",)).as_vars()}
+SAMPLE_PARTNER = {**SAMPLE_NODE, "name": "ip-10-0-12-35.ec2.internal",
+                  "labels": {"kubernetes.io/hostname": "ip-10-0-12-35", "node.kubernetes.io/instance-type": "p5.48xlarge"}}
 
 
 @dataclass
@@ -122,10 +127,10 @@ def lint_playbook(path: Path, cfg: Config) -> list[str]:
         return problems + [_with_line(str(exc), str(path))]
     templates = cfg.path("job-templates")
     for t in pb.all_tasks():
-        if t.action == "run_job":
-            name = t.args.get("template")
+        if t.action in ("run_job", "run_pair_job"):
+            name = t.args.get("template", "nccl-pair.yaml.j2" if t.action == "run_pair_job" else None)
             if isinstance(name, str) and "{{" not in name and not (templates / name).exists():
-                problems.append(f"{t.where}: run_job: template {name!r} not found in {templates}")
+                problems.append(f"{t.where}: {t.action}: template {name!r} not found in {templates}")
     return [_with_line(p, str(path)) for p in problems]
 
 
@@ -165,18 +170,23 @@ def lint_template(path: Path, cfg: Config) -> list[str]:
         return [f"{path}:{exc.lineno}: template syntax error: {exc.message}"]
     ctx = ActionContext(config=Config(template_dir=str(path.parent), check_image=cfg.check_image,
                                       namespace=cfg.namespace, prefix=cfg.prefix),
-                        node=SAMPLE_NODE, run_id="sw-lint-0000")
+                        node=SAMPLE_NODE, partner=SAMPLE_PARTNER, run_id="sw-lint-0000")
     try:
-        job = render_job(ctx, path.name, 900, {})
+        if "pair_affinity" in text:  # a pair template: a Service, then a Job or an MPIJob
+            service, job, _ = render_pair(ctx, path.name, 900, {})
+            docs = [service] + (mpijob_pods(job) if job["kind"] == "MPIJob" else [job])
+        else:
+            docs = [render_job(ctx, path.name, 900, {})]
     except PlaybookError as exc:
         return [_with_line(str(exc), str(path))]
-    try:
-        kubernetes_validate.validate(job, K8S_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as exc:
-        where = ".".join(str(p) for p in exc.path)
-        return [f"{path}:{_line_of(text, exc.path)}: {where or 'the Job'}: {exc.message}"]
-    except (kubernetes_validate.SchemaNotFoundError, kubernetes_validate.InvalidSchemaError) as exc:
-        return [f"{path}:1: cannot validate against Kubernetes {K8S_VERSION}: {exc}"]
+    for doc in docs:
+        try:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            where = ".".join(str(p) for p in exc.path)
+            return [f"{path}:{_line_of(text, exc.path)}: {where or 'the ' + str(doc.get('kind'))}: {exc.message}"]
+        except (kubernetes_validate.SchemaNotFoundError, kubernetes_validate.InvalidSchemaError) as exc:
+            return [f"{path}:1: cannot validate against Kubernetes {K8S_VERSION}: {exc}"]
     return []
 
 

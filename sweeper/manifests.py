@@ -79,8 +79,9 @@ def _job_seconds(tasks: tuple[Task, ...], scope: dict[str, Any]) -> float:
     total = 0.0
     for t in tasks:
         total += _job_seconds(t.block, scope) + _job_seconds(t.rescue, scope) + _job_seconds(t.always, scope)
-        if t.action == "run_job":
-            raw = t.args.get("timeout", t.timeout if t.timeout is not None else scope.get("check_timeout"))
+        if t.action in ("run_job", "run_pair_job"):
+            fallback = "30m" if t.action == "run_pair_job" else scope.get("check_timeout")  # run_pair_job's default
+            raw = t.args.get("timeout", t.timeout if t.timeout is not None else fallback)
             total += parse_duration(render_template(raw, scope, t.where))
     return total
 

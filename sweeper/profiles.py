@@ -44,6 +44,11 @@ class Profile:
     thermal_margin_min: float = setting(-2.0, "lowest acceptable thermal margin, degrees C")
     pcie_replay_per_min: float = setting(8.0, "PCIe replays per minute above which a GPU warns", ge=0)
     nccl_busbw_min: float | None = setting(None, "GB/s, all-reduce on one node at the largest message", gt=0)
+    nccl_pair_busbw_min: float | None = setting(None, "GB/s, all-reduce between two nodes at the largest message "
+                                                "(empty: no floor)", gt=0)
+    fabric_resources: dict[str, int] = setting(help="resource -> count each pod of a pair sweep requests "
+                                               "(vpc.amazonaws.com/efa: 32)", factory=dict, ge=1)
+    fabric_ifaces: tuple[str, ...] = setting((), "interfaces a pair sweep probes the path MTU on (eth0)")
     uccl: tuple[str, ...] = setting((), "UCCL APIs the node must be ready for")
     dcgm_level: int | None = setting(None, "DCGM diagnostic level for this hardware (empty: the config's, else 2)",
                                      ge=1, le=4)
@@ -72,6 +77,7 @@ class Profile:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "source"}
         d["instance_types"], d["gpu_products"], d["uccl"] = list(self.instance_types), list(self.gpu_products), \
             list(self.uccl)
+        d["fabric_resources"], d["fabric_ifaces"] = dict(self.fabric_resources), list(self.fabric_ifaces)
         d["check_args"] = self.check_args()
         return d
 

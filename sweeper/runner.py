@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +14,10 @@ from sweeper.clock import WallClock
 from sweeper.config import Config
 from sweeper.errors import ConfigError, NotFound, SweeperError
 from sweeper.fleet import NodeView
+from sweeper.pairing import pair_status
 from sweeper.playbook.executor import Executor, PlayResult, TaskOutcome, load
 from sweeper.policy import HOLDING
+from sweeper.result import Result
 from sweeper.sweep import Sweep, new_run_id
 
 
@@ -74,16 +76,23 @@ def give_back(kube: Any, cfg: Config, name: str, taken: Taken) -> list[str]:
 
 
 def run_playbook(path: Path, cfg: Config, *, kube: Any = None, node_name: str | None = None,
-                 extra_vars: dict[str, Any] | None = None, tags: tuple[str, ...] = (),
+                 partner_name: str | None = None, extra_vars: dict[str, Any] | None = None, tags: tuple[str, ...] = (),
                  skip_tags: tuple[str, ...] = (), state: str | None = None,
                  on_task: Callable[[TaskOutcome], None] | None = None, clock: Any = None,
                  cancelled: Callable[[], bool] | None = None,
                  log: Callable[[str], None] | None = None, hand_back: bool = True) -> PlayResult:
     """Run the play. Whatever it tainted or cordoned itself is handed back when it ends without a
     holding verdict (reboot, replace, quarantine), however it ends: failed, cancelled (SIGTERM),
-    or stopped by broken input such as an undefined variable, as the sweep controller does."""
+    or stopped by broken input such as an undefined variable, as the sweep controller does.
+    A pair playbook runs on `node_name` and `partner_name` together (pair_mode "sweep")."""
     actions = load_all()
     playbook = load(path, actions)  # a broken playbook stops here, before anything is touched
+    if playbook.pair and not (node_name and partner_name):
+        raise ConfigError(f"{playbook.name!r} is a pair playbook (pair: true): name both nodes, --node A --partner B")
+    if partner_name and not playbook.pair:
+        raise ConfigError(f"--partner is for a pair playbook (pair: true); {playbook.name!r} runs on one node")
+    if partner_name and partner_name == node_name:
+        raise ConfigError("a node cannot be its own partner")
     clock = clock or WallClock()
     say = log or (lambda msg: None)
     run_id = new_run_id(clock.now())
@@ -94,23 +103,40 @@ def run_playbook(path: Path, cfg: Config, *, kube: Any = None, node_name: str | 
         except NotFound as exc:
             raise ConfigError(f"no node named {node_name!r} in the cluster") from exc
         node = node_vars(NodeView.from_obj(obj, cfg.gpu_resources), cfg, obj["metadata"].get("uid", ""))
+    partner = None
+    if partner_name:
+        try:
+            obj = kube.get_node(partner_name)
+        except NotFound as exc:
+            raise ConfigError(f"no node named {partner_name!r} in the cluster") from exc
+        partner = node_vars(NodeView.from_obj(obj, cfg.gpu_resources), cfg, obj["metadata"].get("uid", ""))
     hist = None
-    sweep_id = None
+    sweep_id = partner_sweep = None
     if state and node:
         from sweeper.history import History
 
         hist = History(state)
         hist.run_started(run_id, clock.now(), "run")
-        sweep_id = hist.sweep_started(run_id, node["name"], clock.now(), playbook.name, node["profile"]["name"])
-    ctx = ActionContext(config=cfg, clock=clock, kube=kube, node=node, run_id=run_id)
+        kind = "pair" if partner else "sweep"
+        sweep_id = hist.sweep_started(run_id, node["name"], clock.now(), playbook.name, node["profile"]["name"],
+                                      kind=kind)
+        if partner:
+            partner_sweep = hist.sweep_started(run_id, partner["name"], clock.now(), playbook.name,
+                                               partner["profile"]["name"], kind=kind)
+    ctx = ActionContext(config=cfg, clock=clock, kube=kube, node=node, run_id=run_id, partner=partner)
     if cancelled is not None:
         ctx.cancelled = cancelled
     if hist is not None and node is not None:
-        ctx.on_result = lambda r: hist.result(sweep_id, r)  # type: ignore[union-attr]
+        def on_result(r: Result) -> None:
+            hist.result(sweep_id, r)  # type: ignore[union-attr]
+            if partner is not None:
+                hist.result(partner_sweep, replace(r, node=partner["name"]))  # type: ignore[union-attr]
+        ctx.on_result = on_result
         ctx.intent = lambda op, phase, detail: hist.intent(run_id, node["name"], clock.now(), op, phase, detail)  # type: ignore[union-attr,index]
         ctx.past = hist
     extra = {"run_id": run_id, "taint_key": cfg.taint_key, "default_dcgm_level": cfg.dcgm_level_for(node),
-             **({"node": node} if node else {}), **(extra_vars or {})}
+             **({"node": node} if node else {}), **({"partner": partner, "pair_mode": "sweep"} if partner else {}),
+             **(extra_vars or {})}
     taken = Taken()
     show = on_task or (lambda o: None)
 
@@ -140,6 +166,14 @@ def run_playbook(path: Path, cfg: Config, *, kube: Any = None, node_name: str | 
             decision = executor.vars.get("decision")
             reasons = [str(r) for r in executor.vars.get("reasons", [])] or ([broken] if broken else [])
             hist.sweep_finished(sweep_id, clock.now(), verdict, reasons, decision if isinstance(decision, dict) else None)
+            if partner is not None and partner_sweep is not None:
+                hist.sweep_finished(partner_sweep, clock.now(), verdict, reasons,
+                                    decision if isinstance(decision, dict) else None)
+                busbw = next((v["busbw"] for v in executor.vars.values()
+                              if isinstance(v, dict) and v.get("busbw") is not None), None)
+                hist.pair_result(run_id, clock.now(), node["name"], partner["name"], pair_status(verdict), "sweep",  # type: ignore[index]
+                                 float(busbw) if busbw is not None else None, "; ".join(reasons)[:1000],
+                                 (sweep_id, partner_sweep))
             hist.run_finished(run_id, clock.now(), "failed" if failed_ else "done", 1, {"playbook": playbook.name})
             hist.close()
     return result

@@ -14,9 +14,10 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol, cast
 
-from sweeper import profiles, signals
+from sweeper import pairing, profiles, signals
 from sweeper.actions import ActionContext, load_all
 from sweeper.actions import node as node_actions
+from sweeper.actions.decide import policy_for
 from sweeper.actions.jobwatch import RunWatch
 from sweeper.clock import Clock, WallClock, iso, parse_iso
 from sweeper.config import Config
@@ -28,7 +29,7 @@ from sweeper.lock import SweepLock
 from sweeper.notify import Webhook, message
 from sweeper.playbook.executor import Executor, TaskOutcome, load
 from sweeper.playbook.model import Playbook
-from sweeper.policy import HOLDING, finding_key
+from sweeper.policy import HOLDING, finding_key, pair_rule
 from sweeper.remedy import Remediator, Remedy
 from sweeper.result import Metric, Result, tool_cause
 
@@ -73,7 +74,7 @@ class Recorder(Protocol):
 
 
 RECORDER_WRITES = frozenset({"run_started", "run_finished", "sweep_started", "sweep_finished", "result", "action",
-                             "intent", "set_control"})
+                             "intent", "set_control", "pair_result"})
 
 
 class FencedRecorder:
@@ -101,8 +102,19 @@ class NodeOutcome:
     node: str
     verdict: str
     reasons: list[str]
-    action: str  # released, held, raced, skipped, would-take
+    action: str  # released, held, raced, skipped, would-take; suspect (a pair's, held for a re-pair)
     seconds: float = 0.0
+
+
+@dataclass
+class PairRun:
+    """What one pair run (or its abandoned hold) left for the rolling queue."""
+
+    outcomes: list[NodeOutcome]
+    passed: tuple[str, ...] = ()  # known-good now
+    suspects: tuple[tuple[NodeView, str], ...] = ()  # held, waiting for a re-pair: (node, its first partner)
+    why: str = ""  # the suspects' failed pair, in words
+    back: NodeView | None = None  # a re-pair abandoned before it ran: its suspect waits again
 
 
 @dataclass
@@ -396,6 +408,8 @@ class Sweep:
         waiting, pause, breaker, floor) and give the freed slots to the next due nodes. A node is
         taken at most once per run; light checks ride in the same pool, up to light_max at once.
         True when the probe node (see _probe_first) ended with a fault of the check."""
+        if self.playbook.pair:
+            return self._roll_pairs(run_id, start, report)
         deadline = start + self.cfg.run_deadline if self.cfg.run_deadline > 0 else math.inf
         p = report.plan
         seen: set[str] = set()  # nodes this run took or light-checked, or is doing so now
@@ -471,6 +485,123 @@ class Sweep:
                 room -= 1
         return out
 
+    # -- the rolling queue of a pair playbook ------------------------------------------------
+    def _roll_pairs(self, run_id: str, start: float, report: RunReport) -> bool:
+        """The rolling queue when the playbook has `pair: true`: due nodes are taken two at a time,
+        two of one group (profile and `pair_labels`); a pair counts two against the budget, and
+        the odd node of a group waits. The suspects of a failed pair stay held while a known-good
+        partner is found (this run's passes and the history's within pair_known_good_window), and
+        are re-paired before any new pair is taken; one with no partner to come goes back
+        `inconclusive`, as does each still waiting when the run ends. A node is taken once a run,
+        or again only as a re-pair's suspect or known-good partner."""
+        deadline = start + self.cfg.run_deadline if self.cfg.run_deadline > 0 else math.inf
+        p = report.plan
+        book = pairing.Repairs(known_good=set(self.rec.known_good(
+            self.clock.now() - self.cfg.pair_known_good_window)))
+        held: dict[str, NodeView] = {}  # the waiting suspects, as their holds read them
+        seen: set[str] = set()
+        running: dict[Future[Any], tuple[str, tuple[str, ...], pairing.GroupKey | None]] = {}
+        taken = refill = False
+        last_plan = self.clock.now()
+        workers = max(1, self.cfg.max_nodes + self.cfg.light_max)
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sweep") as pool:
+            while True:
+                if not (self._closed(deadline, refill) or (self.cooling and taken)):
+                    taken = self._start_pairs(run_id, p, book, held, seen, running, pool, report) or taken
+                    lights = sum(1 for kind, _, _ in running.values() if kind == "light")
+                    for v in [v for v in self.light_candidates(p) if v.name not in seen][
+                            : max(0, self.cfg.light_max - lights)]:
+                        running[pool.submit(self.light_check, run_id, v)] = ("light", (v.name,), None)
+                        seen.add(v.name)
+                refill = True
+                if not running:
+                    for name in list(book.waiting):
+                        report.outcomes.append(self._let_suspect_go(run_id, book, name,
+                                                                    "no known-good partner was free this run"))
+                    return False
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for f in done:
+                    kind, names, group = running.pop(f)
+                    if kind == "light":
+                        report.outcomes.append(f.result())
+                        continue
+                    got: PairRun = f.result()
+                    report.outcomes.extend(got.outcomes)
+                    book.passed(*got.passed)
+                    for view, first in got.suspects:
+                        book.suspect(view.name, first, cast(pairing.GroupKey, group), got.why)
+                        held[view.name] = view
+                    if kind == "repair" and got.back is not None:
+                        book.back(got.back.name)
+                        held[got.back.name] = got.back
+                    elif kind == "repair":
+                        book.settled(names[0])
+                if self._closed(deadline, True) or (self.cooling and taken):
+                    continue
+                if running:
+                    self.clock.wait(self.stop, last_plan + self.cfg.poll_interval - self.clock.now())
+                last_plan = self.clock.now()
+                try:
+                    self.controls.refresh()
+                    p = self.discover(refill=True)
+                except KubeError as exc:
+                    self.emit("log", {"node": "-", "msg": f"could not look at the cluster again ({exc}); "
+                                                          "taking no more nodes this run"})
+                    self.drain.set()
+
+    def _group(self, view: NodeView) -> pairing.GroupKey:
+        return pairing.group_key(profiles.match(self.profiles, view.labels).name, view.labels, self.cfg.pair_labels)
+
+    def _start_pairs(self, run_id: str, p: Plan, book: pairing.Repairs, held: dict[str, NodeView], seen: set[str],
+                     running: dict[Future[Any], tuple[str, tuple[str, ...], pairing.GroupKey | None]],
+                     pool: ThreadPoolExecutor, report: RunReport) -> bool:
+        """Re-pairs first, then new pairs, within the budget (each node held counts one); True
+        when a pair was started."""
+        busy = {n for _, names, _ in running.values() for n in names} | set(book.waiting)
+        listed = {d.node.name: d.node for d in (*p.take, *p.skip)}
+        room = p.budget - sum(1 for n in busy if n not in listed or not listed[n].sweep_taint(self.cfg.taint_key))
+        # Partners: idle nodes, those swept recently first (likely known-good, and not due anyway).
+        idle = sorted((d for d in (*p.take, *p.skip) if d.reason in ("idle", "over-budget", "not-due")),
+                      key=lambda d: d.reason != "not-due")
+        views = {d.node.name: d.node for d in idle}
+        keyed = [(d.node.name, self._group(d.node)) for d in idle]
+        in_flight = [g for kind, _, g in running.values() if kind == "pair" and g is not None]
+        started = False
+        for s in list(book.waiting):
+            k = book.partner_for(s, keyed, busy)
+            if k is None:
+                if book.hopeless(s, keyed, in_flight):
+                    report.outcomes.append(self._let_suspect_go(run_id, book, s, "no known-good partner"))
+                continue
+            if room < 1:
+                continue
+            suspect = book.taken(s, k)
+            fut = pool.submit(self.sweep_pair, run_id, held.pop(s), views[k], "repair")
+            running[fut] = ("repair", (s, k), suspect.group)
+            busy.add(k)
+            seen.add(k)
+            room -= 1
+            started = True
+        due = [d.node for d in (*p.take, *p.skip) if d.reason in ("idle", "over-budget")
+               and d.node.name not in seen and d.node.name not in busy]
+        for a, b in pairing.form_pairs(due, self._group, room):
+            running[pool.submit(self.sweep_pair, run_id, a, b, "sweep")] = ("pair", (a.name, b.name), self._group(a))
+            seen.update((a.name, b.name))
+            started = True
+        return started
+
+    def _let_suspect_go(self, run_id: str, book: pairing.Repairs, name: str, why: str) -> NodeOutcome:
+        """A suspect with no re-pair goes back `inconclusive`: a failed pair is no verdict on either node."""
+        s = book.waiting.pop(name)
+        reason = f"pair with {s.first_partner} failed ({s.why}); {why}: handed back inconclusive"
+        try:
+            self.release(run_id, name, reason, owner=run_id)
+        except KubeError as exc:
+            self.emit("log", {"node": name, "msg": f"could not hand the node back: {exc}; the next run's reconcile "
+                                                   "will"})
+        self.emit("done", {"node": name, "verdict": "inconclusive", "reasons": [reason], "action": "released"})
+        return NodeOutcome(name, "inconclusive", [reason], "released")
+
     # -- crash recovery -------------------------------------------------------------------
     def reconcile(self, run_id: str) -> list[dict[str, str]]:
         """Finish the story of earlier runs that died: their Jobs are deleted, the nodes they held
@@ -486,6 +617,13 @@ class Sweep:
             if owner != run_id:
                 self.kube.delete_job(self.cfg.namespace, job["metadata"]["name"])
                 done.append({"job": job["metadata"]["name"], "action": "deleted", "why": f"left by run {owner}"})
+        # A pair sweep's headless Service outlives a run killed between its create and its delete.
+        for svc in self.kube.list_services(self.cfg.namespace,
+                                           "app.kubernetes.io/managed-by=sweeper,app.kubernetes.io/component=pair"):
+            owner = (svc["metadata"].get("labels") or {}).get(f"{self.cfg.prefix}/run-id", "")
+            if owner != run_id:
+                self.kube.delete_service(self.cfg.namespace, svc["metadata"]["name"])
+                done.append({"service": svc["metadata"]["name"], "action": "deleted", "why": f"left by run {owner}"})
         untainted = []
         for obj in self.kube.list_nodes(self.cfg.gpu_node_selector, page_size=self.cfg.page_size):
             view = NodeView.from_obj(obj, self.cfg.gpu_resources)
@@ -874,3 +1012,144 @@ class Sweep:
         self.rec.intent(run_id, name, self.clock.now(), "untaint", "after", why)
         self.rec.action(run_id, name, self.clock.now(), "release", why)
         return True
+
+    # -- one pair -----------------------------------------------------------------
+    def _hold_one(self, run_id: str, view: NodeView) -> tuple[NodeView | None, NodeOutcome | None]:
+        """Hold a node as sweep_node does; (None, why not) when it could not be held or was raced."""
+        try:
+            node = self.hold(run_id, view)
+        except (Conflict, NotFound, Transient) as exc:
+            if not self._holds(view.name, run_id):
+                self.emit("skip", {"node": view.name, "why": str(exc)})
+                return None, NodeOutcome(view.name, "", [f"could not hold: {exc}"], "skipped")
+            node = self._after_hold(run_id, view.name)
+        if node is None:
+            return None, NodeOutcome(view.name, "", ["a GPU pod landed before the taint; released untouched"], "raced")
+        return node, None
+
+    def sweep_pair(self, run_id: str, a: NodeView, b: NodeView, mode: str) -> PairRun:
+        """Hold both nodes (in mode "repair", `a` is the suspect, already held), run the pair playbook
+        once for the two, record one sweep row per node and one pair result, and hand both back,
+        or keep a suspect held for its re-pair, or a culprit with its verdict."""
+        t0 = time.monotonic()
+        if self.tool_stop:
+            return PairRun([NodeOutcome(v.name, "", [f"not taken: {self.tool_stop}"], "skipped") for v in (a, b)],
+                           back=a if mode == "repair" else None)
+        nodes: list[NodeView] = [a] if mode == "repair" else []
+        for v in ([b] if mode == "repair" else [a, b]):
+            got, lost = self._hold_one(run_id, v)
+            if got is not None:
+                nodes.append(got)
+                continue
+            # The pair is abandoned cleanly: what this pair held goes back untouched (a suspect waits again).
+            outs = [cast(NodeOutcome, lost)]
+            for other in (a, b):
+                if other.name == v.name or (mode == "repair" and other.name == a.name):
+                    continue
+                why = f"partner {v.name} could not be held ({lost.action if lost else 'lost'}): not swept"
+                if any(n.name == other.name for n in nodes):
+                    self.release(run_id, other.name, why, owner=run_id)
+                outs.append(NodeOutcome(other.name, "", [why], "skipped"))
+            return PairRun(outs, back=a if mode == "repair" else None)
+        first, second = nodes
+        profs = [profiles.match(self.profiles, n.labels) for n in nodes]
+        ids = tuple(self.rec.sweep_started(run_id, n.name, self.clock.now(), self.playbook.name, pr.name, kind="pair")
+                    for n, pr in zip(nodes, profs, strict=True))
+        for n, other in ((first, second), (second, first)):
+            self._event(n, "SweepStarted", f"held by run {run_id} for {self.playbook.name} with {other.name} ({mode})",
+                        "Normal")
+        verdict, reasons = "error", ["the pair playbook did not reach a verdict"]
+        busbw: float | None = None
+        decision: dict[str, Any] | None = None
+        out = PairRun([])
+        try:
+            verdict, reasons, busbw, decision = self._play_pair(run_id, (ids[0], ids[1]), first, second, profs, mode)
+        except PlaybookError as exc:
+            verdict, reasons = "error", [f"playbook error: {exc}"]
+        except KubeError as exc:
+            verdict, reasons = "error", [f"cluster error during checks: {exc}"]
+        finally:
+            status = pairing.pair_status(verdict)
+            self.rec.pair_result(run_id, self.clock.now(), first.name, second.name, status, mode, busbw,
+                                 "; ".join(reasons)[:1000], (ids[0], ids[1]))
+            calls = tuple(self._pair_rule(c) for c in pairing.node_verdicts(mode, first.name, second.name, verdict,
+                                                                              reasons))
+            out.suspects = tuple((n, o.name) for c, n, o in zip(calls, nodes, nodes[::-1], strict=True) if c.suspect)
+            out.why = f"{status}: {'; '.join(reasons)}"[:500]
+            if status in ("pass", "warn"):
+                out.passed = (first.name, second.name)
+            for call, view, prof, sweep_id in zip(calls, nodes, profs, ids, strict=True):
+                out.outcomes.append(self._pair_node(run_id, call, view, prof, sweep_id,
+                                                    decision if call.verdict == verdict else None, t0))
+        return out
+
+    def _pair_rule(self, call: pairing.NodeCall) -> pairing.NodeCall:
+        """A suspect that the policy's pair rules already condemn (failed pairs with too many
+        different partners) gets that verdict now, without a re-pair."""
+        if not call.suspect:
+            return call
+        found = pair_rule(policy_for(ActionContext(config=self.cfg)), self.rec, call.node, self.clock.now())
+        if found is None or found.verdict not in HOLDING:
+            return call
+        return pairing.NodeCall(call.node, found.verdict, found.reasons)
+
+    def _pair_node(self, run_id: str, call: pairing.NodeCall, view: NodeView, prof: profiles.Profile,
+                   sweep_id: int, decision: dict[str, Any] | None, t0: float) -> NodeOutcome:
+        """One node's part of a pair run: its sweep row closed, and the node handed back, kept held
+        with its verdict, or (a suspect) kept held for its re-pair."""
+        name, verdict, reasons = view.name, call.verdict, list(call.reasons)
+        if call.suspect:
+            self.rec.sweep_finished(sweep_id, self.clock.now(), verdict, reasons, decision)
+            self.emit("done", {"node": name, "verdict": verdict, "reasons": reasons, "action": "suspect"})
+            return NodeOutcome(name, verdict, reasons, "suspect", time.monotonic() - t0)
+        verdict, reasons = self._cap_replacements(verdict, reasons)
+        action = "left"
+        try:
+            action = self.hand_back(run_id, name, verdict, reasons)
+        finally:
+            with self._lock:
+                self.rec.sweep_finished(sweep_id, self.clock.now(), verdict, reasons, decision)
+                if verdict == "replace":
+                    self._replacing -= 1
+            self.emit("done", {"node": name, "verdict": verdict, "reasons": reasons, "action": action})
+            self._count_tool_error(name, verdict)
+        self.after_verdict(run_id, view, prof, verdict, reasons, decision, action)
+        return NodeOutcome(name, verdict, reasons, action, time.monotonic() - t0)
+
+    def _play_pair(self, run_id: str, ids: tuple[int, int], a: NodeView, b: NodeView, profs: list[profiles.Profile],
+                   mode: str) -> tuple[str, list[str], float | None, dict[str, Any] | None]:
+        """Run the pair playbook once: `node` is A, `partner` B, `pair_mode` the mode. Each result
+        is recorded on both nodes' sweep rows."""
+        dismissed = (self._dismissal(run_id, a.name) or {}).get("keys", [])
+        node_vars = {**self._node_vars(a, profs[0]), "dismissed": dismissed}
+        partner_vars = self._node_vars(b, profs[1])
+
+        def on_result(r: Result) -> None:
+            self._on_result(ids[0], a.name, r)
+            self.rec.result(ids[1], replace(r, node=b.name))
+
+        ctx = ActionContext(
+            config=self.cfg, clock=self.clock, kube=self.kube, node=node_vars, run_id=run_id, on_result=on_result,
+            intent=lambda op, phase, detail: self.rec.intent(run_id, a.name, self.clock.now(), op, phase, detail),
+            log=lambda msg: self.emit("log", {"node": a.name, "msg": msg}), cancelled=self.cancelled,
+            on_record=lambda kind, data: self._record(run_id, ids[0], a.name, kind, data), past=self.rec,
+            jobwatch=self.jobwatch, seen=self._seen.get(a.name, {}), partner=partner_vars)
+
+        def on_task(o: TaskOutcome) -> None:
+            self.emit("task", {"node": a.name, "task": o.name, "status": o.status, "msg": o.msg})
+
+        extra = {"node": node_vars, "partner": partner_vars, "pair_mode": mode, "run_id": run_id,
+                 "check_timeout": self.cfg.check_timeout, "taint_key": self.cfg.taint_key, "prefix": self.cfg.prefix,
+                 "default_dcgm_level": self.cfg.dcgm_level_for(node_vars)}
+        play = Executor(self.actions, ctx, on_task).run(self.playbook, extra)
+        found = [v["busbw"] for v in play.vars.values() if isinstance(v, dict) and v.get("busbw") is not None]
+        busbw = float(found[0]) if found else None
+        verdict = play.vars.get("verdict")
+        if play.cancelled:
+            return "inconclusive", ["the sweep was stopped before the pair's checks finished"], busbw, None
+        if verdict is None:
+            return "error", ["the playbook ended without a `decide` task" if not play.failed
+                             else "the playbook failed before its verdict"], busbw, None
+        decision = play.vars.get("decision")
+        return (str(verdict), [str(r) for r in play.vars.get("reasons", [])], busbw,
+                decision if isinstance(decision, dict) else None)

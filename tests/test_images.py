@@ -114,3 +114,80 @@ def test_the_iam_policy_is_the_three_calls_of_the_asg_provider() -> None:
     source = (ROOT / "sweeper" / "aws.py").read_text()
     called = set(re.findall(r"self\.client\.(\w+)\(", source))
     assert called == {re.sub(r"(?<!^)(?=[A-Z])", "_", a.split(":")[1]).lower() for a in ACTIONS}
+
+
+PAIR = ROOT / "images" / "nccl-pair"
+
+
+def test_the_pair_image_tag_is_its_pinned_base_and_ships_the_pair_programs() -> None:
+    """ghcr.io/sweeper-dev/nccl-pair:<NGC PyTorch release>: the tag names the NGC PyTorch container the
+    Dockerfile builds on (https://docs.nvidia.com/deeplearning/frameworks/pytorch-release-notes/),
+    with AWS's EFA installer pinned (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start-nccl.html)."""
+    (image,) = {i for i in template_images().values() if i.startswith(OURS + "nccl-pair:")}
+    tag = image.rsplit(":", 1)[1]
+    assert resolved_froms(PAIR / "Dockerfile") == [f"nvcr.io/nvidia/pytorch:{tag}"]
+    text = (PAIR / "Dockerfile").read_text()
+    assert re.search(r"ARG EFA_INSTALLER_VERSION=\d+\.\d+\.\d+", text) and "--skip-kmod" in text
+    assert "COPY --chmod=0755 pair-allreduce /usr/local/bin/pair-allreduce" in text
+    assert "allreduce_bench.py" in text and "iputils-ping" in text
+
+
+def _fake_tools(tmp_path: Path, ping: str, ping_rc: int, torchrun: str, torchrun_rc: int, dns: bool = True) -> dict[str, str]:
+    """The programs pair-allreduce calls, as small scripts that print what the real ones print."""
+    import os
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("getent", "exit 0" if dns else "exit 2"), ("sleep", "exit 0"),
+                       ("ping", f"cat <<'OUT'\n{ping}\nOUT\nexit {ping_rc}"),
+                       ("torchrun", f"echo \"$@\" > {tmp_path}/torchrun.args\ncat <<'OUT'\n{torchrun}\nOUT\n"
+                                    f"exit {torchrun_rc}")):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "PAIR_RANK": "0", "PAIR_JOB": "sweep-pair-a-0abc12",
+            "PAIR_SERVICE": "sweep-pair-a-0abc12", "PAIR_GPUS": "8", "PAIR_MTU": "9001", "PAIR_IFACES": "eth0",
+            "PAIR_RDZV_TIMEOUT": "4"}
+
+
+PING_OK = ("PING sweep-pair-a-0abc12-1.sweep-pair-a-0abc12 (10.0.3.7) 8973(9001) bytes of data.\n"
+           "8981 bytes from 10.0.3.7: icmp_seq=1 ttl=64 time=0.211 ms\n\n--- ping statistics ---\n"
+           "3 packets transmitted, 3 received, 0% packet loss, time 2003ms")
+TABLE = ("#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   "
+         "busbw  #wrong\n  8589934592    2147483648     float     sum      -1  39169.3  219.30  411.20       0  "
+         "39208.0  219.08  410.70       0\n# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 137.2\n#")
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="pair-allreduce is a bash script")
+def test_pair_allreduce_prints_what_the_pair_reader_reads(tmp_path: Path) -> None:
+    """The entry script run with stand-ins for ping and torchrun: its marker lines frame ping's
+    output, it points torchrun's c10d rendezvous at rank 0's pod, and sweeper.parsers.pair reads the
+    result as a pass."""
+    from sweeper.parsers import pair
+
+    env = _fake_tools(tmp_path, PING_OK, 0, TABLE, 0)
+    proc = subprocess.run(["bash", str(PAIR / "pair-allreduce")], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("# pair-mtu iface=eth0 mtu=9001 peer=sweep-pair-a-0abc12-1.sweep-pair-a-0abc12\n")
+    assert "# pair-mtu-end iface=eth0 rc=0\n" in proc.stdout
+    args = (tmp_path / "torchrun.args").read_text().split()
+    assert args[args.index("--rdzv-endpoint") + 1] == "sweep-pair-a-0abc12-0.sweep-pair-a-0abc12:29500"
+    assert args[args.index("--rdzv-backend") + 1] == "c10d" and args[args.index("--node-rank") + 1] == "0"
+    assert "is_host=true" in args[args.index("--rdzv-conf") + 1]
+    result = pair.parse([proc.stdout, "# pair-allreduce rank 1 done"], "a", 0.0, partner="b", min_busbw=350.0,
+                        mtu=9001, ifaces=["eth0"], exit_codes=(0, 0))
+    assert [c.status for c in result.checks if c.name == "pair.mtu"] == ["pass", "error"]  # rank 1's probe absent here
+    assert pair.busbw(result) == 411.2
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="pair-allreduce is a bash script")
+@pytest.mark.parametrize("dns,torchrun,torchrun_rc,code", [
+    (False, "", 0, 2),  # the peer's name never resolves: it never came
+    (True, "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError: timed out", 1, 2),
+    (True, "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970", 1, 1),
+])
+def test_pair_allreduce_exit_codes(tmp_path: Path, dns: bool, torchrun: str, torchrun_rc: int, code: int) -> None:
+    env = _fake_tools(tmp_path, PING_OK, 0, torchrun, torchrun_rc, dns=dns)
+    proc = subprocess.run(["bash", str(PAIR / "pair-allreduce")], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    if not dns:
+        assert "RendezvousTimeoutError" in proc.stderr and "pair-mtu" not in proc.stdout

@@ -186,7 +186,11 @@ def test_the_dockerfile_has_the_basics() -> None:
     assert ".git" in ignored and ".venv" in ignored
 
 
-@pytest.mark.parametrize("template", sorted(p.name for p in (ROOT / "job-templates").glob("*.j2")))
+# One-node Job templates; the pair templates (a Service and a two-pod Job) have tests/test_pair_templates.py.
+CHECK_TEMPLATES = sorted(p.name for p in (ROOT / "job-templates").glob("*.j2") if "pair_affinity" not in p.read_text())
+
+
+@pytest.mark.parametrize("template", CHECK_TEMPLATES)
 def test_job_templates_render_valid_jobs(template: str) -> None:
     ctx = ActionContext(config=Config(), node={
         "name": "ip-10-0-1-2.ec2.internal", "gpus": 8,
@@ -212,7 +216,7 @@ def test_job_templates_render_valid_jobs(template: str) -> None:
 PRIVILEGED = {"reboot.yaml.j2", "gpu-reset.yaml.j2"}  # the only Jobs that need the host itself
 
 
-@pytest.mark.parametrize("template", sorted(p.name for p in (ROOT / "job-templates").glob("*.j2")))
+@pytest.mark.parametrize("template", CHECK_TEMPLATES)
 def test_job_templates_take_least_privilege(template: str) -> None:
     """Every Job: no service account token, CPU and memory requests and limits; only reboot and
     GPU reset privileged; the rest drop every capability they do not name, cannot escalate and

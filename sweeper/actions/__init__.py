@@ -75,6 +75,7 @@ class ActionContext:
     clock: Clock = field(default_factory=WallClock)
     kube: Any = None
     node: dict[str, Any] | None = None
+    partner: dict[str, Any] | None = None  # a pair playbook's node B (the same shape as `node`); None: no pair
     run_id: str = "adhoc"
     on_result: Callable[[Result], None] = lambda r: None
     intent: Callable[[str, str, str], None] = lambda op, phase, detail: None
@@ -137,6 +138,6 @@ def failed(msg: str, **data: Any) -> dict[str, Any]:
 
 
 def load_all() -> dict[str, Action]:
-    from sweeper.actions import decide, jobs, node, pure  # noqa: F401  (registration by import)
+    from sweeper.actions import decide, jobs, node, pair, pure  # noqa: F401  (registration by import)
 
     return REGISTRY

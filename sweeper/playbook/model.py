@@ -57,6 +57,7 @@ class Playbook:
     tasks: tuple[Task, ...]
     vars: dict[str, Any] = field(default_factory=dict)
     source: str = ""
+    pair: bool = False  # run by the engine on two nodes at once (template variables `node` and `partner`)
 
     def all_tasks(self) -> list[Task]:
         return [t for top in self.tasks for t in top.walk()]
@@ -76,10 +77,12 @@ def _playbook(raw: Any, actions: dict[str, Action], origin: str, stack: tuple[Pa
               problems: list[str] | None = None) -> Playbook:
     if not isinstance(raw, dict):
         raise PlaybookError(f"{origin}:1: a playbook is a mapping with name, vars and tasks")
-    unknown = sorted(set(raw) - {"name", "vars", "tasks"})
+    unknown = sorted(set(raw) - {"name", "vars", "tasks", "pair"})
     if unknown:
         raise PlaybookError(f"{where(raw, unknown[0], origin)}: unknown key {unknown[0]!r}; "
-                            "a playbook has name, vars and tasks")
+                            "a playbook has name, pair, vars and tasks")
+    if not isinstance(raw.get("pair", False), bool):
+        raise PlaybookError(f"{where(raw, 'pair', origin)}: pair must be true or false")
     tasks = raw.get("tasks")
     if not isinstance(tasks, list) or not tasks:
         raise PlaybookError(f"{where(raw, 'tasks', origin + ':1')}: tasks must be a non-empty list")
@@ -96,7 +99,7 @@ def _playbook(raw: Any, actions: dict[str, Action], origin: str, stack: tuple[Pa
                 raise
             problems.append(str(exc))
     return Playbook(name=str(raw.get("name") or Path(origin).stem), vars=dict(pvars), source=origin,
-                    tasks=tuple(parsed))
+                    tasks=tuple(parsed), pair=bool(raw.get("pair", False)))
 
 
 class _Ctx:

@@ -4,6 +4,7 @@ generator and fault model, all stepping on one shared clock."""
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import math
 import random
@@ -38,6 +39,7 @@ from sweeper.sim.store import Store
 
 GPU = "nvidia.com/gpu"
 RUN_SECONDS = "sim.sweeper.dev/run-seconds"
+INDEX_KEY = "batch.kubernetes.io/job-completion-index"
 TERMINAL = ("Succeeded", "Failed")
 TRAINING_NS = "training"
 # The application XIDs NVIDIA's device plugin does not treat as a sick GPU; any other XID marks the
@@ -107,6 +109,100 @@ def gpu_request(pod: dict[str, Any]) -> int:
         val = (res.get("requests") or {}).get(GPU) or (res.get("limits") or {}).get(GPU) or 0
         total += int(val)
     return total
+
+
+def completion_index(pod: dict[str, Any]) -> int | None:
+    """An Indexed Job's pod's index (its annotation), or None."""
+    value = (pod["metadata"].get("annotations") or {}).get(INDEX_KEY)
+    return int(value) if value is not None and str(value).isdigit() else None
+
+
+def index_ranges(indexes: set[int]) -> str:
+    """Indexes as the Job's status.completedIndexes writes them: sorted intervals, "0-2,4,6-7"."""
+    out: list[str] = []
+    run: list[int] = []
+    for i in sorted(indexes):
+        if run and i != run[-1] + 1:
+            out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+            run = []
+        run.append(i)
+    if run:
+        out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+    return ",".join(out)
+
+
+def extended_requests(pod: dict[str, Any]) -> dict[str, int]:
+    """The extended resources (a domain-prefixed name: nvidia.com/gpu, vpc.amazonaws.com/efa,
+    rdma/ib) the pod's containers request; a limit alone stands for the request, as the apiserver
+    defaults it. https://kubernetes.io/docs/concepts/configuration/manage-resources-containers/#extended-resources"""
+    total: dict[str, int] = {}
+    for c in pod.get("spec", {}).get("containers", []) or []:
+        res = c.get("resources") or {}
+        asked = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        for name, val in asked.items():
+            if "/" in name and not name.startswith(("kubernetes.io/", "requests.")):
+                total[name] = total.get(name, 0) + int(val or 0)
+    return {k: v for k, v in sorted(total.items(), key=lambda kv: (kv[0] != GPU, kv[0])) if v}
+
+
+def selector_matches(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+    """A LabelSelector object (matchLabels, matchExpressions) against labels; a null selector
+    matches nothing, an empty one everything, as for inter-pod affinity terms."""
+    if selector is None:
+        return False
+    for k, v in (selector.get("matchLabels") or {}).items():
+        if labels.get(k) != v:
+            return False
+    for e in selector.get("matchExpressions") or []:
+        op, key, vals = e.get("operator"), e.get("key"), e.get("values") or []
+        ok = {"In": key in labels and labels.get(key) in vals, "NotIn": labels.get(key) not in vals,
+              "Exists": key in labels, "DoesNotExist": key not in labels}.get(op, False)
+        if not ok:
+            return False
+    return True
+
+
+def anti_affinity_terms(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    return list((((pod.get("spec") or {}).get("affinity") or {}).get("podAntiAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or [])
+
+
+def _term_selects(term: dict[str, Any], owner: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether an affinity term of `owner` selects the pod `other` (its namespaces, then its labels)."""
+    namespaces = term.get("namespaces") or []
+    ns_sel = term.get("namespaceSelector")
+    other_ns = other["metadata"].get("namespace")
+    if namespaces or ns_sel is not None:
+        if other_ns not in namespaces and ns_sel != {}:
+            return False
+    elif other_ns != owner["metadata"].get("namespace"):
+        return False
+    return selector_matches(term.get("labelSelector"), other["metadata"].get("labels") or {})
+
+
+def anti_affinity_conflict(pod: dict[str, Any], node: dict[str, Any], placed: list[tuple[dict[str, Any], str]],
+                           labels_of: Any) -> str:
+    """The scheduler's InterPodAffinity filter for required anti-affinity, both ways: the pod's
+    own terms against pods already in the node's topology domain, and placed pods' terms against
+    the pod. https://kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node/#inter-pod-affinity-and-anti-affinity"""
+    node_labels = node["metadata"].get("labels") or {}
+    own = anti_affinity_terms(pod)
+    for other, where in placed:
+        if other is pod:
+            continue
+        theirs = anti_affinity_terms(other)
+        if not own and not theirs:
+            continue
+        where_labels = node_labels if where == node["metadata"]["name"] else labels_of(where)
+        for term in own:
+            key = term.get("topologyKey", "")
+            if key in node_labels and where_labels.get(key) == node_labels[key] and _term_selects(term, pod, other):
+                return "node(s) didn't match pod anti-affinity rules"
+        for term in theirs:
+            key = term.get("topologyKey", "")
+            if key in node_labels and where_labels.get(key) == node_labels[key] and _term_selects(term, other, pod):
+                return "node(s) didn't satisfy existing pods anti-affinity rules"
+    return ""
 
 
 def tolerates(tolerations: list[dict[str, Any]] | None, taint: dict[str, Any]) -> bool:
@@ -203,6 +299,10 @@ class SimCluster:
         self._watched: set[str] = set()  # nodes with a lost GPU or XIDs among their faults
         self._with_operands: set[str] = set()  # nodes where the GPU Operator runs its operand pods
         self._thread: threading.Thread | None = None
+        # Pair runs: each gang's outcome per index (when it ends, exit code, log), and how many runs
+        # each pair of nodes has had (the seed of the next one's noise).
+        self._pair_outcomes: dict[str, dict[int, tuple[float, int, str]]] = {}
+        self._pair_runs: dict[tuple[str, str], int] = {}
         self.store.on_delete.append(self._forget)
         self._bootstrap()
 
@@ -240,8 +340,8 @@ class SimCluster:
         resources = {"cpu": hw["cpu"], "memory": hw["memory"], "pods": "110", "ephemeral-storage": "3500Gi"}
         if hw["gpus"]:
             resources[GPU] = str(gpus)
-        if hw["nic"] == "efa":
-            resources["vpc.amazonaws.com/efa"] = str(hw["nics"])
+        for res, count in hw["fabric_resources"].items():  # the fabric's device plugin: one per device found
+            resources[res] = str(max(0, count - spec.faults.nics_missing))
         now = self.clock.now()
         node = {
             "metadata": {"name": spec.name, "labels": labels, "annotations": {},
@@ -478,6 +578,7 @@ class SimCluster:
             self._pulls.pop(key, None)
         if plural == "jobs":
             self._create_retry.pop(obj["metadata"].get("uid", ""), None)
+            self._pair_outcomes.pop(obj["metadata"].get("uid", ""), None)
 
     # -- controllers -------------------------------------------------------------
     def _draw_arrival(self, after: float) -> float:
@@ -493,19 +594,28 @@ class SimCluster:
 
     def _used_by_node(self) -> dict[str, int]:
         """GPUs requested by unfinished pods bound to each node, in one pass over the pods."""
-        used: dict[str, int] = {}
+        return {node: used.get(GPU, 0) for node, used in self._used_extended().items()}
+
+    def _used_extended(self) -> dict[str, dict[str, int]]:
+        """Extended resources (GPUs, fabric devices) requested by unfinished pods bound to each node."""
+        used: dict[str, dict[str, int]] = {}
         for p in self.store.iter("pods"):
             node = p["spec"].get("nodeName")
             if node and p["status"].get("phase") not in TERMINAL:
-                used[node] = used.get(node, 0) + gpu_request(p)
+                mine = used.setdefault(node, {})
+                for res, n in extended_requests(p).items():
+                    mine[res] = mine.get(res, 0) + n
         return used
 
     def _free_gpus(self, node: dict[str, Any]) -> int:
         alloc = int(node["status"]["allocatable"].get(GPU, 0))
         return alloc - self._used_by_node().get(node["metadata"]["name"], 0)
 
-    def _feasible(self, pod: dict[str, Any], node: dict[str, Any], free: int) -> str:
-        """'' if the pod fits the node, else the scheduler's reason."""
+    def _feasible(self, pod: dict[str, Any], node: dict[str, Any], free: dict[str, int],
+                  wants: dict[str, int] | None = None, placed: list[tuple[dict[str, Any], str]] | None = None) -> str:
+        """'' if the pod fits the node, else the scheduler's reason. `free`: the node's unrequested
+        extended resources; `placed`: the bound unfinished pods with the node each is on (needed
+        only when a pod has required anti-affinity)."""
         if not is_ready(node):
             return "node(s) were not ready"
         tol = pod["spec"].get("tolerations")
@@ -520,9 +630,16 @@ class SimCluster:
         spec = self.specs.get(node["metadata"]["name"])
         if spec and spec.faults.checks_never_schedule and self._is_check_pod(pod):
             return "node(s) had volume node affinity conflict"
-        if gpu_request(pod) > free:
-            return f"Insufficient {GPU}"
+        for res, n in (extended_requests(pod) if wants is None else wants).items():
+            if n > free.get(res, 0):
+                return f"Insufficient {res}"
+        if placed is not None:
+            return anti_affinity_conflict(pod, node, placed, self._node_labels)
         return ""
+
+    def _node_labels(self, name: str) -> dict[str, str]:
+        node = self.store.peek("nodes", None, name)
+        return (node["metadata"].get("labels") or {}) if node else {}
 
     def _schedule(self, now: float) -> None:
         pending = [p for p in self.store.iter("pods")
@@ -530,14 +647,21 @@ class SimCluster:
         if not pending:
             return
         nodes = list(self.store.iter("nodes"))
-        used = self._used_by_node()
-        free = {n["metadata"]["name"]: int(n["status"]["allocatable"].get(GPU, 0)) - used.get(n["metadata"]["name"], 0)
+        used = self._used_extended()
+        free = {n["metadata"]["name"]: {r: int(v) - used.get(n["metadata"]["name"], {}).get(r, 0)
+                                        for r, v in n["status"]["allocatable"].items() if "/" in r}
                 for n in nodes}
+        # Inter-pod anti-affinity is looked at only when some pod asks for it (a large fleet steps fast).
+        placed: list[tuple[dict[str, Any], str]] | None = None
+        if any(anti_affinity_terms(p) for p in self.store.iter("pods")):
+            placed = [(p, p["spec"]["nodeName"]) for p in self.store.iter("pods")
+                      if p["spec"].get("nodeName") and p["status"].get("phase") not in TERMINAL]
         for pod in sorted(pending, key=lambda p: p["metadata"]["creationTimestamp"]):
             reasons: dict[str, int] = {}
             fits = []
+            wants = extended_requests(pod)
             for n in nodes:
-                why = self._feasible(pod, n, free[n["metadata"]["name"]])
+                why = self._feasible(pod, n, free[n["metadata"]["name"]], wants, placed)
                 if why:
                     reasons[why] = reasons.get(why, 0) + 1
                 else:
@@ -553,7 +677,10 @@ class SimCluster:
                 continue
             choice = self._place_rng.choice(fits) if pod["metadata"].get("labels", {}).get("app") == "training" else fits[0]
             target = choice["metadata"]["name"]
-            free[target] -= gpu_request(pod)
+            for res, count in wants.items():
+                free[target][res] = free[target].get(res, 0) - count
+            if placed is not None:
+                placed.append((pod, target))
 
             def bind(o: dict[str, Any], target: str = target) -> None:
                 o["spec"]["nodeName"] = target
@@ -574,16 +701,14 @@ class SimCluster:
                                                                           "the node was deleted", ""))
                 continue
             if phase == "Pending":
-                alloc = int(node["status"]["allocatable"].get(GPU, 0))
-                others = sum(gpu_request(p) for p in self.store.iter("pods")
-                             if p is not pod and p["spec"].get("nodeName") == node_name
-                             and p["status"].get("phase") == "Running")
-                if not pod["status"].get("startTime") and gpu_request(pod) > alloc - others:
-                    def reject(o: dict[str, Any], alloc: int = alloc, others: int = others) -> None:
+                short = None if pod["status"].get("startTime") else self._device_shortage(pod, node)
+                if short is not None:
+                    def reject(o: dict[str, Any], res: str = short[0], want: int = short[1],
+                               avail: int = short[2]) -> None:
                         o["status"].update({"phase": "Failed", "reason": "UnexpectedAdmissionError",
                                             "message": f"Allocate failed due to requested number of devices "
-                                                       f"unavailable for {GPU}. Requested: {gpu_request(o)}, "
-                                                       f"Available: {alloc - others}"})
+                                                       f"unavailable for {res}. Requested: {want}, "
+                                                       f"Available: {avail}"})
                     self.store.mutate("pods", *key, reject)
                     continue
                 fault = self._container_fault(pod, key, now)
@@ -599,6 +724,9 @@ class SimCluster:
                 spec.faults.lose_check_pod -= 1
                 self.store.delete("pods", *key)  # the kubelet lost it: the pod is simply gone
                 continue
+            if self._is_pair(pod):
+                self._pair_step(pod, key, node_name, now)
+                continue
             finish = self._finish.get(key)
             if finish is not None and now >= finish:
                 exit_code, log, message = self._run(pod, node_name, now)
@@ -606,6 +734,24 @@ class SimCluster:
                 reason = "Completed" if exit_code == 0 else "Error"
                 self.store.mutate("pods", *key, partial(self._terminate, now=now, exit_code=exit_code, reason=reason,
                                                         message=message, log=log))
+
+    def _device_shortage(self, pod: dict[str, Any], node: dict[str, Any]) -> tuple[str, int, int] | None:
+        """The kubelet's device manager at admission: (resource, requested, available) for the first
+        extended resource the node's running pods leave too little of, else None."""
+        wants = extended_requests(pod)
+        if not wants:
+            return None
+        node_name = node["metadata"]["name"]
+        others: dict[str, int] = {}
+        for p in self.store.iter("pods"):
+            if p is not pod and p["spec"].get("nodeName") == node_name and p["status"].get("phase") == "Running":
+                for res, n in extended_requests(p).items():
+                    others[res] = others.get(res, 0) + n
+        for res, n in wants.items():
+            avail = int(node["status"]["allocatable"].get(res, 0)) - others.get(res, 0)
+            if n > avail:
+                return res, n, avail
+        return None
 
     def _start_pod(self, pod: dict[str, Any], now: float) -> None:
         key = (pod["metadata"]["namespace"], pod["metadata"]["name"])
@@ -722,6 +868,8 @@ class SimCluster:
     def _planned_finish(self, pod: dict[str, Any], now: float) -> float | None:
         if self._shell_missing(pod):
             return now + 1.0
+        if self._is_pair(pod):
+            return None  # the pair's gang decides when both end
         if self._is_check(pod):
             spec = self.specs.get(pod["spec"]["nodeName"])
             if spec and spec.faults.hung_check:
@@ -783,6 +931,158 @@ class SimCluster:
                 cond["status"] = "False"
                 cond["reason"] = "PodCompleted"
         self._finish.pop((pod["metadata"]["namespace"], pod["metadata"]["name"]), None)
+
+    # -- the pair program: two pods of an Indexed Job that run as one gang -----------------------
+    def _is_pair(self, pod: dict[str, Any]) -> bool:
+        argv = self._argv(pod)
+        return bool(argv) and argv[0].rsplit("/", 1)[-1] == "pair-allreduce"
+
+    @staticmethod
+    def _env(pod: dict[str, Any]) -> dict[str, str]:
+        """Container 0's environment as the kubelet builds it: literal values with $(VAR) references
+        to earlier variables expanded, and downward API fields.
+        https://kubernetes.io/docs/tasks/inject-data-application/define-interdependent-environment-variables/"""
+        env: dict[str, str] = {}
+        for e in ((pod["spec"].get("containers") or [{}])[0]).get("env") or []:
+            name = e.get("name", "")
+            if "value" in e or not e.get("valueFrom"):
+                env[name] = re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+                                   lambda m: env.get(m.group(1), m.group(0)), str(e.get("value") or ""))
+                continue
+            path = ((e["valueFrom"].get("fieldRef") or {}).get("fieldPath")) or ""
+            m = re.fullmatch(r"metadata\.(annotations|labels)\['(.+)'\]", path)
+            if m:
+                env[name] = str((pod["metadata"].get(m.group(1)) or {}).get(m.group(2), ""))
+            elif path in ("metadata.name", "metadata.namespace"):
+                env[name] = str(pod["metadata"].get(path.split(".")[1], ""))
+            elif path == "spec.nodeName":
+                env[name] = str(pod["spec"].get("nodeName", ""))
+            elif path == "status.podIP":
+                env[name] = str(pod["status"].get("podIP", ""))
+        return env
+
+    @staticmethod
+    def _started_at(pod: dict[str, Any]) -> float:
+        for cs in pod["status"].get("containerStatuses") or []:
+            running = (cs.get("state") or {}).get("running")
+            if running and running.get("startedAt"):
+                return parse_iso(running["startedAt"])
+        return parse_iso(pod["status"]["startTime"])
+
+    def _pair_step(self, pod: dict[str, Any], key: tuple[str, str], node_name: str, now: float) -> None:
+        """The kubelet's view of one pair pod: it waits (Running) until every index of its Job runs,
+        then the gang's outcome is drawn once and each pod ends at its set time; a pod whose peer
+        has not come within PAIR_RDZV_TIMEOUT ends with torchrun's rendezvous timeout (exit 2)."""
+        uid = (pod["metadata"].get("labels") or {}).get("controller-uid", "")
+        index = completion_index(pod)
+        outcome = self._pair_outcomes.get(uid) if uid else None
+        if outcome is None and uid:
+            job = self.store.peek("jobs", key[0], (pod["metadata"].get("labels") or {}).get("job-name", ""))
+            size = int(((job or {}).get("spec") or {}).get("completions") or 2)
+            running = {completion_index(p): p for p in self.store.iter("pods")
+                       if (p["metadata"].get("labels") or {}).get("controller-uid") == uid
+                       and p["status"].get("phase") == "Running" and self._is_pair(p)}
+            if len(running) >= size and all(i in running for i in range(size)) and size >= 2:
+                outcome = self._pair_outcome([running[i] for i in range(size)], now)
+                self._pair_outcomes[uid] = outcome
+        mine = outcome.get(index) if outcome is not None and index is not None else None
+        if mine is not None:
+            finish_at, exit_code, log = mine
+            if now < finish_at:
+                return
+        else:
+            env = self._env(pod)
+            try:
+                timeout = float(env.get("PAIR_RDZV_TIMEOUT") or tools.RDZV_TIMEOUT)
+            except ValueError:
+                timeout = tools.RDZV_TIMEOUT
+            if now < self._started_at(pod) + timeout:
+                return
+            rng = random.Random(f"{self.fleet.seed}/rdzv/{key[1]}")
+            exit_code, log = 2, self._pair_probes(pod, node_name, None, rng) + tools.rendezvous_timeout()
+        self.logs[key] = log
+        self.store.mutate("pods", *key, partial(self._terminate, now=now, exit_code=exit_code,
+                                                reason="Completed" if exit_code == 0 else "Error", message="",
+                                                log=log))
+
+    def _fabric_factor(self, spec: NodeSpec) -> float:
+        """The share of a healthy pair's bandwidth this node's fabric gives: its working devices,
+        its links' rate, and GPUDirect RDMA (without it NCCL stages through host memory)."""
+        hw = HARDWARE[spec.instance_type]
+        f = spec.faults
+        nics = hw["nics"] or 1
+        working = max(0, nics - f.nics_missing - len({p for p in f.nic_port_down if p < nics})) / nics
+        factor = working * f.link_degraded
+        if f.gpudirect_off or (f.no_peermem and hw["nic"] in ("efa", "ib")):
+            factor *= 0.25
+        return factor
+
+    def _pair_outcome(self, pods: list[dict[str, Any]], now: float) -> dict[int, tuple[float, int, str]]:
+        """Both ranks' end: when, exit code and log. The bus bandwidth is the healthy pair peak times
+        the slower node's fabric factor, with a few percent of noise drawn from the fleet's seed and
+        the pair's count of runs, so a seed replays the same story."""
+        nodes = [p["spec"]["nodeName"] for p in pods]
+        specs = [self.specs[n] for n in nodes]
+        pair = (min(nodes[0], nodes[1]), max(nodes[0], nodes[1]))
+        self._pair_runs[pair] = self._pair_runs.get(pair, 0) + 1
+        rng = random.Random(f"{self.fleet.seed}/pair/{pair[0]}/{pair[1]}/{self._pair_runs[pair]}")
+        hws = [HARDWARE[s.instance_type] for s in specs]
+        factor = min(self._fabric_factor(s) for s in specs)
+        aborted = False
+        if any(s.faults.port_flapping for s in specs):
+            factor *= rng.uniform(0.15, 0.9)
+            aborted = rng.random() < 0.35
+        busbw = min(hw["nccl_pair_peak"] for hw in hws) * factor * rng.uniform(0.97, 1.03)
+        env = self._env(pods[0])
+        max_bytes = tools.parse_bytes(env.get("PAIR_MAX_BYTES"))
+        gpus = hws[0]["gpus"] - specs[0].faults.missing_gpus
+        if (env.get("PAIR_GPUS") or "").isdigit():
+            gpus = int(env["PAIR_GPUS"])
+        stop_at = 2 ** rng.randint(20, max(20, max_bytes.bit_length() - 1)) if aborted else None
+        table, _ = tools.pair_table((nodes[0], nodes[1]), hws[0]["model"], max(gpus, 1), busbw, max_bytes, rng,
+                                    wrong=any(s.faults.fabric_corrupt for s in specs), stop_at=stop_at)
+        finish = self._started_at(max(pods, key=self._started_at)) + tools.NCCL_PAIR_SECONDS * (
+            rng.uniform(0.3, 0.8) if aborted else 1.0)
+        finish = max(finish, now)
+        out: dict[int, tuple[float, int, str]] = {}
+        for i, pod in enumerate(pods[:2]):
+            peer = pods[1 - i]
+            log = self._pair_probes(pod, nodes[i], peer, rng)
+            if aborted:
+                log += (table if i == 0 else "") + tools.net_error(hws[i]["nic"], nodes[i], rng.randrange(8),
+                                                                   peer["status"].get("podIP", ""))
+            else:
+                log += table if i == 0 else f"# pair-allreduce rank {i} done\n"
+            out[i] = (finish, 1 if aborted else 0, log)
+        return out
+
+    def _pair_probes(self, pod: dict[str, Any], node_name: str, peer: dict[str, Any] | None, rng: Any) -> str:
+        """The path-MTU probes toward the peer, one per PAIR_IFACES interface: the local interface's
+        MTU is this node's (the `mtu` fault), the path's the smaller `path_mtu` of the two nodes."""
+        env = self._env(pod)
+        spec = self.specs[node_name]
+        hw = HARDWARE[spec.instance_type]
+        try:
+            mtu = int(env.get("PAIR_MTU") or tools.IFACE_MTU.get(hw["nic"], 1500))
+        except ValueError:
+            mtu = 1500
+        peer_name = env.get("PAIR_PEER", "")
+        if not peer_name or "$(" in peer_name:
+            # One pod template cannot name a different peer per index: the program then takes the
+            # other index's stable DNS name, <job>-<index>.<subdomain>.
+            job = (pod["metadata"].get("labels") or {}).get("job-name", "")
+            sub = pod["spec"].get("subdomain")
+            peer_name = f"{job}-{1 - (completion_index(pod) or 0)}" + (f".{sub}" if sub else "")
+        peer_ip = peer["status"].get("podIP") if peer is not None else None
+        peer_spec = self.specs.get(peer["spec"].get("nodeName", "")) if peer is not None else None
+        out = []
+        for iface in (env.get("PAIR_IFACES") or "eth0").split():
+            limits = [s.faults.path_mtu[iface] for s in (spec, peer_spec) if s is not None and iface in s.faults.path_mtu]
+            code, text = tools.ping_probe(iface, mtu, peer_name, peer_ip, pod["status"].get("podIP", "10.1.0.1"),
+                                          spec.faults.mtu or tools.IFACE_MTU.get(hw["nic"], 1500),
+                                          min(limits) if limits else None, rng.uniform(0.03, 0.08))
+            out.append(tools.mtu_section(iface, mtu, peer_name, code, text))
+        return "".join(out)
 
     # -- the programs pods run ------------------------------------------------------
     def _run(self, pod: dict[str, Any], node_name: str, now: float) -> tuple[int, str, str]:
@@ -1003,6 +1303,18 @@ class SimCluster:
             start = status.get("startTime")
             new: dict[str, Any] = {"active": len(active), "succeeded": succeeded, "failed": failed,
                                    "startTime": start or iso(now)}
+            indexed = job["spec"].get("completionMode") == "Indexed"
+            done: set[int] = set()
+            if indexed:
+                # Indexed: the Job succeeds when each index 0..completions-1 has a succeeded pod, and
+                # says which have in completedIndexes (intervals, "0-2,4").
+                # https://kubernetes.io/docs/concepts/workloads/controllers/job/#completion-mode
+                done = {i for p in pods if p["status"].get("phase") == "Succeeded"
+                        and (i := completion_index(p)) is not None and i < int(job["spec"].get("completions") or 1)}
+                succeeded = len(done)
+                new["succeeded"] = succeeded
+                if done:
+                    new["completedIndexes"] = index_ranges(done)
             deadline = job["spec"].get("activeDeadlineSeconds")
             verdict = None
             if succeeded >= int(job["spec"].get("completions") or 1):
@@ -1023,13 +1335,28 @@ class SimCluster:
                 else:
                     new["completionTime"] = iso(now)
                 new["conditions"] = conds + [cond]
+            elif indexed and not job["spec"].get("suspend"):
+                running = {completion_index(p) for p in active}
+                room = int(job["spec"].get("parallelism", 1)) - len(active)
+                for i in range(int(job["spec"].get("completions") or 1)):
+                    if room <= 0:
+                        break
+                    if i in done or i in running:
+                        continue
+                    if not self._job_pod(job, now, index=i):
+                        break
+                    new["active"] += 1
+                    room -= 1
             elif not active and not job["spec"].get("suspend") and self._job_pod(job, now):
                 new["active"] = 1
             if any(status.get(k) != v for k, v in new.items()):
                 self.store.mutate("jobs", ns, name, partial(_update_status, **new))
 
-    def _job_pod(self, job: dict[str, Any], now: float) -> bool:
-        """Create the Job's pod through admission; False if it was rejected (retried with back-off)."""
+    def _job_pod(self, job: dict[str, Any], now: float, index: int | None = None) -> bool:
+        """Create the Job's pod through admission; False if it was rejected (retried with back-off).
+        An Indexed Job's pod carries its index as annotation and label, in JOB_COMPLETION_INDEX
+        (from that annotation, through the downward API) and in its hostname `<job>-<index>`.
+        https://kubernetes.io/docs/concepts/workloads/controllers/job/#completion-mode"""
         uid = job["metadata"]["uid"]
         retry = self._create_retry.get(uid)
         if retry and now < retry[0]:
@@ -1045,9 +1372,22 @@ class SimCluster:
                             "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": uid,
                                                  "controller": True, "blockOwnerDeletion": True}]},
                "spec": dict(tmpl.get("spec") or {}), "status": {"phase": "Pending"}}
+        prefix = name
+        if index is not None:
+            prefix = f"{name}-{index}"
+            pod["metadata"]["generateName"] = prefix + "-"
+            pod["metadata"]["annotations"][INDEX_KEY] = str(index)
+            pod["metadata"]["labels"][INDEX_KEY] = str(index)
+            pod["spec"] = copy.deepcopy(pod["spec"])
+            pod["spec"]["hostname"] = prefix
+            env_var = {"name": "JOB_COMPLETION_INDEX", "valueFrom": {"fieldRef": {
+                "apiVersion": "v1", "fieldPath": f"metadata.annotations['{INDEX_KEY}']"}}}
+            for c in (pod["spec"].get("initContainers") or []) + (pod["spec"].get("containers") or []):
+                if not any(e.get("name") == "JOB_COMPLETION_INDEX" for e in c.get("env") or []):
+                    c["env"] = [*(c.get("env") or []), env_var]
         ns = job["metadata"]["namespace"]
         self._pod_serial += 1  # the apiserver names a generateName pod before admission sees it
-        pod["metadata"]["name"] = f"{name}-{hashlib.sha1(f'{uid}/{self._pod_serial}'.encode()).hexdigest()[:5]}"
+        pod["metadata"]["name"] = f"{prefix}-{hashlib.sha1(f'{uid}/{self._pod_serial}'.encode()).hexdigest()[:5]}"
         refused = self.admit_pod(ns, pod)
         if refused:
             delay = min(360.0, 2 * retry[1]) if retry else 10.0

@@ -22,27 +22,49 @@ from sweeper.schema import (
 )
 
 # What each instance type *is* (the simulated hardware), not what Sweeper expects of it.
+# `fabric_resources`: what the node's fabric device plugin advertises. AWS's EFA device plugin names
+# each EFA device `vpc.amazonaws.com/efa` (p5/p5e: 32, p5en: 16, p4d/p4de: 4, p6-b200: 8 as the
+# instance types' network cards list them: https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-acc-inst-types.html,
+# https://github.com/aws/eks-charts/tree/master/stable/aws-efa-k8s-device-plugin). AKS's ND H100 v5 gets
+# its 8 InfiniBand HCAs from the NVIDIA Network Operator's RDMA shared device plugin, configured per
+# HCA as `rdma/ib` (https://github.com/Mellanox/k8s-rdma-shared-dev-plugin; the plugin's pooled form
+# is `rdma/shared_ib`). GKE's A3 High moves GPU traffic over GPUDirect-TCPX on gVNICs through
+# multi-networking, with no device plugin resource (https://cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx).
+# `nccl_pair_peak`: a healthy two-node all_reduce_perf bus bandwidth at 8 GB (GB/s, 16 ranks). p5's 479
+# GB/s and p4de's 78 GB/s (at 2 GB) are the 2-node runs in aws-samples/awsome-distributed-training,
+# micro-benchmarks/nccl-tests/README.md; nccl-tests' two-node busbw can exceed the node's line rate
+# (NCCL's tree, https://github.com/NVIDIA/nccl-tests/issues/22). The other 3,200 Gbps shapes (p5e,
+# p5en, p6-b200, ND H100 v5's 8 x 400 Gb/s NDR) are taken as p5, and A3 High's 4 x 200 Gbps of
+# GPUDirect-TCPX as a third of it: estimates, for want of a published two-node figure.
 _H100 = {"gpus": 8, "model": "NVIDIA H100 80GB HBM3", "cpu": "192", "memory": "2097152Mi", "device_id": "2330",
          "nccl_peak": 480.0, "nvlinks": 18, "pcie_gen": 5, "arch": "x86_64", "memory_mib": 81559,
          "nvswitch_fabric": True}
+_EFA = "vpc.amazonaws.com/efa"
 HARDWARE: dict[str, dict[str, Any]] = {
-    "p5.48xlarge": {**_H100, "nic": "efa", "nics": 32, "nic_rate": 100},
-    "p5e.48xlarge": {**_H100, "model": "NVIDIA H200", "device_id": "2335", "memory_mib": 143771, "nic": "efa", "nics": 32, "nic_rate": 100},
+    "p5.48xlarge": {**_H100, "nic": "efa", "nics": 32, "nic_rate": 100, "fabric_resources": {_EFA: 32},
+                    "nccl_pair_peak": 479.0},
+    "p5e.48xlarge": {**_H100, "model": "NVIDIA H200", "device_id": "2335", "memory_mib": 143771, "nic": "efa", "nics": 32, "nic_rate": 100,
+                     "fabric_resources": {_EFA: 32}, "nccl_pair_peak": 479.0},
     "p5en.48xlarge": {**_H100, "model": "NVIDIA H200", "device_id": "2335", "memory_mib": 143771, "nic": "efa", "nics": 16,
-                      "nic_rate": 200},
+                      "nic_rate": 200, "fabric_resources": {_EFA: 16}, "nccl_pair_peak": 479.0},
     "p4d.24xlarge": {**_H100, "nvswitch_fabric": False, "model": "NVIDIA A100-SXM4-40GB", "cpu": "96", "memory": "1179648Mi", "memory_mib": 40960,
                      "device_id": "20b0", "nccl_peak": 235.0, "nvlinks": 12, "pcie_gen": 4, "nic": "efa", "nics": 4,
-                     "nic_rate": 100},
+                     "nic_rate": 100, "fabric_resources": {_EFA: 4}, "nccl_pair_peak": 80.0},
     "p4de.24xlarge": {**_H100, "nvswitch_fabric": False, "model": "NVIDIA A100-SXM4-80GB", "cpu": "96", "memory": "1179648Mi", "memory_mib": 81920,
                       "device_id": "20b2", "nccl_peak": 235.0, "nvlinks": 12, "pcie_gen": 4, "nic": "efa", "nics": 4,
-                      "nic_rate": 100},
+                      "nic_rate": 100, "fabric_resources": {_EFA: 4}, "nccl_pair_peak": 80.0},
     "p6-b200.48xlarge": {**_H100, "model": "NVIDIA B200", "device_id": "2901", "memory_mib": 183359, "nccl_peak": 800.0, "nic": "efa",
-                         "nics": 8, "nic_rate": 400},
-    "Standard_ND96isr_H100_v5": {**_H100, "cpu": "96", "memory": "1900Gi", "nic": "ib", "nics": 8, "nic_rate": 400},
-    "a3-highgpu-8g": {**_H100, "cpu": "208", "memory": "1872Gi", "nic": "gve", "nics": 5, "nic_rate": 200},
+                         "nics": 8, "nic_rate": 400, "fabric_resources": {_EFA: 8}, "nccl_pair_peak": 479.0},
+    "Standard_ND96isr_H100_v5": {**_H100, "cpu": "96", "memory": "1900Gi", "nic": "ib", "nics": 8, "nic_rate": 400,
+                                 "fabric_resources": {"rdma/ib": 8}, "nccl_pair_peak": 479.0},
+    "a3-highgpu-8g": {**_H100, "cpu": "208", "memory": "1872Gi", "nic": "gve", "nics": 5, "nic_rate": 200,
+                      "fabric_resources": {}, "nccl_pair_peak": 160.0},
     "m7i.4xlarge": {"gpus": 0, "model": "", "cpu": "16", "memory": "65536Mi", "device_id": "", "nccl_peak": 0.0,
-                    "nvlinks": 0, "pcie_gen": 0, "nic": "ena", "nics": 1, "nic_rate": 0, "arch": "x86_64", "memory_mib": 0},
+                    "nvlinks": 0, "pcie_gen": 0, "nic": "ena", "nics": 1, "nic_rate": 0, "arch": "x86_64", "memory_mib": 0,
+                    "fabric_resources": {}, "nccl_pair_peak": 0.0},
 }
+for _hw in HARDWARE.values():
+    _hw["nic_rate_gbps"] = _hw["nic_rate"]  # the name the pair sweep's contract uses for the same figure
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -120,6 +142,15 @@ class Faults:
     no_peermem: bool = setting(False, "no GPUDirect RDMA peer-memory module is loaded")
     fabric_manager_down: bool = setting(False, "Fabric Manager is not running: NVSwitch GPUs never join the fabric")
     no_journal: bool = setting(False, "the host keeps no journal (journalctl finds none)")
+    link_degraded: float = setting(1.0, "share of the node's fabric rate left (a pair runs at the slower node's)",
+                                   ge=0, le=1)
+    port_flapping: bool = setting(False, "a fabric port drops now and then: pair bandwidth varies widely and some "
+                                  "pair runs abort with a NET/OFI or NET/IB error")
+    path_mtu: dict[str, int] = setting(help="interface -> the largest packet a path through this node carries "
+                                       "(larger don't-fragment probes are lost)", factory=dict, ge=68)
+    gpudirect_off: bool = setting(False, "NCCL falls back to host memory (no GPUDirect RDMA): about a quarter of "
+                                  "the pair bandwidth")
+    fabric_corrupt: bool = setting(False, "the fabric corrupts data: a pair's all-reduce counts wrong values")
 
 
 FAULT_KEYS = {f.name for f in fields(Faults)}

@@ -120,3 +120,137 @@ def nccl_output(spec: NodeSpec, node_name: str) -> tuple[int, str]:
     lines += ["# Out of bounds values : 0 OK", f"# Avg bus bandwidth    : {total / n:.3f}", "#",
               "# Collective test concluded: all_reduce_perf", ""]
     return 0, "\n".join(lines)
+
+
+# -- the pair pod's program (`pair-allreduce`): path-MTU probes, then a two-node all-reduce ----------------
+
+NCCL_PAIR_SECONDS = 180.0  # a pair's all-reduce sweep from 8 B to 8 GB, once both pods run
+RDZV_TIMEOUT = 600.0  # PAIR_RDZV_TIMEOUT's default
+# The pod interface's MTU by the node's fabric: the VPC CNI's 9001 on EKS, GKE's gVNIC 8244, 1500 on AKS.
+IFACE_MTU = {"efa": 9001, "ena": 9001, "gve": 8244, "ib": 1500}
+
+
+def ping_probe(iface: str, mtu: int, peer: str, peer_ip: str | None, src_ip: str, local_mtu: int,
+               path_mtu: int | None, rtt: float) -> tuple[int, str]:
+    """(exit code, output) of iputils `ping -M do -s MTU-28 -c 3 -W 2 -I IFACE PEER`: every reply;
+    the kernel refusing a datagram larger than the interface's MTU (`local error: message too
+    long`); a path that drops what it cannot carry (no replies, 100% loss); a peer with no DNS name."""
+    if peer_ip is None:
+        return 2, f"ping: {peer}: Name or service not known\n"
+    size = max(0, mtu - 28)
+    lines = [f"PING {peer} ({peer_ip}) from {src_ip} {iface}: {size}({size + 28}) bytes of data."]
+    if mtu > local_mtu:
+        lines += [f"ping: local error: message too long, mtu={local_mtu}"] * 3
+        lines += ["", f"--- {peer} ping statistics ---",
+                  "3 packets transmitted, 0 received, +3 errors, 100% packet loss, time 2043ms", ""]
+        return 1, "\n".join(lines)
+    if path_mtu is not None and mtu > path_mtu:
+        lines += ["", f"--- {peer} ping statistics ---", "3 packets transmitted, 0 received, 100% packet loss, time 2052ms",
+                  ""]
+        return 1, "\n".join(lines)
+    times = [rtt * f for f in (1.21, 0.98, 1.0)]
+    lines += [f"{size + 8} bytes from {peer} ({peer_ip}): icmp_seq={i + 1} ttl=127 time={t:.3f} ms"
+              for i, t in enumerate(times)]
+    avg = sum(times) / 3
+    mdev = (sum((t - avg) ** 2 for t in times) / 3) ** 0.5
+    lines += ["", f"--- {peer} ping statistics ---", "3 packets transmitted, 3 received, 0% packet loss, time 2003ms",
+              f"rtt min/avg/max/mdev = {min(times):.3f}/{avg:.3f}/{max(times):.3f}/{mdev:.3f} ms", ""]
+    return 0, "\n".join(lines)
+
+
+def mtu_section(iface: str, mtu: int, peer: str, code: int, output: str) -> str:
+    """One probe framed by the program's marker lines."""
+    return f"# pair-mtu iface={iface} mtu={mtu} peer={peer}\n{output}# pair-mtu-end iface={iface} rc={code}\n"
+
+
+def parse_bytes(text: str | None, default: int = 8 * 1024 ** 3) -> int:
+    """PAIR_MAX_BYTES as nccl-tests reads sizes: a number with an optional K, M or G (powers of 1024)."""
+    if not text:
+        return default
+    text = text.strip().upper()
+    scale = {"K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}.get(text[-1:], 1)
+    digits = text[:-1] if text[-1:] in "KMG" else text
+    return int(digits) * scale if digits.isdigit() else default
+
+
+def pair_table(hosts: tuple[str, str], model: str, gpus: int, busbw: float, max_bytes: int, rng: Any,
+               wrong: bool = False, stop_at: int | None = None) -> tuple[str, int]:
+    """Rank 0's all_reduce table over both nodes (nGpus 1 per process, 2 x `gpus` ranks): the bus
+    bandwidth at the largest size is `busbw`, smaller sizes pay a fixed latency. With `wrong`,
+    the larger sizes count wrong elements. With `stop_at`, the table ends before that size (the
+    run aborted). Returns the text and how many results were wrong."""
+    ranks = 2 * gpus
+    lines = ["# nccl-tests version 2.16.9 nccl-headers=22707 nccl-library=22707",
+             "# Collective test starting: all_reduce_perf",
+             f"# nThread 1 nGpus 1 minBytes 8 maxBytes {max_bytes} step: 2(factor) warmup iters: 5 iters: 20 "
+             "agg iters: 1 validation: 1 graph: 0 unalign: 0", "#", "# Using devices"]
+    for r in range(ranks):
+        host, g = hosts[r // gpus], r % gpus
+        lines.append(f"#  Rank {r:2d} Group  0 Pid {52100 + r:6d} on {host:>14} device {g:2d} "
+                     f"[0000:{0x18 + g * 16:02x}:00] {model}")
+    lines += ["#", "#" + " " * 62 + "out-of-place" + " " * 23 + "in-place",
+              "#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw"
+              "   busbw  #wrong",
+              "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)             (us)  (GB/s)"
+              "  (GB/s)"]
+    factor = 2 * (ranks - 1) / ranks
+    latency = 65.0  # us: a small all-reduce across the fabric
+    t_max = max_bytes / (busbw / factor * 1e3) if busbw > 0 else 0.0
+    total, n, errors, size = 0.0, 0, 0, 8
+    while size <= max_bytes:
+        if stop_at is not None and size >= stop_at:
+            return "\n".join(lines) + "\n", errors
+        cols = []
+        for _ in range(2):  # out-of-place, then in-place
+            t = (latency + max(0.0, t_max - latency) * size / max_bytes) * rng.uniform(0.995, 1.005)
+            algbw = size / (t * 1e3)
+            bad = rng.randint(1, max(1, size // 4 // 100_000)) if wrong and size >= 1024 ** 2 else 0
+            errors += bool(bad)
+            cols.append(f"{t:8.1f}  {algbw:6.2f}  {algbw * factor:6.2f}  {bad:6d}")
+            total += algbw * factor
+            n += 1
+        lines.append(f"{size:12d}  {size // 4:12d}     float     sum      -1 " + " ".join(cols))
+        size *= 2
+    lines += [f"# Out of bounds values : {errors} {'FAILED' if errors else 'OK'}",
+              f"# Avg bus bandwidth    : {total / max(n, 1):.4f}", "#", "# Collective test concluded: all_reduce_perf",
+              ""]
+    return "\n".join(lines), errors
+
+
+def net_error(nic: str, host: str, gpu: int, peer_ip: str) -> str:
+    """What a rank prints when its fabric drops under it, in NCCL's own words for its network plugin
+    (aws-ofi-nccl's NET/OFI on EFA, NCCL's NET/IB on InfiniBand), then torch's report of it."""
+    if nic == "ib":
+        warn = (f"{host}:412:977 [{gpu}] transport/net_ib.cc:1696 NCCL WARN NET/IB : Got completion from peer "
+                f"{peer_ip}<41870> with status=12 opcode=0 len=0 vendor err 129 (Recv) localGid ::ffff:{peer_ip}")
+        last = "NET/IB : Got completion from peer with status=12 opcode=0 len=0 vendor err 129 (Recv)"
+    else:
+        warn = (f"{host}:412:977 [{gpu}] nccl_net_ofi_rdma.c:1592 NCCL WARN NET/OFI Request 0x7f2c3c0d91a8 completed "
+                "with error. RC: 5. Error: Input/output error. Completed length: 0")
+        last = "NET/OFI Request completed with error. RC: 5. Error: Input/output error."
+    return (f"{warn}\n"
+            f"{host}:412:977 [{gpu}] NCCL INFO transport/net.cc:1302 -> 6\n"
+            "[rank0]: torch.distributed.DistBackendError: NCCL error in: "
+            "/opt/pytorch/pytorch/torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:3356, remote process exited or "
+            "there was a network error, NCCL version 2.23.4\n"
+            "[rank0]: ncclRemoteError: A call failed possibly due to a network error or a remote process exiting "
+            "prematurely.\n"
+            f"[rank0]: Last error:\n[rank0]: {last}\n"
+            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+            "============================================================\n"
+            "allreduce_bench.py FAILED\n")
+
+
+def rendezvous_timeout() -> str:
+    """torchrun's end when the other node never joins the c10d rendezvous within its join timeout:
+    dynamic_rendezvous raises RendezvousTimeoutError with no message of its own."""
+    return ("Traceback (most recent call last):\n"
+            '  File "/usr/local/bin/torchrun", line 8, in <module>\n'
+            "    sys.exit(main())\n"
+            '  File "/usr/local/lib/python3.12/dist-packages/torch/distributed/elastic/rendezvous/'
+            'dynamic_rendezvous.py", line 1155, in next_rendezvous\n'
+            "    self._op_executor.run(join_op, deadline, self._get_deadline)\n"
+            '  File "/usr/local/lib/python3.12/dist-packages/torch/distributed/elastic/rendezvous/'
+            'dynamic_rendezvous.py", line 676, in run\n'
+            "    raise RendezvousTimeoutError\n"
+            "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError\n")

@@ -22,8 +22,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from sweeper.actions import ActionContext, load_all
 from sweeper.cli import main
 from sweeper.history import History
+from sweeper.profiles import load_profile
 from sweeper.sim.cluster import SimCluster
 from sweeper.sim.fleet import parse_fleet
 from sweeper.sim.rbac import allowed, attributes, object_name, rule_covers, rules_from_manifests
@@ -31,6 +33,7 @@ from sweeper.sim.server import ApiServer
 from tests.conftest import TEST_CONFIG, Sim, fleet_spec, run_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
+P5 = load_profile(ROOT / "profiles" / "p5.48xlarge.yaml").as_vars()
 
 
 def manifest(name: str = "cronjob.yaml") -> list[dict]:
@@ -58,11 +61,21 @@ def test_the_cluster_role_is_exactly_what_sweeper_uses(make_sim, history: Histor
     sim: Sim = make_sim(spec)
     sim.wait_for(lambda: sim.core.list_namespaced_pod("training").items, what="the workload")
     history.run_started("sw-dead", sim.cluster.clock.now() - 7200, "sweep")  # a run that died: reconciled
+    sim.core.create_namespaced_service("sweeper", {  # its pair sweep's Service, left behind
+        "metadata": {"name": "sweep-pair-gpu-00-dead00", "labels": {
+            "app.kubernetes.io/managed-by": "sweeper", "app.kubernetes.io/component": "pair",
+            "sweeper.dev/run-id": "sw-dead"}}, "spec": {"clusterIP": "None", "ports": [{"port": 29500}]}})
     start = len(sim.cluster.store.requests)
     cfg = replace(TEST_CONFIG, node_condition=True, light_playbook="",
                   remediation={"default": "manual", "by_pool": {"gpu": "karpenter"}, "by_profile": {}})
     report = run_sweep(sim, history, cfg)
     assert {o.node: o.verdict for o in report.outcomes}["gpu-01"] == "replace"
+    # a pair sweep between two nodes the run handed back: its headless Service and Indexed Job
+    pair = load_all()["run_pair_job"]
+    nodes = {n: {"name": n, "gpus": 8, "labels": {"kubernetes.io/hostname": n}, "profile": P5} for n in ("gpu-00", "gpu-02")}
+    out = pair.fn(ActionContext(config=cfg, clock=sim.cluster.clock, kube=sim.kube, node=nodes["gpu-00"],
+                                partner=nodes["gpu-02"], run_id="sw-pair"), pair.validate({}, "rbac"))
+    assert out["status"] == "pass", out
     swept = len(sim.cluster.store.requests)
     # an operator's playbook that drains a node through the Eviction API
     book = tmp_path / "drain.yaml"

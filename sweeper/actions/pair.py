@@ -1,0 +1,430 @@
+"""`run_pair_job`: a two-node NCCL all-reduce and path-MTU probes between the play's node (A) and
+its partner (B). Renders a headless Service and an Indexed Job of two pods (one per node, through
+the scheduler), follows the Job with the run's watch as `run_job` does, reads both pods' logs, and
+always deletes the Job and the Service.
+
+Kubernetes' pattern for pods of one Job that talk to each other (an Indexed Job whose pods get
+stable names from a headless Service): https://kubernetes.io/docs/tasks/job/job-with-pod-to-pod-communication/
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sweeper.actions import ActionContext, Arg, action, ok
+from sweeper.actions.jobs import (
+    CLIENT_GRACE,
+    DEMAND_EVERY,
+    MAX_POLL,
+    POD_LAG,
+    SCHEDULE_TIMEOUT,
+    TOOL_EXIT,
+    TOOL_FAULT_GRACE,
+    _condition,
+    _container_ran,
+    _Fault,
+    _finished,
+    _hung,
+    _never_ran,
+    _node_gone,
+    _unscheduled,
+    _watch_for,
+)
+from sweeper.actions.jobwatch import RunWatch
+from sweeper.clock import parse_duration
+from sweeper.errors import KubeError, NotFound, PlaybookError
+from sweeper.fleet import pending_gpu_pods
+from sweeper.parsers import pair as pair_parser
+from sweeper.result import Result, tool_result
+from sweeper.templating import render
+
+INDEX = "batch.kubernetes.io/job-completion-index"
+MPIJOB_API = "kubeflow.org/v2beta1"
+
+
+def pair_job_name(node: str, partner: str, run_id: str, template: str) -> str:
+    """`sweep-pair-<A>-<6 hex>`; short enough that `<name>-1` is a DNS label (63) for the pod's hostname."""
+    digest = hashlib.sha1(f"{run_id}/{node}/{partner}/{template}".encode()).hexdigest()[:6]
+    base = re.sub(r"[^a-z0-9-]", "-", node.lower())[:40].strip("-")
+    return f"sweep-pair-{base}-{digest}"
+
+
+def _hostname(node: dict[str, Any]) -> str:
+    return str((node.get("labels") or {}).get("kubernetes.io/hostname", node.get("name", "")))
+
+
+def pair_variables(ctx: ActionContext, template: str, timeout: float, extra: dict[str, Any]) -> dict[str, Any]:
+    """What a pair template sees: run_job's variables, plus `partner`, `service_name`,
+    `pair_affinity` and `fabric_resources`."""
+    node, partner = ctx.node or {}, ctx.partner
+    if not partner:
+        raise PlaybookError("run_pair_job needs a partner node (a pair playbook, or sweeper run --partner)")
+    a, b = str(node.get("name", "")), str(partner.get("name", ""))
+    if a == b:
+        raise PlaybookError(f"run_pair_job: the partner is the node itself ({a})")
+    name = pair_job_name(a, b, ctx.run_id, template)
+    prefix = ctx.config.prefix
+    labels = {"app.kubernetes.io/managed-by": "sweeper", "app.kubernetes.io/component": "pair",
+              f"{prefix}/run-id": ctx.run_id, f"{prefix}/node": a, f"{prefix}/partner": b, f"{prefix}/pair": name}
+    profile = node.get("profile") or {}
+    return {
+        "node": node, "partner": partner, "run_id": ctx.run_id, "job_name": name, "service_name": name,
+        "namespace": ctx.config.namespace, "image": ctx.config.check_image, "taint_key": ctx.config.taint_key,
+        "prefix": prefix, "timeout": int(timeout), "ttl": int(ctx.config.job_ttl), "labels": labels,
+        # One pod on each of the two nodes, through the scheduler: node affinity on both hostnames,
+        # and a required anti-affinity against the other pod of this pair on the same hostname.
+        # https://kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node/#inter-pod-affinity-and-anti-affinity
+        "pair_affinity": {
+            "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In",
+                                       "values": [_hostname(node), _hostname(partner)]}]}]}},
+            "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {f"{prefix}/pair": name}},
+                 "topologyKey": "kubernetes.io/hostname"}]}},
+        "tolerations": [{"key": ctx.config.taint_key, "operator": "Exists", "effect": "NoSchedule"}]
+        + [{"key": k, "operator": "Exists", "effect": "NoSchedule"} for k in ctx.config.allowed_taint_keys],
+        "all_gpus": {"nvidia.com/gpu": str(node.get("gpus", 0))},
+        "fabric_resources": dict(profile.get("fabric_resources") or {}),
+        "priority_class": ctx.config.check_priority_class,
+        "platform": ctx.config.platform, "runtime_class": ctx.config.runtime_class_name,
+        **extra}
+
+
+def render_pair(ctx: ActionContext, template: str, timeout: float,
+                extra: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The template's Service and its Job (or MPIJob), checked; and the variables they saw."""
+    path = ctx.config.path("job-templates") / template
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise PlaybookError(f"run_pair_job: cannot read template {path}: {exc}") from exc
+    variables = pair_variables(ctx, template, timeout, extra)
+    rendered = render(text, variables, where=str(path))
+    try:
+        docs = [d for d in yaml.safe_load_all(rendered) if d is not None]
+    except yaml.YAMLError as exc:
+        raise PlaybookError(f"{path}: the rendered template is not YAML: {exc}") from exc
+    kinds = [d.get("kind") if isinstance(d, dict) else None for d in docs]
+    if len(docs) != 2 or kinds[0] != "Service" or kinds[1] not in ("Job", "MPIJob"):
+        raise PlaybookError(f"{path}: a pair template renders two documents, a Service then a Job (or an MPIJob); "
+                            f"got {kinds}")
+    service, job = docs
+    _check_service(service, variables, path)
+    if job["kind"] == "Job":
+        _check_pair_job(job, variables, path)
+    else:
+        check_mpijob(job, variables, path)
+    return service, job, variables
+
+
+def _check_service(svc: dict[str, Any], variables: dict[str, Any], path: Path) -> None:
+    meta, spec = svc.get("metadata") or {}, svc.get("spec") or {}
+    if meta.get("name") != variables["service_name"]:
+        raise PlaybookError(f"{path}: the Service must be named {{{{ service_name | tojson }}}}")
+    if spec.get("clusterIP") != "None":
+        raise PlaybookError(f"{path}: the Service must be headless (clusterIP: None): its pods' names are what it is for")
+
+
+def _pod_problems(pod: dict[str, Any], variables: dict[str, Any], what: str) -> str:
+    """Why a pair pod would not be safe: it must go through the scheduler to one of the two held nodes
+    with all their GPUs and fabric devices, and only there."""
+    if "nodeName" in pod:
+        return f"{what}: nodeName bypasses taints and GPU accounting; use affinity: {{{{ pair_affinity | tojson }}}}"
+    if pod.get("affinity") != variables["pair_affinity"]:
+        return f"{what}: the pod must carry Sweeper's pair affinity: affinity: {{{{ pair_affinity | tojson }}}}"
+    if not any(t.get("key") == variables["taint_key"] for t in pod.get("tolerations") or []):
+        return f"{what}: the pod must tolerate {variables['taint_key']}"
+    wanted = {**variables["all_gpus"], **{k: str(v) for k, v in variables["fabric_resources"].items()}}
+    containers = pod.get("containers") or []
+    got: dict[str, str] = {}
+    for c in containers:
+        res = c.get("resources") or {}
+        for k, v in {**(res.get("limits") or {}), **(res.get("requests") or {})}.items():
+            got[k] = str(v)
+    missing = [f"{k}: {v}" for k, v in sorted(wanted.items()) if got.get(k) != v]
+    if missing:
+        return (f"{what}: each pod must request all of its node's GPUs and the profile's fabric devices "
+                f"({', '.join(missing)}); use all_gpus and fabric_resources")
+    return ""
+
+
+def _check_pair_job(job: dict[str, Any], variables: dict[str, Any], path: Path) -> None:
+    spec = job.get("spec") or {}
+    if (job.get("metadata") or {}).get("name") != variables["job_name"]:
+        raise PlaybookError(f"{path}: the Job must be named {{{{ job_name | tojson }}}}")
+    if spec.get("completionMode") != "Indexed" or spec.get("completions") != 2 or spec.get("parallelism") != 2:
+        raise PlaybookError(f"{path}: the pair Job must be Indexed with completions: 2 and parallelism: 2")
+    template = spec.get("template") or {}
+    pod = template.get("spec") or {}
+    if pod.get("subdomain") != variables["service_name"]:
+        raise PlaybookError(f"{path}: the pods' subdomain must be the Service: subdomain: {{{{ service_name | tojson }}}}")
+    labels = (template.get("metadata") or {}).get("labels") or {}
+    key = f"{variables['prefix']}/pair"
+    if labels.get(key) != variables["job_name"]:
+        raise PlaybookError(f"{path}: the pods must carry the label {key} (labels: {{{{ labels | tojson }}}}), "
+                            "which the pair's anti-affinity and Service select")
+    problem = _pod_problems(pod, variables, "the Job's pods")
+    if problem:
+        raise PlaybookError(f"{path}: {problem}")
+
+
+def check_mpijob(job: dict[str, Any], variables: dict[str, Any], path: Path) -> None:
+    """The MPI Operator's MPIJob, v2beta1: a Launcher (1 replica) and Workers (2, one per node, each
+    with the GPUs and fabric devices), `slotsPerWorker` ranks per worker, `sshAuthMountPath`.
+    https://github.com/kubeflow/mpi-operator (pkg/apis/kubeflow/v2beta1/types.go)"""
+    if job.get("apiVersion") != MPIJOB_API:
+        raise PlaybookError(f"{path}: an MPIJob must be {MPIJOB_API}")
+    spec = job.get("spec") or {}
+    unknown = set(spec) - {"slotsPerWorker", "runPolicy", "mpiReplicaSpecs", "sshAuthMountPath", "launcherCreationPolicy",
+                           "mpiImplementation", "runLauncherAsWorker"}
+    if unknown:
+        raise PlaybookError(f"{path}: MPIJob spec: unknown field(s) {sorted(unknown)}")
+    if not isinstance(spec.get("slotsPerWorker"), int) or spec["slotsPerWorker"] < 1:
+        raise PlaybookError(f"{path}: MPIJob spec.slotsPerWorker must be a positive integer (ranks per worker)")
+    replicas = spec.get("mpiReplicaSpecs") or {}
+    if set(replicas) != {"Launcher", "Worker"}:
+        raise PlaybookError(f"{path}: MPIJob spec.mpiReplicaSpecs must hold Launcher and Worker, got {sorted(replicas)}")
+    if (replicas["Launcher"] or {}).get("replicas", 1) != 1 or (replicas["Worker"] or {}).get("replicas") != 2:
+        raise PlaybookError(f"{path}: an MPIJob pair has one Launcher and two Workers")
+    for role in ("Launcher", "Worker"):
+        template = (replicas[role] or {}).get("template") or {}
+        pod = template.get("spec") or {}
+        if "nodeName" in pod:
+            raise PlaybookError(f"{path}: MPIJob {role}: nodeName bypasses taints and GPU accounting")
+        if not any(t.get("key") == variables["taint_key"] for t in pod.get("tolerations") or []):
+            raise PlaybookError(f"{path}: MPIJob {role}: the pod must tolerate {variables['taint_key']}")
+    worker = ((replicas["Worker"] or {}).get("template") or {})
+    problem = _pod_problems(worker.get("spec") or {}, variables, "MPIJob Worker")
+    if problem:
+        raise PlaybookError(f"{path}: {problem}")
+
+
+def mpijob_pods(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """The MPIJob's pod templates as Pods (Launcher then Worker), for the Kubernetes schema."""
+    out = []
+    for role in ("Launcher", "Worker"):
+        template = ((job.get("spec") or {}).get("mpiReplicaSpecs") or {}).get(role, {}).get("template") or {}
+        out.append({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": f"{job['metadata']['name']}-{role.lower()}",
+                                 **(template.get("metadata") or {})},
+                    "spec": template.get("spec") or {}})
+    return out
+
+
+@action("run_pair_job",
+        Arg("template", str, default="nccl-pair.yaml.j2", help="file name under job-templates/ (a Service and an "
+            "Indexed Job of two pods)"),
+        Arg("timeout", (int, float, str), default="30m", help="activeDeadlineSeconds, and the client deadline"),
+        Arg("vars", dict, default=None, help="extra variables for the template"),
+        Arg("parser_args", dict, default=None,
+            help="min_busbw (GB/s at the largest message), mtu, ifaces; by default the profile's "
+                 "nccl_pair_busbw_min, mtu and fabric_ifaces"),
+        Arg("abortable", bool, default=True,
+            help="may be stopped to make room for pending GPU work (with abort_on_demand); the result is inconclusive"),
+        help="Run a two-node NCCL all-reduce and path-MTU probes between the node and its partner (a Service and "
+             "an Indexed Job, one pod on each node with all its GPUs and fabric devices), wait for it, read both "
+             "pods' logs, and delete both.", needs_node=True)
+def run_pair_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
+    if ctx.kube is None or ctx.node is None:
+        raise PlaybookError("run_pair_job needs a cluster and a target node (--node)")
+    timeout = parse_duration(args["timeout"])
+    service, job, _ = render_pair(ctx, args["template"], timeout, args["vars"] or {})
+    if job["kind"] != "Job":
+        raise PlaybookError(f"{args['template']}: run_pair_job runs a batch/v1 Job; an MPIJob template is "
+                            "checked by `sweeper lint` but not run yet")
+    namespace = job.get("metadata", {}).get("namespace") or ctx.config.namespace
+    name = job["metadata"]["name"]
+    watch, own = _watch_for(ctx, namespace)
+    changed = watch.changed(name)  # before the create: no change of the Job can be missed
+    try:
+        return _follow(ctx, args, service, job, namespace, timeout, watch, changed)
+    finally:
+        watch.forget(name)
+        if own:
+            watch.close()
+
+
+def _follow(ctx: ActionContext, args: dict[str, Any], service: dict[str, Any], job: dict[str, Any], namespace: str,
+            timeout: float, watch: RunWatch, changed: threading.Event) -> dict[str, Any]:
+    name = job["metadata"]["name"]
+    a = str((ctx.node or {}).get("name", ""))
+    b = str((ctx.partner or {}).get("name", ""))
+    result: Result | None = None
+    inconclusive = ""
+    svc_name = service["metadata"]["name"]
+    ctx.intent("create-service", "before", f"{namespace}/{svc_name}")
+    try:
+        ctx.kube.create_service(namespace, service)
+        ctx.intent("create-service", "after", f"{namespace}/{svc_name}")
+        ctx.intent("create-job", "before", f"{namespace}/{name}")
+        ctx.kube.create_job(namespace, job)
+        ctx.intent("create-job", "after", f"{namespace}/{name}")
+        start = ctx.clock.now()
+        polls = 0
+        started = False  # both pods accepted by a kubelet
+        ran = False  # a pair container did run
+        fault = _Fault()
+        why = ""  # the scheduler's word on a pod that cannot land
+        confirmed = False
+        while True:
+            polls += 1
+            changed.clear()
+            current, pods = watch.state(name)
+            cond = _condition(current) if current is not None else None
+            if cond is not None and cond.get("reason") != "DeadlineExceeded" and sum(map(_finished, pods)) < 2:
+                pods = _finished_pods(ctx, watch, changed, namespace, name)
+            started = started or (len(pods) >= 2 and all((p.get("status") or {}).get("startTime") for p in pods))
+            ran = ran or any(_container_ran(p) for p in pods)
+            pending = _unscheduled(pods)
+            if pending:
+                why = pending
+            elif started:
+                why = ""
+            if not ran:
+                fault.see(pods, ctx.clock.now())
+                if not pods and polls % 6 == 0:
+                    fault.see_events(ctx, namespace, name, ctx.clock.now())
+            now = ctx.clock.now()
+            if cond is not None:
+                deadline = cond.get("reason") == "DeadlineExceeded"
+                if deadline and fault.code and not ran:
+                    result = fault.result(a, now)
+                elif why:  # one pod never landed; the other may have given up on the rendezvous
+                    inconclusive = _never_scheduled(ctx, a, b, why)
+                elif deadline and not started:
+                    inconclusive = "the pair's pods never started before their deadline" + _gone(ctx, a, b)
+                elif deadline and not ran:
+                    result = _never_ran(a, now, pods)
+                elif deadline:
+                    result = _hung(a, now, timeout)
+                else:
+                    result = read_pair(ctx, namespace, pods, a, b, args["parser_args"] or {})
+                break
+            elapsed = now - start
+            if fault.code and not ran and now - fault.since > min(TOOL_FAULT_GRACE, timeout * 0.5):
+                result = fault.result(a, now)
+                break
+            if ctx.cancelled():
+                inconclusive = "the sweep was stopped before the pair finished"
+                break
+            if args["abortable"] and ctx.config.abort_on_demand:
+                waiting = pending_gpu_pods(watch.pending_pods(DEMAND_EVERY * ctx.config.poll_interval), ctx.config)
+                if waiting:
+                    inconclusive = (f"aborted to make room for {len(waiting)} pending GPU pod(s) "
+                                    f"({', '.join(waiting[:3])})")
+                    break
+            schedule_deadline = min(SCHEDULE_TIMEOUT, timeout * 0.9)
+            if why and elapsed > schedule_deadline:
+                inconclusive = _never_scheduled(ctx, a, b, why)
+                break
+            if elapsed > timeout + CLIENT_GRACE and not confirmed:
+                confirmed = True
+                watch.refresh(name)
+                continue
+            if elapsed > timeout + CLIENT_GRACE:
+                result = _hung(a, now, timeout) if ran else \
+                    fault.result(a, now) if fault.code else _never_ran(a, now, pods)
+                break
+            pause = max(ctx.config.poll_interval, min(MAX_POLL, elapsed / 10))
+            if why and elapsed < schedule_deadline:
+                pause = max(ctx.config.poll_interval, min(pause, schedule_deadline - elapsed + 1))
+            ctx.clock.wait(changed, pause)
+    finally:
+        ctx.intent("delete-job", "before", f"{namespace}/{name}")
+        try:
+            ctx.kube.delete_job(namespace, name)
+        except NotFound:
+            pass
+        finally:
+            ctx.intent("delete-job", "after", f"{namespace}/{name}")
+            ctx.intent("delete-service", "before", f"{namespace}/{svc_name}")
+            ctx.kube.delete_service(namespace, svc_name)
+            ctx.intent("delete-service", "after", f"{namespace}/{svc_name}")
+    if inconclusive:
+        return {"changed": True, "failed": True, "status": "inconclusive", "msg": inconclusive, "job": name,
+                "result": None, "busbw": None}
+    assert result is not None
+    ctx.on_result(result)
+    bad = [f"{c.name}: {c.message}" for c in result.failed_checks][:5]
+    return ok(f"{result.status}" + (f": {'; '.join(bad)}" if bad else ""), changed=True, job=name,
+              status=result.status, result=result.to_dict(), busbw=pair_parser.busbw(result)) \
+        | {"failed": result.status in ("fail", "error")}
+
+
+def _finished_pods(ctx: ActionContext, watch: RunWatch, changed: threading.Event, namespace: str,
+                   name: str) -> list[dict[str, Any]]:
+    """The Job is finished but the pod watch has not brought both pods' last state yet: wait for it
+    a moment, then list the pods once."""
+    until = ctx.clock.now() + POD_LAG
+    while True:
+        changed.clear()
+        _, pods = watch.state(name)
+        if sum(map(_finished, pods)) >= 2:
+            return pods
+        left = until - ctx.clock.now()
+        if left <= 0 or ctx.cancelled():
+            return list(ctx.kube.namespaced_pods(namespace, f"job-name={name}"))
+        ctx.clock.wait(changed, left)
+
+
+def _never_scheduled(ctx: ActionContext, a: str, b: str, why: str) -> str:
+    return f"a pod of the pair never scheduled ({why})" + (_gone(ctx, a, b) or
+                                                          "; someone or something else has one of the nodes")
+
+
+def _gone(ctx: ActionContext, a: str, b: str) -> str:
+    return "".join(_node_gone(ctx, n).replace("the node", f"node {n}") for n in (a, b))
+
+
+def _index(pod: dict[str, Any]) -> int | None:
+    meta = pod.get("metadata") or {}
+    value = (meta.get("annotations") or {}).get(INDEX) or (meta.get("labels") or {}).get(INDEX)
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def read_pair(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]], a: str, b: str,
+              parser_args: dict[str, Any]) -> Result:
+    """Both pods' logs and exit codes, by completion index, read as one pair result."""
+    now = ctx.clock.now()
+    by_index: dict[int, dict[str, Any]] = {}
+    for p in sorted(pods, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or ""):
+        i = _index(p)
+        if i in (0, 1) and _finished(p):
+            by_index[i] = p
+    logs: list[str] = ["", ""]
+    codes: list[int | None] = [None, None]
+    for i, pod in sorted(by_index.items()):
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        term = ((statuses[0].get("state") or {}).get("terminated") or {}) if statuses else {}
+        codes[i] = term.get("exitCode")
+        try:
+            logs[i] = ctx.kube.pod_log(namespace, pod["metadata"]["name"])
+        except KubeError as exc:
+            ctx.log(f"cannot read the log of {pod['metadata']['name']}: {exc}")
+            logs[i] = term.get("message") or ""
+        if term.get("reason") == "StartError" or codes[i] in TOOL_EXIT:
+            image = statuses[0].get("image", "") if statuses else ""
+            what = TOOL_EXIT.get(codes[i]) or "the pair container could not start"  # type: ignore[arg-type]
+            tail = (logs[i].strip().splitlines() or [""])[-1]
+            return tool_result(a, now, "StartError" if term.get("reason") == "StartError" else f"exit {codes[i]}",
+                               f"{what} (image {image}, exit {codes[i]})", tail[:500])
+    if not by_index:
+        return tool_result(a, now, "NoPods", "the pair Job finished but none of its pods is left to read")
+    node = ctx.node or {}
+    profile = node.get("profile") or {}
+    floor = parser_args.get("min_busbw", profile.get("nccl_pair_busbw_min"))
+    mtu = parser_args.get("mtu", profile.get("mtu"))
+    ifaces = parser_args.get("ifaces", profile.get("fabric_ifaces") or [])
+    if isinstance(ifaces, str):
+        ifaces = ifaces.split()
+    return pair_parser.parse(logs, a, now, partner=b, min_busbw=None if floor in (None, "") else float(floor),
+                             mtu=None if mtu in (None, "") else int(mtu), ifaces=list(ifaces), exit_codes=codes)

@@ -1,0 +1,296 @@
+"""Pair sweeps end to end against the simulated cluster: two nodes held together, one pair run
+of the shipped pair-fabric.yaml over the simulated fabric, re-pairing a failed pair's nodes with
+known-good partners, races, the budget, and SIGKILL at every step of a pair sweep.
+
+Some tests use a stand-in pair playbook whose check is the node-local one on `node` alone (a
+fault the simulator already models, XID 79): they pin the engine's holding, re-pairing and
+verdicts apart from the pair Job."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from sweeper.history import History
+from sweeper.sim.server import running_pods_on
+from tests.cluster.test_safety import _sweep_cmd
+from tests.conftest import TEST_CONFIG, Sim, run_sweep
+
+TAINT = TEST_CONFIG.taint_key
+XID79 = {"xids": [{"code": 79, "gpu": 2}]}
+
+STANDIN = """name: stand-in pair
+pair: true
+tasks:
+  - name: the node-local checks of node A, as the pair's check
+    run_job: {template: sweeper-check.yaml.j2, timeout: 15m}
+    register: a
+    ignore_errors: true
+  - name: verdict
+    decide: {results: ["{{ a }}"]}
+"""
+
+
+def standin(tmp_path: Path, **kw: Any) -> Any:
+    (tmp_path / "pb").mkdir(exist_ok=True)
+    (tmp_path / "pb" / "standin.yaml").write_text(STANDIN)
+    return replace(TEST_CONFIG, playbook="standin.yaml", playbook_dir=str(tmp_path / "pb"), light_playbook="",
+                   **kw)
+
+
+def fabric(**kw: Any) -> Any:
+    return replace(TEST_CONFIG, playbook="pair-fabric.yaml", light_playbook="", **kw)
+
+
+def services_left(sim: Sim) -> list[str]:
+    with sim.cluster.store.lock:
+        return [v["metadata"]["name"] for v in sim.cluster.store.iter("services")]
+
+
+def tainted(sim: Sim) -> set[str]:
+    """From the simulated cluster's store: the truth."""
+    with sim.cluster.store.lock:
+        return {n["metadata"]["name"] for n in sim.cluster.store.iter("nodes")
+                if any(t.get("key") == TAINT for t in n["spec"].get("taints") or [])}
+
+
+def actions_of(report: Any) -> dict[str, list[tuple[str, str]]]:
+    out: dict[str, list[tuple[str, str]]] = {}
+    for o in report.outcomes:
+        out.setdefault(o.node, []).append((o.verdict, o.action))
+    return out
+
+
+def pairs(history: History) -> list[tuple[str, str, str, str]]:
+    return [(r["node"], r["partner"], r["status"], r["mode"]) for r in history.db.query("select * from pairs order by id")]
+
+
+def test_a_pair_passes_and_both_nodes_go_back(make_sim, history: History) -> None:
+    sim: Sim = make_sim(nodes=2)
+    report = run_sweep(sim, history, fabric())
+    assert actions_of(report) == {"gpu-00": [("pass", "released")], "gpu-01": [("pass", "released")]}
+    (row,) = history.db.query("select * from pairs")
+    assert (row["node"], row["partner"], row["status"], row["mode"]) == ("gpu-00", "gpu-01", "pass", "sweep")
+    assert row["busbw"] > 350, "above the p5 profile's floor"
+    assert history.known_good(0) == {"gpu-00", "gpu-01"}
+    for node, sweep_id in (("gpu-00", row["node_sweep_id"]), ("gpu-01", row["partner_sweep_id"])):
+        sweep = history.node_history(node)["sweeps"][0]
+        assert (sweep["id"], sweep["kind"], sweep["verdict"]) == (sweep_id, "pair", "pass")
+        names = {r["name"] for r in history.db.query("select name from checks where sweep_id = ?", [sweep_id])}
+        assert {"pair.nccl", "pair.mtu"} <= names, node
+    assert tainted(sim) == set() and services_left(sim) == []
+    assert sim.batch.list_namespaced_job("sweeper").items == []
+
+
+def test_a_degraded_link_is_named_through_re_pairing(make_sim, history: History) -> None:
+    """A pair's bandwidth is its slower node's: a failed pair names neither node until each is
+    re-paired with a node that passed."""
+    sim: Sim = make_sim(nodes=4, faults={"gpu-00": {"link_degraded": 0.4}})
+    report = run_sweep(sim, history, fabric())
+    got = actions_of(report)
+    assert got["gpu-00"][0] == ("inconclusive", "suspect") and got["gpu-00"][-1][1] == "held"
+    assert got["gpu-00"][-1][0] in ("reboot", "replace", "quarantine")
+    assert got["gpu-01"] == [("inconclusive", "suspect"), ("pass", "released")], "its first partner goes back"
+    repairs = {r[0]: r for r in pairs(history) if r[3] == "repair"}
+    assert repairs["gpu-00"][1:3] in {("gpu-02", "fail"), ("gpu-03", "fail")}
+    assert got[repairs["gpu-00"][1]][-1] == ("inconclusive", "released")
+    reasons = history.node_history("gpu-00")["sweeps"][0]["reasons"]
+    assert any("pair.nccl" in r for r in reasons) and f"failed again with known-good partner {repairs['gpu-00'][1]}" \
+        in reasons
+    assert tainted(sim) == {"gpu-00"} and services_left(sim) == []
+    assert sim.batch.list_namespaced_job("sweeper").items == []
+
+
+def test_the_engine_re_pairs_a_failed_pair_and_names_the_culprit(make_sim, history: History, tmp_path: Path) -> None:
+    sim: Sim = make_sim(nodes=6, faults={"gpu-00": XID79})
+    report = run_sweep(sim, history, standin(tmp_path, max_nodes=4))
+    got = actions_of(report)
+    assert got["gpu-00"] == [("inconclusive", "suspect"), ("reboot", "held")]
+    assert got["gpu-01"] == [("inconclusive", "suspect"), ("pass", "released")], "its first partner goes back"
+    done = pairs(history)
+    assert set(done[:2]) == {("gpu-02", "gpu-03", "pass", "sweep"), ("gpu-00", "gpu-01", "fail", "sweep")}
+    repairs = {r[0]: r for r in done if r[3] == "repair"}
+    assert repairs["gpu-00"][1] in {"gpu-02", "gpu-03"} and repairs["gpu-00"][2] == "fail"
+    assert repairs["gpu-01"][1] in {"gpu-02", "gpu-03"} and repairs["gpu-01"][2] == "pass"
+    k = repairs["gpu-00"][1]
+    assert got[k][-1] == ("inconclusive", "released"), "the known-good partner of the culprit goes back"
+    assert ("gpu-04", "gpu-05", "pass", "sweep") in done, "new pairs after the re-pairs"
+    assert tainted(sim) == {"gpu-00"}
+    rows = history.node_history("gpu-01")["sweeps"]
+    assert [(r["verdict"], r["kind"]) for r in rows][:2] == [("pass", "pair"), ("inconclusive", "pair")]
+    assert rows[1]["reasons"][0].startswith("pair with gpu-00 failed: xid")
+    assert sim.batch.list_namespaced_job("sweeper").items == []
+
+
+def test_no_known_good_partner_sends_both_back_inconclusive(make_sim, history: History) -> None:
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"link_degraded": 0.4}})
+    report = run_sweep(sim, history, fabric())
+    got = actions_of(report)
+    assert got["gpu-00"][-1] == ("inconclusive", "released") and got["gpu-01"][-1] == ("inconclusive", "released")
+    assert "no known-good partner" in report.outcomes[-1].reasons[0]
+    assert tainted(sim) == set()
+    assert pairs(history) == [("gpu-00", "gpu-01", "fail", "sweep")]
+    assert history.pair_suspects(0) == {"gpu-00": "gpu-01", "gpu-01": "gpu-00"}
+
+
+def test_a_raced_pair_disturbs_no_pod_and_hands_both_back(make_sim, history: History) -> None:
+    """`pod_lands_on_taint`: a training pod is bound to the node just as Sweeper's taint lands
+    (the scheduler's bind and the taint race; a NoSchedule taint does not evict a bound pod,
+    kubernetes.io/docs/concepts/scheduling-eviction/taint-and-toleration/)."""
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"pod_lands_on_taint": 1}})
+    report = run_sweep(sim, history, fabric())
+    got = actions_of(report)
+    assert got == {"gpu-00": [("", "skipped")], "gpu-01": [("", "raced")]}
+    pods = running_pods_on(sim.cluster, "gpu-01")
+    assert len(pods) == 1 and pods[0]["metadata"]["namespace"] == "training", "the workload runs on, untouched"
+    assert tainted(sim) == set()
+    assert sim.batch.list_namespaced_job("sweeper").items == [] and services_left(sim) == [] and pairs(history) == []
+    assert history.db.execute("select count(*) from node_sweeps").fetchone()[0] == 0
+
+
+def test_a_pair_counts_two_against_max_nodes_the_floor_and_demand(make_sim, history: History,
+                                                                   tmp_path: Path) -> None:
+    from kubernetes import client
+
+    sim: Sim = make_sim(nodes=6)
+    most = {"n": 0}
+
+    def count(stage: str, method: str, path: str) -> None:
+        if stage == "after" and method == "PATCH" and "/nodes/" in path:
+            most["n"] = max(most["n"], len(tainted(sim)))
+
+    sim.server.hooks.append(count)
+    report = run_sweep(sim, history, standin(tmp_path, max_nodes=3))
+    assert most["n"] == 2, "room for three nodes holds one pair at a time"
+    assert sorted(o.node for o in report.outcomes) == [f"gpu-0{i}" for i in range(6)]
+    sim.server.hooks.clear()
+    again = replace(standin(tmp_path), interval=1)
+    floor = run_sweep(sim, history, replace(again, min_healthy_nodes=5))
+    assert floor.plan.budget == 1 and floor.outcomes == [], "room for one node takes no pair"
+    pod = client.V1Pod(metadata=client.V1ObjectMeta(name="big", namespace="training"),
+                       spec=client.V1PodSpec(containers=[client.V1Container(
+                           name="c", image="i", resources=client.V1ResourceRequirements(limits={"nvidia.com/gpu": "16"}))]))
+    sim.core.create_namespaced_pod("training", pod)
+    sim.wait_for(lambda: sim.core.read_namespaced_pod("big", "training").status.conditions, what="unschedulable")
+    demand = run_sweep(sim, history, again)
+    assert demand.outcomes == [] and "demand" in {d.reason for d in demand.plan.skip}
+
+
+def test_an_odd_node_of_a_group_waits(make_sim, history: History, tmp_path: Path) -> None:
+    sim: Sim = make_sim(nodes=3)
+    report = run_sweep(sim, history, standin(tmp_path))
+    assert sorted(o.node for o in report.outcomes) == ["gpu-00", "gpu-01"]
+    assert tainted(sim) == set()
+
+
+def test_a_node_that_failed_with_enough_partners_is_held_without_a_re_pair(make_sim, history: History,
+                                                                           tmp_path: Path) -> None:
+    """The shipped policy's `pair_failures` rule (three different partners within 7 days)."""
+    sim: Sim = make_sim(nodes=4, faults={"gpu-00": XID79})
+    now = sim.cluster.clock.now()
+    for i, other in enumerate(("gpu-x1", "gpu-x2")):
+        history.pair_result(f"sw-old-{i}", now - 3600 * (i + 1), "gpu-00", other, "fail", "sweep", 100.0, "low")
+    report = run_sweep(sim, history, standin(tmp_path))
+    got = actions_of(report)
+    assert got["gpu-00"] == [("quarantine", "held")], "the rule condemns it at once"
+    assert got["gpu-01"] == [("inconclusive", "suspect"), ("pass", "released")]
+    repairs = [r for r in pairs(history) if r[3] == "repair"]
+    assert len(repairs) == 1 and repairs[0][0] == "gpu-01" and repairs[0][1] in {"gpu-02", "gpu-03"}
+    assert repairs[0][2] == "pass"
+    why = next(o for o in report.outcomes if o.node == "gpu-00").reasons[0]
+    assert why.startswith("fails-with-three-partners: failed pairs with 3 different partners")
+    assert tainted(sim) == {"gpu-00"}
+
+
+# -- SIGKILL at every step of a pair sweep -------------------------------------------------------
+# gpu-00's link is degraded: its first pair fails, both nodes wait held for a re-pair, and the
+# re-pairs run, so every intent of a pair sweep (taint, create-service, create-job, delete-job,
+# delete-service, keep-held, untaint) and the suspects' wait are cut somewhere.
+PAIR_STEPS = [
+    ("after", "PUT", "/leases/", 1),          # lock taken, nothing else done
+    ("after", "PATCH", "/nodes/", 1),         # the first node of a pair tainted, its partner not yet
+    ("after", "PATCH", "/nodes/", 2),         # a pair held, nothing started
+    ("before", "POST", "/services", 1),       # held, the Service not yet created
+    ("after", "POST", "/services", 1),        # the Service created, its Job not yet
+    ("after", "POST", "/jobs", 1),            # the pair's Job created
+    ("after", "GET", "/log", 1),              # rank 0's log read, rank 1's not yet
+    ("after", "DELETE", "/jobs/", 1),         # the Job deleted, its Service not yet
+    ("after", "DELETE", "/services/", 1),     # both deleted, the verdicts not acted on
+    ("after", "DELETE", "/services/", 2),     # both pairs done: a failed pair's suspects wait held
+    ("after", "POST", "/jobs", 3),            # a re-pair's Job created
+    ("after", "DELETE", "/services/", 3),     # a re-pair done, its verdicts not acted on
+    ("after", "PATCH", "/nodes/", 8),         # mid hand-back of the re-pairs
+]
+
+
+def lost_verdicts(h: History) -> list[dict[str, Any]]:
+    """Sweep rows whose verdict is not the one their hand-back's intent proves. A pair sweep may
+    give a node two rows in one run (a suspect and then its re-pair, or a known-good partner taken
+    again): each row's hand-back is the one between its start and the next row's of that node."""
+    out = []
+    rows = list(h.db.query("select id, run_id, node, started, verdict from node_sweeps where finished is not null "
+                           "order by id"))
+    for row in rows:
+        later = [r["started"] for r in rows if (r["run_id"], r["node"]) == (row["run_id"], row["node"])
+                 and r["id"] > row["id"]]
+        proven = None
+        for i in h.db.query("select op, detail from intents where run_id = ? and node = ? and ts >= ? and ts < ? "
+                            "and op in ('untaint', 'keep-held') order by id",
+                            [row["run_id"], row["node"], row["started"], min(later, default=float("inf"))]):
+            if i["op"] == "keep-held" and i["detail"]:
+                proven = i["detail"]
+            elif i["op"] == "untaint" and (i["detail"] or "").startswith("verdict "):
+                proven = i["detail"][len("verdict "):]
+        if proven and proven != row["verdict"] and (proven, row["verdict"]) != ("replace", "quarantine"):
+            out.append({**row, "proven": proven})
+    return out
+
+
+@pytest.mark.parametrize("stage,method,fragment,nth", PAIR_STEPS)
+def test_sigkill_at_every_step_of_a_pair_sweep(make_sim, tmp_path: Path, stage: str, method: str, fragment: str,
+                                               nth: int) -> None:
+    sim: Sim = make_sim(nodes=4, faults={"gpu-00": {"link_degraded": 0.4}})
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump({"max_nodes": 4, "max_percent": 100, "poll_interval": 0.05, "check_timeout": 300,
+                                   "lock_ttl": 1, "api_attempts": 3, "playbook": "pair-fabric.yaml",
+                                   "light_playbook": ""}))
+    state = tmp_path / "h.db"
+    proc = subprocess.Popen(_sweep_cmd(sim.kubeconfig, state, cfg), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    seen = {"n": 0, "killed": False}
+
+    def hook(st: str, m: str, path: str) -> None:
+        if st == stage and m == method and fragment in path and not seen["killed"]:
+            seen["n"] += 1
+            if seen["n"] == nth:
+                seen["killed"] = True
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    sim.server.hooks.append(hook)
+    proc.wait(timeout=120)
+    sim.server.hooks.clear()
+    assert seen["killed"], f"the sweep never reached {stage} {method} {fragment} #{nth}"
+    time.sleep(1.2)  # the dead run's lock expires (lock_ttl 1s)
+    again = subprocess.run(_sweep_cmd(sim.kubeconfig, state, cfg), capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert set(tainted(sim)) <= {"gpu-00"}, f"only the degraded node may stay held: {tainted(sim)}"
+    assert sim.batch.list_namespaced_job("sweeper").items == []
+    assert services_left(sim) == []
+    h = History(state)
+    try:
+        assert h.unfinished_runs() == []
+        assert list(h.db.query("select node, run_id from node_sweeps where finished is null")) == []
+        assert lost_verdicts(h) == [], "a verdict the intent log proves is the one recorded"
+        if "gpu-00" in tainted(sim):
+            assert h.node_history("gpu-00")["sweeps"][0]["verdict"] in ("reboot", "replace", "quarantine")
+    finally:
+        h.close()

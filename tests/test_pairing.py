@@ -1,0 +1,121 @@
+"""Pair sweeps, the pure part (sweeper.pairing): groups, forming pairs, the verdict each node of a
+pair run gets, and the re-pair bookkeeping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sweeper.actions import load_all
+from sweeper.config import Config, load_config
+from sweeper.errors import ConfigError, PlaybookError
+from sweeper.pairing import Repairs, form_pairs, group_key, node_verdicts, pair_status
+from sweeper.playbook.model import parse_playbook
+
+LABELS = Config().pair_labels
+ZONE = "topology.kubernetes.io/zone"
+LAYER3 = "topology.k8s.aws/network-node-layer-3"
+
+
+def key(profile: str = "p5.48xlarge", **labels: str) -> tuple[str, tuple[str | None, ...]]:
+    return group_key(profile, labels, ["zone", "layer3"])
+
+
+def test_group_key_needs_the_same_profile_and_the_same_placement_labels() -> None:
+    """EKS puts the network node layers of a p5 in `topology.k8s.aws/network-node-layer-1..3`
+    (docs.aws.amazon.com/eks/latest/userguide/ml-topology-aware.html, the instance topology API);
+    nodes under the same layer-3 node share the closest network path."""
+    a = group_key("p5", {ZONE: "use1-az1", LAYER3: "nn-1"}, LABELS)
+    assert a == group_key("p5", {ZONE: "use1-az1", LAYER3: "nn-1", "other": "x"}, LABELS)
+    assert a != group_key("p5", {ZONE: "use1-az1", LAYER3: "nn-2"}, LABELS)
+    assert a != group_key("p4d", {ZONE: "use1-az1", LAYER3: "nn-1"}, LABELS)
+    # absent on both: equal; present on one only: not a pair
+    assert key(zone="a") == key(zone="a")
+    assert key(zone="a") != key(zone="a", layer3="n1")
+
+
+def test_the_default_pair_labels_and_the_window_come_from_the_config(tmp_path: Path) -> None:
+    assert Config().pair_labels[0] == ZONE and Config().pair_known_good_window == 7 * 86400
+    f = tmp_path / "c.yaml"
+    f.write_text("pair_labels: [topology.kubernetes.io/zone]\npair_known_good_window: 2d\n")
+    cfg = load_config(f)
+    assert cfg.pair_labels == (ZONE,) and cfg.pair_known_good_window == 2 * 86400
+    f.write_text("pair_known_good_window: 0s\n")
+    with pytest.raises(ConfigError, match="pair_known_good_window"):
+        load_config(f)
+
+
+def test_form_pairs_keeps_the_due_order_within_groups_and_leaves_the_odd_node() -> None:
+    groups = {"a1": "A", "b1": "B", "a2": "A", "a3": "A", "b2": "B", "c1": "C"}
+    pairs = form_pairs(groups, lambda n: (groups[n], ()), room=8)
+    assert pairs == [("a1", "a2"), ("b1", "b2")]  # a3 and c1 wait: no partner of their group
+
+
+def test_a_pair_counts_two_against_the_room() -> None:
+    names = ["n1", "n2", "n3", "n4", "n5", "n6"]
+    assert form_pairs(names, lambda n: ("p", ()), room=5) == [("n1", "n2"), ("n3", "n4")]
+    assert form_pairs(names, lambda n: ("p", ()), room=1) == []
+    assert form_pairs(names, lambda n: ("p", ()), room=0) == []
+
+
+@pytest.mark.parametrize("verdict,status", [("pass", "pass"), ("warn", "warn"), ("reboot", "fail"),
+                                            ("replace", "fail"), ("quarantine", "fail"), ("error", "error"),
+                                            ("inconclusive", "inconclusive")])
+def test_the_pair_status_of_a_play_verdict(verdict: str, status: str) -> None:
+    assert pair_status(verdict) == status
+
+
+def test_a_failed_sweep_pair_blames_neither_node() -> None:
+    a, b = node_verdicts("sweep", "n1", "n2", "quarantine", ["pair.nccl: bus bandwidth 190 < 400"])
+    assert a.suspect and b.suspect and a.verdict == b.verdict == "inconclusive"
+    assert a.reasons[0].startswith("pair with n2 failed: pair.nccl") and "re-pairing" in a.reasons[0]
+    assert b.reasons[0].startswith("pair with n1 failed")
+
+
+def test_a_failed_repair_names_the_suspect_and_frees_its_known_good_partner() -> None:
+    s, k = node_verdicts("repair", "sus", "good", "replace", ["pair.nccl: low"])
+    assert (s.verdict, s.suspect) == ("replace", False) and s.reasons[0] == "pair.nccl: low"
+    assert (k.verdict, k.suspect, k.reasons) == ("inconclusive", False, ("failed with suspect sus",))
+
+
+@pytest.mark.parametrize("mode", ["sweep", "repair"])
+@pytest.mark.parametrize("verdict", ["pass", "warn", "error", "inconclusive"])
+def test_a_pair_that_did_not_fail_gives_both_nodes_its_verdict(mode: str, verdict: str) -> None:
+    calls = node_verdicts(mode, "n1", "n2", verdict, ["why"])
+    assert [(c.node, c.verdict, c.suspect) for c in calls] == [("n1", verdict, False), ("n2", verdict, False)]
+
+
+def test_repairs_choose_a_known_good_idle_partner_of_the_group_never_the_first_partner() -> None:
+    g, other = ("p5", ("az1",)), ("p5", ("az2",))
+    book = Repairs(known_good={"k1", "k2", "k3", "n2"})
+    book.failed("n1", "n2", g, "fail: low busbw")
+    assert "n2" not in book.known_good and set(book.waiting) == {"n1", "n2"}
+    idle = [("k1", other), ("n2", g), ("k2", g), ("k3", g)]
+    assert book.partner_for("n1", idle, busy=set()) == "k2"  # k1: another placement; n2: its first partner
+    assert book.partner_for("n1", idle, busy={"k2"}) == "k3"
+    assert book.taken("n1", "k2").first_partner == "n2" and "n1" not in book.waiting
+    book.back("n1")  # k2 could not be held: n1 waits again, and is not offered k2 again
+    assert book.partner_for("n1", idle, busy=set()) == "k3"
+    assert book.partner_for("n2", [("k1", other)], busy=set()) is None
+
+
+def test_a_suspect_is_hopeless_only_with_no_partner_idle_and_no_pair_of_its_group_in_flight() -> None:
+    g = ("p5", ())
+    book = Repairs()
+    book.failed("n1", "n2", g, "fail")
+    assert book.hopeless("n1", [("n3", g)], in_flight=[])  # n3 idle but not known-good
+    assert not book.hopeless("n1", [("n3", g)], in_flight=[g])  # a pair in flight may pass
+    book.passed("n3", "n4")
+    assert not book.hopeless("n1", [("n3", g)], in_flight=[])
+    assert book.partner_for("n2", [("n3", g)], busy={"n3"}) is None  # busy now, idle later: not hopeless
+    assert not book.hopeless("n2", [("n3", g)], in_flight=[])
+
+
+def test_a_playbook_says_pair_true_or_false() -> None:
+    actions = load_all()
+    text = "name: p\n{}tasks:\n  - debug: {{msg: hi}}\n"
+    assert parse_playbook(text.format("pair: true\n"), actions).pair is True
+    assert parse_playbook(text.format(""), actions).pair is False
+    with pytest.raises(PlaybookError, match="<playbook>:2: pair must be true or false"):
+        parse_playbook(text.format("pair: yes please\n"), actions)
