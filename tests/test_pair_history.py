@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from sweeper.backtest import backtest
 from sweeper.cli import main
 from sweeper.history import History
 from sweeper.policy import Policy, decide, load_policy, pair_rule, parse_policy
+from sweeper.report import gather, render
 from sweeper.result import CheckResult, Metric, Result
 from tests.weeks import ROOT, record_pair
 
@@ -274,3 +276,42 @@ def test_the_history_command_lists_the_node_s_pair_runs(h: History) -> None:
     assert "re-pair (known-good)" in res.stdout
     res = CliRunner().invoke(main, ["history", "n1", "--state", str(h.path), "--since", "3650d", "--json"])
     assert len(json.loads(res.stdout)["pairs"]) == 3
+
+
+# -- a pair sweep over the simulated fabric, then what the history, report and backtest make of it -----
+
+def test_a_degraded_link_in_the_history_the_report_and_the_backtest(make_sim, history: History,
+                                                                      tmp_path: Path) -> None:
+    """gpu-00's fabric runs at 40%: its pair fails, the re-pairs name it, and the history tells
+    the story from either side, the report names the culprit, and the backtest of the shipped
+    policy decides every pair sweep as the sweep did."""
+    from tests.conftest import TEST_CONFIG, run_sweep
+
+    sim = make_sim(nodes=4, faults={"gpu-00": {"link_degraded": 0.4}})
+    run_sweep(sim, history, replace(TEST_CONFIG, playbook="pair-fabric.yaml", light_playbook=""))
+    state = str(history.path)
+    res = CliRunner().invoke(main, ["history", "gpu-00", "--state", state, "--json"])
+    assert res.exit_code == 0, res.output
+    runs = json.loads(res.stdout)["pairs"]
+    assert [(p["mode"], p["role"], p["status"]) for p in runs] == [("repair", "node", "fail"),
+                                                                   ("sweep", runs[1]["role"], "fail")]
+    good = runs[0]["partner"]
+    assert runs[1]["partner"] == "gpu-01" and good in ("gpu-02", "gpu-03")
+    assert all(p["busbw"] is not None and p["busbw"] < 300 for p in runs), "the degraded side's bandwidth"
+    res = CliRunner().invoke(main, ["history", good, "--state", state], env={"COLUMNS": "200"})
+    assert "re-pair (known-good)" in res.stdout and "gpu-00" in res.stdout
+    assert history.pair_suspects(0.0) == {}, "both nodes of the failed pair were re-paired"
+    assert "gpu-00" not in history.known_good(0.0) and "gpu-01" in history.known_good(0.0)
+
+    page = render(gather(history, SHIPPED, 0.0, sim.cluster.clock.now(), 86400.0))
+    culprits = page[page.index("<table class=pair-culprits>"):]
+    assert re.findall(r"<tr data-node='([\w-]+)'>", culprits[:culprits.index("</table>")]) == ["gpu-00"]
+
+    bt = backtest(history, SHIPPED, 0.0)
+    assert [d for d in bt.decisions if d.differs] == [], "the shipped policy decides the pair sweeps as they were"
+    assert {(d.node, d.mode) for d in bt.decisions if d.partner is not None} >= {("gpu-00", "repair"),
+                                                                                  ("gpu-00", "sweep")}
+    harsher = replace(SHIPPED, findings=replace(SHIPPED.findings, checks={**SHIPPED.findings.checks,
+                                                                          "pair.nccl": "replace"}))
+    changed = backtest(history, harsher, 0.0).pair_changes()
+    assert [(d.node, d.partner, d.mode, d.replayed) for d in changed] == [("gpu-00", good, "repair", "replace")]
