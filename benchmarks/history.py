@@ -1,9 +1,11 @@
 """The history at fleet scale: a database of 10,000 nodes and 1,000,000 check rows (100,000
-sweeps of 10 checks and 10 metrics each), then the time of `sweeper history NODE`, of one
-policy evaluation with the shipped policy (every history rule reading the database), of the
-fleet report, and the database size per thousand sweeps.
+sweeps of 10 checks and 10 metrics each) and 1,000,000 pair results, then the time of
+`sweeper history NODE`, of one policy evaluation with the shipped policy (every history rule
+reading the database, the pair rule included), of the pair queries a sweep makes (known-good
+nodes, suspects waiting for a re-pair, one node's pair results), of the fleet report, and the
+database size per thousand sweeps.
 
-    python -m benchmarks.history [--nodes 10000] [--sweeps-per-node 10] [--repeat 5]
+    python -m benchmarks.history [--nodes 10000] [--sweeps-per-node 10] [--pairs 1000000] [--repeat 5]
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ METRICS = ("ecc.aggregate_corrected", "row_remap.corrected", "pcie.replay", "nvl
            "gpu.power", "gpu.thermal_margin", "efa.rx_drops", "xid.92", "nccl.busbw_largest")
 
 
-def build(path: Path, nodes: int, per_node: int, seed: int = 1) -> float:
+def build(path: Path, nodes: int, per_node: int, pairs: int = 0, seed: int = 1) -> float:
     rng = random.Random(seed)
     h = History(path)
     t0 = time.perf_counter()
@@ -69,6 +71,31 @@ def build(path: Path, nodes: int, per_node: int, seed: int = 1) -> float:
                              "message) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", checks)
             conn.executemany("insert into metrics (sweep_id, node, ts, name, gpu, value, unit) values "
                              "(?, ?, ?, ?, ?, ?, ?)", metrics)
+        # Pair results spread over the same days: 1% of pairs fail, and each failure is followed by a
+        # re-pair of its first node with a random partner (half of them failing again).
+        span = per_node * 86400.0
+        rows = []
+        while len(rows) < pairs:
+            a, b = rng.sample(range(nodes), 2)
+            t = start + rng.random() * span
+            sid = rng.randrange(1, sweep_id + 1) if sweep_id else None
+            if rng.random() < 0.01:
+                rows.append((f"sw-{int((t - start) // 86400)}", t, f"node-{a:05d}", f"node-{b:05d}", "fail", "sweep",
+                             rng.uniform(20, 120), "pair.nccl: busbw below the floor", sid, sid))
+                c = rng.randrange(nodes)
+                bad = rng.random() < 0.5
+                rows.append((f"sw-{int((t - start) // 86400)}", t + 1800, f"node-{a:05d}", f"node-{c:05d}",
+                             "fail" if bad else "pass", "repair", rng.uniform(20, 120) if bad else 476.0, "", sid, sid))
+            else:
+                rows.append((f"sw-{int((t - start) // 86400)}", t, f"node-{a:05d}", f"node-{b:05d}", "pass", "sweep",
+                             476.0 - rng.random() * 6, "", sid, sid))
+        conn.executemany("insert into pairs (run_id, ts, node, partner, status, mode, busbw, detail, node_sweep_id, "
+                         "partner_sweep_id) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows[:pairs])
+        # what History.pair_result keeps as it writes: each node's latest conclusive pair result
+        conn.execute("insert into pair_latest (node, ts, pair_id, partner, status, mode, role) "
+                     "select n, max(ts), id, other, status, mode, role from (select id, ts, node as n, partner as other, "
+                     "status, mode, 'node' as role from pairs union all select id, ts, partner, node, status, mode, "
+                     "'partner' from pairs) where status in ('pass', 'warn', 'fail') group by n")
     h.db.execute("analyze")
     h.close()
     return time.perf_counter() - t0
@@ -87,11 +114,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=10_000)
     ap.add_argument("--sweeps-per-node", type=int, default=10)
+    ap.add_argument("--pairs", type=int, default=1_000_000, help="pair results to record")
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "history.db"
-        build_s = build(path, args.nodes, args.sweeps_per_node)
+        build_s = build(path, args.nodes, args.sweeps_per_node, args.pairs)
         h = History(path)
         counts = h.counts()
         sweeps = counts["node_sweeps"]
@@ -109,15 +137,31 @@ def main() -> None:
         def evaluate() -> None:
             decide([doc], set(), policy, node=node, profile="p5.48xlarge", now=now, past=h)
 
+        window = now - 7 * 86400  # pair_known_good_window's default
+
         def report() -> None:
             render(gather(h, policy, now - 30 * 86400, now, 86400.0, {"p5.48xlarge": 460.0}))
 
         print(f"database: {args.nodes:,} nodes, {sweeps:,} sweeps, {counts['checks']:,} check rows, "
-              f"{counts['metrics']:,} metric rows; built in {build_s:.1f} s")
+              f"{counts['metrics']:,} metric rows, {counts['pairs']:,} pair results; built in {build_s:.1f} s")
         print(f"size: {size / 2**20:.1f} MiB, {size / 2**20 / (sweeps / 1000):.2f} MiB per 1,000 sweeps")
         print(f"sweeper history NODE:       {timed(history_cmd, args.repeat) * 1000:8.1f} ms")
         print(f"one policy evaluation:      {timed(evaluate, args.repeat) * 1000:8.1f} ms "
-              f"({len(policy.trends)} trends, {len(policy.peers)} peer rules, ladders, relapses, failure rates)")
+              f"({len(policy.trends)} trends, {len(policy.peers)} peer rules, ladders, relapses, failure rates, "
+              f"{len(policy.pair_failures)} pair rule)")
+        good: set[str] = set()
+        suspects: dict[str, str] = {}
+
+        def known_good() -> None:
+            good.update(h.known_good(window))
+
+        def pair_suspects() -> None:
+            suspects.update(h.pair_suspects(window))
+
+        print(f"known-good nodes (7d):      {timed(known_good, args.repeat) * 1000:8.1f} ms ({len(good):,} nodes)")
+        print(f"pair suspects (7d):         {timed(pair_suspects, args.repeat) * 1000:8.1f} ms ({len(suspects):,} nodes)")
+        print(f"one node's pair results:    {timed(lambda: h.pair_results(node, window, now), args.repeat) * 1000:8.1f} ms "
+              f"({len(h.pair_results(node, window, now))} rows)")
         print(f"fleet report (gather+HTML): {timed(report, max(1, args.repeat // 2)) * 1000:8.1f} ms")
         h.close()
 

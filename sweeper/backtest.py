@@ -107,8 +107,9 @@ def backtest(history: Any, policy: Policy, since: float) -> Backtest:
         at = row["decided"] if row["decided"] is not None else row["finished"]
         dismissed = next((keys for ts, keys in reversed(dismissals.get(row["node"], [])) if ts <= at), set())
         if row.get("pair_status") == "fail" and row.get("pair_mode") == "sweep":
-            # waiting for a re-pair, unless a pair rule holds it now
-            v = pair_rule(policy, past, row["node"], max(at, row["pair_ts"])) or Verdict(
+            # waiting for a re-pair, unless a pair rule holds it now (as the sweep asks it)
+            found = pair_rule(policy, past, row["node"], max(at, row["pair_ts"]))
+            v = found if found is not None and found.holds else Verdict(
                 "inconclusive", (f"pair with {row['pair_partner']} failed; re-pairing with a known-good partner",))
         else:
             v = decide(docs, dismissed, policy, node=row["node"], profile=row["profile"] or "", now=at, past=past)

@@ -76,16 +76,25 @@ def m004_policy(db: Database) -> None:
 def m005_pairs(db: Database) -> None:
     # One row a pair run: node A and partner B (in a re-pair: the suspect and its known-good
     # partner), the pair's status, its mode (sweep | repair), the bus bandwidth and each side's
-    # sweep row. Read from either side, by time: the indexes serve one node's rows and the
-    # fleet's latest rows in a window.
+    # sweep row. Read from either side, by time: the indexes serve one node's rows, and the
+    # fleet's pairs of one status and mode in a window (failures are few among many passes).
     db.table("pairs").create({"id": int, "run_id": str, "ts": float, "node": str, "partner": str, "status": str,
                               "mode": str, "busbw": float, "detail": str, "node_sweep_id": int,
                               "partner_sweep_id": int}, pk="id")
     db.table("pairs").create_index(["node", "ts"])
     db.table("pairs").create_index(["partner", "ts"])
-    db.table("pairs").create_index(["ts"])
+    db.table("pairs").create_index(["status", "mode", "ts"])
     db.table("pairs").create_index(["node_sweep_id"])
     db.table("pairs").create_index(["partner_sweep_id"])
+    # Each node's latest conclusive pair result (pass, warn or fail), kept as pairs are written, so
+    # that who is known-good and who waits for a re-pair is read in one pass over the nodes,
+    # not over every pair of the window.
+    db.table("pair_latest").create({"node": str, "ts": float, "pair_id": int, "partner": str, "status": str,
+                                    "mode": str, "role": str}, pk="node")
+    db.table("pair_latest").create_index(["ts"])
+
+
+CONCLUSIVE_PAIRS = ("pass", "warn", "fail")  # a pair's statuses that say something about the fabric
 
 
 MIGRATIONS = (m001_initial, m002_controls, m003_sweep_kind, m004_policy, m005_pairs)
@@ -259,9 +268,21 @@ class History:
                     sweep_ids: tuple[int | None, int | None] = (None, None)) -> int:
         """One pair run: `node` is A (in a re-pair, the suspect), `partner` B (in a re-pair, the
         known-good partner); `mode` is sweep or repair; `sweep_ids` each side's sweep row."""
-        return self._write("pairs", {"run_id": run_id, "ts": ts, "node": node, "partner": partner, "status": status,
-                                     "mode": mode, "busbw": busbw, "detail": detail,
-                                     "node_sweep_id": sweep_ids[0], "partner_sweep_id": sweep_ids[1]})
+        with self.conn:
+            cur = self.conn.execute(
+                "insert into pairs (run_id, ts, node, partner, status, mode, busbw, detail, node_sweep_id, "
+                "partner_sweep_id) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [run_id, ts, node, partner, status, mode, busbw, detail, sweep_ids[0], sweep_ids[1]])
+            pair_id = int(cur.lastrowid or 0)
+            if status in CONCLUSIVE_PAIRS:
+                self.conn.executemany(
+                    "insert into pair_latest (node, ts, pair_id, partner, status, mode, role) values "
+                    "(?, ?, ?, ?, ?, ?, ?) on conflict (node) do update set ts = excluded.ts, "
+                    "pair_id = excluded.pair_id, partner = excluded.partner, status = excluded.status, "
+                    "mode = excluded.mode, role = excluded.role where excluded.ts >= pair_latest.ts",
+                    [(node, ts, pair_id, partner, status, mode, "node"),
+                     (partner, ts, pair_id, node, status, mode, "partner")])
+        return pair_id
 
     @_locked
     def last_swept(self) -> dict[str, float]:
@@ -270,30 +291,21 @@ class History:
                              "and dry_run = 0 and kind in ('sweep', 'pair') and verdict != 'inconclusive' group by node")
         return {r["node"]: r["last"] for r in rows}
 
-    def _latest_pairs(self, since: float) -> dict[str, dict[str, Any]]:
-        """Each node's latest conclusive pair result since `since`, from either side: {"status",
-        "mode", "partner", "role"}. Pairs that ended error or inconclusive (a fault of the tool, a
-        race, a stopped run) say nothing about the fabric of either node and are passed over."""
-        rows = self.conn.execute(
-            "select n, other, status, mode, role from (select n, other, status, mode, role, row_number() over "
-            "(partition by n order by ts desc, id desc) as k from (select id, ts, node as n, partner as other, "
-            "status, mode, 'node' as role from pairs where ts >= ? and status in ('pass', 'warn', 'fail') "
-            "union all select id, ts, partner, node, status, mode, 'partner' from pairs where ts >= ? "
-            "and status in ('pass', 'warn', 'fail'))) where k = 1", [since, since]).fetchall()
-        return {n: {"partner": other, "status": status, "mode": mode, "role": role}
-                for n, other, status, mode, role in rows}
-
+    # Each node's latest conclusive pair result, either side, is kept in pair_latest as pairs are
+    # written. Pairs that ended error or inconclusive (a fault of the tool, a race, a stopped run)
+    # say nothing about the fabric of either node and are passed over.
     @_locked
     def known_good(self, since: float) -> set[str]:
         """Nodes whose latest conclusive pair result since `since` (either side) passed or warned."""
-        return {n for n, r in self._latest_pairs(since).items() if r["status"] in ("pass", "warn")}
+        return {r[0] for r in self.conn.execute("select node from pair_latest where ts >= ? and status in "
+                                                "('pass', 'warn')", [since])}
 
     @_locked
     def pair_suspects(self, since: float) -> dict[str, str]:
         """Node to the partner of its failed pair, for nodes whose latest conclusive pair result
         since `since` is a failed pair of a sweep (not yet re-paired with a known-good partner)."""
-        return {n: r["partner"] for n, r in self._latest_pairs(since).items()
-                if r["status"] == "fail" and r["mode"] == "sweep"}
+        return dict(self.conn.execute("select node, partner from pair_latest where ts >= ? and status = 'fail' "
+                                      "and mode = 'sweep'", [since]).fetchall())
 
     @_locked
     def last_light(self) -> dict[str, float]:
@@ -536,6 +548,38 @@ class History:
         return rows
 
     @_locked
+    def pair_overview(self, since: float, limit: int = 200) -> dict[str, Any]:
+        """The fleet's pair runs since `since`, for the report: counts by mode and status; the
+        latest failed pairs (with each side's profile); the culprits (suspects whose re-pair
+        failed, with the verdict they were held with); and each node that failed pairs, with how
+        many different partners (a failed re-pair counts against its suspect only)."""
+        counts: dict[str, dict[str, int]] = {}
+        for status in (*CONCLUSIVE_PAIRS, "error", "inconclusive"):  # one index range each
+            for mode in ("sweep", "repair"):
+                n = self.conn.execute("select count(*) from pairs where status = ? and mode = ? and ts >= ?",
+                                      [status, mode, since]).fetchone()[0]
+                if n:
+                    counts.setdefault(mode, {})[status] = n
+        failures = self._query(
+            "select p.ts, p.run_id, p.node, p.partner, p.mode, p.busbw, p.status, p.detail, s.profile "
+            "from pairs p left join node_sweeps s on s.id = p.node_sweep_id "
+            "where p.status = 'fail' and p.mode in ('sweep', 'repair') and p.ts >= ? "
+            "order by p.ts desc, p.id desc limit ?", [since, limit])
+        latest: dict[str, dict[str, Any]] = {}  # the failed re-pairs are few: the latest per node in Python
+        for c in self._query("select p.node, p.ts, p.partner, p.busbw, p.detail, s.verdict, s.rules from pairs p "
+                             "left join node_sweeps s on s.id = p.node_sweep_id where p.status = 'fail' "
+                             "and p.mode = 'repair' and p.ts >= ? order by p.ts, p.id", [since]):
+            latest[c["node"]] = c
+        culprits = sorted(latest.values(), key=lambda c: -c["ts"])
+        for c in culprits:
+            c["rules"] = json.loads(c["rules"] or "[]")
+        partners = dict(self.conn.execute(
+            "select n, count(distinct other) from (select node as n, partner as other from pairs where status = 'fail' "
+            "and mode in ('sweep', 'repair') and ts >= ? union all select partner, node from pairs "
+            "where status = 'fail' and mode = 'sweep' and ts >= ?) group by n", [since, since]).fetchall())
+        return {"counts": counts, "failures": failures, "culprits": culprits, "failed_partners": partners}
+
+    @_locked
     def metric_slopes(self, metric: str, since: float, until: float) -> list[tuple[str, int | None, int, float]]:
         """(node, GPU, readings, least-squares slope per day) of a metric in the window, for every
         node and GPU with two readings or more, computed in SQLite (a fleet's worth of rows never
@@ -683,6 +727,7 @@ class History:
             self.db.execute("delete from node_sweeps where started < ? and finished is not null", [before])
             self.db.execute("delete from actions where ts < ?", [before])
             self.db.execute("delete from pairs where ts < ?", [before])
+            self.db.execute("delete from pair_latest where ts < ?", [before])
             self.db.execute("delete from intents where ts < ?", [before])
             self.db.execute("delete from runs where finished is not null and finished < ? and id not in "
                             "(select distinct run_id from node_sweeps)", [before])

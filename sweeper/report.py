@@ -1,8 +1,9 @@
 """`sweeper report`: the fleet at a glance as one self-contained HTML file (inline CSS and SVG,
 no script, nothing fetched): coverage over every GPU node of the cluster, per profile; every
 sweep on a time axis; the nodes held and why, and those that left the cluster; the trends
-behind decisions; per-profile NCCL bandwidth; and a page per node (an anchor in the same
-file) with its sweeps, findings, actions and metric trends per GPU."""
+behind decisions; per-profile NCCL bandwidth; pair sweeps (failed pairs, culprits, suspects
+waiting for a re-pair); and a page per node (an anchor in the same file) with its sweeps, pair
+runs, findings, actions and metric trends per GPU."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ BANDWIDTH = "nccl.busbw_largest"
 MAX_TIMELINE_NODES = 400
 MAX_NODE_PAGES = 100
 MAX_TREND_CARDS = 12
+MAX_PAIR_ROWS = 50
 
 
 @dataclass
@@ -44,6 +46,8 @@ class ReportData:
     floors: dict[str, float] = field(default_factory=dict)  # profile -> NCCL floor
     pages: list[dict[str, Any]] = field(default_factory=list)  # one per node given a page
     more_pages: int = 0  # nodes left without a page (see `sweeper report --node`)
+    pairs: dict[str, Any] = field(default_factory=dict)  # history.pair_overview: counts, failures, culprits
+    suspects: dict[str, str] = field(default_factory=dict)  # node -> the partner of its failed pair, waiting
     _states: dict[str, dict[str, Any]] | None = None
 
 
@@ -109,6 +113,8 @@ def gather(history: Any, policy: Policy, since: float, now: float, interval: flo
                                 "fired": tr.name in fired.get(name, set()), "points": steepest[2]})
     data.trends.sort(key=lambda t: (not t["fired"], -t["slope"] / (t["limit"] or 1.0), t["node"]))
     data.bandwidth = history.metric_latest(BANDWIDTH, since)
+    data.pairs = history.pair_overview(since)
+    data.suspects = history.pair_suspects(since)
     states = node_states(data)
     if node is not None:
         chosen = [node]
@@ -164,7 +170,8 @@ def _node_states(data: ReportData) -> dict[str, dict[str, Any]]:
     latest = {r["node"]: r for r in data.fleet}
     full: dict[str, float] = {}
     for s in data.timeline:
-        if s["kind"] == "sweep":
+        # a pair sweep checks the node too, unless it ended waiting for a re-pair
+        if s["kind"] == "sweep" or (s["kind"] == "pair" and s["verdict"] != "inconclusive"):
             full[s["node"]] = s["started"]
     out: dict[str, dict[str, Any]] = {}
     for name in sorted(set(latest) | set(data.gpu_nodes or {})):
@@ -221,7 +228,7 @@ def anchor(node: str) -> str:
     return "node-" + "".join(c if c.isalnum() or c in "-_." else "_" for c in node)
 
 
-def _node_link(node: str, pages: set[str]) -> str:
+def _node_link(node: str, pages: set[str] | frozenset[str]) -> str:
     return f'<a href="#{anchor(node)}">{_esc(node)}</a>' if node in pages else _esc(node)
 
 
@@ -272,7 +279,8 @@ def _timeline(data: ReportData, pages: set[str], states: dict[str, dict[str, Any
             why = "; ".join(json.loads(s["reasons"] or "[]")) if verdict != "pass" else "all checks passed"
             rule = f" [{', '.join(s['rules'])}]" if s["rules"] else ""
             light = s["kind"] == "light"
-            tip = f"{node} {_when(s['started'])} UTC: {verdict}{' (light check)' if light else ''}{rule}: {why}"
+            kind = " (light check)" if light else " (pair sweep)" if s["kind"] == "pair" else ""
+            tip = f"{node} {_when(s['started'])} UTC: {verdict}{kind}{rule}: {why}"
             parts.append(f'<circle cx="{x(s["started"]):.1f}" cy="{y}" r="{3 if light else 5}" '
                          f'fill="{COLORS.get(verdict, "#999")}" class="sweep{" light" if light else ""}" '
                          f'data-node="{_esc(node)}" data-ts="{s["started"]:.0f}" data-verdict="{_esc(verdict)}">'
@@ -430,7 +438,94 @@ def _bandwidth(data: ReportData, pages: set[str]) -> str:
     return "<div class=cards>" + "".join(cards) + "</div>"
 
 
-def _node_page(page: dict[str, Any]) -> str:
+def _mode(mode: str, role: str = "node") -> str:
+    if mode != "repair":
+        return mode
+    return "re-pair (suspect)" if role == "node" else "re-pair (known-good)"
+
+
+def _gbps(value: float | None) -> str:
+    return "" if value is None else f"{value:.1f}"
+
+
+def _more(total: int, what: str) -> str:
+    more = total - MAX_PAIR_ROWS
+    return f"<p class=note>and {more} more {what} (<code>sweeper history NODE</code>)</p>" if more > 0 else ""
+
+
+def _pairs(data: ReportData, pages: set[str]) -> str:
+    """Pair runs in the window: how many ended how, the culprits found by a re-pair, the nodes
+    still waiting for one, the nodes that failed with several partners, and the latest failures."""
+    counts = data.pairs.get("counts") or {}
+    if not counts:
+        return "<p class=empty>No pair sweep in this window.</p>"
+    order = ("pass", "warn", "fail", "error", "inconclusive")
+    statuses = [st for st in order if any(st in c for c in counts.values())]
+    statuses += sorted({st for c in counts.values() for st in c} - set(statuses))
+    body = "".join(f"<tr data-mode='{_esc(m)}'><td>{_esc(_mode(m))}</td><td>{sum(c.values())}</td>"
+                   + "".join(f"<td>{c.get(st, 0)}</td>" for st in statuses) + "</tr>"
+                   for m, c in sorted(counts.items(), key=lambda kv: kv[0] != "sweep"))
+    parts = ["<table class=pair-counts><thead><tr><th>mode</th><th>pair runs</th>"
+             + "".join(f"<th>{_esc(st)}</th>" for st in statuses) + f"</tr></thead><tbody>{body}</tbody></table>"]
+    culprits = data.pairs.get("culprits") or []
+    parts.append("<h3>Culprits</h3><p class=note>nodes that failed again with a known-good partner</p>")
+    if culprits:
+        rows = "".join(
+            f"<tr data-node='{_esc(c['node'])}'><td>{_node_link(c['node'], pages)}</td><td>{_when(c['ts'])}</td>"
+            f"<td>{_node_link(c['partner'], pages)}</td><td>{_gbps(c['busbw'])}</td>"
+            f"<td><b style='color:{COLORS.get(c['verdict'] or '', '#999')}'>{_esc(c['verdict'] or 'unfinished')}</b>"
+            f"</td><td>{_esc(', '.join(c['rules']))}</td><td>{_esc((c['detail'] or '')[:300])}</td></tr>"
+            for c in culprits[:MAX_PAIR_ROWS])
+        parts.append("<table class=pair-culprits><thead><tr><th>node</th><th>when</th><th>known-good partner</th>"
+                     "<th>bus bandwidth GB/s</th><th>verdict</th><th>rule</th><th>detail</th></tr></thead>"
+                     f"<tbody>{rows}</tbody></table>" + _more(len(culprits), "culprits"))
+    else:
+        parts.append("<p class=empty>No re-pair failed.</p>")
+    if data.suspects:
+        rows = "".join(f"<tr data-node='{_esc(n)}'><td>{_node_link(n, pages)}</td><td>{_node_link(p, pages)}</td></tr>"
+                       for n, p in sorted(data.suspects.items())[:MAX_PAIR_ROWS])
+        parts.append("<h3>Waiting for a re-pair</h3><p class=note>their latest pair failed; no known-good partner "
+                     "has judged them yet</p><table class=pair-suspects><thead><tr><th>node</th><th>failed with"
+                     f"</th></tr></thead><tbody>{rows}</tbody></table>" + _more(len(data.suspects), "nodes waiting"))
+    many = sorted(((n, k) for n, k in (data.pairs.get("failed_partners") or {}).items() if k > 1),
+                  key=lambda nk: (-nk[1], nk[0]))
+    if many:
+        rows = "".join(f"<tr data-node='{_esc(n)}'><td>{_node_link(n, pages)}</td><td>{k}</td></tr>"
+                       for n, k in many[:MAX_PAIR_ROWS])
+        parts.append("<h3>Failed with several partners</h3><table class=pair-partners><thead><tr><th>node</th>"
+                     f"<th>different partners failed with</th></tr></thead><tbody>{rows}</tbody></table>"
+                     + _more(len(many), "such nodes"))
+    failures = (data.pairs.get("failures") or [])[:MAX_PAIR_ROWS]
+    if failures:
+        rows = "".join(
+            f"<tr><td>{_when(f['ts'])}</td><td>{_node_link(f['node'], pages)}</td>"
+            f"<td>{_node_link(f['partner'], pages)}</td><td>{_esc(_mode(f['mode']))}</td>"
+            f"<td>{_esc(f['profile'] or '')}</td><td>{_gbps(f['busbw'])}</td>"
+            f"<td>{_esc((f['detail'] or '')[:300])}</td></tr>" for f in failures)
+        parts.append("<h3>Failed pairs</h3><table class=pairs><thead><tr><th>when</th><th>node</th><th>partner</th>"
+                     "<th>mode</th><th>profile</th><th>bus bandwidth GB/s</th><th>detail</th></tr></thead>"
+                     f"<tbody>{rows}</tbody></table>")
+    return "".join(parts)
+
+
+def _node_pairs(pairs: list[dict[str, Any]], pages: set[str] | frozenset[str]) -> str:
+    """A node's pair runs: each with its partner, mode, bus bandwidth and status, and the
+    bandwidth over time."""
+    rows = "".join(
+        f"<tr><td>{_when(p['ts'])}</td><td>{_node_link(p['partner'], pages)}</td>"
+        f"<td>{_esc(_mode(p['mode'], p['role']))}</td><td>{_gbps(p['busbw'])}</td>"
+        f"<td><b style='color:{COLORS.get(p['status'], '#d03b3b' if p['status'] == 'fail' else '#999')}'>"
+        f"{_esc(p['status'])}</b></td><td>{_esc((p['detail'] or '')[:200])}</td></tr>" for p in pairs[:30])
+    out = ("<h4>Pairs</h4><table class=pairs><thead><tr><th>when</th><th>partner</th><th>mode</th>"
+           f"<th>bus bandwidth GB/s</th><th>status</th><th>detail</th></tr></thead><tbody>{rows}</tbody></table>")
+    points = sorted((p["ts"], p["busbw"]) for p in pairs if p["busbw"] is not None)
+    if len(points) > 1:
+        out += ("<figure class=pair-busbw><figcaption>pair bus bandwidth, GB/s, with each partner</figcaption>"
+                f"{_line_chart([('bus bandwidth', points)], unit=' GB/s')}</figure>")
+    return out
+
+
+def _node_page(page: dict[str, Any], pages: set[str] | frozenset[str] = frozenset()) -> str:
     h = page["history"]
     node = page["node"]
     parts = [f"<section class=node id=\"{anchor(node)}\"><h3>{_esc(node)} "
@@ -448,6 +543,8 @@ def _node_page(page: dict[str, Any]) -> str:
             for s in h["sweeps"])
         parts.append("<h4>Sweeps</h4><table class=sweeps><thead><tr><th>started</th><th>kind</th><th>verdict</th>"
                      f"<th>rule</th><th>why</th></tr></thead><tbody>{rows}</tbody></table>")
+    if h.get("pairs"):
+        parts.append(_node_pairs(h["pairs"], pages))
     problems = [(s, p) for s in h["sweeps"] for p in s["problems"]][:40]
     if problems:
         rows = "".join(
@@ -530,7 +627,8 @@ def render(data: ReportData, title: str = "Sweeper fleet report", refresh: int =
             f"<h2>Sweeps over time</h2>{_legend()}<div class=scroll>{_timeline(data, pages, states)}</div>"
             f"<h2>Trends behind decisions</h2>{_trends(data, pages)}"
             f"<h2>NCCL bus bandwidth by profile</h2>{_bandwidth(data, pages)}"
-            f"<h2>Nodes</h2>{more}" + "".join(_node_page(p) for p in data.pages) +
+            f"<h2>Pair sweeps</h2>{_pairs(data, pages)}"
+            f"<h2>Nodes</h2>{more}" + "".join(_node_page(p, pages) for p in data.pages) +
             "</body></html>\n")
 
 

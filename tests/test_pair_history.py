@@ -5,6 +5,8 @@ section of `sweeper history` and of the report."""
 from __future__ import annotations
 
 import json
+import random
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,8 +18,9 @@ from sweeper.backtest import backtest
 from sweeper.cli import main
 from sweeper.history import History
 from sweeper.policy import Policy, decide, load_policy, pair_rule, parse_policy
+from sweeper.report import gather, render
 from sweeper.result import CheckResult, Metric, Result
-from tests.weeks import ROOT
+from tests.weeks import ROOT, record_pair
 
 SHIPPED = load_policy(ROOT / "policies" / "default.yaml")
 
@@ -33,16 +36,8 @@ def h(tmp_path: Path) -> History:
 
 def pair(h: History, ts: float, a: str, b: str, status: str, mode: str = "sweep", busbw: float | None = 180.0,
          detail: str = "", run: str = "r1") -> int:
-    """One pair run as the engine records it: a sweep row each side (kind pair), then the pair row."""
-    verdicts = {"pass": "pass", "warn": "warn", "error": "error"}
-    ids = []
-    for n in (a, b):
-        sid = h.sweep_started(run, n, ts - 600, "pair-fabric", "p5.48xlarge", kind="pair")
-        if status in verdicts:
-            h.result(sid, Result(n, "nccl-pair", ts - 600, ts - 60, (CheckResult("pair.nccl", status, detail),)))
-        h.sweep_finished(sid, ts, verdicts.get(status, "inconclusive"), [detail or status])
-        ids.append(sid)
-    return h.pair_result(run, ts, a, b, status, mode, busbw, detail, (ids[0], ids[1]))
+    """One pair run recorded at `ts` (tests/weeks.py: the pair's row a minute before its sweeps end)."""
+    return record_pair(h, ts + 60, a, b, status, mode, busbw, detail, run)
 
 
 def test_pair_results_are_read_from_either_side_oldest_first(h: History) -> None:
@@ -89,12 +84,35 @@ def test_an_inconclusive_repair_leaves_the_suspect_waiting(h: History) -> None:
     assert h.pair_suspects(T0 + 1) == {}, "a failure older than the window is forgotten"
 
 
+def test_known_good_and_suspects_agree_with_every_pair_read_in_order(h: History) -> None:
+    """What is kept as pairs are written (each node's latest conclusive result) is what reading
+    every pair of the window in time order gives, whatever order they were written in and with
+    pairs that end at the same second (the one written later is the later)."""
+    rng = random.Random(7)
+    nodes = [f"n{i}" for i in range(12)]
+    written = []
+    for i in range(400):
+        a, b = rng.sample(nodes, 2)
+        ts = T0 + rng.randrange(0, 200) * 60.0  # out of order, and many at the same minute
+        status = rng.choice(["pass", "pass", "warn", "fail", "fail", "error", "inconclusive"])
+        mode = rng.choice(["sweep", "sweep", "repair"])
+        h.pair_result("r", ts, a, b, status, mode, None, "")
+        written.append((ts, i, a, b, status, mode))
+    for since in (T0, T0 + 100 * 60.0, T0 + 190 * 60.0):
+        latest: dict[str, tuple[str, str, str]] = {}
+        for ts, _i, a, b, status, mode in sorted(written):
+            if ts >= since and status in ("pass", "warn", "fail"):
+                latest[a], latest[b] = (status, mode, b), (status, mode, a)
+        assert h.known_good(since) == {n for n, (st, _, _) in latest.items() if st in ("pass", "warn")}
+        assert h.pair_suspects(since) == {n: p for n, (st, m, p) in latest.items() if st == "fail" and m == "sweep"}
+
+
 def test_pair_sweeps_count_as_sweeps_of_the_node(h: History) -> None:
     """A conclusive pair sweep is a sweep of both nodes (for when a node is due, the breaker and
     the history rules); the inconclusive rows of a failed pair, waiting for its re-pair, are not."""
     pair(h, T0, "a", "b", "pass")
     pair(h, T0 + HOUR, "c", "d", "fail")
-    assert h.last_swept() == {"a": T0 - 600, "b": T0 - 600}
+    assert h.last_swept() == {"a": T0 - 540, "b": T0 - 540}
     assert [s["verdict"] for s in h.sweeps("a", T0 - DAY, T0 + DAY)] == ["pass"]
     assert h.sweeps("c", T0 - DAY, T0 + DAY) == []
     assert {r["node"] for r in h.fleet()} == {"a", "b", "c", "d"}
@@ -204,6 +222,9 @@ def test_backtest_replays_pair_decisions(h: History, tmp_path: Path) -> None:
     got = [(d.node, d.partner, d.mode, d.recorded, d.replayed, tuple(d.rules)) for d in bt.pair_changes()]
     assert got == [("s", "p2", "sweep", "inconclusive", "quarantine", ("two-partners",)),
                    ("s", "k", "repair", "quarantine", "replace", ("two-partners",))]
+    warn = replace(stricter, pair_failures=(replace(stricter.pair_failures[0], then="warn"),))
+    assert [(d.node, d.mode, d.replayed) for d in backtest(h, warn, 0.0).pair_changes()] == [
+        ("s", "repair", "replace")], "a rule that only warns leaves a failed pair waiting for its re-pair"
     # p1 and p2 failed with s alone: they waited for their re-pair under either policy
     assert {d.node: d.replayed for d in bt.decisions if d.node in ("p1", "p2")} == {
         "p1": "inconclusive", "p2": "inconclusive"}
@@ -255,3 +276,42 @@ def test_the_history_command_lists_the_node_s_pair_runs(h: History) -> None:
     assert "re-pair (known-good)" in res.stdout
     res = CliRunner().invoke(main, ["history", "n1", "--state", str(h.path), "--since", "3650d", "--json"])
     assert len(json.loads(res.stdout)["pairs"]) == 3
+
+
+# -- a pair sweep over the simulated fabric, then what the history, report and backtest make of it -----
+
+def test_a_degraded_link_in_the_history_the_report_and_the_backtest(make_sim, history: History,
+                                                                      tmp_path: Path) -> None:
+    """gpu-00's fabric runs at 40%: its pair fails, the re-pairs name it, and the history tells
+    the story from either side, the report names the culprit, and the backtest of the shipped
+    policy decides every pair sweep as the sweep did."""
+    from tests.conftest import TEST_CONFIG, run_sweep
+
+    sim = make_sim(nodes=4, faults={"gpu-00": {"link_degraded": 0.4}})
+    run_sweep(sim, history, replace(TEST_CONFIG, playbook="pair-fabric.yaml", light_playbook=""))
+    state = str(history.path)
+    res = CliRunner().invoke(main, ["history", "gpu-00", "--state", state, "--json"])
+    assert res.exit_code == 0, res.output
+    runs = json.loads(res.stdout)["pairs"]
+    assert [(p["mode"], p["role"], p["status"]) for p in runs] == [("repair", "node", "fail"),
+                                                                   ("sweep", runs[1]["role"], "fail")]
+    good = runs[0]["partner"]
+    assert runs[1]["partner"] == "gpu-01" and good in ("gpu-02", "gpu-03")
+    assert all(p["busbw"] is not None and p["busbw"] < 300 for p in runs), "the degraded side's bandwidth"
+    res = CliRunner().invoke(main, ["history", good, "--state", state], env={"COLUMNS": "200"})
+    assert "re-pair (known-good)" in res.stdout and "gpu-00" in res.stdout
+    assert history.pair_suspects(0.0) == {}, "both nodes of the failed pair were re-paired"
+    assert "gpu-00" not in history.known_good(0.0) and "gpu-01" in history.known_good(0.0)
+
+    page = render(gather(history, SHIPPED, 0.0, sim.cluster.clock.now(), 86400.0))
+    culprits = page[page.index("<table class=pair-culprits>"):]
+    assert re.findall(r"<tr data-node='([\w-]+)'>", culprits[:culprits.index("</table>")]) == ["gpu-00"]
+
+    bt = backtest(history, SHIPPED, 0.0)
+    assert [d for d in bt.decisions if d.differs] == [], "the shipped policy decides the pair sweeps as they were"
+    assert {(d.node, d.mode) for d in bt.decisions if d.partner is not None} >= {("gpu-00", "repair"),
+                                                                                  ("gpu-00", "sweep")}
+    harsher = replace(SHIPPED, findings=replace(SHIPPED.findings, checks={**SHIPPED.findings.checks,
+                                                                          "pair.nccl": "replace"}))
+    changed = backtest(history, harsher, 0.0).pair_changes()
+    assert [(d.node, d.partner, d.mode, d.replayed) for d in changed] == [("gpu-00", good, "repair", "replace")]

@@ -21,7 +21,7 @@ from sweeper.history import History
 from sweeper.policy import load_policy
 from sweeper.report import gather, render
 from sweeper.result import Metric, Result
-from tests.weeks import ROOT
+from tests.weeks import ROOT, record_pair
 
 POLICY = load_policy(ROOT / "policies" / "default.yaml")
 T0 = 1_800_000_000.0
@@ -249,3 +249,88 @@ def test_an_unreachable_cluster_falls_back_to_the_recorded_plan(plan_history: Hi
     assert res.exit_code == 0, res.output
     assert "GPU nodes from the last run's plan: the cluster did not answer" in " ".join(res.stderr.split())
     assert "GPU nodes from the plan of run run-1" in out.read_text()
+
+
+# -- pair sweeps ---------------------------------------------------------------------------------------
+@pytest.fixture
+def pair_history(tmp_path: Path) -> History:
+    """Six p5 nodes: g0+g1 passed; g2+g3 failed and were re-paired (g2 failed again with g0, the
+    culprit, held; g3 passed with g1); g4+g5 failed with no known-good partner free, waiting."""
+    h = History(tmp_path / "pairs.db")
+    h.run_started("run-1", T0, "sweep")
+    record_pair(h, T0 + 600, "g0", "g1", "pass", busbw=182.4, run="run-1")
+    record_pair(h, T0 + 1200, "g2", "g3", "fail", busbw=61.0, detail="pair.nccl: busbw 61.0 GB/s below 150",
+                run="run-1")
+    record_pair(h, T0 + 1800, "g2", "g0", "fail", "repair", busbw=58.5, detail="pair.nccl: busbw 58.5 GB/s below 150",
+                run="run-1", verdicts=("quarantine", "inconclusive"))
+    record_pair(h, T0 + 1800, "g3", "g1", "pass", "repair", busbw=181.0, run="run-1")
+    record_pair(h, T0 + 2400, "g4", "g5", "fail", busbw=None, detail="pair.mtu: eth0 path MTU 9001 lost",
+                run="run-1")
+    h.run_finished("run-1", T0 + 2500, "done", 6, {"gpu_node_profiles": {f"g{i}": "p5.48xlarge" for i in range(6)}})
+    return h
+
+
+def _section(page: str, start: str, end: str) -> str:
+    at = page.index(start)
+    return page[at:page.index(end, at)]
+
+
+def test_the_report_shows_pair_runs_culprits_and_suspects(pair_history: History) -> None:
+    page = render(gather(pair_history, POLICY, 0.0, T0 + HOUR, 20 * HOUR))
+    pairs = _section(page, "<h2>Pair sweeps</h2>", "<h2>Nodes</h2>")
+    counts = _section(pairs, "<table class=pair-counts>", "</table>")
+    assert ("<tr data-mode='sweep'><td>sweep</td><td>3</td><td>1</td><td>2</td></tr>" in counts
+            and "<tr data-mode='repair'><td>re-pair (suspect)</td><td>2</td><td>1</td><td>1</td></tr>" in counts), counts
+    culprits = _section(pairs, "<table class=pair-culprits>", "</table>")
+    assert re.findall(r"<tr data-node='(\w+)'>", culprits) == ["g2"]
+    assert "58.5" in culprits and "quarantine" in culprits and 'href="#node-g0"' in culprits
+    waiting = _section(pairs, "<table class=pair-suspects>", "</table>")
+    assert re.findall(r"<tr data-node='(\w+)'>", waiting) == ["g4", "g5"], "g2 and g3 were re-paired"
+    several = _section(pairs, "<table class=pair-partners>", "</table>")
+    assert re.findall(r"<tr data-node='(\w+)'><td>.*?</td><td>(\d+)</td>", several) == [("g2", "2")]
+    assert pairs.count("pair.mtu: eth0 path MTU 9001 lost") == 1, "the latest failed pairs, listed once"
+    # a pair sweep is a sweep of the node: all six nodes were swept, the waiting two not yet
+    assert re.search(r"<b>4 \(67%\)</b>swept within interval", page)
+    # g2's page: its pair runs, each partner linked, and the bandwidth over time
+    g2 = _section(page, '<section class=node id="node-g2">', "</section>")
+    rows = re.findall(r"<tr><td>[^<]+</td><td>(?:<a [^>]+>)?(\w+)(?:</a>)?</td><td>([^<]+)</td><td>([^<]*)</td>", g2)
+    assert rows == [("g0", "re-pair (suspect)", "58.5"), ("g3", "sweep", "61.0")]
+    assert "<figure class=pair-busbw>" in g2
+    g0 = _section(page, '<section class=node id="node-g0">', "</section>")
+    assert "re-pair (known-good)" in g0
+
+
+def test_a_history_without_pairs_says_so(plan_history: History) -> None:
+    page = render(gather(plan_history, POLICY, 0.0, T0 + HOUR, 20 * HOUR))
+    assert "No pair sweep in this window." in _section(page, "<h2>Pair sweeps</h2>", "<h2>Nodes</h2>")
+
+
+def test_the_pair_report_in_headless_chromium(pair_history: History, tmp_path: Path) -> None:
+    out = tmp_path / "pairs.html"
+    res = CliRunner().invoke(main, ["report", "--state", str(pair_history.path), "--offline", "--since", "3650d",
+                                    "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    browser = _browser()
+    try:
+        browser.get(out.as_uri())
+        js = browser.execute_script
+        assert js("return performance.getEntriesByType('resource').length") == 0
+        culprits = js("return [...document.querySelectorAll('table.pair-culprits tbody tr')].map(r => "
+                      "[...r.cells].map(c => c.textContent))")
+        assert [c[:5] for c in culprits] == [["g2", "2027-01-15 08:29", "g0", "58.5", "quarantine"]]
+        # the pair sweeps lie on the timeline too, each told as one
+        tips = js("return [...document.querySelectorAll('svg.timeline circle.sweep')].map(c => "
+                  "c.querySelector('title').textContent)")
+        assert len(tips) == 10 and all("(pair sweep)" in t for t in tips)
+        # the culprit's link lands on its page, where the bandwidth with each partner is drawn
+        browser.find_element("css selector", 'table.pair-culprits a[href="#node-g2"]').click()
+        assert browser.current_url.endswith("#node-g2")
+        page = js("let s = document.getElementById('node-g2'); return [s.getBoundingClientRect().top, "
+                  "[...s.querySelectorAll('table.pairs tbody tr')].map(r => r.cells[1].textContent), "
+                  "s.querySelectorAll('figure.pair-busbw polyline').length, "
+                  "[...s.querySelectorAll('figure.pair-busbw circle title')].map(t => t.textContent)]")
+        top, partners, lines, dots = page
+        assert abs(top) < 5 and partners == ["g0", "g3"] and lines == 1
+        assert [d.split(": ")[-1] for d in dots] == ["61 GB/s", "58.5 GB/s"]
+    finally:
+        browser.quit()

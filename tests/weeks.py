@@ -84,3 +84,24 @@ class Weeks:
         elif v.verdict in ("replace", "quarantine"):
             self.out[node] = (v.verdict, day)
         return v.verdict
+
+
+def record_pair(h: History, ts: float, a: str, b: str, status: str, mode: str = "sweep",
+                busbw: float | None = 180.0, detail: str = "", run: str = "r1",
+                verdicts: tuple[str, str] | None = None, profile: str = "p5.48xlarge") -> int:
+    """One pair run as the engine records it: a sweep row a side (kind `pair`, with the pair's
+    check as its result), then the pair's row. Each side's verdict: the pair's status where it
+    passed, warned or broke, else `inconclusive` (waiting for a re-pair), unless `verdicts` says."""
+    from sweeper.result import CheckResult, Metric, Result
+
+    own = {"pass": "pass", "warn": "warn", "error": "error"}.get(status, "inconclusive")
+    ids = []
+    for n, verdict in zip((a, b), verdicts or (own, own), strict=True):
+        sid = h.sweep_started(run, n, ts - 600, "pair-fabric", profile, kind="pair")
+        if status in ("pass", "warn", "fail", "error"):
+            h.result(sid, Result(n, "nccl-pair", ts - 600, ts - 60, (CheckResult("pair.nccl", status, detail),),
+                                 (Metric("nccl.pair_busbw", busbw, "GB/s"),) if busbw is not None else ()))
+        h.sweep_finished(sid, ts, verdict, [detail or status], {"verdict": verdict, "decided": ts - 30,
+                                                                "policy": "default"})
+        ids.append(sid)
+    return h.pair_result(run, ts - 60, a, b, status, mode, busbw, detail, (ids[0], ids[1]))
