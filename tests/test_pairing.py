@@ -23,9 +23,10 @@ def key(profile: str = "p5.48xlarge", **labels: str) -> tuple[str, tuple[str | N
 
 
 def test_group_key_needs_the_same_profile_and_the_same_placement_labels() -> None:
-    """EKS puts the network node layers of a p5 in `topology.k8s.aws/network-node-layer-1..3`
-    (docs.aws.amazon.com/eks/latest/userguide/ml-topology-aware.html, the instance topology API);
-    nodes under the same layer-3 node share the closest network path."""
+    """EKS labels each node with its place in the EC2 network hierarchy,
+    `topology.k8s.aws/network-node-layer-1..3` (a 4th on some instance types); nodes that share
+    the bottom layer's value are physically closest
+    (docs.aws.amazon.com/eks/latest/userguide/ml-workload-topology.html)."""
     a = group_key("p5", {ZONE: "use1-az1", LAYER3: "nn-1"}, LABELS)
     assert a == group_key("p5", {ZONE: "use1-az1", LAYER3: "nn-1", "other": "x"}, LABELS)
     assert a != group_key("p5", {ZONE: "use1-az1", LAYER3: "nn-2"}, LABELS)
