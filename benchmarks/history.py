@@ -92,7 +92,8 @@ def build(path: Path, nodes: int, per_node: int, pairs: int = 0, seed: int = 1) 
                              476.0 - rng.random() * 6, "", sid, sid))
         conn.executemany("insert into pairs (run_id, ts, node, partner, status, mode, busbw, detail, node_sweep_id, "
                          "partner_sweep_id) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows[:pairs])
-        # what History.pair_result keeps as it writes: each node's latest conclusive pair result
+        # what History.pair_result keeps as it writes: each node's latest conclusive pair result (the
+        # other columns come from the row of max(ts): https://www.sqlite.org/lang_select.html#bareagg)
         conn.execute("insert into pair_latest (node, ts, pair_id, partner, status, mode, role) "
                      "select n, max(ts), id, other, status, mode, role from (select id, ts, node as n, partner as other, "
                      "status, mode, 'node' as role from pairs union all select id, ts, partner, node, status, mode, "
