@@ -3,7 +3,7 @@ sweeps of 10 checks and 10 metrics each) and 1,000,000 pair results, then the ti
 `sweeper history NODE`, of one policy evaluation with the shipped policy (every history rule
 reading the database, the pair rule included), of the pair queries a sweep makes (known-good
 nodes, suspects waiting for a re-pair, one node's pair results), of the fleet report, and the
-database size per thousand sweeps.
+database size per thousand sweeps and per thousand pair results.
 
     python -m benchmarks.history [--nodes 10000] [--sweeps-per-node 10] [--pairs 1000000] [--repeat 5]
 """
@@ -14,6 +14,7 @@ import argparse
 import io
 import json
 import random
+import sqlite3
 import statistics
 import tempfile
 import time
@@ -91,7 +92,8 @@ def build(path: Path, nodes: int, per_node: int, pairs: int = 0, seed: int = 1) 
                              476.0 - rng.random() * 6, "", sid, sid))
         conn.executemany("insert into pairs (run_id, ts, node, partner, status, mode, busbw, detail, node_sweep_id, "
                          "partner_sweep_id) values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows[:pairs])
-        # what History.pair_result keeps as it writes: each node's latest conclusive pair result
+        # what History.pair_result keeps as it writes: each node's latest conclusive pair result (the
+        # other columns come from the row of max(ts): https://www.sqlite.org/lang_select.html#bareagg)
         conn.execute("insert into pair_latest (node, ts, pair_id, partner, status, mode, role) "
                      "select n, max(ts), id, other, status, mode, role from (select id, ts, node as n, partner as other, "
                      "status, mode, 'node' as role from pairs union all select id, ts, partner, node, status, mode, "
@@ -124,6 +126,11 @@ def main() -> None:
         counts = h.counts()
         sweeps = counts["node_sweeps"]
         size = sum(p.stat().st_size for p in Path(tmp).glob("history.db*"))
+        try:  # the pair tables' share, where SQLite has its dbstat table
+            with sqlite3.connect(path) as conn:
+                pair_size = conn.execute("select sum(pgsize) from dbstat where name like '%pair%'").fetchone()[0] or 0
+        except sqlite3.OperationalError:
+            pair_size = 0
         policy = load_policy(ROOT / "policies" / "default.yaml")
         node = f"node-{args.nodes // 2:05d}"
         now = 1_790_000_000.0 + args.sweeps_per_node * 86400
@@ -144,7 +151,9 @@ def main() -> None:
 
         print(f"database: {args.nodes:,} nodes, {sweeps:,} sweeps, {counts['checks']:,} check rows, "
               f"{counts['metrics']:,} metric rows, {counts['pairs']:,} pair results; built in {build_s:.1f} s")
-        print(f"size: {size / 2**20:.1f} MiB, {size / 2**20 / (sweeps / 1000):.2f} MiB per 1,000 sweeps")
+        print(f"size: {size / 2**20:.1f} MiB, {(size - pair_size) / 2**20 / (sweeps / 1000):.2f} MiB per 1,000 sweeps"
+              + (f", {pair_size / 2**20 / (counts['pairs'] / 1000):.2f} MiB per 1,000 pair results"
+                 if pair_size and counts["pairs"] else ""))
         print(f"sweeper history NODE:       {timed(history_cmd, args.repeat) * 1000:8.1f} ms")
         print(f"one policy evaluation:      {timed(evaluate, args.repeat) * 1000:8.1f} ms "
               f"({len(policy.trends)} trends, {len(policy.peers)} peer rules, ladders, relapses, failure rates, "

@@ -275,6 +275,8 @@ class History:
                 [run_id, ts, node, partner, status, mode, busbw, detail, sweep_ids[0], sweep_ids[1]])
             pair_id = int(cur.lastrowid or 0)
             if status in CONCLUSIVE_PAIRS:
+                # An upsert whose update has a WHERE: a pair written late (an older ts) does not
+                # overwrite a later result (https://www.sqlite.org/lang_upsert.html).
                 self.conn.executemany(
                     "insert into pair_latest (node, ts, pair_id, partner, status, mode, role) values "
                     "(?, ?, ?, ?, ?, ?, ?) on conflict (node) do update set ts = excluded.ts, "

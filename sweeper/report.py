@@ -129,6 +129,8 @@ def gather(history: Any, policy: Policy, since: float, now: float, interval: flo
              for t in policy.trends}
     rules |= {p.name: f"{p.metric} {p.below_median_by:.0%} below its profile's median on {p.consecutive} sweeps: "
               f"{p.then}" for p in policy.peers}
+    rules |= {r.name: f"failed pairs with {r.partners} or more different partners within {_days(r.window)}: {r.then}"
+              for r in policy.pair_failures}
     for name in chosen:
         data.pages.append(_page(history, name, states.get(name), since, now, metrics, rules))
     return data

@@ -116,6 +116,12 @@ def test_pair_sweeps_count_as_sweeps_of_the_node(h: History) -> None:
     assert [s["verdict"] for s in h.sweeps("a", T0 - DAY, T0 + DAY)] == ["pass"]
     assert h.sweeps("c", T0 - DAY, T0 + DAY) == []
     assert {r["node"] for r in h.fleet()} == {"a", "b", "c", "d"}
+    # c, the culprit of its re-pair, is held: the breaker counts it, and a person who lets it go
+    # has dismissed the pair's findings
+    record_pair(h, T0 + 2 * HOUR, "c", "a", "fail", "repair", verdicts=("quarantine", "inconclusive"))
+    assert h.failures_since(T0, ("quarantine",)) == {"c": 1}
+    assert [r["node"] for r in h.released_by_people(["a", "c"], ("quarantine",))] == ["c"]
+    assert h.last_swept()["c"] == T0 + 2 * HOUR - 600
 
 
 def test_prune_deletes_old_pair_results(h: History) -> None:

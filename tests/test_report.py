@@ -300,6 +300,18 @@ def test_the_report_shows_pair_runs_culprits_and_suspects(pair_history: History)
     assert "re-pair (known-good)" in g0
 
 
+def test_a_node_held_by_the_pair_rule_says_what_the_rule_means(pair_history: History) -> None:
+    _sweep(pair_history, "run-2", "g4", T0 + 3000, "quarantine",
+           ["fails-with-three-partners: failed pairs with 3 different partners within 7d (g5, g6, g7; limit 3)"],
+           ["fails-with-three-partners"])
+    page = render(gather(pair_history, POLICY, 0.0, T0 + HOUR, 20 * HOUR))
+    held = _section(page, "<table class=held>", "</table>")
+    assert "g4" in held and "fails-with-three-partners" in held
+    g4 = _section(page, '<section class=node id="node-g4">', "</section>")
+    assert ("<p class=rule><b>fails-with-three-partners</b>: failed pairs with 3 or more different partners "
+            "within 7d: quarantine</p>") in g4
+
+
 def test_a_history_without_pairs_says_so(plan_history: History) -> None:
     page = render(gather(plan_history, POLICY, 0.0, T0 + HOUR, 20 * HOUR))
     assert "No pair sweep in this window." in _section(page, "<h2>Pair sweeps</h2>", "<h2>Nodes</h2>")
