@@ -295,10 +295,15 @@ def _printer(console: Any) -> Callable[[str, dict[str, Any]], None]:
                 f"budget {d['budget']}; taking {', '.join(d['take']) or 'none'}")
         elif event == "hold":
             say(f"  {d['node']}: held (tainted), running checks")
+        elif event == "pair":
+            a, b = d["nodes"]
+            say(f"  {a} + {b}: " + ("re-pair of suspect " + a + " with known-good " + b if d["mode"] == "repair"
+                                   else "pair") + " held, running the two-node all-reduce")
         elif event == "raced":
             say(f"  {d['node']}: ", ("a GPU pod landed first", "warn"), f" ({', '.join(d['pods'])}); released untouched")
         elif event == "done":
-            say(f"  {d['node']}: ", (d["verdict"] or "-", d["verdict"]), f" -> {d['action']}"
+            action = "held for a re-pair with a known-good partner" if d["action"] == "suspect" else d["action"]
+            say(f"  {d['node']}: ", (d["verdict"] or "-", d["verdict"]), f" -> {action}"
                 + (f"  ({'; '.join(d['reasons'])})" if d["verdict"] != "pass" else ""))
         elif event == "breaker":
             say(("circuit breaker open", "replace"), f": {d['reason']}; no more nodes are taken until "
@@ -743,8 +748,9 @@ def plan_cmd(config_path: str | None, kubeconfig: str | None, context: str | Non
     pods = kube.active_pods(page_size=cfg.page_size)
     from sweeper.sweep import Sweep
 
-    gates = Sweep(kube, cfg, hist).gates()
-    p = make_plan(nodes, pods, cfg, hist.last_swept(), time.time(), gates)
+    sweep = Sweep(kube, cfg, hist)
+    gates = sweep.gates()
+    p = make_plan(nodes, pods, cfg, hist.last_swept(sweep.kind), time.time(), gates)
     rows: list[dict[str, Any]] = [{"node": d.node.name, "take": d.take, "reason": d.reason, "detail": d.detail}
                                   for d in p.take + p.skip]
     doc = {"gpu_nodes": p.gpu_nodes, "found_by": looked_for(cfg), "held": p.held, "budget": p.budget, "nodes": rows,

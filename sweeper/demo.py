@@ -5,6 +5,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -52,9 +53,10 @@ def run_demo(console: Console, state: Path, *, cycles: int, hours_between: float
             if cycle < cycles:
                 cluster.clock.advance(hours_between * 3600)
                 time.sleep(0.05)
+        culprits = pair_sweep(console, kube, hist, cluster, printer, print_history)
         console.rule("the fleet")
         summary = fleet_table(console, kube, hist, DEMO_CONFIG)
-        failing = next((n for n, s in summary.items() if s["state"] == "held"), None)
+        failing = next((n for n, s in summary.items() if s["state"] == "held" and n not in culprits), None)
         if failing:
             console.rule(f"why {failing} is held: sweeper history {failing}")
             print_history(console, hist.node_history(failing))
@@ -86,6 +88,23 @@ def run_demo(console: Console, state: Path, *, cycles: int, hours_between: float
     return summary
 
 
+def pair_sweep(console: Console, kube: Kube, hist: History, cluster: SimCluster,
+               printer: Callable[[str, dict[str, Any]], None],
+               print_history: Callable[[Console, dict[str, Any]], None]) -> list[str]:
+    """One run of the pair playbook: idle nodes two at a time across the fabric; a failed pair
+    blames neither node until each is re-paired with a known-good partner."""
+    console.rule("pair sweeps over the fabric (playbook pair-fabric.yaml, two nodes at a time)")
+    cfg = replace(DEMO_CONFIG, playbook="pair-fabric.yaml", max_nodes=8, max_percent=50)
+    report = Sweep(kube, cfg, hist, clock=cluster.clock, emit=printer).run()
+    console.print(f"  {sum(1 for o in report.outcomes if o.action in ('released', 'held'))} node hand-back(s) "
+                  f"with {report.api_requests} API requests")
+    culprits = sorted({o.node for o in report.outcomes if o.action == "held"})
+    for node in culprits:
+        console.rule(f"why {node} is held: sweeper history {node} (its pair runs)")
+        print_history(console, hist.node_history(node))
+    return culprits
+
+
 def _describe(f: Any) -> str:
     parts = []
     if f.xids:
@@ -104,6 +123,8 @@ def _describe(f: Any) -> str:
         parts.append("corrected ECC climbing on GPU " + ",".join(str(g) for g in f.ecc_growth))
     if f.remap_growth:
         parts.append("remapped rows climbing on GPU " + ",".join(str(g) for g in f.remap_growth))
+    if f.link_degraded < 1.0:
+        parts.append(f"fabric links at {f.link_degraded:.0%} of their rate")
     return ", ".join(parts)
 
 

@@ -287,10 +287,12 @@ class History:
         return pair_id
 
     @_locked
-    def last_swept(self) -> dict[str, float]:
-        """Node to the start of its latest finished, conclusive, non-dry-run sweep."""
+    def last_swept(self, kind: str = "sweep") -> dict[str, float]:
+        """Node to the start of its latest finished, conclusive, non-dry-run sweep of this kind:
+        `sweep` (a single-node playbook) or `pair` (a pair playbook). Each has its own cadence, so
+        that a daily node sweep never keeps a node from its pair sweep, nor the reverse."""
         rows = self._query("select node, max(started) as last from node_sweeps where finished is not null "
-                             "and dry_run = 0 and kind in ('sweep', 'pair') and verdict != 'inconclusive' group by node")
+                           "and dry_run = 0 and kind = ? and verdict != 'inconclusive' group by node", [kind])
         return {r["node"]: r["last"] for r in rows}
 
     # Each node's latest conclusive pair result, either side, is kept in pair_latest as pairs are

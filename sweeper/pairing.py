@@ -56,6 +56,7 @@ class NodeCall:
     verdict: str
     reasons: tuple[str, ...]
     suspect: bool = False  # stays held, waiting for a re-pair with a known-good partner
+    rules: tuple[str, ...] = ()  # the policy's pair rules that decided it, where they did
 
 
 def node_verdicts(mode: str, node: str, partner: str, verdict: str, reasons: Sequence[str]) -> tuple[NodeCall, NodeCall]:

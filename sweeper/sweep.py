@@ -48,7 +48,7 @@ class Recorder(Protocol):
     def result(self, sweep_id: int | None, result: Result) -> None: ...
     def action(self, run_id: str, node: str, ts: float, action: str, detail: str, dry_run: bool = False) -> None: ...
     def intent(self, run_id: str, node: str, ts: float, op: str, phase: str, detail: str = "") -> None: ...
-    def last_swept(self) -> dict[str, float]: ...
+    def last_swept(self, kind: str = "sweep") -> dict[str, float]: ...
     def last_light(self) -> dict[str, float]: ...
     def story(self, run_id: str, node: str) -> dict[str, Any]: ...
     def get_control(self, key: str) -> dict[str, Any] | None: ...
@@ -183,6 +183,12 @@ class Sweep:
         self.cooling = False  # the last discovery found the breaker's cooldown in force
         self._suspects: dict[str, str] = {}  # node -> why an outside signal names it, as this run first read
 
+    @property
+    def kind(self) -> str:
+        """What this sweep's rows are: `pair` for a pair playbook, else `sweep`; when a node is due
+        is counted within its kind."""
+        return "pair" if self.playbook.pair else "sweep"
+
     # -- discovery ----------------------------------------------------------------
     def discover(self, refill: bool = False) -> Plan:
         """`refill`: a look again within a run, which reuses the outside signals the run's first
@@ -203,7 +209,7 @@ class Sweep:
             gates = replace(gates, suspects=found)
             if not self.dry_run:
                 nodes = self.mark_suspects(nodes, found)
-        p = plan(nodes, pods, self.cfg, self.rec.last_swept(), self.clock.now(), gates)
+        p = plan(nodes, pods, self.cfg, self.rec.last_swept(self.kind), self.clock.now(), gates)
         # Every GPU node this pass saw, with its profile: the report's coverage counts the never swept.
         p.profiles = {d.node.name: profiles.match(self.profiles, d.node.labels).name for d in p.take + p.skip}
         return p
@@ -1069,6 +1075,7 @@ class Sweep:
                 outs.append(NodeOutcome(other.name, "", [why], "skipped"))
             return PairRun(outs, back=back)
         first, second = nodes
+        self.emit("pair", {"nodes": [first.name, second.name], "mode": mode})
         profs = [profiles.match(self.profiles, n.labels) for n in nodes]
         ids = tuple(self.rec.sweep_started(run_id, n.name, self.clock.now(), self.playbook.name, pr.name, kind="pair")
                     for n, pr in zip(nodes, profs, strict=True))
@@ -1097,7 +1104,7 @@ class Sweep:
                 out.passed = (first.name, second.name)
             for call, view, prof, sweep_id in zip(calls, nodes, profs, ids, strict=True):
                 out.outcomes.append(self._pair_node(run_id, call, view, prof, sweep_id,
-                                                    decision if call.verdict == verdict else None, t0))
+                                                    self._pair_decision(call, verdict, decision), t0))
         return out
 
     def _pair_rule(self, call: pairing.NodeCall) -> pairing.NodeCall:
@@ -1108,7 +1115,16 @@ class Sweep:
         found = pair_rule(policy_for(ActionContext(config=self.cfg)), self.rec, call.node, self.clock.now())
         if found is None or found.verdict not in HOLDING:
             return call
-        return pairing.NodeCall(call.node, found.verdict, found.reasons)
+        return pairing.NodeCall(call.node, found.verdict, found.reasons, rules=found.rules)
+
+    def _pair_decision(self, call: pairing.NodeCall, verdict: str,
+                       decision: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The decision recorded on a node's row: the play's where the node got the play's verdict;
+        the pair rule's where that rule held the node (so its history names the rule)."""
+        if call.rules:
+            return {"verdict": call.verdict, "causes": [], "rules": list(call.rules), "decided": self.clock.now(),
+                    "policy": policy_for(ActionContext(config=self.cfg)).name, "gpus": []}
+        return decision if call.verdict == verdict else None
 
     def _pair_node(self, run_id: str, call: pairing.NodeCall, view: NodeView, prof: profiles.Profile,
                    sweep_id: int, decision: dict[str, Any] | None, t0: float) -> NodeOutcome:

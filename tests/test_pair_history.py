@@ -108,11 +108,15 @@ def test_known_good_and_suspects_agree_with_every_pair_read_in_order(h: History)
 
 
 def test_pair_sweeps_count_as_sweeps_of_the_node(h: History) -> None:
-    """A conclusive pair sweep is a sweep of both nodes (for when a node is due, the breaker and
-    the history rules); the inconclusive rows of a failed pair, waiting for its re-pair, are not."""
+    """A conclusive pair sweep is a sweep of both nodes (for when a node is next due a pair sweep,
+    the breaker and the history rules); the inconclusive rows of a failed pair, waiting for its
+    re-pair, are not. A pair sweep and a node sweep keep separate cadences: a daily node sweep
+    must not keep a node from its pair sweep every few days, nor a pair sweep, which checks no
+    GPU counter, put off the node's own checks."""
     pair(h, T0, "a", "b", "pass")
     pair(h, T0 + HOUR, "c", "d", "fail")
-    assert h.last_swept() == {"a": T0 - 540, "b": T0 - 540}
+    assert h.last_swept("pair") == {"a": T0 - 540, "b": T0 - 540}
+    assert h.last_swept() == {}, "a pair sweep does not make a node's own sweep less due"
     assert [s["verdict"] for s in h.sweeps("a", T0 - DAY, T0 + DAY)] == ["pass"]
     assert h.sweeps("c", T0 - DAY, T0 + DAY) == []
     assert {r["node"] for r in h.fleet()} == {"a", "b", "c", "d"}
@@ -121,7 +125,7 @@ def test_pair_sweeps_count_as_sweeps_of_the_node(h: History) -> None:
     record_pair(h, T0 + 2 * HOUR, "c", "a", "fail", "repair", verdicts=("quarantine", "inconclusive"))
     assert h.failures_since(T0, ("quarantine",)) == {"c": 1}
     assert [r["node"] for r in h.released_by_people(["a", "c"], ("quarantine",))] == ["c"]
-    assert h.last_swept()["c"] == T0 + 2 * HOUR - 600
+    assert h.last_swept("pair")["c"] == T0 + 2 * HOUR - 600
 
 
 def test_prune_deletes_old_pair_results(h: History) -> None:

@@ -319,5 +319,8 @@ DEMO_FLEET: dict[str, Any] = {
         # Busy until its job ends at 20h, watched meanwhile by light checks: corrected ECC errors on
         # GPU 2 climb far faster than the trend rule allows, and would turn uncorrectable on day 3.
         "gpu-p5-06": {"ecc_growth": {2: 240}, "ecc_fail_at": "3d"},
+        # Its EFA links carry 40% of their rate: every single-node check passes; only a pair sweep
+        # across the fabric, and re-pairing with known-good partners, finds it.
+        "gpu-p5-08": {"link_degraded": 0.4},
     },
 }

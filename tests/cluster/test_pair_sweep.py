@@ -90,6 +90,27 @@ def test_a_pair_passes_and_both_nodes_go_back(make_sim, history: History) -> Non
     assert sim.batch.list_namespaced_job("sweeper").items == []
 
 
+def test_node_sweeps_and_pair_sweeps_keep_their_own_cadence(make_sim, history: History) -> None:
+    """A node swept by the daily node playbook an hour ago is still due its pair sweep, and the
+    pair sweep does not put off its node sweep: with one shared `last swept`, a schedule that
+    sweeps nodes more often than `interval` would never let the pair schedule take a node."""
+    sim: Sim = make_sim(nodes=2)
+    single = replace(TEST_CONFIG, light_playbook="")
+    first = run_sweep(sim, history, single)
+    assert {o.node for o in first.outcomes if o.action == "released"} == {"gpu-00", "gpu-01"}
+    sim.cluster.clock.advance(3600)
+    pair = run_sweep(sim, history, fabric())
+    assert actions_of(pair) == {"gpu-00": [("pass", "released")], "gpu-01": [("pass", "released")]}
+    sim.cluster.clock.advance(3600)
+    assert not [o for o in run_sweep(sim, history, fabric()).outcomes if o.action != "light"], \
+        "pair-swept an hour ago: not due a pair sweep again"
+    assert not [o for o in run_sweep(sim, history, single).outcomes if o.action != "light"], \
+        "node-swept two hours ago: not due a node sweep again"
+    sim.cluster.clock.advance(TEST_CONFIG.interval)
+    again = run_sweep(sim, history, single)
+    assert {o.node for o in again.outcomes if o.action == "released"} == {"gpu-00", "gpu-01"}
+
+
 def test_a_degraded_link_is_named_through_re_pairing(make_sim, history: History) -> None:
     """A pair's bandwidth is its slower node's: a failed pair names neither node until each is
     re-paired with a node that passed."""
@@ -208,6 +229,9 @@ def test_a_node_that_failed_with_enough_partners_is_held_without_a_re_pair(make_
     why = next(o for o in report.outcomes if o.node == "gpu-00").reasons[0]
     assert why.startswith("fails-with-three-partners: failed pairs with 3 different partners")
     assert tainted(sim) == {"gpu-00"}
+    held = history.node_history("gpu-00")["sweeps"][0]
+    assert held["verdict"] == "quarantine" and held["rules"] == ["fails-with-three-partners"], \
+        "the history names the pair rule that held the node"
 
 
 # -- SIGKILL at every step of a pair sweep -------------------------------------------------------
