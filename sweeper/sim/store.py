@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import bisect
 import json
+import secrets
 import threading
 import uuid
 from collections import deque
@@ -37,6 +38,9 @@ class Resource:
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
+
+# The characters of a generated name (k8s.io/apimachinery/pkg/util/rand: no vowels, no 0/1/3).
+NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
 
 RESOURCES: dict[str, Resource] = {r.plural: r for r in (
     Resource("nodes", "Node", "", "v1", False, ("no",)),
@@ -192,7 +196,14 @@ class Store:
                 meta.pop("namespace", None)
             if not meta.get("name"):
                 if meta.get("generateName"):
-                    meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+                    # Five characters of the apiserver's own alphabet (no vowels, no look-alikes),
+                    # drawn again while the name is taken, as the apiserver retries a generated name
+                    # that collides (KEP-4420, https://github.com/kubernetes/enhancements/issues/4420).
+                    for _ in range(8):
+                        meta["name"] = meta["generateName"] + "".join(
+                            secrets.choice(NAME_ALPHABET) for _ in range(5))
+                        if self._key(res, meta.get("namespace"), meta["name"]) not in self._objects[plural]:
+                            break
                 else:
                     raise invalid(res.kind, "", "metadata.name: Required value: name or generateName is required")
             key = self._key(res, meta.get("namespace"), meta["name"])
