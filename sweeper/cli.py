@@ -753,6 +753,14 @@ def plan_cmd(config_path: str | None, kubeconfig: str | None, context: str | Non
     p = make_plan(nodes, pods, cfg, hist.last_swept(sweep.kind), time.time(), gates)
     rows: list[dict[str, Any]] = [{"node": d.node.name, "take": d.take, "reason": d.reason, "detail": d.detail}
                                   for d in p.take + p.skip]
+    partners = sweep.partners(p) if sweep.playbook.pair else None
+    for r in rows if partners is not None else []:  # a pair playbook takes nodes two at a time
+        r["partner"] = partners.get(r["node"], "")  # type: ignore[union-attr]
+        if r["partner"] and not r["take"]:  # an odd node of another group left it room
+            r.update(take=True, reason="idle", detail=f"paired with {r['partner']}")
+        elif r["take"] and not r["partner"]:
+            r.update(take=False, reason="no-partner", detail="no other due node of its profile and placement "
+                     "(pair_labels) to pair with within the budget; it waits")
     doc = {"gpu_nodes": p.gpu_nodes, "found_by": looked_for(cfg), "held": p.held, "budget": p.budget, "nodes": rows,
            "paused": gates.paused, "breaker": gates.breaker}
     if out.fmt == "json":
@@ -771,9 +779,11 @@ def plan_cmd(config_path: str | None, kubeconfig: str | None, context: str | Non
                   "another resource name" + (", or check gpu_node_selector." if cfg.gpu_node_selector else "."))
         return
     out.title(f"{p.gpu_nodes} GPU nodes, {p.held} held, budget {p.budget}")
-    out.table((Col("node"), Col("take"), Col("reason"), Col("detail", cut=True)),
-              ([r["node"], "yes" if r["take"] else "no", r["reason"], r["detail"]]
-               for r in sorted(rows, key=lambda r: (not r["take"], r["node"]))), colour=[1])
+    cols = (Col("node"), Col("take"), *((Col("partner"),) if partners is not None else ()), Col("reason"),
+            Col("detail", cut=True))
+    out.table(cols, ([r["node"], "yes" if r["take"] else "no", *((r["partner"] or "-",) if partners is not None
+                                                                  else ()), r["reason"], r["detail"]]
+                     for r in sorted(rows, key=lambda r: (not r["take"], r["node"]))), colour=[1])
 
 
 # -- history ---------------------------------------------------------------------------

@@ -556,6 +556,15 @@ class Sweep:
                                                           "taking no more nodes this run"})
                     self.drain.set()
 
+    def partners(self, p: Plan) -> dict[str, str]:
+        """For a pair playbook: the pairs a run would take first from plan `p` (each node to its
+        partner), two of one group each, within the budget, in the due order."""
+        due = [d.node for d in (*p.take, *p.skip) if d.reason in ("idle", "over-budget")]
+        out: dict[str, str] = {}
+        for a, b in pairing.form_pairs(due, self._group, p.budget):
+            out[a.name], out[b.name] = b.name, a.name
+        return out
+
     def _group(self, view: NodeView) -> pairing.GroupKey:
         return pairing.group_key(profiles.match(self.profiles, view.labels).name, view.labels, self.cfg.pair_labels)
 

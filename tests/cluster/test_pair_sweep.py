@@ -377,3 +377,31 @@ def test_suspects_still_waiting_when_the_run_stops_taking_nodes_go_back(make_sim
                    "gpu-01": [("inconclusive", "suspect"), ("inconclusive", "released")]}
     assert "the run stopped taking nodes before its re-pair" in report.outcomes[-1].reasons[0]
     assert tainted(sim) == set() and history.pair_suspects(0) == {"gpu-00": "gpu-01", "gpu-01": "gpu-00"}
+
+
+def test_plan_shows_the_pairs_a_pair_playbook_would_take(make_sim, tmp_path: Path) -> None:
+    """`sweeper plan` with a pair playbook: each node's partner, and the odd node of its placement
+    group waiting (here gpu-04, alone in its zone)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from sweeper.cli import main
+
+    spec = {"name": "test", "seed": 3, "speed": 600, "node_groups": [
+        {"name_prefix": "gpu-", "count": 4, "instance_type": "p5.48xlarge", "age": "2d", "zone": "us-east-1a"},
+        {"name_prefix": "gpu-b", "count": 1, "instance_type": "p5.48xlarge", "age": "2d", "zone": "us-east-1b"}]}
+    sim: Sim = make_sim(spec)
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump({"playbook": "pair-fabric.yaml", "max_percent": 100, "max_nodes": 10}))
+    base = ["plan", "--kubeconfig", str(sim.kubeconfig), "--state", str(tmp_path / "h.db"), "--config", str(cfg)]
+    res = CliRunner().invoke(main, [*base, "--json"])
+    assert res.exit_code == 0, res.output
+    rows = {r["node"]: r for r in json.loads(res.stdout)["nodes"]}
+    partners = {n: r["partner"] for n, r in rows.items() if r["take"]}
+    assert sorted(partners) == ["gpu-00", "gpu-01", "gpu-02", "gpu-03"]
+    assert all(partners[p] == n for n, p in partners.items()), "partners are mutual"
+    lone = next(n for n in rows if n not in partners)
+    assert rows[lone]["reason"] == "no-partner" and rows[lone]["partner"] == ""
+    text = CliRunner().invoke(main, base)
+    assert "PARTNER" in text.stdout and "no-partner" in text.stdout
