@@ -507,13 +507,15 @@ class Sweep:
         held: dict[str, NodeView] = {}  # the waiting suspects, as their holds read them
         seen: set[str] = set()
         running: dict[Future[Any], tuple[str, tuple[str, ...], pairing.GroupKey | None]] = {}
-        taken = refill = False
+        probe = self._probe_first()  # the last run stopped on a fault of the check: one pair first
+        taken = refill = probe_failed = False
         last_plan = self.clock.now()
         workers = max(1, self.cfg.max_nodes + self.cfg.light_max)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sweep") as pool:
             while True:
-                if not (self._closed(deadline, refill) or (self.cooling and taken)):
-                    taken = self._start_pairs(run_id, p, book, held, seen, running, pool, report) or taken
+                probing = probe and any(kind != "light" for kind, _, _ in running.values())
+                if not (self._closed(deadline, refill) or (self.cooling and taken) or probing):
+                    taken = self._start_pairs(run_id, p, book, held, seen, running, pool, report, one=probe) or taken
                     lights = sum(1 for kind, _, _ in running.values() if kind == "light")
                     for v in [v for v in self.light_candidates(p) if v.name not in seen][
                             : max(0, self.cfg.light_max - lights)]:
@@ -525,7 +527,7 @@ class Sweep:
                            else "no known-good partner was free this run")
                     for name in list(book.waiting):
                         report.outcomes.append(self._let_suspect_go(run_id, book, name, why))
-                    return False
+                    return probe_failed
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for f in done:
                     kind, names, group = running.pop(f)
@@ -534,6 +536,10 @@ class Sweep:
                         continue
                     got: PairRun = f.result()
                     report.outcomes.extend(got.outcomes)
+                    if probe:  # the probe pair ran: the rest if its check ran, else stop here
+                        faults = [self.tool_errors[n] for n in names if n in self.tool_errors]
+                        probe, probe_failed = False, bool(faults)
+                        self.tool_stop = self.tool_stop or (faults[0] if faults else "")
                     book.passed(*got.passed)
                     for view, first in got.suspects:
                         book.suspect(view.name, first, cast(pairing.GroupKey, group), got.why)
@@ -570,9 +576,9 @@ class Sweep:
 
     def _start_pairs(self, run_id: str, p: Plan, book: pairing.Repairs, held: dict[str, NodeView], seen: set[str],
                      running: dict[Future[Any], tuple[str, tuple[str, ...], pairing.GroupKey | None]],
-                     pool: ThreadPoolExecutor, report: RunReport) -> bool:
+                     pool: ThreadPoolExecutor, report: RunReport, one: bool = False) -> bool:
         """Re-pairs first, then new pairs, within the budget (each node held counts one); True
-        when a pair was started."""
+        when a pair was started. `one`: a single pair at most (the probe after a fault of the check)."""
         busy = {n for _, names, _ in running.values() for n in names} | set(book.waiting)
         listed = {d.node.name: d.node for d in (*p.take, *p.skip)}
         room = p.budget - sum(1 for n in busy if n not in listed or not listed[n].sweep_taint(self.cfg.taint_key))
@@ -598,6 +604,8 @@ class Sweep:
             seen.add(k)
             room -= 1
             started = True
+            if one:
+                return True
         due = [d.node for d in (*p.take, *p.skip) if d.reason in ("idle", "over-budget")
                and d.node.name not in seen and d.node.name not in busy]
         # A suspect an earlier run let go for want of a known-good partner: re-paired with one now if there is one.
@@ -612,8 +620,10 @@ class Sweep:
             seen.update((v.name, k))
             room -= 2
             started = True
+            if one:
+                return True
         due = [v for v in due if v.name not in seen]
-        for a, b in pairing.form_pairs(due, self._group, room):
+        for a, b in pairing.form_pairs(due, self._group, min(room, 2) if one else room):
             running[pool.submit(self.sweep_pair, run_id, a, b, "sweep")] = ("pair", (a.name, b.name), self._group(a))
             seen.update((a.name, b.name))
             started = True

@@ -405,3 +405,35 @@ def test_plan_shows_the_pairs_a_pair_playbook_would_take(make_sim, tmp_path: Pat
     assert rows[lone]["reason"] == "no-partner" and rows[lone]["partner"] == ""
     text = CliRunner().invoke(main, base)
     assert "PARTNER" in text.stdout and "no-partner" in text.stdout
+
+
+def test_after_a_fault_of_the_check_the_next_pair_run_tries_one_pair_first(make_sim, tmp_path: Path) -> None:
+    """As a node sweep does after a run stopped on the same fault of the check on several nodes
+    (an unpullable image here): the next run takes one pair first, and stops again if that pair's
+    check cannot run either; once the image is fixed, the probe pair and then the rest are swept."""
+    import json
+
+    from click.testing import CliRunner
+
+    from sweeper.cli import main
+
+    image = "ghcr.io/sweeper-dev/nccl-pair:25.01-py3"
+    sim: Sim = make_sim(nodes=8, registry={"missing": [image]})
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump({"playbook": "pair-fabric.yaml", "max_nodes": 8, "max_percent": 100,
+                                   "poll_interval": 0.02, "interval": "1s", "light_playbook": ""}))
+    base = ["sweep", "--kubeconfig", str(sim.kubeconfig), "--state", str(tmp_path / "h.db"), "--config", str(cfg),
+            "--json"]
+    first = CliRunner().invoke(main, base)
+    assert first.exit_code == 5, first.output
+    assert {n["verdict"] for n in json.loads(first.stdout)["nodes"]} == {"error"}
+    again = CliRunner().invoke(main, base)
+    assert again.exit_code == 5, again.output
+    nodes = json.loads(again.stdout)["nodes"]
+    assert sorted(n["action"] for n in nodes) == ["released", "released"], "one pair, then the run stops"
+    assert "this run's first node ended with one too" in again.stderr
+    sim.cluster.missing_images.clear()
+    fixed = CliRunner().invoke(main, base)
+    assert fixed.exit_code == 0, fixed.output
+    assert [n["verdict"] for n in json.loads(fixed.stdout)["nodes"]] == ["pass"] * 8
+    assert tainted(sim) == set()
