@@ -121,6 +121,16 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert f"(sweeper history NODE --state {tmp_path / 'demo.db'})" in out and (tmp_path / "report.html").exists()
     assert f"(sweeper report --state {tmp_path / 'demo.db'} --offline)" in out
     assert "sweeper history gpu-p5-06 --check ecc:" in out
+    # the pair sweep: gpu-p5-08's links run at 40%; its first pair fails and blames neither node,
+    # each is re-paired with a known-good partner, and gpu-p5-08 alone is held
+    assert re.search(r"gpu-p5-08: inconclusive -> held for a re-pair", out)
+    assert re.search(r"re-pair of suspect gpu-p5-08 with known-good gpu-p5-\d\d", out)
+    assert re.search(r"gpu-p5-08: quarantine -> held\s+\(pair\.nccl: bus bandwidth", out)
+    assert "why gpu-p5-08 is held: sweeper history gpu-p5-08 (its pair runs)" in out
+    first = re.search(r"gpu-p5-08: inconclusive -> held for a re-pair with a known-good partner\s+"
+                      r"\(pair with (gpu-p5-\w+) failed", out)
+    pairs = out[out.index("pair sweeps over the fabric"):]
+    assert first and re.search(rf"{first.group(1)}: pass -> released", pairs), "its first partner goes back"
 
 
 def test_the_demo_s_fleet_table_prints_a_held_node_s_reason_as_text(make_sim, tmp_path: Path) -> None:
