@@ -1099,6 +1099,8 @@ class SimCluster:
                     self.store.delete("mpijobs", ns, name)
                 continue
             replicas = spec.get("mpiReplicaSpecs") or {}
+            if not ((replicas.get("Launcher") or {}).get("template") or {}).get("spec"):
+                continue  # the operator's validation refuses it (an Event, in the real one); nothing runs
             count = int((replicas.get("Worker") or {}).get("replicas") or 0)
             workers = []
             for i in range(count):
@@ -1203,8 +1205,8 @@ class SimCluster:
         ns, name = mj["metadata"]["namespace"], mj["metadata"]["name"]
         run = mj["spec"].get("runPolicy") or {}
         tmpl = copy.deepcopy(((mj["spec"].get("mpiReplicaSpecs") or {}).get("Launcher") or {}).get("template") or {})
-        tmpl.setdefault("metadata", {})["labels"] = {**(tmpl["metadata"].get("labels") or {}),
-                                                     **self._mpi_labels(name, "launcher")}
+        meta = tmpl.setdefault("metadata", {})
+        meta["labels"] = {**(meta.get("labels") or {}), **self._mpi_labels(name, "launcher")}
         job_spec: dict[str, Any] = {"completions": 1, "parallelism": 1, "backoffLimit": run.get("backoffLimit", 6),
                                     "template": tmpl}
         for key in ("activeDeadlineSeconds", "ttlSecondsAfterFinished"):
