@@ -60,16 +60,11 @@ def test_a_healthy_pair_passes_through_the_mpijob_form(make_sim: Callable[..., S
 
 
 def test_the_operator_makes_workers_on_both_nodes_and_reports_its_conditions(make_sim: Callable[..., Sim]) -> None:
-    """The simulated operator's own story, read through the API while the run follows it (each
-    poll asks whether the sweep was stopped: a look at the pods then) and just before the delete."""
+    """The simulated operator's own story, read through the API just before the delete, and from the
+    store's change history (what a watch of pods would have seen) for the workers, which
+    cleanPodPolicy: Running deletes when the launcher finishes."""
     sim = mpi_sim(make_sim)
-    seen: dict[str, Any] = {"workers": {}}
-
-    def look() -> bool:
-        for p in sim.kube.namespaced_pods(NS, "training.kubeflow.org/job-role=worker"):
-            if p["status"].get("phase") == "Running":
-                seen["workers"][p["metadata"]["name"]] = p
-        return False
+    seen: dict[str, Any] = {}
 
     def intent(op: str, phase: str, detail: str) -> None:
         if (op, phase) == ("delete-mpijob", "before"):
@@ -79,7 +74,7 @@ def test_the_operator_makes_workers_on_both_nodes_and_reports_its_conditions(mak
             seen["pods"] = sim.kube.namespaced_pods(NS, f"training.kubeflow.org/job-name={name}")
             seen["objects"] = leftovers(sim)
     ctx = ActionContext(config=TEST_CONFIG, clock=sim.cluster.clock, kube=sim.kube, node=node_vars(sim, "gpu-00"),
-                        partner=node_vars(sim, "gpu-01"), run_id="sw-mpi-1", intent=intent, cancelled=look)
+                        partner=node_vars(sim, "gpu-01"), run_id="sw-mpi-1", intent=intent)
     act = load_all()["run_pair_job"]
     out = act.fn(ctx, act.validate({"template": MPI, "timeout": "30m"}, "test"))
     assert out["status"] == "pass", out
@@ -87,7 +82,10 @@ def test_the_operator_makes_workers_on_both_nodes_and_reports_its_conditions(mak
     conds = {c["type"]: (c["status"], c["reason"]) for c in seen["mpijob"]["status"]["conditions"]}
     assert conds == {"Created": ("True", "MPIJobCreated"), "Running": ("False", "MPIJobRunning"),
                      "Succeeded": ("True", "MPIJobSucceeded")}
-    workers = seen["workers"]
+    with sim.cluster.store.lock:
+        workers = {c.new["metadata"]["name"]: c.new for c in sim.cluster.store.changes
+                   if c.plural == "pods" and c.new["metadata"]["name"].startswith(f"{name}-worker-")
+                   and c.new["status"].get("phase") == "Running"}
     assert sorted(workers) == [f"{name}-worker-0", f"{name}-worker-1"]
     assert {p["spec"]["nodeName"] for p in workers.values()} == {"gpu-00", "gpu-01"}, "one worker on each node"
     assert all(p["spec"]["subdomain"] == f"{name}-worker" for p in workers.values())
