@@ -402,10 +402,12 @@ class ApiServer:
 
     def _discovery(self, path: str) -> dict[str, Any] | None:
         path = path.rstrip("/") or "/"
+        unserved = () if self.cluster.fleet.mpi_operator else ("apis/kubeflow.org/v2beta1",)
         if path == "/openapi/v3":
-            return openapi.discovery()
+            found = openapi.discovery()
+            return {**found, "paths": {gv: v for gv, v in found["paths"].items() if gv not in unserved}}
         if path.startswith("/openapi/v3/"):
-            doc = openapi.document(path[len("/openapi/v3/"):])
+            doc = None if path[len("/openapi/v3/"):] in unserved else openapi.document(path[len("/openapi/v3/"):])
             if doc is None:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             return doc

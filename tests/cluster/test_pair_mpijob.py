@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from kubernetes import client
 
 from sweeper.actions import ActionContext, load_all
 from sweeper.errors import NotFound, NotServed
@@ -126,6 +127,14 @@ def test_without_the_operator_the_pair_is_an_error_of_the_tool(make_sim: Callabl
     assert [(op, phase) for op, phase, _ in intents] == [
         ("create-mpijob", "before"), ("delete-mpijob", "before"), ("delete-mpijob", "after")]
     assert leftovers(sim) == NOTHING
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_discovery_lists_the_group_only_where_the_operator_is(make_sim: Callable[..., Sim], installed: bool) -> None:
+    """As `kubectl api-resources` sees it: the CRD adds kubeflow.org/v2beta1 to /apis."""
+    sim = mpi_sim(make_sim, installed=installed)
+    groups = {g.name for g in client.ApisApi(sim.api_client).get_api_versions().groups}
+    assert ("kubeflow.org" in groups) is installed and "batch" in groups
 
 
 def test_an_mpijob_not_found_is_not_a_missing_operator(make_sim: Callable[..., Sim]) -> None:
