@@ -112,6 +112,15 @@ def test_a_fabric_fault_fails_the_mpijob_pair(make_sim: Callable[..., Sim], faul
     assert leftovers(sim) == NOTHING
 
 
+@pytest.mark.parametrize("faults", [{}, {"gpu-01": {"port_flapping": True}}])
+def test_both_forms_measure_the_same_fabric(make_sim: Callable[..., Sim], faults: dict[str, Any]) -> None:
+    """The launcher's mpirun and the pair-allreduce gang draw from one fabric model: on the same
+    fleet (same seed, first run of the pair) both forms read the same bus bandwidth."""
+    job, _ = run_pair(mpi_sim(make_sim, faults=faults))
+    mpi, _ = run_pair(mpi_sim(make_sim, faults=faults), template=MPI)
+    assert job["busbw"] is not None and job["busbw"] == mpi["busbw"], (job, mpi)
+
+
 def test_without_the_operator_the_pair_is_an_error_of_the_tool(make_sim: Callable[..., Sim]) -> None:
     """The CRD is not installed: the create is a 404 on the resource itself, told apart from an
     MPIJob that is not found. `error` naming the operator; no node is blamed (no check fails)."""
