@@ -72,6 +72,11 @@ class NotFound(KubeError):
     pass
 
 
+class NotServed(NotFound):
+    """The API server does not serve the resource at all (404 on its path, no object named): a
+    custom resource whose CRD is not installed, as opposed to one object that is not found."""
+
+
 class Conflict(KubeError):
     pass
 

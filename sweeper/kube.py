@@ -30,10 +30,17 @@ from sweeper.errors import (
     Invalid,
     KubeError,
     NotFound,
+    NotServed,
     Transient,
 )
 
 T = TypeVar("T")
+# The apiserver's 404 for a path it does not serve (a custom resource whose CRD is not installed);
+# a missing object's 404 names it in `details` instead.
+# https://kubernetes.io/docs/reference/using-api/api-concepts/#resource-uris
+UNSERVED = "the server could not find the requested resource"
+# The MPI Operator's MPIJob: https://github.com/kubeflow/mpi-operator (pkg/apis/kubeflow/v2beta1)
+MPIJOB = ("kubeflow.org", "v2beta1", "mpijobs")
 JSON_PATCH = "application/json-patch+json"
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -59,14 +66,17 @@ def _truncate(text: str, n: int = 300) -> str:
 def translate(exc: ApiException, what: str) -> KubeError:
     """An ApiException as one of ours, with the Status message and a bounded payload."""
     status = exc.status or 0
-    reason, message = exc.reason or "", ""
+    reason, message, named = exc.reason or "", "", True
     try:
         body = json.loads(exc.body or "{}")
         message = body.get("message", "")
         reason = body.get("reason", reason)
+        named = bool((body.get("details") or {}).get("name"))
     except (ValueError, TypeError, AttributeError):
         message = _truncate(str(exc.body or ""))
     text = f"{what}: {status} {reason}: {_truncate(message)}"
+    if status == 404 and not named and message == UNSERVED:
+        return NotServed(text, status, reason)
     if status == 404:
         return NotFound(text, status, reason)
     if status == 409:
@@ -380,6 +390,35 @@ class Kube:
         try:
             self._call(f"delete service {namespace}/{name}", lambda: self.core.delete_namespaced_service(
                 name, namespace, _preload_content=False), write=True)
+            return True
+        except NotFound:
+            return False
+
+    # -- MPIJobs (the MPI Operator's custom resource) -------------------------------------------
+    # A cluster without the operator answers 404 on the resource itself: NotServed, a NotFound.
+    def create_mpijob(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        name = body.get("metadata", {}).get("name", "")
+        try:
+            return self._call(f"create mpijob {namespace}/{name}", lambda: self.custom.create_namespaced_custom_object(
+                *MPIJOB[:2], namespace, MPIJOB[2], body, _preload_content=False), write=True)
+        except AlreadyExists:
+            return self.get_mpijob(namespace, name)  # a retried create whose first attempt went through
+
+    def get_mpijob(self, namespace: str, name: str) -> dict[str, Any]:
+        return self._call(f"get mpijob {namespace}/{name}", lambda: self.custom.get_namespaced_custom_object(
+            *MPIJOB[:2], namespace, MPIJOB[2], name, _preload_content=False))
+
+    def list_mpijobs(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        return list(self._pages("list mpijobs", lambda **kw: self.custom.list_namespaced_custom_object(
+            *MPIJOB[:2], namespace, MPIJOB[2], **kw), 500, label_selector=label_selector))
+
+    def delete_mpijob(self, namespace: str, name: str) -> bool:
+        """Delete an MPIJob and what the operator made for it (Background propagation); False when
+        it was already gone or the resource is not served."""
+        try:
+            self._call(f"delete mpijob {namespace}/{name}", lambda: self.custom.delete_namespaced_custom_object(
+                *MPIJOB[:2], namespace, MPIJOB[2], name, propagation_policy="Background", _preload_content=False),
+                write=True)
             return True
         except NotFound:
             return False

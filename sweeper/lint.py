@@ -172,9 +172,9 @@ def lint_template(path: Path, cfg: Config) -> list[str]:
                                       namespace=cfg.namespace, prefix=cfg.prefix),
                         node=SAMPLE_NODE, partner=SAMPLE_PARTNER, run_id="sw-lint-0000")
     try:
-        if "pair_affinity" in text:  # a pair template: a Service, then a Job or an MPIJob
+        if "pair_affinity" in text:  # a pair template: a Service, then a Job; or an MPIJob
             service, job, _ = render_pair(ctx, path.name, 900, {})
-            docs = [service] + (mpijob_pods(job) if job["kind"] == "MPIJob" else [job])
+            docs = mpijob_pods(job) if service is None else [service, job]
         else:
             docs = [render_job(ctx, path.name, 900, {})]
     except PlaybookError as exc:

@@ -663,6 +663,18 @@ class Sweep:
             if owner != run_id:
                 self.kube.delete_service(self.cfg.namespace, svc["metadata"]["name"])
                 done.append({"service": svc["metadata"]["name"], "action": "deleted", "why": f"left by run {owner}"})
+        # And the MPIJob form's MPIJob (deleting it deletes what the MPI Operator made for it); a
+        # cluster without the operator does not serve mpijobs at all (kube.NotServed, a NotFound):
+        # nothing of the kind to find.
+        try:
+            mpijobs = self.kube.list_mpijobs(self.cfg.namespace, "app.kubernetes.io/managed-by=sweeper")
+        except NotFound:
+            mpijobs = []
+        for mj in mpijobs:
+            owner = (mj["metadata"].get("labels") or {}).get(f"{self.cfg.prefix}/run-id", "")
+            if owner != run_id:
+                self.kube.delete_mpijob(self.cfg.namespace, mj["metadata"]["name"])
+                done.append({"mpijob": mj["metadata"]["name"], "action": "deleted", "why": f"left by run {owner}"})
         untainted = []
         for obj in self.kube.list_nodes(self.cfg.gpu_node_selector, page_size=self.cfg.page_size):
             view = NodeView.from_obj(obj, self.cfg.gpu_resources)

@@ -148,8 +148,12 @@ def test_an_unsafe_pair_template_is_refused_and_lint_says_where(tmp_path: Path, 
 
 
 def test_the_mpijob_is_the_mpi_operators_v2beta1() -> None:
+    """One document: the operator makes the Workers' headless Service (<name>-worker), the hostfile
+    and the SSH keys itself (pkg/controller/mpi_job_controller.go: newWorkersService, newConfigMap,
+    newSSHAuthSecret), so the template renders no Service of its own."""
     service, job, v = rendered("nccl-pair-mpijob.yaml.j2")
-    kubernetes_validate.validate(service, K8S_VERSION, strict=True)
+    assert service is None
+    assert job["metadata"]["labels"]["sweeper.dev/run-id"] == "sw-1", "reconcile finds a dead run's MPIJob by it"
     assert job["apiVersion"] == "kubeflow.org/v2beta1" and job["kind"] == "MPIJob"
     spec = job["spec"]
     assert spec["slotsPerWorker"] == 8 and spec["sshAuthMountPath"] == "/opt/nccl-pair/.ssh"
@@ -167,10 +171,28 @@ def test_the_mpijob_is_the_mpi_operators_v2beta1() -> None:
     assert (limits["nvidia.com/gpu"], limits["vpc.amazonaws.com/efa"]) == ("8", "32")
     args = launcher["spec"]["containers"][0]["args"]
     assert args[args.index("-np") + 1] == "16" and "ppr:8:node" in args
-    assert f"MASTER_ADDR={name}-worker-0.{name}.sweeper.svc" in args
+    # the operator's worker DNS name: <name>-worker-<i>.<name>-worker.<namespace>.svc (its hostfile's)
+    assert f"MASTER_ADDR={name}-worker-0.{name}-worker.sweeper.svc" in args
+    assert not {k for k in launcher["spec"]["containers"][0]["resources"]["requests"] if "/" in k}, \
+        "the launcher requests no GPU or fabric device"
 
 
-def test_lint_accepts_both_pair_templates_and_the_action_runs_only_the_job(tmp_path: Path) -> None:
+@pytest.mark.parametrize("edit,words", [
+    (("              resources:\n                requests: {cpu: 500m, memory: 512Mi}",
+      "              resources:\n                requests: {cpu: 500m, memory: 512Mi, nvidia.com/gpu: 1}"),
+     "Launcher: the launcher only runs mpirun"),
+    (("          affinity: {{ pair_affinity | tojson }}", "          affinity: {}"), "pair affinity"),
+    (("  labels: {{ labels | tojson }}\nspec:", "spec:"), "reconcile"),
+])
+def test_an_unsafe_mpijob_is_refused(tmp_path: Path, edit: tuple[str, str], words: str) -> None:
+    text = (ROOT / "job-templates" / "nccl-pair-mpijob.yaml.j2").read_text()
+    assert edit[0] in text
+    (tmp_path / "nccl-pair-mpijob.yaml.j2").write_text(text.replace(edit[0], edit[1]))
+    with pytest.raises(PlaybookError, match=words):
+        rendered("nccl-pair-mpijob.yaml.j2", cfg=Config(template_dir=str(tmp_path)))
+
+
+def test_lint_accepts_both_pair_templates(tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["lint", str(ROOT / "job-templates" / "nccl-pair.yaml.j2"),
                                     str(ROOT / "job-templates" / "nccl-pair-mpijob.yaml.j2")])
     assert res.exit_code == 0, res.output

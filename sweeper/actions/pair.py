@@ -9,6 +9,7 @@ stable names from a headless Service): https://kubernetes.io/docs/tasks/job/job-
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import re
 import threading
@@ -38,10 +39,10 @@ from sweeper.actions.jobs import (
 )
 from sweeper.actions.jobwatch import RunWatch
 from sweeper.clock import parse_duration
-from sweeper.errors import KubeError, NotFound, PlaybookError
+from sweeper.errors import KubeError, NotFound, NotServed, PlaybookError
 from sweeper.fleet import pending_gpu_pods
 from sweeper.parsers import pair as pair_parser
-from sweeper.result import Result, tool_result
+from sweeper.result import CheckResult, Result, tool_result
 from sweeper.templating import render
 
 INDEX = "batch.kubernetes.io/job-completion-index"
@@ -97,8 +98,9 @@ def pair_variables(ctx: ActionContext, template: str, timeout: float, extra: dic
 
 
 def render_pair(ctx: ActionContext, template: str, timeout: float,
-                extra: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """The template's Service and its Job (or MPIJob), checked; and the variables they saw."""
+                extra: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any], dict[str, Any]]:
+    """The template's Service and its Job, or its one MPIJob (no Service: the operator makes the
+    workers' own), checked; and the variables they saw."""
     path = ctx.config.path("job-templates") / template
     try:
         text = path.read_text()
@@ -111,15 +113,15 @@ def render_pair(ctx: ActionContext, template: str, timeout: float,
     except yaml.YAMLError as exc:
         raise PlaybookError(f"{path}: the rendered template is not YAML: {exc}") from exc
     kinds = [d.get("kind") if isinstance(d, dict) else None for d in docs]
-    if len(docs) != 2 or kinds[0] != "Service" or kinds[1] not in ("Job", "MPIJob"):
-        raise PlaybookError(f"{path}: a pair template renders two documents, a Service then a Job (or an MPIJob); "
+    if kinds == ["MPIJob"]:
+        check_mpijob(docs[0], variables, path)
+        return None, docs[0], variables
+    if len(docs) != 2 or kinds[0] != "Service" or kinds[1] != "Job":
+        raise PlaybookError(f"{path}: a pair template renders two documents, a Service then a Job, or one MPIJob; "
                             f"got {kinds}")
     service, job = docs
     _check_service(service, variables, path)
-    if job["kind"] == "Job":
-        _check_pair_job(job, variables, path)
-    else:
-        check_mpijob(job, variables, path)
+    _check_pair_job(job, variables, path)
     return service, job, variables
 
 
@@ -203,6 +205,20 @@ def check_mpijob(job: dict[str, Any], variables: dict[str, Any], path: Path) -> 
     problem = _pod_problems(worker.get("spec") or {}, variables, "MPIJob Worker")
     if problem:
         raise PlaybookError(f"{path}: {problem}")
+    key = f"{variables['prefix']}/pair"
+    if ((worker.get("metadata") or {}).get("labels") or {}).get(key) != variables["job_name"]:
+        raise PlaybookError(f"{path}: MPIJob Worker: the pods must carry the label {key} "
+                            "(labels: {{ labels | tojson }}), which the pair's anti-affinity selects")
+    if not ((job.get("metadata") or {}).get("labels") or {}).get(f"{variables['prefix']}/run-id"):
+        raise PlaybookError(f"{path}: the MPIJob must carry Sweeper's labels (labels: {{{{ labels | tojson }}}}): "
+                            "the next run's reconcile finds a dead run's MPIJob by them")
+    launcher = (((replicas["Launcher"] or {}).get("template") or {}).get("spec") or {})
+    gpu = sorted({k for c in launcher.get("containers") or [] for part in ("requests", "limits")
+                  for k in ((c.get("resources") or {}).get(part) or {}) if k in variables["all_gpus"]
+                  or k in variables["fabric_resources"]})
+    if gpu:
+        raise PlaybookError(f"{path}: MPIJob Launcher: the launcher only runs mpirun; it must request no GPU or "
+                            f"fabric device ({', '.join(gpu)}), which belong to the Workers")
 
 
 def mpijob_pods(job: dict[str, Any]) -> list[dict[str, Any]]:
@@ -235,9 +251,8 @@ def run_pair_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
         raise PlaybookError("run_pair_job needs a cluster and a target node (--node)")
     timeout = parse_duration(args["timeout"])
     service, job, _ = render_pair(ctx, args["template"], timeout, args["vars"] or {})
-    if job["kind"] != "Job":
-        raise PlaybookError(f"{args['template']}: run_pair_job runs a batch/v1 Job; an MPIJob template is "
-                            "checked by `sweeper lint` but not run yet")
+    if service is None:
+        return run_mpijob(ctx, args, job, timeout)
     namespace = job.get("metadata", {}).get("namespace") or ctx.config.namespace
     name = job["metadata"]["name"]
     watch, own = _watch_for(ctx, namespace)
@@ -346,6 +361,10 @@ def _follow(ctx: ActionContext, args: dict[str, Any], service: dict[str, Any], j
             ctx.intent("delete-service", "before", f"{namespace}/{svc_name}")
             ctx.kube.delete_service(namespace, svc_name)
             ctx.intent("delete-service", "after", f"{namespace}/{svc_name}")
+    return _answer(ctx, name, result, inconclusive)
+
+
+def _answer(ctx: ActionContext, name: str, result: Result | None, inconclusive: str) -> dict[str, Any]:
     if inconclusive:
         return {"changed": True, "failed": True, "status": "inconclusive", "msg": inconclusive, "job": name,
                 "result": None, "busbw": None}
@@ -430,3 +449,129 @@ def read_pair(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]], a:
         ifaces = []  # no MTU to probe for: pair-allreduce probes nothing, and nothing is expected
     return pair_parser.parse(logs, a, now, partner=b, min_busbw=None if floor in (None, "") else float(floor),
                              mtu=None if mtu in (None, "") else int(mtu), ifaces=list(ifaces), exit_codes=codes)
+
+
+# -- the MPIJob form ----------------------------------------------------------------------------------
+# The MPI Operator (https://github.com/kubeflow/mpi-operator, v2beta1) makes, for an MPIJob <name>,
+# worker pods <name>-worker-<i> and a launcher Job <name>-launcher, their pods labelled
+# training.kubeflow.org/job-name and job-role; it reports the MPIJob's conditions Created, Running,
+# Succeeded and Failed (with the launcher Job's reason: DeadlineExceeded, BackoffLimitExceeded), and
+# deleting the MPIJob deletes what it made. A cluster without the operator's CRD answers 404 on the
+# mpijobs resource itself.
+MPI_JOB_NAME = "training.kubeflow.org/job-name"
+MPI_ROLE = "training.kubeflow.org/job-role"
+NO_OPERATOR = ("the MPI Operator is not installed: this cluster does not serve kubeflow.org/v2beta1 mpijobs "
+               "(install github.com/kubeflow/mpi-operator, or run the pair with nccl-pair.yaml.j2)")
+
+
+def run_mpijob(ctx: ActionContext, args: dict[str, Any], job: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Create the MPIJob, follow its conditions by polling, read the launcher's log, and always delete it."""
+    assert ctx.kube is not None
+    namespace = job["metadata"].get("namespace") or ctx.config.namespace
+    name = job["metadata"]["name"]
+    a = str((ctx.node or {}).get("name", ""))
+    result: Result | None = None
+    inconclusive = ""
+    ctx.intent("create-mpijob", "before", f"{namespace}/{name}")
+    try:
+        try:
+            ctx.kube.create_mpijob(namespace, job)
+        except NotServed as exc:
+            result = tool_result(a, ctx.clock.now(), "NoMPIOperator", NO_OPERATOR, str(exc))
+        else:
+            ctx.intent("create-mpijob", "after", f"{namespace}/{name}")
+            result, inconclusive = _follow_mpijob(ctx, args, namespace, name, timeout)
+    finally:
+        ctx.intent("delete-mpijob", "before", f"{namespace}/{name}")
+        try:
+            ctx.kube.delete_mpijob(namespace, name)
+        finally:
+            ctx.intent("delete-mpijob", "after", f"{namespace}/{name}")
+    return _answer(ctx, name, result, inconclusive)
+
+
+def _finished_condition(mpijob: dict[str, Any]) -> dict[str, Any] | None:
+    return next((c for c in (mpijob.get("status") or {}).get("conditions") or []
+                 if c.get("type") in ("Succeeded", "Failed") and c.get("status") == "True"), None)
+
+
+def _follow_mpijob(ctx: ActionContext, args: dict[str, Any], namespace: str, name: str,
+                   timeout: float) -> tuple[Result | None, str]:
+    """Poll the MPIJob and its pods every poll_interval (on the run's clock) until it finishes, its
+    Workers are given up on, the deadline passes, or the sweep stops."""
+    assert ctx.kube is not None
+    a = str((ctx.node or {}).get("name", ""))
+    b = str((ctx.partner or {}).get("name", ""))
+    start = ctx.clock.now()
+    fault = _Fault()
+    ran = False  # the launcher's container ran
+    polls = 0
+    while True:
+        polls += 1
+        try:
+            current: dict[str, Any] | None = ctx.kube.get_mpijob(namespace, name)
+        except NotFound:
+            current = None  # deleted under the run (by a person, or its TTL)
+        pods = ctx.kube.namespaced_pods(namespace, f"{MPI_JOB_NAME}={name}")
+        roles: dict[str, list[dict[str, Any]]] = {"worker": [], "launcher": []}
+        for p in pods:
+            roles.setdefault(((p.get("metadata") or {}).get("labels") or {}).get(MPI_ROLE, ""), []).append(p)
+        ran = ran or any(_container_ran(p) for p in roles["launcher"])
+        why = _unscheduled(roles["worker"])
+        now = ctx.clock.now()
+        if not ran:
+            fault.see(pods, now)
+        if current is None:
+            return tool_result(a, now, "MPIJobGone", f"the MPIJob {namespace}/{name} was deleted before it finished"), ""
+        cond = _finished_condition(current)
+        if cond is not None:
+            if cond.get("reason") == "DeadlineExceeded":
+                return (_hung(a, now, timeout) if ran else fault.result(a, now) if fault.code
+                        else _never_ran(a, now, pods)), ""
+            return read_launcher(ctx, namespace, roles["launcher"], a, b, args["parser_args"] or {}, cond), ""
+        elapsed = now - start
+        if fault.code and not ran and now - fault.since > min(TOOL_FAULT_GRACE, timeout * 0.5):
+            return fault.result(a, now), ""
+        if ctx.cancelled():
+            return None, "the sweep was stopped before the pair finished"
+        if args["abortable"] and ctx.config.abort_on_demand and polls % DEMAND_EVERY == 0:
+            waiting = pending_gpu_pods(ctx.kube.pending_pods(), ctx.config)
+            if waiting:
+                return None, f"aborted to make room for {len(waiting)} pending GPU pod(s) ({', '.join(waiting[:3])})"
+        if why and elapsed > min(SCHEDULE_TIMEOUT, timeout * 0.9):
+            return None, _never_scheduled(ctx, a, b, why)
+        if elapsed > timeout + CLIENT_GRACE:
+            return (_hung(a, now, timeout) if ran else fault.result(a, now) if fault.code
+                    else _never_ran(a, now, pods)), ""
+        ctx.clock.sleep(ctx.config.poll_interval)
+
+
+def read_launcher(ctx: ActionContext, namespace: str, launchers: list[dict[str, Any]], a: str, b: str,
+                  parser_args: dict[str, Any], cond: dict[str, Any]) -> Result:
+    """The launcher pod's log (mpirun's output: rank 0's table) read as the pair's result. The
+    MPIJob form runs no path-MTU probe: `pair.mtu` says so as `skip` rather than pass."""
+    now = ctx.clock.now()
+    done = [p for p in launchers if _finished(p)]
+    if not done:
+        return tool_result(a, now, "NoPods", f"the MPIJob {cond.get('type', '').lower()} ({cond.get('reason', '')}) "
+                           "but its launcher pod is not left to read", str(cond.get("message") or ""))
+    pod = max(done, key=lambda p: (p.get("metadata") or {}).get("creationTimestamp") or "")
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    term = ((statuses[0].get("state") or {}).get("terminated") or {}) if statuses else {}
+    code = term.get("exitCode")
+    try:
+        log = ctx.kube.pod_log(namespace, pod["metadata"]["name"])
+    except KubeError as exc:
+        ctx.log(f"cannot read the log of {pod['metadata']['name']}: {exc}")
+        log = term.get("message") or ""
+    if term.get("reason") == "StartError" or code in TOOL_EXIT:
+        image = statuses[0].get("image", "") if statuses else ""
+        what = TOOL_EXIT.get(code) or "the launcher container could not start"  # type: ignore[arg-type]
+        tail = (log.strip().splitlines() or [""])[-1]
+        return tool_result(a, now, "StartError" if term.get("reason") == "StartError" else f"exit {code}",
+                           f"{what} (image {image}, exit {code})", tail[:500])
+    floor = parser_args.get("min_busbw", ((ctx.node or {}).get("profile") or {}).get("nccl_pair_busbw_min"))
+    result = pair_parser.parse([log, ""], a, now, partner=b, min_busbw=None if floor in (None, "") else float(floor),
+                               mtu=None, ifaces=[], exit_codes=[code, None])
+    skip = CheckResult("pair.mtu", "skip", "no path-MTU probe in the MPIJob form (nccl-pair.yaml.j2 runs them)")
+    return dataclasses.replace(result, checks=(*result.checks, skip), status="")

@@ -40,6 +40,9 @@ from sweeper.sim.store import Store
 GPU = "nvidia.com/gpu"
 RUN_SECONDS = "sim.sweeper.dev/run-seconds"
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"
+# The MPI Operator's labels on the pods it makes (pkg/apis/kubeflow/v2beta1/constants.go).
+MPI_OPERATOR, MPI_JOB_NAME, MPI_ROLE, MPI_INDEX = (f"training.kubeflow.org/{k}" for k in (
+    "operator-name", "job-name", "job-role", "replica-index"))
 TERMINAL = ("Succeeded", "Failed")
 TRAINING_NS = "training"
 # The application XIDs NVIDIA's device plugin does not treat as a sick GPU; any other XID marks the
@@ -429,6 +432,7 @@ class SimCluster:
             self._schedule(now)
             self._kubelet(now)
             self._jobs(now)
+            self._mpijobs(now)
             self._last_step = now
 
     def _machines(self, now: float) -> None:
@@ -572,6 +576,8 @@ class SimCluster:
             key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
             self._finish.pop(key, None)
             self._pulls.pop(key, None)
+        if plural == "mpijobs":
+            self._collect(obj["metadata"].get("uid", ""))
         if plural == "jobs":
             self._create_retry.pop(obj["metadata"].get("uid", ""), None)
             self._pair_outcomes.pop(obj["metadata"].get("uid", ""), None)
@@ -879,6 +885,8 @@ class SimCluster:
             return now + tools.DCGM_SECONDS[min(max(tools.dcgm_level(argv), 1), 4)]
         if prog == "all_reduce_perf":
             return now + tools.NCCL_SECONDS
+        if prog == "mpirun":
+            return now + tools.NCCL_PAIR_SECONDS
         if prog in ("true", "false", "echo"):
             return now + 1.0
         if prog == "nsenter":
@@ -1019,26 +1027,10 @@ class SimCluster:
         the slower node's fabric factor, with a few percent of noise drawn from the fleet's seed and
         the pair's count of runs, so a seed replays the same story."""
         nodes = [p["spec"]["nodeName"] for p in pods]
-        specs = [self.specs[n] for n in nodes]
-        pair = (min(nodes[0], nodes[1]), max(nodes[0], nodes[1]))
-        self._pair_runs[pair] = self._pair_runs.get(pair, 0) + 1
-        rng = random.Random(f"{self.fleet.seed}/pair/{pair[0]}/{pair[1]}/{self._pair_runs[pair]}")
-        hws = [HARDWARE[s.instance_type] for s in specs]
-        factor = min(self._fabric_factor(s) for s in specs)
-        aborted = False
-        if any(s.faults.port_flapping for s in specs):
-            factor *= rng.uniform(0.15, 0.9)
-            aborted = rng.random() < 0.35
-        busbw = min(hw["nccl_pair_peak"] for hw in hws) * factor * rng.uniform(0.97, 1.03)
         env = self._env(pods[0])
-        max_bytes = tools.parse_bytes(env.get("PAIR_MAX_BYTES"))
-        gpus = hws[0]["gpus"] - specs[0].faults.missing_gpus
-        if (env.get("PAIR_GPUS") or "").isdigit():
-            gpus = int(env["PAIR_GPUS"])
-        stop_at = 2 ** rng.randint(20, max(20, max_bytes.bit_length() - 1)) if aborted else None
         hosts = [p["spec"].get("hostname") or p["metadata"]["name"] for p in pods]
-        table, _ = tools.pair_table((hosts[0], hosts[1]), hws[0]["model"], max(gpus, 1), busbw, max_bytes, rng,
-                                    wrong=any(s.faults.fabric_corrupt for s in specs), stop_at=stop_at)
+        rng, hws, aborted, table = self._fabric_run(nodes, (hosts[0], hosts[1]), env.get("PAIR_GPUS") or "",
+                                                    env.get("PAIR_MAX_BYTES"))
         finish = self._started_at(max(pods, key=self._started_at)) + tools.NCCL_PAIR_SECONDS * (
             rng.uniform(0.3, 0.8) if aborted else 1.0)
         finish = max(finish, now)
@@ -1053,6 +1045,216 @@ class SimCluster:
                 log += table if i == 0 else f"# pair-allreduce rank {i} done\n"
             out[i] = (finish, 1 if aborted else 0, log)
         return out
+
+    def _fabric_run(self, nodes: list[str], hosts: tuple[str, str], gpus_text: str,
+                    max_bytes_text: str | None) -> tuple[random.Random, list[dict[str, Any]], bool, str]:
+        """One two-node all-reduce between `nodes` (the pair-allreduce gang's, or an MPIJob's two
+        workers'): its noise stream, the nodes' hardware, whether a flapping port aborted it, and
+        rank 0's table. The bus bandwidth at the largest size is the healthy pair peak times the
+        slower node's fabric factor, with a few percent of noise from the fleet's seed and the
+        pair's count of runs."""
+        specs = [self.specs[n] for n in nodes]
+        pair = (min(nodes[0], nodes[1]), max(nodes[0], nodes[1]))
+        self._pair_runs[pair] = self._pair_runs.get(pair, 0) + 1
+        rng = random.Random(f"{self.fleet.seed}/pair/{pair[0]}/{pair[1]}/{self._pair_runs[pair]}")
+        hws = [HARDWARE[s.instance_type] for s in specs]
+        factor = min(self._fabric_factor(s) for s in specs)
+        aborted = False
+        if any(s.faults.port_flapping for s in specs):
+            factor *= rng.uniform(0.15, 0.9)
+            aborted = rng.random() < 0.35
+        busbw = min(hw["nccl_pair_peak"] for hw in hws) * factor * rng.uniform(0.97, 1.03)
+        max_bytes = tools.parse_bytes(max_bytes_text)
+        gpus = int(gpus_text) if gpus_text.isdigit() else hws[0]["gpus"] - specs[0].faults.missing_gpus
+        stop_at = 2 ** rng.randint(20, max(20, max_bytes.bit_length() - 1)) if aborted else None
+        table, _ = tools.pair_table(hosts, hws[0]["model"], max(gpus, 1), busbw, max_bytes, rng,
+                                    wrong=any(s.faults.fabric_corrupt for s in specs), stop_at=stop_at)
+        return rng, hws, aborted, table
+
+    # -- the MPI Operator (kubeflow.org/v2beta1 MPIJob), where the fleet installs it -------------------
+    # What its controller makes for an MPIJob <name>, and how it reports it, as
+    # https://github.com/kubeflow/mpi-operator does (pkg/controller/mpi_job_controller.go and
+    # mpi_job_controller_status.go): worker pods <name>-worker-<i> (hostname, subdomain <name>-worker, a
+    # headless Service of that name), the hostfile ConfigMap <name>-config, the ssh Secret <name>-ssh,
+    # then the launcher Job <name>-launcher (at once, or with launcherCreationPolicy WaitForWorkersReady
+    # once every worker runs), all owned by the MPIJob. Conditions Created (MPIJobCreated), Running
+    # (MPIJobRunning: the launcher and every worker run), Succeeded (MPIJobSucceeded) or Failed (the
+    # launcher Job's own reason, e.g. DeadlineExceeded or BackoffLimitExceeded, else MPIJobFailed).
+    def _mpijobs(self, now: float) -> None:
+        if not self.fleet.mpi_operator:
+            return
+        for mj in self.store.iter("mpijobs"):
+            ns, name = mj["metadata"]["namespace"], mj["metadata"]["name"]
+            spec = mj.get("spec") or {}
+            run = spec.get("runPolicy") or {}
+            status = mj.get("status") or {}
+            if not status.get("conditions"):
+                self._mpi_dependents(mj)
+                self._mpi_status(mj, "Created", "MPIJobCreated", f"MPIJob {ns}/{name} is created.", now,
+                                 startTime=iso(now))
+                continue
+            if self._mpi_finished(mj):
+                ttl = run.get("ttlSecondsAfterFinished")
+                if ttl is not None and now >= parse_iso(status.get("completionTime") or iso(now)) + float(ttl):
+                    self.store.delete("mpijobs", ns, name)
+                continue
+            replicas = spec.get("mpiReplicaSpecs") or {}
+            if not ((replicas.get("Launcher") or {}).get("template") or {}).get("spec"):
+                continue  # the operator's validation refuses it (an Event, in the real one); nothing runs
+            count = int((replicas.get("Worker") or {}).get("replicas") or 0)
+            workers = []
+            for i in range(count):
+                w = self.store.peek("pods", ns, f"{name}-worker-{i}")
+                if w is None:
+                    self._mpi_worker(mj, i)
+                workers.append(w)
+            running = [w for w in workers if w is not None and w["status"].get("phase") == "Running"]
+            launcher = self.store.peek("jobs", ns, f"{name}-launcher")
+            if launcher is None:
+                if spec.get("launcherCreationPolicy", "AtStartup") == "AtStartup" or len(running) == count:
+                    self._mpi_launcher(mj)
+                continue
+            cond = next((c for c in (launcher.get("status") or {}).get("conditions") or []
+                         if c["type"] in ("Complete", "Failed") and c["status"] == "True"), None)
+            if cond is not None:
+                if cond["type"] == "Complete":
+                    self._mpi_status(mj, "Succeeded", "MPIJobSucceeded", f"MPIJob {ns}/{name} successfully completed.",
+                                     now, completionTime=iso(now))
+                else:
+                    self._mpi_status(mj, "Failed", cond.get("reason") or "MPIJobFailed",
+                                     cond.get("message") or f"MPIJob {ns}/{name} has failed", now,
+                                     completionTime=iso(now))
+                policy = run.get("cleanPodPolicy", "None")
+                for w in workers:  # cleanPodPolicy: Running deletes the workers still running (or pending)
+                    if w is not None and (policy == "All" or (policy == "Running" and w["status"].get("phase")
+                                                              not in TERMINAL)):
+                        self.store.delete("pods", ns, w["metadata"]["name"])
+                continue
+            uid = launcher["metadata"]["uid"]
+            launching = any((p["metadata"].get("labels") or {}).get("controller-uid") == uid
+                            and p["status"].get("phase") == "Running" for p in self.store.iter("pods"))
+            if launching and len(running) == count and not self._mpi_condition(mj, "Running"):
+                self._mpi_status(mj, "Running", "MPIJobRunning", f"MPIJob {ns}/{name} is running.", now)
+
+    @staticmethod
+    def _mpi_condition(mj: dict[str, Any], kind: str) -> bool:
+        return any(c["type"] == kind and c["status"] == "True" for c in (mj.get("status") or {}).get("conditions") or [])
+
+    def _mpi_finished(self, mj: dict[str, Any]) -> bool:
+        return self._mpi_condition(mj, "Succeeded") or self._mpi_condition(mj, "Failed")
+
+    def _mpi_status(self, mj: dict[str, Any], kind: str, reason: str, message: str, now: float, **extra: Any) -> None:
+        """Set one condition (a finished MPIJob's Running turns False, as the operator's setCondition does)."""
+        def change(o: dict[str, Any]) -> None:
+            st = o.setdefault("status", {})
+            conds = [c for c in st.get("conditions") or [] if c["type"] != kind]
+            if kind in ("Succeeded", "Failed"):
+                for c in conds:
+                    if c["type"] == "Running":
+                        c["status"] = "False"
+            conds.append({"type": kind, "status": "True", "reason": reason, "message": message,
+                          "lastUpdateTime": iso(now), "lastTransitionTime": iso(now)})
+            st["conditions"] = conds
+            for k, v in extra.items():
+                st.setdefault(k, v)
+        self.store.mutate("mpijobs", mj["metadata"]["namespace"], mj["metadata"]["name"], change)
+
+    @staticmethod
+    def _mpi_owner(mj: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "name": mj["metadata"]["name"],
+                 "uid": mj["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
+
+    @staticmethod
+    def _mpi_labels(name: str, role: str) -> dict[str, str]:
+        return {MPI_OPERATOR: "mpi-operator", MPI_JOB_NAME: name, MPI_ROLE: role}
+
+    def _mpi_dependents(self, mj: dict[str, Any]) -> None:
+        """The workers' headless Service, the hostfile ConfigMap and the ssh Secret."""
+        ns, name = mj["metadata"]["namespace"], mj["metadata"]["name"]
+        spec = mj.get("spec") or {}
+        count = int(((spec.get("mpiReplicaSpecs") or {}).get("Worker") or {}).get("replicas") or 0)
+        slots = int(spec.get("slotsPerWorker") or 1)
+        meta = {"labels": {"app": name}, "ownerReferences": self._mpi_owner(mj)}
+        hostfile = "".join(f"{name}-worker-{i}.{name}-worker.{ns}.svc slots={slots}\n" for i in range(count))
+        made: tuple[tuple[str, dict[str, Any]], ...] = (
+                ("services", {"metadata": {"name": f"{name}-worker", **meta},
+                              "spec": {"clusterIP": "None", "selector": self._mpi_labels(name, "worker")}}),
+                ("configmaps", {"metadata": {"name": f"{name}-config", **meta}, "data": {"hostfile": hostfile}}),
+                ("secrets", {"metadata": {"name": f"{name}-ssh", **meta}, "type": "kubernetes.io/ssh-auth",
+                             "data": {"ssh-privatekey": "", "ssh-publickey": ""}}))
+        for plural, obj in made:
+            if self.store.peek(plural, ns, obj["metadata"]["name"]) is None:
+                self.store.create(plural, ns, obj)
+
+    def _mpi_worker(self, mj: dict[str, Any], index: int) -> None:
+        ns, name = mj["metadata"]["namespace"], mj["metadata"]["name"]
+        tmpl = ((mj["spec"].get("mpiReplicaSpecs") or {}).get("Worker") or {}).get("template") or {}
+        meta = tmpl.get("metadata") or {}
+        pod_spec = copy.deepcopy(tmpl.get("spec") or {})
+        pod_spec.update({"hostname": f"{name}-worker-{index}", "subdomain": f"{name}-worker"})
+        pod = {"metadata": {"name": f"{name}-worker-{index}",
+                            "labels": {**(meta.get("labels") or {}), **self._mpi_labels(name, "worker"),
+                                       MPI_INDEX: str(index)},
+                            "annotations": dict(meta.get("annotations") or {}), "ownerReferences": self._mpi_owner(mj)},
+               "spec": pod_spec, "status": {"phase": "Pending"}}
+        if not self.admit_pod(ns, pod):
+            self.store.create("pods", ns, pod)
+
+    def _mpi_launcher(self, mj: dict[str, Any]) -> None:
+        """The launcher Job: runPolicy's backoffLimit, activeDeadlineSeconds and ttlSecondsAfterFinished."""
+        ns, name = mj["metadata"]["namespace"], mj["metadata"]["name"]
+        run = mj["spec"].get("runPolicy") or {}
+        tmpl = copy.deepcopy(((mj["spec"].get("mpiReplicaSpecs") or {}).get("Launcher") or {}).get("template") or {})
+        meta = tmpl.setdefault("metadata", {})
+        meta["labels"] = {**(meta.get("labels") or {}), **self._mpi_labels(name, "launcher")}
+        job_spec: dict[str, Any] = {"completions": 1, "parallelism": 1, "backoffLimit": run.get("backoffLimit", 6),
+                                    "template": tmpl}
+        for key in ("activeDeadlineSeconds", "ttlSecondsAfterFinished"):
+            if run.get(key) is not None:
+                job_spec[key] = run[key]
+        self.store.create("jobs", ns, {"metadata": {"name": f"{name}-launcher", "labels": {"app": name},
+                                                    "ownerReferences": self._mpi_owner(mj)}, "spec": job_spec})
+
+    def _collect(self, uid: str) -> None:
+        """The garbage collector's cascade for an MPIJob: what it owns goes, and what those own
+        (the launcher Job's pods)."""
+        for plural in ("jobs", "pods", "services", "configmaps", "secrets"):
+            for obj in list(self.store.iter(plural)):
+                meta = obj["metadata"]
+                owned = any(o.get("uid") == uid for o in meta.get("ownerReferences") or [])
+                if owned and self.store.peek(plural, meta.get("namespace"), meta["name"]) is not None:
+                    self.store.delete(plural, meta.get("namespace"), meta["name"])
+                    if plural == "jobs":
+                        self._collect(meta["uid"])
+
+    def _mpirun(self, pod: dict[str, Any]) -> tuple[int, str, str]:
+        """The launcher's `mpirun -np N ... <program>` over its MPIJob's two workers: the all-reduce's
+        table in nccl-tests' shape for the workers' nodes, from the same fabric model as the
+        pair-allreduce gang (no path-MTU probes in this form). Workers not running: ssh cannot reach
+        them and mpirun gives up, in Open MPI's words."""
+        ns = pod["metadata"]["namespace"]
+        name = (pod["metadata"].get("labels") or {}).get(MPI_JOB_NAME, "")
+        workers = sorted((p for p in self.store.iter("pods")
+                          if p["metadata"]["namespace"] == ns and (p["metadata"].get("labels") or {}).get(MPI_JOB_NAME)
+                          == name and (p["metadata"].get("labels") or {}).get(MPI_ROLE) == "worker"
+                          and p["status"].get("phase") == "Running"), key=lambda p: p["metadata"]["name"])
+        if len(workers) < 2:
+            return 1, ("ssh: Could not resolve hostname " + f"{name}-worker-{len(workers)}.{name}-worker.{ns}.svc: "
+                       "Name or service not known\n--------------------------------------------------------------------"
+                       "------\nORTE was unable to reliably start one or more daemons.\n"), ""
+        argv = self._argv(pod)
+        np_ = argv[argv.index("-np") + 1] if "-np" in argv[:-1] else ""
+        gpus = str(int(np_) // 2) if np_.isdigit() else ""
+        max_bytes = argv[argv.index("--max-bytes") + 1] if "--max-bytes" in argv[:-1] else None
+        if max_bytes is None and "-e" in argv[:-1]:  # nccl-tests' own -e MAXBYTES
+            max_bytes = argv[argv.index("-e") + 1]
+        nodes = [w["spec"]["nodeName"] for w in workers[:2]]
+        hosts = (workers[0]["spec"].get("hostname") or "", workers[1]["spec"].get("hostname") or "")
+        rng, hws, aborted, table = self._fabric_run(nodes, hosts, gpus, max_bytes)
+        if aborted:
+            return 1, table + tools.net_error(hws[0]["nic"], nodes[0], rng.randrange(8),
+                                              workers[1]["status"].get("podIP", "")), ""
+        return 0, table, ""
 
     def _peer_name(self, pod: dict[str, Any]) -> str:
         """The other index's DNS name through the headless Service, as the program works it out:
@@ -1105,6 +1307,8 @@ class SimCluster:
             if prog == "all_reduce_perf" and spec:
                 code, out = tools.nccl_output(spec, node_name)
                 return code, out, ""
+            if prog == "mpirun":
+                return self._mpirun(pod)
             if prog == "false":
                 return 1, "", ""
             if prog == "nsenter" and "reboot" in argv:

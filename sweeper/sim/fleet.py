@@ -215,6 +215,8 @@ class FleetFile(_Strict):
     runtime_classes: list[Annotated[str, Strict()]] = ["nvidia"]
     # containerd's default runtime on the GPU nodes: NVIDIA's on EKS's and AKS's GPU images, runc on GKE's.
     default_runtime: Literal["nvidia", "runc"] = "nvidia"
+    # The Kubeflow MPI Operator is installed: kubeflow.org/v2beta1 mpijobs are served and run.
+    mpi_operator: Annotated[bool, Strict()] = False
 
 
 @dataclass
@@ -257,6 +259,7 @@ class Fleet:
     image_lacks: dict[str, list[str]] = field(default_factory=dict)  # registry.lacking: image -> absent programs
     runtime_classes: list[str] = field(default_factory=lambda: ["nvidia"])
     default_runtime: str = "nvidia"
+    mpi_operator: bool = False
 
 
 def load_fleet(path: Path) -> Fleet:
@@ -284,6 +287,7 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
     fleet.image_lacks = {k: list(v) for k, v in registry.lacking.items()}
     fleet.runtime_classes = list(spec.runtime_classes)
     fleet.default_runtime = spec.default_runtime
+    fleet.mpi_operator = spec.mpi_operator
     by_name = {n.name: n for n in fleet.nodes}
     for name, faults in (spec.faults or {}).items():
         if name not in by_name:

@@ -177,7 +177,8 @@ class ApiServer:
         group = unquote(m.group("group") or "")
         plural = unquote(m.group("plural"))
         res = RESOURCES.get(plural)
-        if res is None or res.group != group or (m.group("version") or "v1") != res.version:
+        if res is None or res.group != group or (m.group("version") or "v1") != res.version \
+                or not self._served(res):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         ns, name, sub = (unquote(x) if x is not None else None for x in (m.group("ns"), m.group("name"),
                                                                           m.group("sub")))
@@ -227,6 +228,11 @@ class ApiServer:
         if method == "DELETE" and name:
             return 200, self._delete(res, ns, name, q, body, dry_run), "application/json"
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {path}")
+
+    def _served(self, res: Resource) -> bool:
+        """A custom resource is served only where its CRD is installed (the MPI Operator's MPIJob:
+        the fleet's `mpi_operator`); a cluster without it answers 404 on the resource's path."""
+        return res.plural != "mpijobs" or self.cluster.fleet.mpi_operator
 
     def _watch(self, res: Resource, ns: str | None, q: dict[str, str], headers: dict[str, str]) -> WatchStream:
         """A watch of a collection, checked before its stream starts: selectors parse, the
@@ -396,10 +402,12 @@ class ApiServer:
 
     def _discovery(self, path: str) -> dict[str, Any] | None:
         path = path.rstrip("/") or "/"
+        unserved = () if self.cluster.fleet.mpi_operator else ("apis/kubeflow.org/v2beta1",)
         if path == "/openapi/v3":
-            return openapi.discovery()
+            found = openapi.discovery()
+            return {**found, "paths": {gv: v for gv, v in found["paths"].items() if gv not in unserved}}
         if path.startswith("/openapi/v3/"):
-            doc = openapi.document(path[len("/openapi/v3/"):])
+            doc = None if path[len("/openapi/v3/"):] in unserved else openapi.document(path[len("/openapi/v3/"):])
             if doc is None:
                 raise ApiError(404, "NotFound", "the server could not find the requested resource")
             return doc
@@ -413,11 +421,12 @@ class ApiServer:
         if path == "/apis":
             return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
                 {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
-                 "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v}} for g, v in GROUPS.items()]}
+                 "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v}} for g, v in GROUPS.items()
+                if g != "kubeflow.org" or self.cluster.fleet.mpi_operator]}
         if path == "/api/v1":
             return _resource_list("v1", "")
         m = re.match(r"^/apis/([^/]+)/([^/]+)$", path)
-        if m and GROUPS.get(m.group(1)) == m.group(2):
+        if m and GROUPS.get(m.group(1)) == m.group(2) and (m.group(1) != "kubeflow.org" or self.cluster.fleet.mpi_operator):
             return _resource_list(f"{m.group(1)}/{m.group(2)}", m.group(1))
         return None
 

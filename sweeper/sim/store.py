@@ -71,6 +71,9 @@ RESOURCES: dict[str, Resource] = {r.plural: r for r in (
     Resource("selfsubjectaccessreviews", "SelfSubjectAccessReview", "authorization.k8s.io", "v1", False,
              verbs=("create",)),
     Resource("runtimeclasses", "RuntimeClass", "node.k8s.io", "v1", False),
+    # The MPI Operator's custom resource, served only where the fleet installs the operator
+    # (`mpi_operator: true`); elsewhere its path is a 404, as without the CRD.
+    Resource("mpijobs", "MPIJob", "kubeflow.org", "v2beta1", True),
 )}
 
 

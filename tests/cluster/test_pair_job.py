@@ -121,15 +121,6 @@ def test_reconcile_deletes_the_service_a_dead_run_left(make_sim: Callable[..., S
     assert {"service": "sweep-pair-gpu-00-dead00", "action": "deleted", "why": "left by run sw-dead"} in report.reconciled
 
 
-def test_the_mpijob_template_is_linted_but_not_run(make_sim: Callable[..., Sim]) -> None:
-    """run_pair_job runs the batch/v1 Job form only; the MPIJob form is refused before anything is
-    created (sweeper lint checks it: tests/test_pair_templates.py)."""
-    sim = make_sim(nodes=2)
-    with pytest.raises(PlaybookError, match="MPIJob"):
-        run_pair(sim, template="nccl-pair-mpijob.yaml.j2")
-    assert leftovers(sim) == ([], [])
-
-
 def test_an_unpullable_pair_image_is_a_fault_of_the_tool(make_sim: Callable[..., Sim]) -> None:
     """Both pods wait with ErrImagePull, then ImagePullBackOff
     (https://kubernetes.io/docs/concepts/containers/images/#imagepullbackoff): `error`, never

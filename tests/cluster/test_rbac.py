@@ -1,7 +1,8 @@
 """The CronJob's RBAC is exactly what Sweeper uses, and it works from inside the cluster.
 
 Every API call the commands make against the simulated cluster (a sweep that replaces through
-Karpenter, sets the node condition, reconciles a dead run; an operator's drain) is allowed by
+Karpenter, sets the node condition, reconciles a dead run; a pair sweep in both its forms, the
+MPI Operator's MPIJob included; an operator's drain) is allowed by
 deploy/cronjob.yaml, and every rule there is needed by at least one call. Then the CronJob's
 own pod spec runs one sweep against the simulated cluster over TLS, with in-cluster
 configuration from a service account token file and the environment, the simulator enforcing
@@ -56,7 +57,7 @@ def _calls(sim: Sim, start: int, end: int | None = None) -> set:
 
 def test_the_cluster_role_is_exactly_what_sweeper_uses(make_sim, history: History, tmp_path: Path) -> None:
     spec = fleet_spec(nodes=4, faults={"gpu-01": {"remap_failure": [2]}},
-                      workloads=[{"node": "gpu-03", "gpus": 8, "duration": None}])
+                      workloads=[{"node": "gpu-03", "gpus": 8, "duration": None}], mpi_operator=True)
     spec["node_groups"][0]["labels"] = {"karpenter.sh/nodepool": "gpu"}
     sim: Sim = make_sim(spec)
     sim.wait_for(lambda: sim.core.list_namespaced_pod("training").items, what="the workload")
@@ -65,6 +66,9 @@ def test_the_cluster_role_is_exactly_what_sweeper_uses(make_sim, history: Histor
         "metadata": {"name": "sweep-pair-gpu-00-dead00", "labels": {
             "app.kubernetes.io/managed-by": "sweeper", "app.kubernetes.io/component": "pair",
             "sweeper.dev/run-id": "sw-dead"}}, "spec": {"clusterIP": "None", "ports": [{"port": 29500}]}})
+    sim.kube.create_mpijob("sweeper", {  # and the MPIJob of its pair sweep's MPIJob form
+        "apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": "pair-mpi-dead00", "labels": {
+            "app.kubernetes.io/managed-by": "sweeper", "sweeper.dev/run-id": "sw-dead"}}, "spec": {}})
     start = len(sim.cluster.store.requests)
     cfg = replace(TEST_CONFIG, node_condition=True, light_playbook="",
                   remediation={"default": "manual", "by_pool": {"gpu": "karpenter"}, "by_profile": {}})
@@ -76,6 +80,12 @@ def test_the_cluster_role_is_exactly_what_sweeper_uses(make_sim, history: Histor
     out = pair.fn(ActionContext(config=cfg, clock=sim.cluster.clock, kube=sim.kube, node=nodes["gpu-00"],
                                 partner=nodes["gpu-02"], run_id="sw-pair"), pair.validate({}, "rbac"))
     assert out["status"] == "pass", out
+    # the same pair in the MPIJob form, where the MPI Operator is installed
+    out = pair.fn(ActionContext(config=cfg, clock=sim.cluster.clock, kube=sim.kube, node=nodes["gpu-00"],
+                                partner=nodes["gpu-02"], run_id="sw-pair"),
+                  pair.validate({"template": "nccl-pair-mpijob.yaml.j2"}, "rbac"))
+    assert out["status"] == "pass", out
+    assert {"mpijob": "pair-mpi-dead00", "action": "deleted", "why": "left by run sw-dead"} in report.reconciled
     swept = len(sim.cluster.store.requests)
     # an operator's playbook that drains a node through the Eviction API
     book = tmp_path / "drain.yaml"
