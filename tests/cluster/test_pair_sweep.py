@@ -437,3 +437,15 @@ def test_after_a_fault_of_the_check_the_next_pair_run_tries_one_pair_first(make_
     assert fixed.exit_code == 0, fixed.output
     assert [n["verdict"] for n in json.loads(fixed.stdout)["nodes"]] == ["pass"] * 8
     assert tainted(sim) == set()
+
+
+@pytest.mark.parametrize("seed", [0, 11])
+def test_a_fleet_with_two_degraded_links_names_both_within_the_bound(seed: int) -> None:
+    """The benchmark's fleet, two seeds of it (python -m benchmarks.pair_sweep prints twenty): 32
+    nodes, two with a degraded link placed by the seed (seed 11 puts both in one pair), one
+    rolling run: both named, no healthy node held, at most ceil(32/2) + 4 pair runs."""
+    from benchmarks.pair_sweep import one
+
+    got = one(seed, nodes=32, degraded=2, factor=0.4, max_nodes=8, speed=600.0)
+    assert sorted(got.culprits) == got.degraded and got.healthy_held == [] and got.missed == []
+    assert got.pair_runs <= got.bound == 20
