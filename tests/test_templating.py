@@ -137,11 +137,12 @@ def test_a_deadline_stops_loops_inside_a_template() -> None:
     with render_deadline(0.2), pytest.raises(PlaybookError, match=r"^pb\.yaml:9: x: rendering .* ran past the task's "
                                                                    r"timeout \(0\.2s\)"):
         render(SPIN, {}, "pb.yaml:9: x")
-    # 50 passes over 1,000,000 items (seconds of work), in a chain shallow enough for the compiler:
+    # 100 passes over 100,000 items (the sandbox's largest range; seconds of work), in a chain
+    # shallow enough for the compiler:
     # each filter nests the compiled call one level, and CPython's parser refuses more than 200
     # nested parentheses ("too many nested parentheses"); a long `and` chain nests one level per
     # operand and ends in a RecursionError instead
-    slow = "(range(1000000)" + " | map('string')" * 50 + " | list | length) > 1"
+    slow = "(range(100000)" + " | map('string')" * 100 + " | list | length) > 1"
     with render_deadline(0.2), pytest.raises(PlaybookError, match="ran past the task's timeout"):
         condition(slow, {}, "pb.yaml:9: when")
 
