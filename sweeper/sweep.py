@@ -957,16 +957,22 @@ class Sweep:
                  "taint_key": self.cfg.taint_key, "prefix": self.cfg.prefix,
                  "default_dcgm_level": self.cfg.dcgm_level_for(node_vars)}
         play = Executor(self.actions, ctx, on_task).run(playbook or self.playbook, extra)
-        done = str(play.vars.get("handed_back", ""))
+        verdict, reasons, decision = self._verdict_of(play, "the sweep was stopped before the checks finished")
+        return verdict, reasons, str(play.vars.get("handed_back", "")), decision
+
+    @staticmethod
+    def _verdict_of(play: Any, stopped: str) -> tuple[str, list[str], dict[str, Any] | None]:
+        """The verdict, reasons and decision a finished play left: `inconclusive` when it was
+        stopped, `error` when it ended without a verdict."""
         verdict = play.vars.get("verdict")
         if play.cancelled:
-            return "inconclusive", ["the sweep was stopped before the checks finished"], done, None
+            return "inconclusive", [stopped], None
         if verdict is None:
             return "error", ["the playbook ended without a `decide` task" if not play.failed
-                             else "the playbook failed before its verdict"], done, None
+                             else "the playbook failed before its verdict"], None
         decision = play.vars.get("decision")
-        return (str(verdict), [str(r) for r in play.vars.get("reasons", [])], done,
-                decision if isinstance(decision, dict) else None)
+        return str(verdict), [str(r) for r in play.vars.get("reasons", [])], \
+            decision if isinstance(decision, dict) else None
 
     def _on_result(self, sweep_id: int, node: str, r: Result) -> None:
         self.rec.result(sweep_id, r)
@@ -1207,13 +1213,5 @@ class Sweep:
                  "default_dcgm_level": self.cfg.dcgm_level_for(node_vars)}
         play = Executor(self.actions, ctx, on_task).run(self.playbook, extra)
         found = [v["busbw"] for v in play.vars.values() if isinstance(v, dict) and v.get("busbw") is not None]
-        busbw = float(found[0]) if found else None
-        verdict = play.vars.get("verdict")
-        if play.cancelled:
-            return "inconclusive", ["the sweep was stopped before the pair's checks finished"], busbw, None
-        if verdict is None:
-            return "error", ["the playbook ended without a `decide` task" if not play.failed
-                             else "the playbook failed before its verdict"], busbw, None
-        decision = play.vars.get("decision")
-        return (str(verdict), [str(r) for r in play.vars.get("reasons", [])], busbw,
-                decision if isinstance(decision, dict) else None)
+        verdict, reasons, decision = self._verdict_of(play, "the sweep was stopped before the pair's checks finished")
+        return verdict, reasons, float(found[0]) if found else None, decision
