@@ -181,7 +181,7 @@ def test_the_demo_report_in_headless_chromium(demo: dict[str, Any]) -> None:
         # cx is written to 0.1 px, and the browser's box of a dot (r 3 or 5) is a float of its own:
         # two sweeps started within a second (a pair's two nodes) may differ by that rounding only
         xs = [d["x"] for d in by_time]
-        assert all(b >= a - 0.15 for a, b in zip(xs, xs[1:])), "later sweeps lie further right"
+        assert all(b >= a - 0.15 for a, b in zip(xs, xs[1:], strict=False)), "later sweeps lie further right"
         assert by_time[-1]["x"] - by_time[0]["x"] > 500, "the axis spans the simulated day"
         replaced = [d for d in dots if d["node"] == "gpu-p5-06" and d["verdict"] == "replace"]
         assert replaced and all(d["fill"] == "#d03b3b" and "corrected-ecc-rising" in d["tip"] and
