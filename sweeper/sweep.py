@@ -452,19 +452,25 @@ class Sweep:
                         self.tool_stop = self.tool_stop or self.tool_errors.get(name, "")
                 if self._closed(deadline, True) or (self.cooling and taken):
                     continue  # no more nodes: only wait for those under test
-                # Nodes finishing together share one look at the cluster: at most one per poll_interval
-                # while others are under test. With none left there is nothing to share it with: the
-                # run looks at once, and ends at once when nothing more is due.
-                if running:
-                    self.clock.wait(self.stop, last_plan + self.cfg.poll_interval - self.clock.now())
-                last_plan = self.clock.now()  # looks start at most one per poll_interval
-                try:
-                    self.controls.refresh()
-                    p = self.discover(refill=True)
-                except KubeError as exc:
-                    self.emit("log", {"node": "-", "msg": f"could not look at the cluster again ({exc}); "
-                                                          "taking no more nodes this run"})
-                    self.drain.set()
+                p, last_plan = self._look_again(p, bool(running), last_plan)
+
+    def _look_again(self, p: Plan, busy: bool, last_plan: float) -> tuple[Plan, float]:
+        """A rolling queue's look at the cluster after nodes finished: the plan (`p` again when the
+        cluster could not be read, and the run takes no more nodes) and when the look started.
+        Nodes finishing together share one look: at most one per poll_interval while others are
+        under test (`busy`). With none left there is nothing to share it with: the run looks at
+        once, and ends at once when nothing more is due."""
+        if busy:
+            self.clock.wait(self.stop, last_plan + self.cfg.poll_interval - self.clock.now())
+        started = self.clock.now()
+        try:
+            self.controls.refresh()
+            return self.discover(refill=True), started
+        except KubeError as exc:
+            self.emit("log", {"node": "-", "msg": f"could not look at the cluster again ({exc}); "
+                                                  "taking no more nodes this run"})
+            self.drain.set()
+            return p, started
 
     def _closed(self, deadline: float, refill: bool) -> bool:
         """No new node: stopped, lock lost, or the check's own fault repeated; and for a refill (the
@@ -551,16 +557,7 @@ class Sweep:
                         book.settled(names[0])
                 if self._closed(deadline, True) or (self.cooling and taken):
                     continue
-                if running:
-                    self.clock.wait(self.stop, last_plan + self.cfg.poll_interval - self.clock.now())
-                last_plan = self.clock.now()
-                try:
-                    self.controls.refresh()
-                    p = self.discover(refill=True)
-                except KubeError as exc:
-                    self.emit("log", {"node": "-", "msg": f"could not look at the cluster again ({exc}); "
-                                                          "taking no more nodes this run"})
-                    self.drain.set()
+                p, last_plan = self._look_again(p, bool(running), last_plan)
 
     def partners(self, p: Plan) -> dict[str, str]:
         """For a pair playbook: the pairs a run would take first from plan `p` (each node to its
