@@ -8,8 +8,6 @@ verdicts apart from the pair Job."""
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import time
 from dataclasses import replace
@@ -21,7 +19,7 @@ import yaml
 
 from sweeper.history import History
 from sweeper.sim.server import running_pods_on
-from tests.cluster.test_safety import _sweep_cmd
+from tests.cluster.test_safety import _sweep_cmd, kill_sweep_at
 from tests.conftest import TEST_CONFIG, Sim, run_sweep
 
 TAINT = TEST_CONFIG.taint_key
@@ -290,22 +288,7 @@ def test_sigkill_at_every_step_of_a_pair_sweep(make_sim, tmp_path: Path, stage: 
                                    "lock_ttl": 1, "api_attempts": 3, "playbook": "pair-fabric.yaml",
                                    "light_playbook": ""}))
     state = tmp_path / "h.db"
-    proc = subprocess.Popen(_sweep_cmd(sim.kubeconfig, state, cfg), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    seen = {"n": 0, "killed": False}
-
-    def hook(st: str, m: str, path: str) -> None:
-        if st == stage and m == method and fragment in path and not seen["killed"]:
-            seen["n"] += 1
-            if seen["n"] == nth:
-                seen["killed"] = True
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-    sim.server.hooks.append(hook)
-    proc.wait(timeout=120)
-    sim.server.hooks.clear()
-    assert seen["killed"], f"the sweep never reached {stage} {method} {fragment} #{nth}"
+    kill_sweep_at(sim, state, cfg, stage, method, fragment, nth, timeout=120)
     time.sleep(1.2)  # the dead run's lock expires (lock_ttl 1s)
     again = subprocess.run(_sweep_cmd(sim.kubeconfig, state, cfg), capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr

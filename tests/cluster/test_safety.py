@@ -172,17 +172,10 @@ def _sweep_cmd(kc: Path, state: Path, cfg: Path) -> list[str]:
             "--config", str(cfg), "--json"]
 
 
-@pytest.mark.parametrize("stage,method,fragment,nth", STEPS)
-def test_sigkill_at_every_step_then_run_again(make_sim, tmp_path: Path, stage: str, method: str, fragment: str,
-                                              nth: int) -> None:
-    # gpu-03 is busy (a training job holds its GPUs), so the run also light-checks it.
-    sim: Sim = make_sim(nodes=4, faults={"gpu-02": {"xids": [{"code": 79, "gpu": 1}]}},
-                        workloads=[{"node": "gpu-03", "gpus": 8, "duration": None}])
-    sim.wait_for(lambda: sim.core.list_namespaced_pod("training").items, what="the busy node's workload")
-    cfg = tmp_path / "config.yaml"
-    cfg.write_text(yaml.safe_dump({"max_nodes": 3, "max_percent": 100, "poll_interval": 0.05,
-                                   "check_timeout": 300, "lock_ttl": 1, "api_attempts": 3}))
-    state = tmp_path / "h.db"
+def kill_sweep_at(sim: Sim, state: Path, cfg: Path, stage: str, method: str, fragment: str, nth: int,
+                  timeout: float) -> None:
+    """Run `sweeper sweep` in a process of its own and SIGKILL it at the nth API request whose
+    method and path match (before or after the simulated API server answers it)."""
     proc = subprocess.Popen(_sweep_cmd(sim.kubeconfig, state, cfg), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     seen = {"n": 0, "killed": False}
@@ -196,9 +189,23 @@ def test_sigkill_at_every_step_then_run_again(make_sim, tmp_path: Path, stage: s
                 proc.wait()
 
     sim.server.hooks.append(hook)
-    proc.wait(timeout=60)
+    proc.wait(timeout=timeout)
     sim.server.hooks.clear()
     assert seen["killed"], f"the sweep never reached {stage} {method} {fragment} #{nth}"
+
+
+@pytest.mark.parametrize("stage,method,fragment,nth", STEPS)
+def test_sigkill_at_every_step_then_run_again(make_sim, tmp_path: Path, stage: str, method: str, fragment: str,
+                                              nth: int) -> None:
+    # gpu-03 is busy (a training job holds its GPUs), so the run also light-checks it.
+    sim: Sim = make_sim(nodes=4, faults={"gpu-02": {"xids": [{"code": 79, "gpu": 1}]}},
+                        workloads=[{"node": "gpu-03", "gpus": 8, "duration": None}])
+    sim.wait_for(lambda: sim.core.list_namespaced_pod("training").items, what="the busy node's workload")
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump({"max_nodes": 3, "max_percent": 100, "poll_interval": 0.05,
+                                   "check_timeout": 300, "lock_ttl": 1, "api_attempts": 3}))
+    state = tmp_path / "h.db"
+    kill_sweep_at(sim, state, cfg, stage, method, fragment, nth, timeout=60)
     h = History(state)
     left_open = h.db.execute("select count(*) from node_sweeps where finished is null").fetchone()[0]
     h.close()
