@@ -96,20 +96,17 @@ def run_playbook(path: Path, cfg: Config, *, kube: Any = None, node_name: str | 
     clock = clock or WallClock()
     say = log or (lambda msg: None)
     run_id = new_run_id(clock.now())
-    node = None
-    if node_name:
+
+    def target(name: str | None) -> dict[str, Any] | None:
+        if not name:
+            return None
         try:
-            obj = kube.get_node(node_name)
+            obj = kube.get_node(name)
         except NotFound as exc:
-            raise ConfigError(f"no node named {node_name!r} in the cluster") from exc
-        node = node_vars(NodeView.from_obj(obj, cfg.gpu_resources), cfg, obj["metadata"].get("uid", ""))
-    partner = None
-    if partner_name:
-        try:
-            obj = kube.get_node(partner_name)
-        except NotFound as exc:
-            raise ConfigError(f"no node named {partner_name!r} in the cluster") from exc
-        partner = node_vars(NodeView.from_obj(obj, cfg.gpu_resources), cfg, obj["metadata"].get("uid", ""))
+            raise ConfigError(f"no node named {name!r} in the cluster") from exc
+        return node_vars(NodeView.from_obj(obj, cfg.gpu_resources), cfg, obj["metadata"].get("uid", ""))
+
+    node, partner = target(node_name), target(partner_name)
     hist = None
     sweep_id = partner_sweep = None
     if state and node:
