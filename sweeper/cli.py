@@ -1209,11 +1209,12 @@ def sim() -> None:
 @click.option("--port", type=int, default=8443, show_default=True, help="Port on 127.0.0.1.")
 @click.option("--kubeconfig-out", type=click.Path(dir_okay=False), default="state/sim.kubeconfig",
               show_default=True, help="Where to write a kubeconfig that points at the server.")
-@click.option("--speed", type=float, default=1.0, show_default=True,
-              help="Simulated seconds per real second. At 1 the simulated clock is the wall clock, the only "
-                   "one kubectl and a Sweeper in another process read; faster, their timestamps fall behind.")
+@click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Simulated seconds per real second (default: the fleet file's `speed` where it sets one, "
+                   "else 1). At 1 the simulated clock is the wall clock, the only one kubectl and a Sweeper "
+                   "in another process read; faster, their timestamps fall behind.")
 @run_cli
-def sim_serve(fleet_path: str | None, port: int, kubeconfig_out: str, speed: float) -> None:
+def sim_serve(fleet_path: str | None, port: int, kubeconfig_out: str, speed: float | None) -> None:
     """Serve the simulated cluster until interrupted; point kubectl or Sweeper at it."""
     from sweeper.clock import ScaledClock
     from sweeper.sim.cluster import SimCluster
@@ -1221,6 +1222,8 @@ def sim_serve(fleet_path: str | None, port: int, kubeconfig_out: str, speed: flo
     from sweeper.sim.server import ApiServer
 
     fleet = load_fleet(Path(fleet_path)) if fleet_path else parse_fleet(DEMO_FLEET, "demo fleet")
+    if speed is None:  # the file's own speed, as the embedded simulator uses it; the demo's fleet at 1x
+        speed = fleet.speed if fleet_path and fleet.speed_given else 1.0
     cluster = SimCluster(fleet, ScaledClock(speed))
     try:
         server = ApiServer(cluster, port=port)

@@ -243,6 +243,7 @@ class Fleet:
     name: str = "fleet"
     seed: int = 1
     speed: float = 600.0
+    speed_given: bool = False  # the file itself set `speed` (not the default)
     namespace: str = "sweeper"
     nodes: list[NodeSpec] = field(default_factory=list)
     workloads: list[Workload] = field(default_factory=list)
@@ -272,7 +273,8 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
     spec = check(FleetFile, raw, origin, node, None, "fleet file")
     assert isinstance(spec, FleetFile)
     api = spec.api_faults or _ApiFaults()
-    fleet = Fleet(name=spec.name, seed=spec.seed, speed=spec.speed, namespace=spec.namespace,
+    fleet = Fleet(name=spec.name, seed=spec.seed, speed=spec.speed, speed_given="speed" in spec.model_fields_set,
+                  namespace=spec.namespace,
                   check_seconds=spec.check_seconds, api_fault_rate=api.rate, api_lost_reply_rate=api.lost_reply_rate,
                   api_latency=api.latency, api_slow_rate=api.slow_rate, api_drop_rate=api.drop_rate)
     for group in spec.node_groups or []:
