@@ -68,7 +68,12 @@ def run_cli(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+            sys.stdout.flush()  # a reader that closed the pipe is found here, not at the interpreter's exit
+            return out
+        except BrokenPipeError:  # `sweeper history NODE | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's "Note on SIGPIPE"
+            sys.exit(0)
         except SweeperError as exc:
             _fail(exc, exc.exit_code, str(exc))  # one unwrapped line, so file:line stays greppable
         except (click.ClickException, click.exceptions.Exit, click.Abort):
