@@ -231,7 +231,8 @@ def _history(state: str, create: bool = True) -> Any:
 
 
 common_cluster = [
-    click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Sweeper config YAML."),
+    click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="SWEEPER_CONFIG",
+                 help="Sweeper config YAML (default: $SWEEPER_CONFIG)."),
     click.option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig file (default: in-cluster or ~/.kube/config)."),
     click.option("--context", help="kubeconfig context."),
     click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
@@ -491,7 +492,8 @@ def lint_cmd(paths: tuple[str, ...], config_path: str | None, strict: bool, as_j
 @click.option("--expect-gpus", type=int, help="GPU count the node should have (dcgm, nvidia-smi).")
 @click.option("--expect-nics", type=int, help="EFA or InfiniBand device count (ibv-devinfo, fi-info).")
 @click.option("--min-busbw", type=float, help="Bus bandwidth floor in GB/s at the largest size (nccl).")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file (for --profile).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="SWEEPER_CONFIG",
+              help="Config file (for --profile; default: $SWEEPER_CONFIG).")
 @click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
               help="SQLite history file.")
 @click.option("--no-record", is_flag=True, help="Parse and print only.")
@@ -548,7 +550,8 @@ def ingest_cmd(node: str, file: str, fmt: str, profile_name: str | None, exit_co
 
 
 @main.command("profiles", epilog=_examples("sweeper profiles", "sweeper profiles --nodes -o wide"))
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Sweeper config YAML.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="SWEEPER_CONFIG",
+              help="Sweeper config YAML (default: $SWEEPER_CONFIG).")
 @click.option("--nodes", "with_nodes", is_flag=True, help="Also show which profile each GPU node gets.")
 @click.option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig file (with --nodes).")
 @click.option("--context", help="kubeconfig context (with --nodes).")
@@ -1018,7 +1021,8 @@ def report_cmd(config_path: str | None, kubeconfig: str | None, context: str | N
 
 @main.command("backtest", epilog=_examples("sweeper backtest --policy strict.yaml",
                                            "sweeper backtest --policy ./my-policy.yaml --since 30d -o json"))
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Sweeper config YAML.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="SWEEPER_CONFIG",
+              help="Sweeper config YAML (default: $SWEEPER_CONFIG).")
 @click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
               help="SQLite history file.")
 @click.option("--policy", "policy_name", required=True, help="The policy to try: a file, or a name in policies/.")

@@ -559,3 +559,14 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(tmp_path: Path) 
     proc.stdout.close()  # the reader is gone before the first line is written
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 0 and err == "", err
+
+
+def test_sweeper_config_in_the_environment_is_the_config(make_sim, tmp_path: Path) -> None:
+    """`SWEEPER_CONFIG` stands for `--config`, as `SWEEPER_STATE` stands for `--state`, so `plan`,
+    `nodes` and `report` from a shell read the cluster's own config without repeating it."""
+    sim: Sim = make_sim(nodes=3)
+    base = ["--kubeconfig", str(sim.kubeconfig), "--state", str(tmp_path / "h.db")]
+    env = {"SWEEPER_CONFIG": str(write_config(tmp_path, max_nodes=1))}
+    res = CliRunner(env=env).invoke(main, ["plan", *base, "--json"])
+    assert res.exit_code == 0, res.output
+    assert len([n for n in json.loads(res.stdout)["nodes"] if n["reason"] == "over-budget"]) == 2
