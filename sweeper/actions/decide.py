@@ -31,7 +31,9 @@ def policy_for(ctx: ActionContext, name: str = "") -> Policy:
         Arg("policy", str, help="policy file in policies/ (default: the config's `policy`)"),
         help="Turn results and the node's history into a verdict (pass, warn, reboot, replace, quarantine, "
              "error, inconclusive) by the policy; sets the facts `verdict`, `reasons` and `decision` "
-             "(causes, rules that fired).")
+             "(causes, rules that fired). GPUs the device plugin holds back are a symptom: named beside "
+             "Sweeper's own findings, or, with those clean and only application or informational XIDs, "
+             "the plugin's pod is deleted on a node Sweeper holds and allocatable awaited (`device_plugin_pods`).")
 def decide(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     docs = []
     for r in args["results"]:

@@ -71,8 +71,11 @@ def plugin_pods(ctx: ActionContext, node: str) -> list[tuple[str, str]]:
 
 
 def restart(ctx: ActionContext, node: str) -> Restart:
-    """Delete the device plugin's pod on the node and wait for allocatable to reach capacity."""
+    """Delete the device plugin's pod on a node Sweeper holds and wait for allocatable to reach capacity."""
     try:
+        held = NodeView.from_obj(ctx.cluster().get_node(node)).sweep_taint(ctx.config.taint_key)
+        if held is None:  # a busy node's light check: its workloads are never disturbed
+            return Restart(False, "the plugin is restarted only on a node Sweeper holds: once this one is idle")
         pods = plugin_pods(ctx, node)
         if not pods:
             return Restart(False, "no device plugin pod on the node matches device_plugin_pods "

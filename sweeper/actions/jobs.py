@@ -64,10 +64,12 @@ def gpu_stack_words(text: str) -> str:
     return ""
 
 
-def runtime_result(node: str, now: float, reason: str, words: str) -> Result:
-    """A node finding: the container runtime could not start the check because of the node's GPU stack."""
+def runtime_result(node: str, now: float, reason: str, words: str, on: str = "") -> Result:
+    """A node finding: the container runtime could not start the check because of the node's GPU stack
+    (`on`: the node whose runtime said so, where it is not `node`, as in a pair)."""
+    where = f" on {on}" if on and on != node else ""
     return Result(node=node, source="container-runtime", started=now, finished=now, checks=(CheckResult(
-        RUNTIME_CHECK, "fail", f"the container runtime could not start the check ({reason}): {words}; the node's "
+        RUNTIME_CHECK, "fail", f"the container runtime{where} could not start the check ({reason}): {words}; the node's "
         "GPU stack (driver, NVML, NVIDIA container toolkit or CDI) is broken, not the check", "critical",
         code=RUNTIME_CODE),))
 
@@ -397,6 +399,7 @@ class _Fault:
         self.detail = ""
         self.since = 0.0
         self.node_words = ""  # the runtime's words when the node's GPU stack is what fails the start
+        self.on = ""  # the node of the pod whose start failed so
 
     def _set(self, code: str, summary: str, detail: str, now: float, node_words: str = "") -> None:
         if code != self.code:
@@ -418,6 +421,7 @@ class _Fault:
                     gpu_stack_words(last.get("message", "")) if last.get("reason") == "StartError" else ""
                 if words:  # the node's GPU stack, however the kubelet words the wait
                     self._set(reason or "StartError", "", "", now, words)
+                    self.on = str((p.get("spec") or {}).get("nodeName") or "")
                     return
                 if reason in TOOL_WAITING:
                     self._set(reason, f"the check container cannot start: {reason}: {msg}", "", now)
@@ -443,7 +447,7 @@ class _Fault:
 
     def result(self, node: str, now: float) -> Result:
         if self.node_words:
-            return runtime_result(node, now, self.code, self.node_words)
+            return runtime_result(node, now, self.code, self.node_words, self.on)
         return tool_result(node, now, self.code, self.summary + "; a fault of the check, not of the node",
                            self.detail)
 

@@ -148,3 +148,20 @@ def test_the_plugins_mark_alone_never_climbs_a_ladder_or_relapses() -> None:
     v = decide([mark], policy=SHIPPED, node="gpu-01", now=now, past=Past())
     assert v.causes == () and not {"second-reboot-same-cause", "fails-again-after-passing"} & set(v.rules), v
     assert v.verdict == "quarantine", v
+
+
+def test_a_busy_nodes_plugin_is_left_alone_and_the_node_marked_suspect(make_sim, history: History) -> None:
+    """A light check reads a busy node: Sweeper does not hold it, so it never restarts the plugin
+    under a running job; the node is marked a suspect and swept (and the plugin restarted) once idle."""
+    sim: Sim = make_sim(fleet({"gpu-01": {"xids": [{"code": 94, "gpu": 1}]}}, device_plugin_pod=True)
+                        | {"workloads": [{"node": "gpu-01", "gpus": 4, "duration": None}]})
+    selector = "app.kubernetes.io/name=nvidia-device-plugin"
+    sim.wait_for(lambda: sim.core.list_namespaced_pod("training").items, what="the workload")
+    before = plugin_uid(sim, "gpu-01", "kube-system", selector)
+    report = run_sweep(sim, history, replace(CFG, light_playbook="light-busy.yaml"))
+    light = {o.node: o for o in report.outcomes}["gpu-01"]
+    assert light.action == "light" and light.verdict == "quarantine", light
+    assert "restarted only on a node Sweeper holds" in "; ".join(light.reasons)
+    assert plugin_uid(sim, "gpu-01", "kube-system", selector) == before
+    assert sim.core.read_node("gpu-01").metadata.labels.get("sweeper.dev/suspect") == "true"
+    assert allocatable(sim, "gpu-01") == "7"

@@ -103,3 +103,26 @@ def test_the_probe_after_a_stop_is_never_a_suspect(make_sim, history: History) -
     assert taken and taken[0] != "gpu-02", report.outcomes
     assert report.tool_stop == "", "the probe passed: the rest were swept"
     assert {o.node for o in report.outcomes if o.verdict} == {"gpu-00", "gpu-01", "gpu-02", "gpu-03"}
+
+
+def test_a_waiting_container_the_gpu_stack_refuses_is_the_nodes() -> None:
+    """containerd injects CDI devices when it creates the container: the kubelet then waits with
+    CreateContainerError ("failed to create containerd container: CDI device injection failed:
+    unresolvable CDI devices ...", https://github.com/kubernetes-sigs/dra-driver-nvidia-gpu/issues/736);
+    a CreateContainerError of another kind stays the check's."""
+    from sweeper.actions.jobs import _Fault
+
+    def pod(message: str) -> dict:
+        return {"spec": {"nodeName": "gpu-07"}, "status": {"containerStatuses": [{"image": "x", "state": {
+            "waiting": {"reason": "CreateContainerError", "message": message}}}]}}
+
+    fault = _Fault()
+    fault.see([pod("failed to create containerd container: CDI device injection failed: unresolvable CDI "
+                   "devices nvidia.com/gpu=GPU-1")], 0.0)
+    [check] = fault.result("gpu-07", 1.0).checks
+    assert (check.name, check.status, check.code) == ("gpu.runtime", "fail", "GPU_RUNTIME")
+    assert "unresolvable CDI devices nvidia.com/gpu=GPU-1" in check.message
+    fault = _Fault()
+    fault.see([pod('failed to create containerd container: error: stat /data/x: no such file or directory')], 0.0)
+    [check] = fault.result("gpu-07", 1.0).checks
+    assert (check.name, check.status) == ("check.tool", "error")
