@@ -126,3 +126,16 @@ def test_a_waiting_container_the_gpu_stack_refuses_is_the_nodes() -> None:
     fault.see([pod('failed to create containerd container: error: stat /data/x: no such file or directory')], 0.0)
     [check] = fault.result("gpu-07", 1.0).checks
     assert (check.name, check.status) == ("check.tool", "error")
+
+
+def test_a_pair_pod_the_gpu_stack_cannot_start_is_pinned_on_its_node_by_re_pairing(make_sim,
+                                                                                       history: History) -> None:
+    """In a pair sweep the finding names the node whose runtime refused the pod; re-pairing with
+    known-good partners holds that node alone. Before: `check.tool`, both handed back."""
+    sim: Sim = make_sim(fleet_spec(nodes=4, faults={"gpu-00": {"runtime_error": MISMATCH}}))
+    report = run_sweep(sim, history, replace(CFG, playbook="pair-fabric.yaml"))
+    assert report.tool_stop == "" and report.tool_errors == {}
+    last = {o.node: o for o in report.outcomes}
+    assert (last["gpu-00"].verdict, last["gpu-00"].action) == ("reboot", "held"), report.outcomes
+    assert all(o.action != "held" for n, o in last.items() if n != "gpu-00"), report.outcomes
+    assert any(MISMATCH in r for r in last["gpu-00"].reasons), last["gpu-00"].reasons
