@@ -139,3 +139,13 @@ def test_a_pair_pod_the_gpu_stack_cannot_start_is_pinned_on_its_node_by_re_pairi
     assert (last["gpu-00"].verdict, last["gpu-00"].action) == ("reboot", "held"), report.outcomes
     assert all(o.action != "held" for n, o in last.items() if n != "gpu-00"), report.outcomes
     assert any(MISMATCH in r for r in last["gpu-00"].reasons), last["gpu-00"].reasons
+
+
+def test_with_only_suspects_due_the_stop_stands_until_one_that_is_not_can_be_tried(make_sim,
+                                                                                     history: History) -> None:
+    sim: Sim = make_sim(fleet_spec(nodes=2, faults={"gpu-00": {"gpu_lost": [1]}, "gpu-01": {"gpu_lost": [2]}}))
+    stop = "run stopped: the same fault of the check ended 3 nodes"
+    history.run_started("sw-stopped", sim.cluster.clock.now() - 600, "sweep")
+    history.run_finished("sw-stopped", sim.cluster.clock.now() - 500, "done", 3, {"tool_stop": stop})
+    report = run_sweep(sim, history, CFG)
+    assert report.outcomes == [] and report.tool_stop == stop
