@@ -51,7 +51,7 @@ def decide(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
                  if int(u["allocatable"]) < int(u["capacity"])]
     if unhealthy:  # GPUs the device plugin marked unhealthy: a symptom; its cause is what Sweeper reads
         own = policy_decide(docs, dismissed, policy).verdict
-        held_back = _held_back(ctx, str(node.get("name", "")), unhealthy, docs, own, now)
+        held_back = _held_back(ctx, str(node.get("name", "")), unhealthy, docs, own, dismissed, now)
         ctx.on_result(held_back)
         docs.append(held_back.to_dict())
     v = policy_decide(docs, dismissed, policy, node=str(node.get("name", "")),
@@ -66,16 +66,20 @@ def decide(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _held_back(ctx: ActionContext, node: str, unhealthy: list[dict[str, Any]], docs: list[dict[str, Any]],
-               own: str, now: float) -> Result:
-    """The device plugin's shortfall beside Sweeper's own findings: a symptom of a holding finding
-    (`warn`, naming it); with clean readings and only application or informational XIDs, a restart
-    of the plugin (`warn` when allocatable comes back, else `fail`: the node is held with why);
-    else `fail`. Never a cause of a ladder or a relapse (policy.SYMPTOMS)."""
+               own: str, dismissed: set[str], now: float) -> Result:
+    """The device plugin's shortfall beside Sweeper's own findings: a symptom of a holding finding,
+    or of one a person dismissed (`warn`, naming it); with clean readings and only application or
+    informational XIDs, a restart of the plugin (`warn` when allocatable comes back, else `fail`:
+    the node is held with why); else `fail`. Never a cause of a ladder or a relapse (policy.SYMPTOMS)."""
     what = device_plugin.shortfall(unhealthy)
     xids = device_plugin.xids_seen(docs)
     seen = device_plugin.in_words(xids)
     if own in HOLDING:
         return device_plugin.finding(node, now, "warn", f"{what}: a symptom of Sweeper's own findings ({seen})")
+    live = [(code, gpu) for code, gpu in xids if f"xid|{code}|{'' if gpu is None else gpu}" not in dismissed]
+    if xids and not device_plugin.benign(xids) and device_plugin.benign(live):
+        return device_plugin.finding(node, now, "warn", f"{what}: a symptom of findings a person dismissed "
+                                     f"as false positives ({seen})")
     if own in ("error", "inconclusive"):
         return device_plugin.finding(node, now, "fail", f"{what}; Sweeper's own check did not run to say why")
     if not device_plugin.benign(xids):
