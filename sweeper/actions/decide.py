@@ -75,7 +75,8 @@ def _held_back(ctx: ActionContext, node: str, unhealthy: list[dict[str, Any]], d
     xids = device_plugin.xids_seen(docs)
     seen = device_plugin.in_words(xids)
     if own in HOLDING:
-        return device_plugin.finding(node, now, "warn", f"{what}: a symptom of Sweeper's own findings ({seen})")
+        return device_plugin.finding(node, now, "warn", f"{what}: a symptom of Sweeper's own findings "
+                                     f"({device_plugin.failing(docs) or seen})")
     live = [(code, gpu) for code, gpu in xids if f"xid|{code}|{'' if gpu is None else gpu}" not in dismissed]
     if xids and not device_plugin.benign(xids) and device_plugin.benign(live):
         return device_plugin.finding(node, now, "warn", f"{what}: a symptom of findings a person dismissed "

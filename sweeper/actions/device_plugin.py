@@ -46,6 +46,13 @@ def in_words(xids: list[tuple[int, int | None]]) -> str:
                      + (f" on GPU {gpu}" if gpu is not None else "") for code, gpu in xids)
 
 
+def failing(docs: list[dict[str, Any]]) -> str:
+    """Sweeper's own failed checks in a few words: check, code and GPU."""
+    return ", ".join(f"{c.get('name')}" + (f" {c['code']}" if c.get("code") else "")
+                     + (f" on GPU {c['gpu']}" if c.get("gpu") is not None else "")
+                     for d in docs for c in d.get("checks") or [] if c.get("status") == "fail")
+
+
 def shortfall(unhealthy: list[dict[str, Any]]) -> str:
     return "; ".join(f"{int(u['capacity']) - int(u['allocatable'])} {u['resource']} unhealthy per the device "
                      f"plugin: allocatable {u['allocatable']} of {u['capacity']}" for u in unhealthy)

@@ -121,7 +121,7 @@ def test_a_critical_xid_holds_the_node_for_the_xid_and_leaves_the_plugin_alone(m
     row = next(history.db.query("select causes from node_sweeps where node = 'gpu-01'"))
     assert row["causes"] == '["xid|79"]'
     [check] = history.db.query("select status, message from checks where name = 'gpu.allocatable'")
-    assert check["status"] == "warn" and "a symptom of Sweeper's own findings" in check["message"]
+    assert check["status"] == "warn" and "a symptom of Sweeper's own findings (xid 79 on GPU 2)" in check["message"]
 
 
 def test_the_plugins_mark_alone_never_climbs_a_ladder_or_relapses() -> None:

@@ -123,7 +123,7 @@ def test_a_node_with_7_of_8_gpus_allocatable_is_swept_first_and_held(make_sim, h
                                      "where name = 'gpu.allocatable'"))
     assert [(r["node"], r["source"], r["status"]) for r in recorded] == [("gpu-03", "device-plugin", "warn")]
     assert recorded[0]["message"].startswith("1 nvidia.com/gpu unhealthy per the device plugin: allocatable 7 of 8: "
-                                             "a symptom of Sweeper's own findings")
+                                             "a symptom of Sweeper's own findings (gpu.lost GPU_LOST on GPU 5)")
 
 
 def test_the_device_plugin_alone_holds_a_node_whose_checks_pass(make_sim, history: History) -> None:
