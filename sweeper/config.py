@@ -154,6 +154,13 @@ class Config:
     dcgm_level: int | None = setting(None, "DCGM diagnostic level (-r) of every DCGM playbook run, over the "
                                      "profile's (empty: the profile's, else 2); a schedule may set its own",
                                      ge=1, le=4)
+    device_plugin_pods: tuple[str, ...] = setting(
+        ("gpu-operator/app=nvidia-device-plugin-daemonset",
+         "kube-system/app.kubernetes.io/name=nvidia-device-plugin",
+         "nvidia-device-plugin/app.kubernetes.io/name=nvidia-device-plugin"),
+        "the device plugin's pods, as NAMESPACE/LABEL-SELECTOR (the GPU Operator's, the standalone chart's): "
+        "deleted to restart the plugin on a node whose GPUs it holds back while Sweeper's own readings are clean",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/\S+$", allowed="NAMESPACE/LABEL-SELECTOR")
     suspect_conditions: tuple[str, ...] = setting(("GpuXid", "GpuEcc", "GpuNvlink", "GpuCount"),
                                                   "node conditions that make an idle node swept first")
     handled_conditions: tuple[str, ...] = setting((), "another remediator owns a node with one of these set")

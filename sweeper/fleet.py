@@ -8,7 +8,6 @@ from typing import Any
 
 from sweeper.clock import parse_iso
 from sweeper.config import Config
-from sweeper.result import CheckResult, Result
 
 # Taints that mean someone else is handling the node (never take it).
 FOREIGN_TAINTS = {
@@ -107,21 +106,6 @@ def looked_for(cfg: Config) -> str:
     names = list(cfg.gpu_resources) + [f"{p}*" for p in cfg.gpu_resource_prefixes]
     selector = f", selector {cfg.gpu_node_selector}" if cfg.gpu_node_selector else ""
     return f"by capacity of {', '.join(names)}{selector}"
-
-
-def allocatable_finding(node: str, unhealthy: list[dict[str, Any]], now: float) -> Result | None:
-    """The GPUs the device plugin holds back from allocatable, as a failing check: NVIDIA's plugin
-    marks a GPU unhealthy on an XID it treats as critical, or when NVML loses it, and the kubelet
-    then reports allocatable below capacity (github.com/NVIDIA/k8s-device-plugin,
-    internal/rm/health.go). The node status gives counts, not which GPUs."""
-    checks = tuple(CheckResult(
-        name="gpu.allocatable", status="fail", severity="critical", code="GPU_UNHEALTHY",
-        message=(f"{int(u['capacity']) - int(u['allocatable'])} {u['resource']} unhealthy per the device plugin: "
-                 f"allocatable {u['allocatable']} of {u['capacity']}"))
-        for u in unhealthy if int(u["allocatable"]) < int(u["capacity"]))
-    if not checks:
-        return None
-    return Result(node=node, source="device-plugin", started=now, finished=now, checks=checks)
 
 
 @dataclass(frozen=True)

@@ -356,6 +356,15 @@ class Kube:
             fn = self.batch.list_job_for_all_namespaces
         return list(self._pages("list jobs", fn, 500, label_selector=label_selector))
 
+    def delete_pod(self, namespace: str, name: str) -> bool:
+        """Delete one pod (its DaemonSet starts a new one); False when already gone."""
+        try:
+            self._call(f"delete pod {namespace}/{name}", lambda: self.core.delete_namespaced_pod(
+                name, namespace, _preload_content=False), write=True)
+            return True
+        except NotFound:
+            return False
+
     def delete_job(self, namespace: str, name: str) -> bool:
         """Delete a Job and its pods (Background propagation; the REST default would orphan them)."""
         try:

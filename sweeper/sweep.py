@@ -18,12 +18,13 @@ from sweeper import pairing, profiles, signals
 from sweeper.actions import ActionContext, load_all
 from sweeper.actions import node as node_actions
 from sweeper.actions.decide import policy_for
+from sweeper.actions.jobs import gpu_stack_words
 from sweeper.actions.jobwatch import RunWatch
 from sweeper.clock import Clock, WallClock, iso, parse_iso
 from sweeper.config import Config
 from sweeper.control import KEYS, Controls, dismissal_key
 from sweeper.errors import Conflict, KubeError, LockLost, NotFound, PlaybookError, Transient
-from sweeper.fleet import Gates, NodeView, Plan, gpu_nodes, plan
+from sweeper.fleet import Gates, NodeView, Plan, gpu_nodes, plan, suspect_signals
 from sweeper.kube import Kube
 from sweeper.lock import SweepLock
 from sweeper.notify import Webhook, message
@@ -178,6 +179,7 @@ class Sweep:
         self.remedies: list[Remedy] = []
         self.failed_checks: dict[str, int] = {}
         self._tool_faults: dict[str, str] = {}  # node -> the fault of the check seen in its results
+        self._probe_waits = False  # after a stop, every due node was a suspect: none was tried
         self.tool_errors: dict[str, str] = {}  # node -> that fault, where it ended the node's sweep `error`
         self.tool_stop = ""  # the fault of the check that ended tool_error_limit nodes: take no more
         self.cooling = False  # the last discovery found the breaker's cooldown in force
@@ -370,6 +372,7 @@ class Sweep:
         """`own`: the history unfenced, for the run's own row (a fenced run says so there)."""
         self.rec.run_started(run_id, start, "dry-run" if self.dry_run else self.mode)
         self._tool_faults, self.tool_errors, self.tool_stop = {}, {}, ""  # this run's own tally
+        self._probe_waits = False  # after a stop, every due node was a suspect: none was tried
         status = "done"
         report = RunReport(run_id, start, start, Plan(), dry_run=self.dry_run)
         try:
@@ -392,6 +395,8 @@ class Sweep:
                 if self.tool_stop:
                     report.tool_stop = self._stop_reason(self.tool_stop, probe_failed)
                     self._announce_stop(run_id, report)
+                elif self._probe_waits:  # the stop stands until a node that is not a suspect passes
+                    report.tool_stop = self._last_stop()
         except LockLost as exc:
             status = "fenced"
             self.emit("fenced", {"run_id": run_id, "msg": str(exc)})
@@ -429,7 +434,10 @@ class Sweep:
                 sweeping = {n for kind, n in running.values() if kind == "sweep"}
                 # A cooldown after a breaker reset takes one node a run; a probe waits for its node.
                 if not (self._closed(deadline, refill) or (self.cooling and taken) or (probe and sweeping)):
-                    take = self._refill(p, sweeping, seen)[: 1 if probe else None]
+                    take = self._refill(p, sweeping, seen)
+                    if probe:  # the first node after a stop is one with no sign of its own trouble
+                        due, take = bool(take), [v for v in take if not self._suspect(v)][:1]
+                        self._probe_waits = due and not take
                     lights = sum(1 for kind, _ in running.values() if kind == "light")
                     light = [v for v in self.light_candidates(p) if v.name not in seen]
                     for kind, views in (("sweep", take), ("light", light[: max(0, self.cfg.light_max - lights)])):
@@ -619,7 +627,7 @@ class Sweep:
             started = True
             if one:
                 return True
-        due = [v for v in due if v.name not in seen]
+        due = [v for v in due if v.name not in seen and not (one and self._suspect(v))]
         for a, b in pairing.form_pairs(due, self._group, min(room, 2) if one else room):
             running[pool.submit(self.sweep_pair, run_id, a, b, "sweep")] = ("pair", (a.name, b.name), self._group(a))
             seen.update((a.name, b.name))
@@ -747,8 +755,16 @@ class Sweep:
 
     # -- faults of the check itself ---------------------------------------------------------
     def _probe_first(self) -> bool:
+        return bool(self._last_stop())
+
+    def _last_stop(self) -> str:
         last = self.rec.last_run()
-        return bool(last and (last.get("summary") or {}).get("tool_stop"))
+        return str(((last or {}).get("summary") or {}).get("tool_stop") or "")
+
+    def _suspect(self, view: NodeView) -> bool:
+        """A node with signs of its own trouble (a condition, a signal, GPUs the device plugin holds
+        back): never the probe after a stop, whose failing would say nothing about the check."""
+        return bool(suspect_signals(view, self.cfg, self._suspects))
 
     def _stop_reason(self, cause: str, probe: bool) -> str:
         if probe:
@@ -763,8 +779,8 @@ class Sweep:
         """A node whose sweep ended `error` because its check never ran; the same cause on
         tool_error_limit nodes stops the run from taking more."""
         cause = self._tool_faults.get(node, "")
-        if verdict != "error" or not cause:
-            return
+        if verdict != "error" or not cause or gpu_stack_words(cause):
+            return  # a cause that names the node's GPU stack (driver, NVML, toolkit, CDI) is the node's
         with self._lock:
             self.tool_errors[node] = cause
             same = sum(1 for c in self.tool_errors.values() if c == cause)

@@ -39,6 +39,39 @@ TOOL_WAITING = (*PULL_WAITING, "InvalidImageName", "ErrImageNeverPull", "CreateC
 # entrypoint at all (containerd reports StartError with 128).
 TOOL_EXIT = {126: "a program the check calls is not executable in its image",
              127: "a program the check calls is not in its image (command not found)"}
+# The node's own GPU stack refusing to start a container: NVIDIA's container hook (nvidia-container-cli:
+# "initialization error: nvml error: driver/library version mismatch", "detection error: nvml error: ...",
+# "GPU is lost"), NVML itself, or CDI device injection ("unresolvable CDI devices"). containerd reports
+# them as StartError, exit 128, or the kubelet's CreateContainerError/RunContainerError, with the hook's
+# words in the message (NVIDIA/gpu-operator#898, NVIDIA/k8s-device-plugin#1431,
+# NVIDIA/nvidia-container-toolkit#416 and #1239). These are faults of the node, never of the check.
+GPU_STACK = re.compile(r"nvidia-container-cli|nvidia-container-runtime|\bnvml\b|driver/library version mismatch|"
+                       r"GPU is lost|CDI devices?\b|CDI device injection", re.IGNORECASE)
+# ...except the hook's requirement check: the check image asks for a newer CUDA than the node's driver
+# ("nvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.4"): the image's to fix.
+NOT_GPU_STACK = re.compile(r"requirement error", re.IGNORECASE)
+RUNTIME_CHECK, RUNTIME_CODE = "gpu.runtime", "GPU_RUNTIME"
+
+
+def gpu_stack_words(text: str) -> str:
+    """The runtime's words when a container could not start because of the node's GPU stack (the
+    line that names it, at most 300 characters), else ''."""
+    if not text or NOT_GPU_STACK.search(text):
+        return ""
+    for line in text.splitlines():
+        if GPU_STACK.search(line):
+            return line.strip()[-300:]
+    return ""
+
+
+def runtime_result(node: str, now: float, reason: str, words: str, on: str = "") -> Result:
+    """A node finding: the container runtime could not start the check because of the node's GPU stack
+    (`on`: the node whose runtime said so, where it is not `node`, as in a pair)."""
+    where = f" on {on}" if on and on != node else ""
+    return Result(node=node, source="container-runtime", started=now, finished=now, checks=(CheckResult(
+        RUNTIME_CHECK, "fail", f"the container runtime{where} could not start the check ({reason}): {words}; the node's "
+        "GPU stack (driver, NVML, NVIDIA container toolkit or CDI) is broken, not the check", "critical",
+        code=RUNTIME_CODE),))
 
 
 def job_name(node: str, run_id: str, template: str) -> str:
@@ -145,6 +178,9 @@ def _read_result(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]],
         log = ""
         ctx.log(f"cannot read the log of {pod['metadata']['name']}: {exc}")
     message = term.get("message") or ""
+    words = gpu_stack_words(message) if term.get("reason") == "StartError" else ""
+    if words:
+        return runtime_result(node, now, f"StartError, exit {exit_code}", words)
     if term.get("reason") == "StartError" or exit_code in TOOL_EXIT:
         image = statuses[0].get("image", "") if statuses else ""
         what = TOOL_EXIT.get(exit_code) or "the check container could not start"  # type: ignore[arg-type]
@@ -362,11 +398,13 @@ class _Fault:
         self.summary = ""
         self.detail = ""
         self.since = 0.0
+        self.node_words = ""  # the runtime's words when the node's GPU stack is what fails the start
+        self.on = ""  # the node of the pod whose start failed so
 
-    def _set(self, code: str, summary: str, detail: str, now: float) -> None:
+    def _set(self, code: str, summary: str, detail: str, now: float, node_words: str = "") -> None:
         if code != self.code:
             self.since = now
-        self.code, self.summary, self.detail = code, summary, detail
+        self.code, self.summary, self.detail, self.node_words = code, summary, detail, node_words
 
     def see(self, pods: list[dict[str, Any]], now: float) -> None:
         for p in pods:
@@ -378,11 +416,18 @@ class _Fault:
                     detail = f"{reason}: {msg}" if reason == "ErrImagePull" or not self.detail else self.detail
                     self._set("ErrImagePull", f'the check image "{cs.get("image", "")}" cannot be pulled', detail, now)
                     return
+                last = (cs.get("lastState") or {}).get("terminated") or {}
+                words = gpu_stack_words(msg) if reason in TOOL_WAITING else \
+                    gpu_stack_words(last.get("message", "")) if last.get("reason") == "StartError" else ""
+                if words:  # the node's GPU stack, however the kubelet words the wait
+                    self._set(reason or "StartError", "", "", now, words)
+                    self.on = str((p.get("spec") or {}).get("nodeName") or "")
+                    return
                 if reason in TOOL_WAITING:
                     self._set(reason, f"the check container cannot start: {reason}: {msg}", "", now)
                     return
         if pods and self.code and self.code != "FailedCreate":
-            self.code = ""  # the container got past it
+            self.code, self.node_words = "", ""  # the container got past it
 
     def see_events(self, ctx: ActionContext, namespace: str, job: str, now: float) -> None:
         """Admission (Pod Security, a missing RuntimeClass, a policy webhook) refuses the pod: the Job
@@ -401,6 +446,8 @@ class _Fault:
         self._set("FailedCreate", f"the check pod was refused at creation: {words}", text, now)
 
     def result(self, node: str, now: float) -> Result:
+        if self.node_words:
+            return runtime_result(node, now, self.code, self.node_words, self.on)
         return tool_result(node, now, self.code, self.summary + "; a fault of the check, not of the node",
                            self.detail)
 

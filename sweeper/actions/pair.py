@@ -36,6 +36,8 @@ from sweeper.actions.jobs import (
     _node_gone,
     _unscheduled,
     _watch_for,
+    gpu_stack_words,
+    runtime_result,
 )
 from sweeper.actions.jobwatch import RunWatch
 from sweeper.clock import parse_duration
@@ -430,6 +432,10 @@ def read_pair(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]], a:
         except KubeError as exc:
             ctx.log(f"cannot read the log of {pod['metadata']['name']}: {exc}")
             logs[i] = term.get("message") or ""
+        words = gpu_stack_words(term.get("message") or "") if term.get("reason") == "StartError" else ""
+        if words:  # the GPU stack of the node this pod ran on: a finding, which re-pairing pins on it
+            return runtime_result(a, now, f"StartError, exit {codes[i]}", words,
+                                  str((pod.get("spec") or {}).get("nodeName") or ""))
         if term.get("reason") == "StartError" or codes[i] in TOOL_EXIT:
             image = statuses[0].get("image", "") if statuses else ""
             what = TOOL_EXIT.get(codes[i]) or "the pair container could not start"  # type: ignore[arg-type]

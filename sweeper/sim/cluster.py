@@ -58,6 +58,13 @@ OPERATOR_NS = "gpu-operator"
 # https://docs.nvidia.com/datacenter/cloud-native/gpu-operator/latest/getting-started.html
 OPERANDS = {"device-plugin": "nvidia-device-plugin-daemonset", "gpu-feature-discovery": "gpu-feature-discovery",
             "dcgm": "nvidia-dcgm", "dcgm-exporter": "nvidia-dcgm-exporter"}
+# The standalone chart's device plugin (github.com/NVIDIA/k8s-device-plugin, deployments/helm): a
+# DaemonSet whose pods carry app.kubernetes.io/name=nvidia-device-plugin.
+PLUGIN_NS, PLUGIN_APP = "kube-system", "nvidia-device-plugin"
+# How containerd words a failed prestart hook (NVIDIA/gpu-operator#898): the hook's stderr follows.
+HOOK_FAILED = ("failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create "
+               "failed: unable to start container process: error during container init: error running prestart "
+               "hook #0: exit status 1, stdout: , stderr: Auto-detected mode as 'legacy'\n")
 SHELLS = ("sh", "bash", "ash", "dash")
 # A reference's repository path: lowercase components (the registry host may differ), then a tag or digest.
 # https://github.com/distribution/reference/blob/main/regexp.go
@@ -297,6 +304,8 @@ class SimCluster:
         self._short: set[str] = set()  # nodes whose device plugin holds GPUs back from allocatable
         self._watched: set[str] = set()  # nodes with a lost GPU or XIDs among their faults
         self._with_operands: set[str] = set()  # nodes where the GPU Operator runs its operand pods
+        self._with_plugin: set[str] = set()  # nodes where the standalone device plugin's pod runs
+        self._plugin_started: dict[str, float] = {}  # node -> when its device plugin last restarted
         self._thread: threading.Thread | None = None
         # Pair runs: each gang's outcome per index (when it ends, exit code, log), and how many runs
         # each pair of nodes has had (the seed of the next one's noise).
@@ -367,6 +376,9 @@ class SimCluster:
         if spec.operands:
             self._with_operands.add(spec.name)
             self._operands(now)
+        elif spec.device_plugin_pod and hw["gpus"]:
+            self._with_plugin.add(spec.name)
+            self._plugin_pods(now)
         pool = labels.get("karpenter.sh/nodepool")
         if pool:
             self.store.create("nodeclaims", None, {
@@ -428,6 +440,7 @@ class SimCluster:
             self._machines(now)
             self._device_plugin(now)
             self._operands(now)
+            self._plugin_pods(now)
             self._arrivals(now)
             self._schedule(now)
             self._kubelet(now)
@@ -459,7 +472,9 @@ class SimCluster:
         return self._unhealthy(spec, now) if spec else set()
 
     def _unhealthy(self, spec: NodeSpec, now: float) -> set[int]:
-        f, boot = spec.faults, self._boot(spec.name)
+        # The plugin keeps a GPU's unhealthy mark until it restarts (internal/plugin/server.go: "there
+        # is no way to recover from the Unhealthy state"); a new plugin sees only XIDs after its start.
+        f, boot = spec.faults, max(self._boot(spec.name), self._plugin_started.get(spec.name, 0.0))
         out = set(f.gpu_lost)
         out |= {x["gpu"] for x in f.xids if x["code"] not in DEVICE_PLUGIN_SKIPPED_XIDS
                 and boot <= self.started + x["at"] <= now}
@@ -518,6 +533,30 @@ class SimCluster:
                         "status": {"phase": "Pending"}})
                     self.store.mutate("pods", OPERATOR_NS, pod_name, partial(self._start_pod, now=now))
 
+    def _plugin_pods(self, now: float) -> None:
+        """The standalone device plugin's DaemonSet: a pod on each node that runs it, started again
+        when it is deleted."""
+        for name in list(self._with_plugin):
+            if self.store.peek("nodes", None, name) is None:
+                self._with_plugin.discard(name)
+                continue
+            pod_name = f"{PLUGIN_APP}-{hashlib.sha1(name.encode()).hexdigest()[:5]}"
+            if self.store.peek("pods", PLUGIN_NS, pod_name) is None:
+                self.store.create("pods", PLUGIN_NS, {
+                    "metadata": {"name": pod_name, "labels": {"app.kubernetes.io/name": PLUGIN_APP},
+                                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": PLUGIN_APP,
+                                                      "uid": PLUGIN_APP, "controller": True}]},
+                    "spec": {"nodeName": name, "containers": [{"name": PLUGIN_APP,
+                                                               "image": "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"}],
+                             "tolerations": [{"operator": "Exists"}]},
+                    "status": {"phase": "Pending"}})
+                self.store.mutate("pods", PLUGIN_NS, pod_name, partial(self._start_pod, now=now))
+
+    @staticmethod
+    def is_plugin_pod(pod: dict[str, Any]) -> bool:
+        labels = pod["metadata"].get("labels") or {}
+        return labels.get("app") == OPERANDS["device-plugin"] or labels.get("app.kubernetes.io/name") == PLUGIN_APP
+
     def operand_pods(self, node_name: str) -> list[str]:
         """The GPU Operator's operand pods running on the node (they hold its GPUs open)."""
         apps = set(OPERANDS.values())
@@ -570,9 +609,14 @@ class SimCluster:
                 self.replacements += 1
                 base = old.name.rstrip("0123456789").rstrip("-r") or "node-"
                 fresh = NodeSpec(name=f"{base}-r{self.replacements:02d}", instance_type=old.instance_type,
-                                 zone=old.zone, labels=dict(old.labels), age=0.0, faults=Faults())
+                                 zone=old.zone, labels=dict(old.labels), age=0.0, faults=Faults(),
+                                 device_plugin_pod=old.device_plugin_pod)
                 self.joining.append((now + 600.0, fresh))
         if plural == "pods":
+            node = (obj.get("spec") or {}).get("nodeName")
+            if node in self.specs and self.is_plugin_pod(obj):  # the plugin stops; its next pod starts afresh
+                self._plugin_started[node] = self.clock.now()
+                self._short.add(node)  # the kubelet reports its devices again
             key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
             self._finish.pop(key, None)
             self._pulls.pop(key, None)
@@ -773,12 +817,28 @@ class SimCluster:
         self._finish[key] = self._planned_finish(pod, now)
         self.logs.setdefault(key, "")
         argv = self._argv(pod)
-        if argv and self._lacks(pod, argv[0]):
+        words = self._runtime_error(pod)
+        if words:
+            # NVIDIA's hook (or CDI injection) fails at the OCI runtime's create: StartError, 128.
+            self._terminate(pod, now, 128, "StartError",
+                            words if words.startswith("failed to create") else HOOK_FAILED + words, "")
+        elif argv and self._lacks(pod, argv[0]):
             # containerd cannot exec the entrypoint: the container ends at once with StartError, 128.
             self._terminate(pod, now, 128, "StartError",
                             "failed to create containerd task: failed to create shim task: OCI runtime create "
                             "failed: runc create failed: unable to start container process: exec: "
                             f'"{argv[0]}": executable file not found in $PATH: unknown', "")
+
+    def _runtime_error(self, pod: dict[str, Any]) -> str:
+        """The node's runtime_error fault, for a pod whose container asks for GPUs (a GPU resource or
+        NVIDIA_VISIBLE_DEVICES): NVIDIA's hook acts only on such a container."""
+        spec = self.specs.get(pod["spec"].get("nodeName", ""))
+        if not spec or not spec.faults.runtime_error:
+            return ""
+        visible = self._env(pod).get("NVIDIA_VISIBLE_DEVICES", "")
+        if gpu_request(pod) > 0 or visible not in ("", "void", "none"):
+            return spec.faults.runtime_error
+        return ""
 
     # -- the kubelet's faults of the tool: images, container config, programs ----------------
     def _lacks(self, pod: dict[str, Any], program: str) -> bool:

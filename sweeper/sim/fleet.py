@@ -151,6 +151,10 @@ class Faults:
     gpudirect_off: bool = setting(False, "NCCL falls back to host memory (no GPUDirect RDMA): about a quarter of "
                                   "the pair bandwidth")
     fabric_corrupt: bool = setting(False, "the fabric corrupts data: a pair's all-reduce counts wrong values")
+    runtime_error: str = setting("", "the NVIDIA container stack's words when it cannot start a container that "
+                                 "asks for GPUs (e.g. \"nvidia-container-cli: initialization error: nvml error: "
+                                 "driver/library version mismatch: unknown\"): every such container on the node "
+                                 "fails to start, StartError with exit 128, as containerd reports it")
 
 
 FAULT_KEYS = {f.name for f in fields(Faults)}
@@ -166,6 +170,9 @@ class _NodeGroup(_Strict):
     age: duration_type(ge=0) = 2 * 86400.0  # type: ignore[valid-type]
     gpu_operator: Annotated[bool, Strict()] = True  # false: no GPU feature discovery labels
     operands: Annotated[bool, Strict()] = False  # the GPU Operator's operand pods run on these nodes
+    # The standalone device plugin's DaemonSet pod (kube-system) runs on these nodes (with `operands`,
+    # the operator's pod is the device plugin): deleting it restarts the plugin.
+    device_plugin_pod: Annotated[bool, Strict()] = False
 
 
 class _Workload(_Strict):
@@ -229,6 +236,7 @@ class NodeSpec:
     faults: Faults
     gpu_operator: bool = True  # False: no GPU feature discovery labels (nvidia.com/gpu.present), as on EKS, GKE, AKS
     operands: bool = False  # the GPU Operator's device plugin, GFD, DCGM and dcgm-exporter pods run here
+    device_plugin_pod: bool = False  # the standalone device plugin's pod runs here
 
 
 @dataclass
@@ -283,7 +291,8 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
             fleet.nodes.append(NodeSpec(name=f"{prefix}{i:0{max(2, len(str(group.count)))}d}",
                                         instance_type=group.instance_type, zone=group.zone,
                                         labels=dict(group.labels), age=group.age, faults=Faults(),
-                                        gpu_operator=group.gpu_operator, operands=group.operands))
+                                        gpu_operator=group.gpu_operator, operands=group.operands,
+                                        device_plugin_pod=group.device_plugin_pod))
     registry = spec.registry or _Registry()
     fleet.missing_images = list(registry.missing)
     fleet.image_lacks = {k: list(v) for k, v in registry.lacking.items()}

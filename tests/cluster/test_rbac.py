@@ -41,7 +41,8 @@ def manifest(name: str = "cronjob.yaml") -> list[dict]:
     return [d for d in yaml.safe_load_all((ROOT / "deploy" / name).read_text()) if d]
 
 
-OPTIONAL = ("rbac-karpenter.yaml", "rbac-evictions.yaml")  # applied only with the feature that needs them
+# applied only with the feature that needs them
+OPTIONAL = ("rbac-karpenter.yaml", "rbac-evictions.yaml", "rbac-device-plugin.yaml")
 
 
 def _unused(rules: list, calls: set) -> list:
@@ -56,9 +57,10 @@ def _calls(sim: Sim, start: int, end: int | None = None) -> set:
 
 
 def test_the_cluster_role_is_exactly_what_sweeper_uses(make_sim, history: History, tmp_path: Path) -> None:
-    spec = fleet_spec(nodes=4, faults={"gpu-01": {"remap_failure": [2]}},
+    # gpu-02: an application XID the device plugin marks unhealthy; Sweeper restarts the plugin
+    spec = fleet_spec(nodes=4, faults={"gpu-01": {"remap_failure": [2]}, "gpu-02": {"xids": [{"code": 94, "gpu": 1}]}},
                       workloads=[{"node": "gpu-03", "gpus": 8, "duration": None}], mpi_operator=True)
-    spec["node_groups"][0]["labels"] = {"karpenter.sh/nodepool": "gpu"}
+    spec["node_groups"][0].update(labels={"karpenter.sh/nodepool": "gpu"}, device_plugin_pod=True)
     sim: Sim = make_sim(spec)
     sim.wait_for(lambda: sim.core.list_namespaced_pod("training").items, what="the workload")
     history.run_started("sw-dead", sim.cluster.clock.now() - 7200, "sweep")  # a run that died: reconciled
@@ -74,6 +76,7 @@ def test_the_cluster_role_is_exactly_what_sweeper_uses(make_sim, history: Histor
                   remediation={"default": "manual", "by_pool": {"gpu": "karpenter"}, "by_profile": {}})
     report = run_sweep(sim, history, cfg)
     assert {o.node: o.verdict for o in report.outcomes}["gpu-01"] == "replace"
+    assert {o.node: o.action for o in report.outcomes}["gpu-02"] == "released"
     # a pair sweep between two nodes the run handed back: its headless Service and Indexed Job
     pair = load_all()["run_pair_job"]
     nodes = {n: {"name": n, "gpus": 8, "labels": {"kubernetes.io/hostname": n}, "profile": P5} for n in ("gpu-00", "gpu-02")}
@@ -110,11 +113,21 @@ def test_the_cluster_role_is_exactly_what_sweeper_uses(make_sim, history: Histor
     rules = base + [r for name in OPTIONAL for r in optional[name]]
     denied = sorted((c for c in calls if allowed(rules, *c) is None), key=str)
     assert denied == [], f"calls the RBAC does not allow: {denied}"
-    assert _unused(rules, calls) == [], "RBAC that no call needs"
+    unexercised = {("gpu-operator", ("pods",), "delete"), ("nvidia-device-plugin", ("pods",), "delete")}
+    assert [u for u in _unused(rules, calls) if (u[0], tuple(u[1]), u[2]) not in unexercised] == [], \
+        "RBAC that no call needs"
     # each optional document is needed by its own feature, and the default manifest lacks it
-    feature = {"rbac-karpenter.yaml": _calls(sim, start, swept), "rbac-evictions.yaml": _calls(sim, swept)}
+    feature = {"rbac-karpenter.yaml": _calls(sim, start, swept), "rbac-evictions.yaml": _calls(sim, swept),
+               "rbac-device-plugin.yaml": _calls(sim, start, swept)}
+    # The device plugin's document has one Role per namespace the plugin may run in: each grants
+    # exactly the delete of pods; this fleet's plugin runs in kube-system.
+    assert {(ns, tuple(r["resources"]), tuple(r["verbs"])) for ns, r in optional["rbac-device-plugin.yaml"]} == {
+        (ns, ("pods",), ("delete",)) for ns in ("gpu-operator", "kube-system", "nvidia-device-plugin")}
     for name in OPTIONAL:
-        assert optional[name] and _unused(optional[name], feature[name]) == [], name
+        unused = _unused(optional[name], feature[name])
+        if name == "rbac-device-plugin.yaml":
+            unused = [u for u in unused if u[0] == "kube-system"]
+        assert optional[name] and unused == [], name
         needs = [c for c in feature[name] if allowed(optional[name], *c) is not None]
         assert needs and all(allowed(base, *c) is None for c in needs), f"{name}: the default manifest lacks it"
     # the lock's Lease by its name only: another Lease in the namespace is out of reach
