@@ -50,8 +50,8 @@ PLATFORM_RUNTIME_CLASS = {"generic": "nvidia", "eks": "", "aks": "", "gke": ""}
 # own address), or HOST:PORT.
 _HOSTENGINE = r"^$|^node(:[0-9]{1,5})?$|^[A-Za-z0-9.-]+:[0-9]{1,5}$"
 _NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a Kubernetes DNS-1123 label (namespaces, Lease names)
-WEBHOOK_ENV = "SWEEPER_WEBHOOK_URL"  # the deploy sets it from the optional Secret sweeper-webhook
 _NAME_WORDS = "a DNS-1123 label: lowercase letters, digits and '-'"
+WEBHOOK_ENV = "SWEEPER_WEBHOOK_URL"  # the deploy sets it from the optional Secret sweeper-webhook
 
 
 @functools.cache

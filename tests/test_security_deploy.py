@@ -17,6 +17,7 @@ import yaml
 
 from sweeper.actions import ActionContext
 from sweeper.actions.jobs import render_job
+from sweeper.actions.pair import render_pair
 from sweeper.admission import ACCOUNT, deployed_config, render_policies, shapes
 from sweeper.config import Config
 from sweeper.errors import ConfigError
@@ -219,6 +220,10 @@ def test_every_template_job_passes_the_policy(policies: Policies) -> None:
         ctx = node_ctx(replace(cfg, platform=platform, template_dir=str(ROOT / "job-templates")))
         for t in ("sweeper-check.yaml.j2", "sweeper-light.yaml.j2", "dcgm-diag.yaml.j2", "nccl-allreduce.yaml.j2"):
             assert review_job(policies, render_job(ctx, t, 900, {})) == "", t
+        pair_ctx = replace(ctx, partner={**(ctx.node or {}), "name": "ip-10-0-1-3.ec2.internal",
+                                         "labels": {"kubernetes.io/hostname": "ip-10-0-1-3"}})
+        _, pair_job, _ = render_pair(pair_ctx, "nccl-pair.yaml.j2", 1800, {})
+        assert review_job(policies, pair_job) == "", "the pair check"
         rem = Remediator(None, replace(cfg, platform=platform, template_dir=str(ROOT / "job-templates")), None)
         for t, extra in (("reboot.yaml.j2", {}), ("gpu-reset.yaml.j2", {"gpu_ids": "0"})):
             assert review_job(policies, rem._remediation_job("sw-1", ctx.node or {}, t, extra)) == "", t
