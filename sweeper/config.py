@@ -9,11 +9,14 @@ from the dataclass; the dataclass stays the object the code passes around.
 from __future__ import annotations
 
 import functools
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from sweeper import resources
+from sweeper.errors import ConfigError
 from sweeper.schema import (
     Deferred,
     check,
@@ -48,6 +51,7 @@ PLATFORM_RUNTIME_CLASS = {"generic": "nvidia", "eks": "", "aks": "", "gke": ""}
 _HOSTENGINE = r"^$|^node(:[0-9]{1,5})?$|^[A-Za-z0-9.-]+:[0-9]{1,5}$"
 _NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a Kubernetes DNS-1123 label (namespaces, Lease names)
 _NAME_WORDS = "a DNS-1123 label: lowercase letters, digits and '-'"
+WEBHOOK_ENV = "SWEEPER_WEBHOOK_URL"  # the deploy sets it from the optional Secret sweeper-webhook
 
 
 @functools.cache
@@ -91,8 +95,14 @@ class Config:
     from this). Bounds: durations a sweep waits on must be > 0 (a zero timeout ends every check before
     it starts); windows and ages may be 0 where 0 means "none"; percents are 0..100."""
 
-    namespace: str = setting("sweeper", "namespace of the Jobs, Events and the Lease", pattern=_NAME,
-                             allowed=_NAME_WORDS)
+    namespace: str = setting("sweeper", "the controller's namespace: its Lease, control ConfigMap and Events",
+                             pattern=_NAME, allowed=_NAME_WORDS)
+    check_namespace: str = setting("sweeper-checks", "namespace of the check Jobs (and a pair's Service), at the Pod "
+                                   "Security level they need (docs/security.md)", pattern=_NAME, allowed=_NAME_WORDS)
+    remediation_namespace: str = setting("sweeper-remediation", "namespace of the reboot and GPU reset Jobs",
+                                         pattern=_NAME, allowed=_NAME_WORDS)
+    remediation_service_account: str = setting("sweeper-remediation", "service account of the reboot and GPU reset "
+                                               "Jobs (no RBAC, no token mounted)", pattern=_NAME, allowed=_NAME_WORDS)
     prefix: str = setting("sweeper.dev", "prefix of Sweeper's taint, labels and annotations", min_length=1)
     gpu_node_selector: str = setting("", "optional label selector narrowing the GPU nodes, which are found by capacity")
     gpu_resources: tuple[str, ...] = setting(("nvidia.com/gpu", "amd.com/gpu"), "resources that make a pod a GPU pod")
@@ -181,7 +191,10 @@ class Config:
                                       duration=True, ge=0)
     asg_action: str = setting("set-unhealthy", "what the asg provider does", choices=("set-unhealthy", "terminate"))
     aws_region: str = setting("", "else from the node's providerID zone")
-    webhook_url: str = setting("", "Slack-compatible JSON on holds and replacements")
+    webhook_url: str = setting("", "Slack-compatible JSON on holds and replacements; a credential: prefer "
+                               "webhook_url_file or $SWEEPER_WEBHOOK_URL, from a Secret")
+    webhook_url_file: str = setting("", "a file holding the webhook URL (a mounted Secret's key); "
+                                    "$SWEEPER_WEBHOOK_URL wins over it, and it over webhook_url")
     webhook_attempts: int = setting(4, "tries of one webhook post", ge=1)
     pushgateway_url: str = setting("", "`sweeper sweep` pushes its metrics here when set")
     node_condition: bool = setting(False, "set the GpuSweepHealthy node condition")
@@ -212,6 +225,19 @@ class Config:
     def runtime_class_name(self) -> str:
         """The runtimeClassName check Jobs carry ("" for none)."""
         return PLATFORM_RUNTIME_CLASS[self.platform] if self.runtime_class == "auto" else self.runtime_class
+
+    def webhook(self, environ: Mapping[str, str] | None = None) -> str:
+        """The webhook URL: $SWEEPER_WEBHOOK_URL, else webhook_url_file's content, else webhook_url. A
+        named file that cannot be read is a ConfigError, never a silent "no webhook"."""
+        env = os.environ if environ is None else environ
+        if env.get(WEBHOOK_ENV, "").strip():
+            return env[WEBHOOK_ENV].strip()
+        if self.webhook_url_file:
+            try:
+                return Path(self.webhook_url_file).read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"webhook_url_file: cannot read {self.webhook_url_file}: {exc.strerror}") from exc
+        return self.webhook_url
 
     def dcgm_level_for(self, node: dict[str, Any] | None) -> int:
         """The DCGM level of a node's runs: the config's (or its schedule's), else its profile's, else 2."""

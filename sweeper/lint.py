@@ -169,7 +169,8 @@ def lint_template(path: Path, cfg: Config) -> list[str]:
     except TemplateSyntaxError as exc:
         return [f"{path}:{exc.lineno}: template syntax error: {exc.message}"]
     ctx = ActionContext(config=Config(template_dir=str(path.parent), check_image=cfg.check_image,
-                                      namespace=cfg.namespace, prefix=cfg.prefix),
+                                      namespace=cfg.namespace, check_namespace=cfg.check_namespace,
+                                      prefix=cfg.prefix),
                         node=SAMPLE_NODE, partner=SAMPLE_PARTNER, run_id="sw-lint-0000")
     try:
         if "pair_affinity" in text:  # a pair template: a Service, then a Job; or an MPIJob

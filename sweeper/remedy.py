@@ -179,18 +179,28 @@ class Remediator:
     def _context(self, run_id: str, node_vars: dict[str, Any]) -> ActionContext:
         return ActionContext(config=self.cfg, clock=self.clock, kube=self.kube, node=node_vars, run_id=run_id)
 
+    def _remediation_job(self, run_id: str, node_vars: dict[str, Any], template: str,
+                         extra: dict[str, Any]) -> dict[str, Any]:
+        """A reboot or GPU reset Job: in its own namespace (remediation_namespace, apart from the
+        check Jobs'), under its own service account, which has no RBAC and no token mounted."""
+        ns = self.cfg.remediation_namespace
+        job = render_job(self._context(run_id, node_vars), template, 600, {**extra, "namespace": ns})
+        job["metadata"]["namespace"] = ns
+        job["spec"]["template"]["spec"]["serviceAccountName"] = self.cfg.remediation_service_account
+        return job
+
     def reboot(self, run_id: str, view: NodeView, node_vars: dict[str, Any]) -> Remedy:
-        job = render_job(self._context(run_id, node_vars), self.cfg.reboot_template, 600, {})
+        job = self._remediation_job(run_id, node_vars, self.cfg.reboot_template, {})
         if self.dry_run:
             return Remedy("reboot", "would-reboot", f"would run {job['metadata']['name']}", dry_run=True)
         self._mark(view.name, "reboot", view.boot_id, recheck=True)
-        self.kube.create_job(self.cfg.namespace, job)
+        self.kube.create_job(self.cfg.remediation_namespace, job)
         return Remedy("reboot", "reboot-started", f"Job {job['metadata']['name']} reboots the node; it is "
                       "checked again when it is back")
 
     def gpu_reset(self, run_id: str, view: NodeView, node_vars: dict[str, Any], gpus: list[int]) -> Remedy:
         ids = ",".join(str(g) for g in sorted(gpus))
-        job = render_job(self._context(run_id, node_vars), self.cfg.gpu_reset_template, 600, {"gpu_ids": ids})
+        job = self._remediation_job(run_id, node_vars, self.cfg.gpu_reset_template, {"gpu_ids": ids})
         name = job["metadata"]["name"]
         operator_node = any(k.startswith(DEPLOY_LABEL) for k in view.labels)
         # label -> its value now (None: absent), to be put back as it was
@@ -207,10 +217,10 @@ class Remediator:
                 if holders:
                     self.log(f"GPU reset: {', '.join(holders)} still on the node: rebooting instead")
                     return self.reboot(run_id + "-r", view, node_vars)
-            self.kube.create_job(self.cfg.namespace, job)
+            self.kube.create_job(self.cfg.remediation_namespace, job)
             status = self._wait_job(name, 600)
             try:
-                self.kube.delete_job(self.cfg.namespace, name)
+                self.kube.delete_job(self.cfg.remediation_namespace, name)
             except KubeError:
                 pass
         finally:
@@ -243,7 +253,7 @@ class Remediator:
         deadline = self.clock.now() + timeout
         while self.clock.now() < deadline and not self.cancelled():
             try:
-                job = self.kube.get_job(self.cfg.namespace, name)
+                job = self.kube.get_job(self.cfg.remediation_namespace, name)
             except NotFound:
                 return "Lost"
             for c in (job.get("status") or {}).get("conditions") or []:

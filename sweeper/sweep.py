@@ -175,7 +175,8 @@ class Sweep:
         self.remediator = Remediator(kube, config, self.clock, dry_run=dry_run,
                                      log=lambda m: self.emit("log", {"node": "-", "msg": m}),
                                      cancelled=self.cancelled)
-        self.webhook = Webhook(config.webhook_url, config.webhook_attempts) if config.webhook_url else None
+        url = config.webhook()
+        self.webhook = Webhook(url, config.webhook_attempts) if url else None
         self.remedies: list[Remedy] = []
         self.failed_checks: dict[str, int] = {}
         self._tool_faults: dict[str, str] = {}  # node -> the fault of the check seen in its results
@@ -353,7 +354,7 @@ class Sweep:
             self.controls.kube = controls_kube.fenced(self.lock.fence)  # the switches it writes are fenced too
             self.rec = cast(Recorder, FencedRecorder(rec, self.lock.fence))
         # The run's check Jobs and their pods, listed once and then watched, for every run_job of the run.
-        self.jobwatch = RunWatch(self.kube, self.cfg.namespace, f"{self.cfg.prefix}/run-id={run_id}", self.clock,
+        self.jobwatch = RunWatch(self.kube, self.cfg.check_namespace, f"{self.cfg.prefix}/run-id={run_id}", self.clock,
                                  self.cfg.poll_interval, log=lambda m: self.emit("log", {"node": "-", "msg": m}))
         try:
             return self._run(run_id, start, requests_before, rec)
@@ -656,29 +657,31 @@ class Sweep:
         for old in dead:
             self.rec.run_finished(old, now, "crashed", 0, {"reconciled_by": run_id})
         cut = {(r["run_id"], r["node"]) for r in self.close_open_sweeps(run_id, now) if not r["proven"]}
-        for job in self.kube.list_jobs(self.cfg.namespace, "app.kubernetes.io/managed-by=sweeper"):
-            owner = (job["metadata"].get("labels") or {}).get(f"{self.cfg.prefix}/run-id", "")
-            if owner != run_id:
-                self.kube.delete_job(self.cfg.namespace, job["metadata"]["name"])
-                done.append({"job": job["metadata"]["name"], "action": "deleted", "why": f"left by run {owner}"})
+        # Check Jobs, and the reboot / GPU reset Jobs in their own namespace.
+        for ns in dict.fromkeys((self.cfg.check_namespace, self.cfg.remediation_namespace)):
+            for job in self.kube.list_jobs(ns, "app.kubernetes.io/managed-by=sweeper"):
+                owner = (job["metadata"].get("labels") or {}).get(f"{self.cfg.prefix}/run-id", "")
+                if owner != run_id:
+                    self.kube.delete_job(ns, job["metadata"]["name"])
+                    done.append({"job": job["metadata"]["name"], "action": "deleted", "why": f"left by run {owner}"})
         # A pair sweep's headless Service outlives a run killed between its create and its delete.
-        for svc in self.kube.list_services(self.cfg.namespace,
+        for svc in self.kube.list_services(self.cfg.check_namespace,
                                            "app.kubernetes.io/managed-by=sweeper,app.kubernetes.io/component=pair"):
             owner = (svc["metadata"].get("labels") or {}).get(f"{self.cfg.prefix}/run-id", "")
             if owner != run_id:
-                self.kube.delete_service(self.cfg.namespace, svc["metadata"]["name"])
+                self.kube.delete_service(self.cfg.check_namespace, svc["metadata"]["name"])
                 done.append({"service": svc["metadata"]["name"], "action": "deleted", "why": f"left by run {owner}"})
         # And the MPIJob form's MPIJob (deleting it deletes what the MPI Operator made for it); a
         # cluster without the operator does not serve mpijobs at all (kube.NotServed, a NotFound):
         # nothing of the kind to find.
         try:
-            mpijobs = self.kube.list_mpijobs(self.cfg.namespace, "app.kubernetes.io/managed-by=sweeper")
+            mpijobs = self.kube.list_mpijobs(self.cfg.check_namespace, "app.kubernetes.io/managed-by=sweeper")
         except NotFound:
             mpijobs = []
         for mj in mpijobs:
             owner = (mj["metadata"].get("labels") or {}).get(f"{self.cfg.prefix}/run-id", "")
             if owner != run_id:
-                self.kube.delete_mpijob(self.cfg.namespace, mj["metadata"]["name"])
+                self.kube.delete_mpijob(self.cfg.check_namespace, mj["metadata"]["name"])
                 done.append({"mpijob": mj["metadata"]["name"], "action": "deleted", "why": f"left by run {owner}"})
         untainted = []
         for obj in self.kube.list_nodes(self.cfg.gpu_node_selector, page_size=self.cfg.page_size):

@@ -23,9 +23,9 @@ def docs_of(name: str) -> list[dict]:
 def test_cronjob_manifest_validates_and_its_config_loads(tmp_path: Path) -> None:
     docs = docs_of("cronjob.yaml")
     kinds = [d["kind"] for d in docs]
-    assert kinds == ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-                     "Role", "RoleBinding", "ConfigMap", "PersistentVolumeClaim", "CronJob", "Deployment"] \
-        + ["ConfigMap"] * 4
+    assert kinds == ["Namespace"] * 3 + ["ServiceAccount"] * 2 + ["ClusterRole", "ClusterRoleBinding"] \
+        + ["Role", "RoleBinding"] * 4 + ["ConfigMap", "PersistentVolumeClaim", "CronJob", "Deployment",
+                                         "NetworkPolicy"] + ["ConfigMap"] * 4
     for d in docs:
         kubernetes_validate.validate(d, K8S, strict=True)
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
@@ -46,7 +46,8 @@ def test_cronjob_manifest_validates_and_its_config_loads(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("name", ["cronjob.yaml", "serve/serve.yaml", "rbac-evictions.yaml",
-                                  "rbac-karpenter.yaml", "rbac-device-plugin.yaml", "eks/storageclass-gp3.yaml"])
+                                  "rbac-karpenter.yaml", "rbac-device-plugin.yaml", "eks/storageclass-gp3.yaml",
+                                  "admission-policy.yaml"])
 def test_every_manifest_validates(name: str) -> None:
     docs = docs_of(name)
     assert docs
@@ -54,15 +55,18 @@ def test_every_manifest_validates(name: str) -> None:
         kubernetes_validate.validate(d, K8S, strict=True)
 
 
-def test_the_namespace_admits_the_check_jobs() -> None:
-    """Check Jobs mount host paths, run as root with capabilities, and reboot / GPU reset are privileged:
-    only the `privileged` Pod Security level admits them, so a cluster whose default is baseline or
-    restricted would refuse every check pod
+def test_the_job_namespaces_admit_the_check_jobs() -> None:
+    """The node check mounts host paths and reboot / GPU reset are privileged: only the `privileged`
+    Pod Security level admits them, so their namespaces say so, or a cluster whose default is
+    baseline or restricted would refuse every check pod; the controller's own namespace is
+    `restricted` (tests/test_security_deploy.py)
     (https://kubernetes.io/docs/concepts/security/pod-security-standards/,
     https://kubernetes.io/docs/concepts/security/pod-security-admission/)."""
     for name in ("cronjob.yaml", "serve/serve.yaml"):
-        ns = next(d for d in docs_of(name) if d["kind"] == "Namespace")
-        assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+        levels = {d["metadata"]["name"]: d["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
+                  for d in docs_of(name) if d["kind"] == "Namespace"}
+        assert levels == {"sweeper": "restricted", "sweeper-checks": "privileged",
+                          "sweeper-remediation": "privileged"}
 
 
 def test_the_controller_is_never_disrupted_and_runs_beside_system_pods() -> None:
@@ -133,7 +137,7 @@ def test_the_serve_pod_listens_where_its_probes_and_service_reach_it() -> None:
     """`sweeper serve` listens on 127.0.0.1 unless told; the kubelet's httpGet probes go to the pod's
     IP (https://kubernetes.io/docs/tasks/configure-pod-container/configure-liveness-readiness-startup-probes/#http-probes:
     "host: Host name to connect to, defaults to the pod IP"), as does the Service, so the Deployment's
-    command must name every address. Its own option parser reads the manifest's command."""
+    command names the pod IP (never 0.0.0.0). Its own option parser reads the manifest's command."""
     from sweeper.cli import main
 
     for name in ("serve/serve.yaml", "cronjob.yaml"):
@@ -143,7 +147,11 @@ def test_the_serve_pod_listens_where_its_probes_and_service_reach_it() -> None:
         command = container["command"]
         serve = main.get_command(None, command[1])  # type: ignore[arg-type]
         ctx = serve.make_context("serve", list(command[2:]))
-        assert ctx.params["address"] == "0.0.0.0" and ctx.params["port"] == 8080, (name, command)
+        assert ctx.params["address"] == "$(POD_IP)" and ctx.params["port"] == 8080, (name, command)
+        # the kubelet expands $(POD_IP) from the container's env, here the downward API's pod IP
+        # (https://kubernetes.io/docs/tasks/inject-data-application/define-command-argument-container/#use-environment-variables-to-define-arguments)
+        env = {e["name"]: e for e in container["env"]}
+        assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
 
 
 def controller_pods_of(docs: list[dict]) -> list[tuple[dict, dict]]:

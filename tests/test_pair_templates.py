@@ -172,7 +172,7 @@ def test_the_mpijob_is_the_mpi_operators_v2beta1() -> None:
     args = launcher["spec"]["containers"][0]["args"]
     assert args[args.index("-np") + 1] == "16" and "ppr:8:node" in args
     # the operator's worker DNS name: <name>-worker-<i>.<name>-worker.<namespace>.svc (its hostfile's)
-    assert f"MASTER_ADDR={name}-worker-0.{name}-worker.sweeper.svc" in args
+    assert f"MASTER_ADDR={name}-worker-0.{name}-worker.sweeper-checks.svc" in args
     assert not {k for k in launcher["spec"]["containers"][0]["resources"]["requests"] if "/" in k}, \
         "the launcher requests no GPU or fabric device"
 

@@ -92,7 +92,7 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
     labels = {"app.kubernetes.io/managed-by": "sweeper", "app.kubernetes.io/component": "check",
               f"{ctx.config.prefix}/run-id": ctx.run_id, f"{ctx.config.prefix}/node": node.get("name", "")}
     variables = {
-        "node": node, "run_id": ctx.run_id, "job_name": name, "namespace": ctx.config.namespace,
+        "node": node, "run_id": ctx.run_id, "job_name": name, "namespace": ctx.config.check_namespace,
         "image": ctx.config.check_image, "taint_key": ctx.config.taint_key, "prefix": ctx.config.prefix,
         "timeout": int(timeout), "ttl": int(ctx.config.job_ttl), "labels": labels,
         # The parts that keep a check Job safe are built here, not left to each template.
@@ -225,7 +225,7 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
         raise PlaybookError("run_job needs a cluster and a target node (--node)")
     timeout = parse_duration(args["timeout"])
     job = render_job(ctx, args["template"], timeout, args["vars"] or {})
-    namespace = job.get("metadata", {}).get("namespace") or ctx.config.namespace
+    namespace = job.get("metadata", {}).get("namespace") or ctx.config.check_namespace
     name = job["metadata"]["name"]
     watch, own = _watch_for(ctx, namespace)
     changed = watch.changed(name)  # before the create: no change of the Job can be missed

@@ -78,7 +78,7 @@ def pair_variables(ctx: ActionContext, template: str, timeout: float, extra: dic
     profile = node.get("profile") or {}
     return {
         "node": node, "partner": partner, "run_id": ctx.run_id, "job_name": name, "service_name": name,
-        "namespace": ctx.config.namespace, "image": ctx.config.check_image, "taint_key": ctx.config.taint_key,
+        "namespace": ctx.config.check_namespace, "image": ctx.config.check_image, "taint_key": ctx.config.taint_key,
         "prefix": prefix, "timeout": int(timeout), "ttl": int(ctx.config.job_ttl), "labels": labels,
         # One pod on each of the two nodes, through the scheduler: node affinity on both hostnames,
         # and a required anti-affinity against the other pod of this pair on the same hostname.
@@ -255,7 +255,7 @@ def run_pair_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     service, job, _ = render_pair(ctx, args["template"], timeout, args["vars"] or {})
     if service is None:
         return run_mpijob(ctx, args, job, timeout)
-    namespace = job.get("metadata", {}).get("namespace") or ctx.config.namespace
+    namespace = job.get("metadata", {}).get("namespace") or ctx.config.check_namespace
     name = job["metadata"]["name"]
     watch, own = _watch_for(ctx, namespace)
     changed = watch.changed(name)  # before the create: no change of the Job can be missed
@@ -473,7 +473,7 @@ NO_OPERATOR = ("the MPI Operator is not installed: this cluster does not serve k
 def run_mpijob(ctx: ActionContext, args: dict[str, Any], job: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Create the MPIJob, follow its conditions by polling, read the launcher's log, and always delete it."""
     assert ctx.kube is not None
-    namespace = job["metadata"].get("namespace") or ctx.config.namespace
+    namespace = job["metadata"].get("namespace") or ctx.config.check_namespace
     name = job["metadata"]["name"]
     a = str((ctx.node or {}).get("name", ""))
     result: Result | None = None

@@ -51,6 +51,9 @@ TRAINING_NS = "training"
 DEVICE_PLUGIN_SKIPPED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 POD_SECURITY = "pod-security.kubernetes.io/enforce"
+# Where Sweeper's check Jobs and its reboot / GPU reset Jobs run by default (the config's
+# check_namespace and remediation_namespace; deploy/base.yaml makes both).
+JOB_NAMESPACES = ("sweeper-checks", "sweeper-remediation")
 OPERATOR_NS = "gpu-operator"
 # The GPU Operator's operands that hold the GPUs open, by their deploy label's suffix and their pods'
 # `app` label. The operator schedules each on the nodes whose nvidia.com/gpu.deploy.<operand> label is
@@ -91,11 +94,13 @@ def _quoted(names: list[str]) -> str:
     return ", ".join(f'"{n}"' for n in names)
 
 
-def pod_security_violations(pod: dict[str, Any]) -> list[str]:
-    """The baseline Pod Security Standard's checks that a pod violates, in the apiserver's words
-    and order (check id order: hostNamespaces, hostPathVolumes, privileged). The restricted
-    level's own extra checks are not simulated.
-    https://kubernetes.io/docs/concepts/security/pod-security-standards/#baseline"""
+def pod_security_violations(pod: dict[str, Any], level: str = "baseline") -> list[str]:
+    """The Pod Security Standard's checks that a pod violates at `level`, in the apiserver's words
+    and order: the baseline's host namespaces, hostPath volumes and privileged containers, then, at
+    restricted, its volume types, privilege escalation, capabilities, non-root and seccomp checks.
+    The baseline's other checks (capabilities beyond its default set, host ports, AppArmor, SELinux,
+    /proc mount, sysctls) are not simulated.
+    https://kubernetes.io/docs/concepts/security/pod-security-standards/"""
     spec = pod.get("spec") or {}
     out = []
     hosts = [f"{k}=true" for k in ("hostNetwork", "hostPID", "hostIPC") if spec.get(k)]
@@ -104,11 +109,50 @@ def pod_security_violations(pod: dict[str, Any]) -> list[str]:
     paths = [v.get("name", "") for v in spec.get("volumes") or [] if "hostPath" in v]
     if paths:
         out.append(f"hostPath volumes ({'volume' if len(paths) == 1 else 'volumes'} {_quoted(paths)})")
-    priv = [c.get("name", "") for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])
-            if ((c.get("securityContext") or {}).get("privileged"))]
+    containers = (spec.get("initContainers") or []) + (spec.get("containers") or [])
+    priv = [c.get("name", "") for c in containers if ((c.get("securityContext") or {}).get("privileged"))]
     if priv:
         out.append(f"privileged ({'container' if len(priv) == 1 else 'containers'} {_quoted(priv)} "
                    "must not set securityContext.privileged=true)")
+    if level == "restricted":
+        out += _restricted_violations(spec, containers)
+    return out
+
+
+RESTRICTED_VOLUMES = ("configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                      "projected", "secret")
+
+
+def _restricted_violations(spec: dict[str, Any], containers: list[dict[str, Any]]) -> list[str]:
+    """The restricted level's own checks (pod-security-admission's restricted policy: volume types,
+    allowPrivilegeEscalation, capabilities drop ALL, runAsNonRoot, seccompProfile)."""
+    def plural(names: list[str], prefix: str = "") -> str:
+        return f"{prefix}{'container' if len(names) == 1 else 'containers'} {_quoted(names)}"
+    out = []
+    bad_vols = [(v.get("name", ""), next(k for k in v if k != "name")) for v in spec.get("volumes") or []
+                if len(v) > 1 and not any(k in v for k in RESTRICTED_VOLUMES)]
+    if bad_vols:
+        out.append("restricted volume types (" + ", ".join(f'volume "{n}" uses restricted volume type "{t}"'
+                                                          for n, t in bad_vols) + ")")
+    psc = spec.get("securityContext") or {}
+    esc = [c.get("name", "") for c in containers if (c.get("securityContext") or {}).get("allowPrivilegeEscalation") is not False]
+    if esc:
+        out.append(f"allowPrivilegeEscalation != false ({plural(esc)} must set "
+                   "securityContext.allowPrivilegeEscalation=false)")
+    caps = [c.get("name", "") for c in containers
+            if "ALL" not in (((c.get("securityContext") or {}).get("capabilities") or {}).get("drop") or [])]
+    if caps:
+        out.append(f'unrestricted capabilities ({plural(caps)} must set securityContext.capabilities.drop=["ALL"])')
+    root = [c.get("name", "") for c in containers
+            if (c.get("securityContext") or {}).get("runAsNonRoot", psc.get("runAsNonRoot")) is not True]
+    if root:
+        out.append(f"runAsNonRoot != true ({plural(root, 'pod or ')} must set securityContext.runAsNonRoot=true)")
+    seccomp = [c.get("name", "") for c in containers
+               if (((c.get("securityContext") or {}).get("seccompProfile") or psc.get("seccompProfile") or {})
+                   .get("type")) not in ("RuntimeDefault", "Localhost")]
+    if seccomp:
+        out.append(f"seccompProfile ({plural(seccomp, 'pod or ')} must set securityContext.seccompProfile.type "
+                   'to "RuntimeDefault" or "Localhost")')
     return out
 
 
@@ -316,7 +360,8 @@ class SimCluster:
 
     # -- set-up ------------------------------------------------------------
     def _bootstrap(self) -> None:
-        for ns in ("default", "kube-system", "kube-node-lease", TRAINING_NS, self.fleet.namespace):
+        for ns in dict.fromkeys(("default", "kube-system", "kube-node-lease", TRAINING_NS, self.fleet.namespace,
+                                 *JOB_NAMESPACES)):
             self.store.create("namespaces", None, {"metadata": {"name": ns}, "spec": {"finalizers": ["kubernetes"]},
                                                    "status": {"phase": "Active"}})
         for rc in self.fleet.runtime_classes:  # as the GPU Operator registers NVIDIA's runtime
@@ -1681,7 +1726,7 @@ class SimCluster:
         level = labels.get(POD_SECURITY, "privileged")
         if level in ("baseline", "restricted"):
             version = labels.get(f"{POD_SECURITY}-version", "latest")
-            bad = pod_security_violations(pod)
+            bad = pod_security_violations(pod, level)
             if bad:
                 return f'{what}: violates PodSecurity "{level}:{version}": {", ".join(bad)}'
         return ""

@@ -47,8 +47,8 @@ def run_pair(sim: Sim, a: str = "gpu-00", b: str = "gpu-01", cfg: Config = TEST_
 
 
 def leftovers(sim: Sim) -> tuple[list[str], list[str]]:
-    jobs = [j.metadata.name for j in sim.batch.list_namespaced_job(TEST_CONFIG.namespace).items]
-    services = [s.metadata.name for s in sim.core.list_namespaced_service(TEST_CONFIG.namespace).items]
+    jobs = [j.metadata.name for j in sim.batch.list_namespaced_job(TEST_CONFIG.check_namespace).items]
+    services = [s.metadata.name for s in sim.core.list_namespaced_service(TEST_CONFIG.check_namespace).items]
     return jobs, services
 
 
@@ -114,7 +114,7 @@ def test_reconcile_deletes_the_service_a_dead_run_left(make_sim: Callable[..., S
     labels = {"app.kubernetes.io/managed-by": "sweeper", "app.kubernetes.io/component": "pair",
               "sweeper.dev/run-id": "sw-dead"}
     for name, extra in (("sweep-pair-gpu-00-dead00", labels), ("someone-elses", {"app": "web"})):
-        sim.core.create_namespaced_service(TEST_CONFIG.namespace, {
+        sim.core.create_namespaced_service(TEST_CONFIG.check_namespace, {
             "metadata": {"name": name, "labels": extra}, "spec": {"clusterIP": "None", "ports": [{"port": 29500}]}})
     report = run_sweep(sim, history)
     assert leftovers(sim)[1] == ["someone-elses"]

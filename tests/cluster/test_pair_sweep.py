@@ -85,7 +85,7 @@ def test_a_pair_passes_and_both_nodes_go_back(make_sim, history: History) -> Non
         names = {r["name"] for r in history.db.query("select name from checks where sweep_id = ?", [sweep_id])}
         assert {"pair.nccl", "pair.mtu"} <= names, node
     assert tainted(sim) == set() and services_left(sim) == []
-    assert sim.batch.list_namespaced_job("sweeper").items == []
+    assert sim.batch.list_namespaced_job("sweeper-checks").items == []
 
 
 def test_node_sweeps_and_pair_sweeps_keep_their_own_cadence(make_sim, history: History) -> None:
@@ -125,7 +125,7 @@ def test_a_degraded_link_is_named_through_re_pairing(make_sim, history: History)
     assert any("pair.nccl" in r for r in reasons) and f"failed again with known-good partner {repairs['gpu-00'][1]}" \
         in reasons
     assert tainted(sim) == {"gpu-00"} and services_left(sim) == []
-    assert sim.batch.list_namespaced_job("sweeper").items == []
+    assert sim.batch.list_namespaced_job("sweeper-checks").items == []
 
 
 def test_the_engine_re_pairs_a_failed_pair_and_names_the_culprit(make_sim, history: History, tmp_path: Path) -> None:
@@ -146,7 +146,7 @@ def test_the_engine_re_pairs_a_failed_pair_and_names_the_culprit(make_sim, histo
     rows = history.node_history("gpu-01")["sweeps"]
     assert [(r["verdict"], r["kind"]) for r in rows][:2] == [("pass", "pair"), ("inconclusive", "pair")]
     assert rows[1]["reasons"][0].startswith("pair with gpu-00 failed: xid")
-    assert sim.batch.list_namespaced_job("sweeper").items == []
+    assert sim.batch.list_namespaced_job("sweeper-checks").items == []
 
 
 def test_no_known_good_partner_sends_both_back_inconclusive(make_sim, history: History) -> None:
@@ -171,7 +171,7 @@ def test_a_raced_pair_disturbs_no_pod_and_hands_both_back(make_sim, history: His
     pods = running_pods_on(sim.cluster, "gpu-01")
     assert len(pods) == 1 and pods[0]["metadata"]["namespace"] == "training", "the workload runs on, untouched"
     assert tainted(sim) == set()
-    assert sim.batch.list_namespaced_job("sweeper").items == [] and services_left(sim) == [] and pairs(history) == []
+    assert sim.batch.list_namespaced_job("sweeper-checks").items == [] and services_left(sim) == [] and pairs(history) == []
     assert history.db.execute("select count(*) from node_sweeps").fetchone()[0] == 0
 
 
@@ -293,7 +293,7 @@ def test_sigkill_at_every_step_of_a_pair_sweep(make_sim, tmp_path: Path, stage: 
     again = subprocess.run(_sweep_cmd(sim.kubeconfig, state, cfg), capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
     assert set(tainted(sim)) <= {"gpu-00"}, f"only the degraded node may stay held: {tainted(sim)}"
-    assert sim.batch.list_namespaced_job("sweeper").items == []
+    assert sim.batch.list_namespaced_job("sweeper-checks").items == []
     assert services_left(sim) == []
     h = History(state)
     try:

@@ -32,7 +32,7 @@ def test_dcgm_sweep_finds_what_dcgm_finds(make_sim, history: History) -> None:
         assert not sim.core.read_node(node).spec.taints
     checks = {r["name"] for r in history.db.query("select distinct name from checks where node = 'gpu-00'")}
     assert {"dcgm.software", "dcgm.pcie", "dcgm.memory", "gpu.count", "xid"} <= checks
-    assert sim.batch.list_namespaced_job("sweeper").items == []
+    assert sim.batch.list_namespaced_job("sweeper-checks").items == []
 
 
 def test_deep_quarantine_flags_low_nccl_bandwidth(make_sim, tmp_path: Path) -> None:

@@ -58,25 +58,28 @@ def _calls(sim: Sim, start: int, end: int | None = None) -> set:
 
 def test_the_cluster_role_is_exactly_what_sweeper_uses(make_sim, history: History, tmp_path: Path) -> None:
     # gpu-02: an application XID the device plugin marks unhealthy; Sweeper restarts the plugin
-    spec = fleet_spec(nodes=4, faults={"gpu-01": {"remap_failure": [2]}, "gpu-02": {"xids": [{"code": 94, "gpu": 1}]}},
+    spec = fleet_spec(nodes=5, faults={"gpu-01": {"remap_failure": [2]}, "gpu-02": {"xids": [{"code": 94, "gpu": 1}]},
+                                             "gpu-04": {"remap_pending": [5]}},
                       workloads=[{"node": "gpu-03", "gpus": 8, "duration": None}], mpi_operator=True)
     spec["node_groups"][0].update(labels={"karpenter.sh/nodepool": "gpu"}, device_plugin_pod=True)
     sim: Sim = make_sim(spec)
     sim.wait_for(lambda: sim.core.list_namespaced_pod("training").items, what="the workload")
     history.run_started("sw-dead", sim.cluster.clock.now() - 7200, "sweep")  # a run that died: reconciled
-    sim.core.create_namespaced_service("sweeper", {  # its pair sweep's Service, left behind
+    sim.core.create_namespaced_service("sweeper-checks", {  # its pair sweep's Service, left behind
         "metadata": {"name": "sweep-pair-gpu-00-dead00", "labels": {
             "app.kubernetes.io/managed-by": "sweeper", "app.kubernetes.io/component": "pair",
             "sweeper.dev/run-id": "sw-dead"}}, "spec": {"clusterIP": "None", "ports": [{"port": 29500}]}})
-    sim.kube.create_mpijob("sweeper", {  # and the MPIJob of its pair sweep's MPIJob form
+    sim.kube.create_mpijob("sweeper-checks", {  # and the MPIJob of its pair sweep's MPIJob form
         "apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": "pair-mpi-dead00", "labels": {
             "app.kubernetes.io/managed-by": "sweeper", "sweeper.dev/run-id": "sw-dead"}}, "spec": {}})
     start = len(sim.cluster.store.requests)
-    cfg = replace(TEST_CONFIG, node_condition=True, light_playbook="",
+    cfg = replace(TEST_CONFIG, node_condition=True, light_playbook="", remediate_reboots=True,
                   remediation={"default": "manual", "by_pool": {"gpu": "karpenter"}, "by_profile": {}})
     report = run_sweep(sim, history, cfg)
     assert {o.node: o.verdict for o in report.outcomes}["gpu-01"] == "replace"
     assert {o.node: o.action for o in report.outcomes}["gpu-02"] == "released"
+    # a GPU reset, in the remediation namespace, under its own account
+    assert sim.core.read_node("gpu-04").metadata.annotations["sweeper.dev/remediation"] == "gpu-reset"
     # a pair sweep between two nodes the run handed back: its headless Service and Indexed Job
     pair = load_all()["run_pair_job"]
     nodes = {n: {"name": n, "gpus": 8, "labels": {"kubernetes.io/hostname": n}, "profile": P5} for n in ("gpu-00", "gpu-02")}
@@ -103,7 +106,7 @@ def test_the_cluster_role_is_exactly_what_sweeper_uses(make_sim, history: Histor
     # a check pod refused at creation (Pod Security): its Job's FailedCreate Event is listed, and the
     # run that stops on the repeated tool error says so in an Event on its Lease
     admin = len(sim.cluster.store.requests)  # the cluster admin labels the namespace: not Sweeper's call
-    sim.core.patch_namespace("sweeper", {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "baseline"}}})
+    sim.core.patch_namespace("sweeper-checks", {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "baseline"}}})
     labelled = len(sim.cluster.store.requests)
     refused = run_sweep(sim, history, replace(cfg, interval=1, tool_error_limit=1))
     assert "refused at creation" in refused.tool_stop, refused.outcomes
@@ -188,7 +191,10 @@ def test_the_cronjob_pod_sweeps_from_inside_the_cluster(tmp_path: Path) -> None:
         argv = [a.replace("/etc/sweeper", f"{root}/etc/sweeper").replace("/var/lib/sweeper", f"{root}/var/lib/sweeper")
                 for a in container["command"][1:] + container.get("args", [])]
         env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "SWEEPER_STATE", "SWEEPER_HOME")}
-        env.update({e["name"]: e["value"].replace("/tmp", str(root / "tmp")) for e in container.get("env", [])})
+        # plain values; the webhook's optional Secret does not exist here, so the kubelet leaves it unset
+        env.update({e["name"]: e["value"].replace("/tmp", str(root / "tmp")) for e in container.get("env", [])
+                    if "value" in e})
+        assert all(e["valueFrom"]["secretKeyRef"]["optional"] for e in container["env"] if "valueFrom" in e)
         host, port = server.httpd.server_address[:2]
         env.update({"KUBERNETES_SERVICE_HOST": str(host), "KUBERNETES_SERVICE_PORT": str(port),
                     "SWEEPER_SERVICEACCOUNT_DIR": str(sa)})

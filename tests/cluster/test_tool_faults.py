@@ -57,7 +57,7 @@ def test_an_unpullable_image_ends_error_not_a_hung_check(make_sim, history: Hist
         check = assert_tool_error(sim, history, report, node, f'the check image "{BAD_IMAGE}" cannot be pulled',
                                   "a fault of the check, not of the node", "ImagePull")
         assert (check["name"], check["code"]) == ("check.tool", "ErrImagePull")
-    assert sim.batch.list_namespaced_job("sweeper").items == []
+    assert sim.batch.list_namespaced_job("sweeper-checks").items == []
     # The same nodes are not held back by max_attempts: a fault of the tool is not the node's.
     sw = Sweep(sim.kube, replace(CFG, max_attempts=1), history, clock=sim.cluster.clock)
     assert history.failures_since(0, ATTEMPT_VERDICTS) == {"gpu-00": 1, "gpu-01": 1}
@@ -99,16 +99,16 @@ def test_pod_security_admission_refusal_ends_error_with_the_apiserver_words(make
     creation with a 403; a Job's controller records it as a FailedCreate Event and no pod exists.
     https://kubernetes.io/docs/concepts/security/pod-security-admission/"""
     sim: Sim = make_sim(nodes=2)
-    sim.core.patch_namespace("sweeper", {"metadata": {"labels": {
+    sim.core.patch_namespace("sweeper-checks", {"metadata": {"labels": {
         "pod-security.kubernetes.io/enforce": "baseline"}}})
     report = run_sweep(sim, history, CFG)
     words = 'violates PodSecurity "baseline:latest": hostPath volumes (volumes "host-sys", "host-root")'
     for node in ("gpu-00", "gpu-01"):
         check = assert_tool_error(sim, history, report, node, "refused at creation", words)
         assert check["code"] == "FailedCreate"
-    events = [e for e in sim.core.list_namespaced_event("sweeper").items if e.reason == "FailedCreate"]
+    events = [e for e in sim.core.list_namespaced_event("sweeper-checks").items if e.reason == "FailedCreate"]
     assert events and all(e.involved_object.kind == "Job" and "is forbidden: " + words in e.message for e in events)
-    assert sim.core.list_namespaced_pod("sweeper").items == [], "the refused pods never existed"
+    assert sim.core.list_namespaced_pod("sweeper-checks").items == [], "the refused pods never existed"
 
 
 def test_an_unknown_runtime_class_ends_error_and_a_known_one_runs(make_sim, history: History,
