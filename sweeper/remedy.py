@@ -180,7 +180,7 @@ class Remediator:
         return ActionContext(config=self.cfg, clock=self.clock, kube=self.kube, node=node_vars, run_id=run_id)
 
     def reboot(self, run_id: str, view: NodeView, node_vars: dict[str, Any]) -> Remedy:
-        job = render_job(self._context(run_id, node_vars), self.cfg.reboot_template, 600, {})
+        job = render_job(self._context(run_id, node_vars), self.cfg.reboot_template, 600, {}, remediation=True)
         if self.dry_run:
             return Remedy("reboot", "would-reboot", f"would run {job['metadata']['name']}", dry_run=True)
         self._mark(view.name, "reboot", view.boot_id, recheck=True)
@@ -190,7 +190,8 @@ class Remediator:
 
     def gpu_reset(self, run_id: str, view: NodeView, node_vars: dict[str, Any], gpus: list[int]) -> Remedy:
         ids = ",".join(str(g) for g in sorted(gpus))
-        job = render_job(self._context(run_id, node_vars), self.cfg.gpu_reset_template, 600, {"gpu_ids": ids})
+        job = render_job(self._context(run_id, node_vars), self.cfg.gpu_reset_template, 600, {"gpu_ids": ids},
+                         remediation=True)
         name = job["metadata"]["name"]
         operator_node = any(k.startswith(DEPLOY_LABEL) for k in view.labels)
         # label -> its value now (None: absent), to be put back as it was

@@ -270,6 +270,10 @@ class Executor:
             result = dict(act.fn(ctx, args))
         except KubeError as exc:
             result = failed(f"cluster error: {exc}")
+        except PlaybookError as exc:
+            if str(exc).startswith(task.where):
+                raise
+            raise PlaybookError(f"{task.where}: {task.action}: {exc}") from exc
         finally:
             ctx.deadline = None
         if timeout is not None and (ctx.timed_out or ctx.clock.now() - start > timeout):

@@ -21,7 +21,7 @@ from sweeper.policy import HOLDING
 from sweeper.sweep import ATTEMPT_VERDICTS, Sweep
 from tests.conftest import TEST_CONFIG, Sim, fleet_spec, run_sweep
 
-BAD_IMAGE = "ghcr.io/sweeper-dev/sweeper:0.1.0-typo"
+BAD_IMAGE = "ghcr.io/sweeper-dev/sweeper:0.1.0-typo@sha256:" + "c" * 64  # pinned, as every image is
 CFG = replace(TEST_CONFIG, check_timeout=1800)  # 3 s of real time: room for a loaded machine
 
 
