@@ -273,7 +273,8 @@ class Executor:
         except PlaybookError as exc:
             if str(exc).startswith(task.where):
                 raise
-            raise PlaybookError(f"{task.where}: {task.action}: {exc}") from exc
+            what = "" if str(exc).startswith(task.action) else f"{task.action}: "
+            raise PlaybookError(f"{task.where}: {what}{exc}") from exc
         finally:
             ctx.deadline = None
         if timeout is not None and (ctx.timed_out or ctx.clock.now() - start > timeout):
