@@ -130,6 +130,15 @@ def test_pair_vars_cannot_replace_sweepers_values(key: str) -> None:
     ("          hostPath:\n            path: /sys\n            type: Directory",
      "          persistentVolumeClaim: {claimName: data}", "volumes are not allowed"),
     ("seccompProfile: {type: RuntimeDefault}", "seccompProfile: {type: Unconfined}", "Unconfined"),
+    ('drop: ["ALL"]', 'drop: ["NET_RAW"]', "drop must hold ALL"),
+    ("      restartPolicy: Never", "      restartPolicy: Never\n      priorityClassName: system-node-critical",
+     "priorityClassName"),
+    ("runtimeClassName: {{ runtime_class | tojson }}", "runtimeClassName: unconfined-runc", "runtimeClassName"),
+    ("    metadata:\n      labels: {{ labels | tojson }}",
+     "    metadata:\n      annotations: {container.apparmor.security.beta.kubernetes.io/check: unconfined}\n"
+     "      labels: {{ labels | tojson }}", "apparmor"),
+    ("          env:\n", "          ports: [{containerPort: 2375, hostPort: 2375}]\n          env:\n", "hostPort"),
+    ("          env:\n", "          envFrom: [{secretRef: {name: sweeper-webhook}}]\n          env:\n", "Secret"),
 ])
 def test_an_authors_check_template_is_held_to_the_rules(tmp_path: Path, old: str, new: str, why: str) -> None:
     cfg = shipped_with("sweeper-check.yaml.j2", old, new, tmp_path)
@@ -152,6 +161,13 @@ def test_a_socket_mount_in_a_pair_template_is_refused(tmp_path: Path) -> None:
     (tmp_path / "pair.yaml.j2").write_text(text)
     with pytest.raises(PlaybookError, match="container runtime"):
         render_pair(ctx(Config(template_dir=str(tmp_path))), "pair.yaml.j2", 900, {})
+
+
+def test_the_pair_service_stays_inside_the_cluster(tmp_path: Path) -> None:
+    cfg = shipped_with("nccl-pair.yaml.j2", "  clusterIP: None", "  clusterIP: None\n  externalIPs: [203.0.113.7]",
+                       tmp_path)
+    with pytest.raises(PlaybookError, match="ClusterIP Service"):
+        render_pair(ctx(cfg), "mine.yaml.j2", 900, {})
 
 
 def test_an_mpijob_in_another_namespace_is_refused(tmp_path: Path) -> None:

@@ -62,12 +62,13 @@ def image_vars(ctx: ActionContext) -> dict[str, Any]:
             "pair_image": cfg.pair_image, "mpi_image": cfg.pair_image, "reboot_image": cfg.reboot_image}
 
 
-def job_rules(ctx: ActionContext, found: JobTemplate, variables: dict[str, Any], affinities: tuple[dict[str, Any], ...],
+def job_rules(ctx: ActionContext, found: JobTemplate, affinities: tuple[dict[str, Any], ...],
               remediation: bool) -> Rules:
     """What the rendered Job is held to: Sweeper's own values, not the template's variables."""
     key = REMEDIATION_TEMPLATES.get(found.name) if remediation and found.shipped else None
     return Rules(namespace=ctx.config.namespace, affinities=affinities, tolerations=tuple(sweeper_tolerations(ctx)),
                  taint_key=ctx.config.taint_key, images=ctx.config.job_images,
+                 runtime_class=ctx.config.runtime_class_name, priority_class=ctx.config.check_priority_class,
                  privileged_image=getattr(ctx.config, key) if key else "", host_pid=found.name == "reboot.yaml.j2")
 
 
@@ -111,7 +112,7 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
     job = load_rendered(rendered, path)
     if not isinstance(job, dict) or job.get("kind") != "Job":
         raise PlaybookError(f"{path}: the template must render a batch/v1 Job")
-    refuse_unsafe([job], job_rules(ctx, found, variables, (affinity,), remediation), path)
+    refuse_unsafe([job], job_rules(ctx, found, (affinity,), remediation), path)
     _second_engine(ctx, job, node)
     return job
 

@@ -51,6 +51,8 @@ class Rules:
     tolerations: tuple[dict[str, Any], ...]
     taint_key: str
     images: frozenset[str]
+    runtime_class: str = ""  # the config's (empty: none); a template names no other
+    priority_class: str = ""  # the config's check_priority_class (empty: none)
     privileged_image: str = ""  # a shipped remediation template run by the remediation: its image
     host_pid: bool = False  # the reboot Job enters PID 1's namespaces
 
@@ -64,9 +66,35 @@ def problems(docs: list[dict[str, Any]], rules: Rules) -> list[str]:
         if ns != rules.namespace:
             out.append(f"{kind}: metadata.namespace must be Sweeper's namespace {rules.namespace!r} "
                        f"(namespace: {{{{ namespace | tojson }}}}), not {ns!r}")
+        if kind == "Service":
+            out += [f"Service: {p}" for p in _service(doc.get("spec") or {})]
         for what, pod in pod_specs(doc):
             out += pod_problems(pod, rules, f"{kind} {what}")
+        for what, notes in _pod_annotations(doc):
+            out += [f"{kind} {what}: {p}" for p in _annotations(notes)]
     return out
+
+
+def _service(spec: dict[str, Any]) -> Iterator[str]:
+    """The pair's Service names its two pods inside the cluster; nothing reaches them from outside."""
+    if spec.get("type", "ClusterIP") != "ClusterIP" or spec.get("externalIPs") or spec.get("externalName"):
+        yield "only a ClusterIP Service (headless) with no external IPs or name"
+
+
+def _pod_annotations(doc: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    spec = doc.get("spec") or {}
+    templates = [(role, (r or {}).get("template") or {}) for role, r in (spec.get("mpiReplicaSpecs") or {}).items()] \
+        if doc.get("kind") == "MPIJob" else [("pod", spec.get("template") or {})]
+    for what, template in templates:
+        yield what, (template.get("metadata") or {}).get("annotations") or {}
+
+
+def _annotations(annotations: dict[str, Any]) -> Iterator[str]:
+    """The annotations that loosen a container's confinement (AppArmor's and seccomp's older forms)."""
+    for key, value in annotations.items():
+        if str(key).startswith(("container.apparmor.security.beta.kubernetes.io/", "seccomp.security.alpha.kubernetes.io/")) \
+                and str(value).lower() != "runtime/default":
+            yield f"annotation {key}: {value} is not allowed (only runtime/default)"
 
 
 def pod_specs(doc: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -98,8 +126,11 @@ def pod_problems(pod: dict[str, Any], rules: Rules, what: str) -> list[str]:
                            "may be privileged")
             elif image != rules.privileged_image:
                 out.append(f"{name}: a privileged container runs only the config's image {rules.privileged_image!r}")
-        elif sc.get("allowPrivilegeEscalation") is not False:
-            out.append(f"{name}: securityContext.allowPrivilegeEscalation must be false")
+        else:
+            if sc.get("allowPrivilegeEscalation") is not False:
+                out.append(f"{name}: securityContext.allowPrivilegeEscalation must be false")
+            if "ALL" not in ((sc.get("capabilities") or {}).get("drop") or []):
+                out.append(f"{name}: securityContext.capabilities.drop must hold ALL")
         added = {str(x) for x in ((sc.get("capabilities") or {}).get("add") or [])}
         extra = sorted(a for a in added if a.upper().removeprefix("CAP_") not in CAPABILITIES)
         if extra and not sc.get("privileged"):
@@ -108,6 +139,7 @@ def pod_problems(pod: dict[str, Any], rules: Rules, what: str) -> list[str]:
             out.append(f"{name}: SYS_ADMIN beside a host path could remount it writable")
         out += [f"{name}: {p}" for p in _unconfined(sc)]
         out += [f"{name}: {p}" for p in _mounts(c, host_paths)]
+        out += [f"{name}: {p}" for p in _env_and_ports(c)]
     if pod.get("hostPID") and not (privileged and rules.host_pid and rules.privileged_image):
         out.append(f"{what}: hostPID is for the shipped reboot Job only")
     for key in ("hostNetwork", "hostIPC"):
@@ -135,6 +167,10 @@ def _placement(pod: dict[str, Any], rules: Rules) -> Iterator[str]:
         yield "automountServiceAccountToken must be false: no check talks to the API server"
     if pod.get("serviceAccountName") or pod.get("serviceAccount"):
         yield "serviceAccountName is not allowed: a check needs no identity in the cluster"
+    if pod.get("runtimeClassName", rules.runtime_class or None) != (rules.runtime_class or None):
+        yield f"runtimeClassName must be the config's ({rules.runtime_class or 'none'}): {{{{ runtime_class }}}}"
+    if pod.get("priorityClassName", rules.priority_class or None) != (rules.priority_class or None):
+        yield f"priorityClassName must be the config's check_priority_class ({rules.priority_class or 'none'})"
 
 
 def _host_path_volumes(pod: dict[str, Any], out: list[str], what: str) -> set[str]:
@@ -170,6 +206,15 @@ def _mounts(c: dict[str, Any], host_paths: set[str]) -> Iterator[str]:
             yield f"the host path mount {m.get('mountPath')!r} must not propagate mounts (mountPropagation: None)"
     if c.get("volumeDevices"):
         yield "volumeDevices are not allowed"
+
+
+def _env_and_ports(c: dict[str, Any]) -> Iterator[str]:
+    """No Secret of Sweeper's namespace in a check's environment, and no port on the node's own address."""
+    if any(((e.get("valueFrom") or {}).get("secretKeyRef")) for e in c.get("env") or []) \
+            or any("secretRef" in e for e in c.get("envFrom") or []):
+        yield "a Secret in the environment is not allowed: a check reads nothing of the cluster's"
+    if any(p.get("hostPort") or p.get("hostIP") for p in c.get("ports") or []):
+        yield "hostPort is not allowed: a check listens on no port of the node"
 
 
 def _unconfined(sc: dict[str, Any]) -> Iterator[str]:
