@@ -13,9 +13,9 @@ from jinja2 import TemplateSyntaxError
 
 from sweeper import profiles
 from sweeper.actions import ActionContext, load_all
-from sweeper.actions.jobs import render_job
+from sweeper.actions.jobs import render_job, template_of
 from sweeper.actions.pair import mpijob_pods, render_pair
-from sweeper.actions.safety import REMEDIATION_TEMPLATES
+from sweeper.actions.safety import REMEDIATION_TEMPLATES, SWEEPER_VARS
 from sweeper.config import UNPUBLISHED, Config, load_config
 from sweeper.errors import ConfigError, PlaybookError
 from sweeper.playbook.model import Task, load_playbook
@@ -131,12 +131,18 @@ def lint_playbook(path: Path, cfg: Config) -> list[str]:
         pb = load_playbook(path, load_all(), problems)
     except PlaybookError as exc:
         return problems + [_with_line(str(exc), str(path))]
-    templates = cfg.path("job-templates")
     for t in pb.all_tasks():
         if t.action in ("run_job", "run_pair_job"):
             name = t.args.get("template", "nccl-pair.yaml.j2" if t.action == "run_pair_job" else None)
-            if isinstance(name, str) and "{{" not in name and not (templates / name).exists():
-                problems.append(f"{t.where}: {t.action}: template {name!r} not found in {templates}")
+            if isinstance(name, str) and "{{" not in name:
+                try:  # found as the runtime finds it: by name, inside its folder
+                    template_of(ActionContext(config=cfg), name)
+                except PlaybookError as exc:
+                    problems.append(f"{t.where}: {t.action}: {exc}")
+            given = t.args.get("vars")
+            clash = sorted(k for k in given if k in SWEEPER_VARS) if isinstance(given, dict) else []
+            if clash:
+                problems.append(f"{t.where}: {t.action}: vars may not set {', '.join(clash)}: Sweeper sets them")
     return [_with_line(p, str(path)) for p in problems]
 
 

@@ -302,6 +302,36 @@ def test_lint_refuses_an_unsafe_template_with_the_runtime_rules(tmp_path: Path) 
     assert not report.problems, report.problems
 
 
+def test_lint_refuses_a_playbook_that_moves_a_job(tmp_path: Path) -> None:
+    book = tmp_path / "play.yaml"
+    book.write_text("name: p\ntasks:\n  - run_job: {template: sweeper-check.yaml.j2, vars: {namespace: kube-system}}\n"
+                    "  - run_job: {template: /etc/passwd}\n")
+    report = lint_paths([book], Config())
+    assert any(p.startswith(f"{book}:3:") and "vars may not set namespace" in p for p in report.problems), report.problems
+    assert any(p.startswith(f"{book}:4:") and "absolute path" in p for p in report.problems), report.problems
+
+
+def test_every_variable_sweeper_sets_is_protected() -> None:
+    """The list lint checks is the runtime's: every variable render_job and render_pair set."""
+    from sweeper.actions.safety import SWEEPER_VARS
+    seen: dict[str, Any] = {}
+    original = __import__("sweeper.actions.safety", fromlist=["protected"]).protected
+
+    def spy(extra: dict[str, Any], own: dict[str, Any], action: str) -> None:
+        seen.update(own)
+        original(extra, own, action)
+
+    import sweeper.actions.jobs as jobs
+    import sweeper.actions.pair as pair
+    try:
+        jobs.protected, pair.protected = spy, spy  # type: ignore[assignment]
+        render_job(ctx(), "sweeper-check.yaml.j2", 900, {})
+        render_pair(ctx(), "nccl-pair.yaml.j2", 900, {})
+    finally:
+        jobs.protected, pair.protected = original, original  # type: ignore[assignment]
+    assert set(seen) <= SWEEPER_VARS, set(seen) - SWEEPER_VARS
+
+
 def test_lint_names_an_unpublished_image_digest(tmp_path: Path) -> None:
     p = tmp_path / "c.yaml"
     p.write_text(f"check_image: {Config().check_image}\n")

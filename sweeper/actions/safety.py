@@ -238,9 +238,18 @@ def _containers(pod: dict[str, Any]) -> Iterator[dict[str, Any]]:
 REMEDIATION_TEMPLATES = {"reboot.yaml.j2": "reboot_image", "gpu-reset.yaml.j2": "check_image"}
 
 
+# The template variables Sweeper sets (run_job's and run_pair_job's); `sweeper lint` refuses a
+# playbook whose `vars` names one, as the runtime does.
+SWEEPER_VARS = frozenset({
+    "node", "partner", "run_id", "job_name", "service_name", "namespace", "taint_key", "prefix", "timeout", "ttl",
+    "labels", "affinity", "pair_affinity", "tolerations", "all_gpus", "fabric_resources", "priority_class",
+    "platform", "runtime_class", "dcgm_hostengine", "default_dcgm_level", "image", "dcgm_image", "nccl_image",
+    "pair_image", "mpi_image", "reboot_image"})
+
+
 def protected(extra: dict[str, Any], sweeper_vars: dict[str, Any], action: str) -> None:
     """A playbook's `vars` may add template variables, never replace one Sweeper sets."""
-    clash = sorted(k for k in extra if k in sweeper_vars)
+    clash = sorted(k for k in extra if k in sweeper_vars or k in SWEEPER_VARS)
     if clash:
         raise PlaybookError(f"{action}: vars may not set {', '.join(clash)}: Sweeper sets "
                             f"{'it' if len(clash) == 1 else 'them'} (placement, tolerations, namespace, images "
