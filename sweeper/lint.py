@@ -74,7 +74,7 @@ def lint_paths(paths: list[Path], cfg: Config, config_file: Path | None = None) 
             report.problems += _all_lines(exc, str(config_file))
         else:
             report.warnings += [f"{config_file}: {key}: {getattr(loaded, key)} carries the unpublished placeholder "
-                                "digest; put the pushed image's digest in its place (docs/security.md)"
+                                "digest; put the pushed image's digest in its place (README: Installing and deploying)"
                                 for key in IMAGE_KEYS if getattr(loaded, key).endswith("@" + UNPUBLISHED)]
     for f in files:
         report.checked.append(str(f))
