@@ -131,6 +131,7 @@ def test_pair_vars_cannot_replace_sweepers_values(key: str) -> None:
      "          persistentVolumeClaim: {claimName: data}", "volumes are not allowed"),
     ("seccompProfile: {type: RuntimeDefault}", "seccompProfile: {type: Unconfined}", "Unconfined"),
     ('drop: ["ALL"]', 'drop: ["NET_RAW"]', "drop must hold ALL"),
+    ("  backoffLimit: 0", "  backoffLimit: 0\n  parallelism: 500", "parallelism and completions"),
     ("      restartPolicy: Never", "      restartPolicy: Never\n      priorityClassName: system-node-critical",
      "priorityClassName"),
     ("runtimeClassName: {{ runtime_class | tojson }}", "runtimeClassName: unconfined-runc", "runtimeClassName"),

@@ -115,7 +115,8 @@ def render_pair(ctx: ActionContext, template: str, timeout: float,
     # Sweeper's own values, not the variables: the workers go to the two held nodes, the launcher
     # (no GPU) to either of them.
     own = variables["pair_affinity"]  # Sweeper's: `protected` kept the playbook's vars off it
-    rules = job_rules(ctx, found, (own, {"nodeAffinity": own["nodeAffinity"]}), remediation=False)
+    rules = dataclasses.replace(job_rules(ctx, found, (own, {"nodeAffinity": own["nodeAffinity"]}), remediation=False),
+                                pods=2)
     if kinds == ["MPIJob"]:
         check_mpijob(docs[0], variables, path)
         refuse_unsafe(docs, rules, path)

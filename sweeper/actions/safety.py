@@ -51,6 +51,7 @@ class Rules:
     tolerations: tuple[dict[str, Any], ...]
     taint_key: str
     images: frozenset[str]
+    pods: int = 1  # pods a Job runs at once and in all: one per held node
     runtime_class: str = ""  # the config's (empty: none); a template names no other
     priority_class: str = ""  # the config's check_priority_class (empty: none)
     privileged_image: str = ""  # a shipped remediation template run by the remediation: its image
@@ -68,6 +69,12 @@ def problems(docs: list[dict[str, Any]], rules: Rules) -> list[str]:
                        f"(namespace: {{{{ namespace | tojson }}}}), not {ns!r}")
         if kind == "Service":
             out += [f"Service: {p}" for p in _service(doc.get("spec") or {})]
+        if kind == "Job":
+            spec = doc.get("spec") or {}
+            if any(spec.get(k, rules.pods) != rules.pods for k in ("parallelism", "completions")) \
+                    or not 0 <= int(spec.get("backoffLimit", 0) or 0) <= 1:
+                out.append(f"Job: parallelism and completions must be {rules.pods} (one pod per held node) "
+                           "and backoffLimit 0 or 1")
         for what, pod in pod_specs(doc):
             out += pod_problems(pod, rules, f"{kind} {what}")
         for what, notes in _pod_annotations(doc):
