@@ -148,6 +148,13 @@ def test_an_authors_check_template_is_held_to_the_rules(tmp_path: Path, old: str
     assert why in str(err.value)
 
 
+def test_a_misshapen_job_is_refused_not_crashed_on(tmp_path: Path) -> None:
+    cfg = shipped_with("sweeper-check.yaml.j2", "        - name: host-sys\n          hostPath:",
+                       "        - just-a-string\n        - name: host-sys\n          hostPath:", tmp_path)
+    with pytest.raises(PlaybookError, match="not shaped like Kubernetes objects"):
+        render_job(ctx(cfg), "mine.yaml.j2", 900, {})
+
+
 def test_an_allowed_image_is_accepted_and_only_by_digest(tmp_path: Path) -> None:
     cfg = shipped_with("sweeper-check.yaml.j2", "image: {{ image | tojson }}", f"image: {OUTSIDE}", tmp_path)
     job = render_job(ctx(replace(cfg, allowed_images=(OUTSIDE,))), "mine.yaml.j2", 900, {})

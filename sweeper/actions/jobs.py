@@ -207,7 +207,7 @@ def _read_result(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]],
 
 
 @action("run_job",
-        Arg("template", str, required=True, help="file name under job-templates/"),
+        Arg("template", str, required=True, help="a template's name (.j2): in the config's template_dir, else the shipped job-templates/"),
         Arg("timeout", (int, float, str), default="15m", help="activeDeadlineSeconds, and the client deadline"),
         Arg("vars", dict, default=None, help="extra variables for the template"),
         Arg("parser", str, default="sweeper", choices=("sweeper", "dcgm", "nccl"),

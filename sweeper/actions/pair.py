@@ -240,7 +240,7 @@ def mpijob_pods(job: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @action("run_pair_job",
-        Arg("template", str, default="nccl-pair.yaml.j2", help="file name under job-templates/ (a Service and an "
+        Arg("template", str, default="nccl-pair.yaml.j2", help="a template's name, found as run_job finds it (a Service and an "
             "Indexed Job of two pods)"),
         Arg("timeout", (int, float, str), default="30m", help="activeDeadlineSeconds, and the client deadline"),
         Arg("vars", dict, default=None, help="extra variables for the template"),

@@ -59,7 +59,15 @@ class Rules:
 
 
 def problems(docs: list[dict[str, Any]], rules: Rules) -> list[str]:
-    """Every way the rendered documents break the rules (empty: safe)."""
+    """Every way the rendered documents break the rules (empty: safe). A document not shaped like
+    the Kubernetes object it names is refused too, never waved through."""
+    try:
+        return _problems(docs, rules)
+    except (AttributeError, TypeError, ValueError) as exc:
+        return [f"the rendered documents are not shaped like Kubernetes objects ({type(exc).__name__})"]
+
+
+def _problems(docs: list[dict[str, Any]], rules: Rules) -> list[str]:
     out: list[str] = []
     for doc in docs:
         kind = str(doc.get("kind"))
@@ -71,8 +79,9 @@ def problems(docs: list[dict[str, Any]], rules: Rules) -> list[str]:
             out += [f"Service: {p}" for p in _service(doc.get("spec") or {})]
         if kind == "Job":
             spec = doc.get("spec") or {}
+            retries = spec.get("backoffLimit", 0)
             if any(spec.get(k, rules.pods) != rules.pods for k in ("parallelism", "completions")) \
-                    or not 0 <= int(spec.get("backoffLimit", 0) or 0) <= 1:
+                    or not isinstance(retries, int) or not 0 <= retries <= 1:
                 out.append(f"Job: parallelism and completions must be {rules.pods} (one pod per held node) "
                            "and backoffLimit 0 or 1")
         for what, pod in pod_specs(doc):
