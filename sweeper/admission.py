@@ -96,7 +96,7 @@ def shapes(root: Path, config: Config) -> tuple[Shape, Shape]:
             ctx = ActionContext(config=cfg, node=node, partner=partner, run_id="sw-policy-0000")
             for name in templates:
                 if name in special:
-                    remediation.add(render_job(ctx, name, 600, special[name]))
+                    remediation.add(render_job(ctx, name, 600, special[name], remediation=True))
                 elif "pair_affinity" in (root / "job-templates" / name).read_text():
                     _, job, _ = render_pair(ctx, name, 900, {})
                     if job.get("kind") == "Job":  # the MPIJob form is no Job (see docs/security.md)

@@ -52,6 +52,14 @@ _HOSTENGINE = r"^$|^node(:[0-9]{1,5})?$|^[A-Za-z0-9.-]+:[0-9]{1,5}$"
 _NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a Kubernetes DNS-1123 label (namespaces, Lease names)
 _NAME_WORDS = "a DNS-1123 label: lowercase letters, digits and '-'"
 WEBHOOK_ENV = "SWEEPER_WEBHOOK_URL"  # the deploy sets it from the optional Secret sweeper-webhook
+# Every image a Job runs is pinned by digest (a tag can be moved to other content after review):
+# `name[:tag]@sha256:<64 hex>`. https://kubernetes.io/docs/concepts/containers/images/#image-names
+_PINNED = r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$"
+_PINNED_WORDS = "an image pinned by digest: name[:tag]@sha256:<64 hex>"
+# The digest of an image this project builds but has not published yet: no registry serves it, so a
+# pull fails (a fault of the tool, never of the node) until the release or the deployment puts the
+# pushed image's digest in its place; `sweeper lint --config` names every image that still carries it.
+UNPUBLISHED = "sha256:" + "0" * 64
 
 
 @functools.cache
@@ -123,7 +131,22 @@ class Config:
         "a pair playbook pairs nodes of one profile with equal values of these labels (absent on both: equal)")
     pair_known_good_window: float = setting(7 * 86400.0, "a node whose latest pair passed within this long is a "
                                             "known-good partner for re-pairing", duration=True, gt=0)
-    check_image: str = setting("ghcr.io/sweeper-dev/sweeper:0.1.0", "image of the check Jobs", min_length=1)
+    check_image: str = setting(f"ghcr.io/sweeper-dev/sweeper:0.1.0@{UNPUBLISHED}",
+                               "image of the check Jobs and the GPU reset", pattern=_PINNED, allowed=_PINNED_WORDS)
+    dcgm_image: str = setting(f"nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04@{UNPUBLISHED}",
+                              "image of dcgm-diag.yaml.j2", pattern=_PINNED, allowed=_PINNED_WORDS)
+    nccl_image: str = setting(f"ghcr.io/sweeper-dev/nccl-tests:2.19.6-cuda12.8@{UNPUBLISHED}",
+                              "image of nccl-allreduce.yaml.j2", pattern=_PINNED, allowed=_PINNED_WORDS)
+    pair_image: str = setting(f"ghcr.io/sweeper-dev/nccl-pair:25.01-py3@{UNPUBLISHED}",
+                              "image of the pair templates (nccl-pair, nccl-pair-mpijob)", pattern=_PINNED,
+                              allowed=_PINNED_WORDS)
+    # Docker's official busybox 1.36 (the same manifest list on ECR Public's mirror of the official images).
+    reboot_image: str = setting("public.ecr.aws/docker/library/busybox:1.36@sha256:"
+                                "73aaf090f3d85aa34ee199857f03fa3a95c8ede2ffd4cc2cdb5b94e566b11662",
+                                "image of the reboot Job (privileged, in the host's PID namespace)", pattern=_PINNED,
+                                allowed=_PINNED_WORDS)
+    allowed_images: tuple[str, ...] = setting((), "further images a job template may name (each pinned by digest); "
+                                              "the five images above are always allowed")
     check_timeout: float = setting(900.0, "deadline of a check Job", duration=True, gt=0)
     poll_interval: float = setting(5.0, "how often a running check is looked at when nothing changes (its watch "
                                         "wakes it at once); Jobs are listed this often where a watch is refused",
@@ -238,6 +261,11 @@ class Config:
             except OSError as exc:
                 raise ConfigError(f"webhook_url_file: cannot read {self.webhook_url_file}: {exc.strerror}") from exc
         return self.webhook_url
+    @property
+    def job_images(self) -> frozenset[str]:
+        """Every image a rendered Job may run: the configured ones and `allowed_images`."""
+        return frozenset((self.check_image, self.dcgm_image, self.nccl_image, self.pair_image, self.reboot_image,
+                          *self.allowed_images))
 
     def dcgm_level_for(self, node: dict[str, Any] | None) -> int:
         """The DCGM level of a node's runs: the config's (or its schedule's), else its profile's, else 2."""

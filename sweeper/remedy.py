@@ -183,11 +183,7 @@ class Remediator:
                          extra: dict[str, Any]) -> dict[str, Any]:
         """A reboot or GPU reset Job: in its own namespace (remediation_namespace, apart from the
         check Jobs'), under its own service account, which has no RBAC and no token mounted."""
-        ns = self.cfg.remediation_namespace
-        job = render_job(self._context(run_id, node_vars), template, 600, {**extra, "namespace": ns})
-        job["metadata"]["namespace"] = ns
-        job["spec"]["template"]["spec"]["serviceAccountName"] = self.cfg.remediation_service_account
-        return job
+        return render_job(self._context(run_id, node_vars), template, 600, extra, remediation=True)
 
     def reboot(self, run_id: str, view: NodeView, node_vars: dict[str, Any]) -> Remedy:
         job = self._remediation_job(run_id, node_vars, self.cfg.reboot_template, {})

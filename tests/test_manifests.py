@@ -204,7 +204,7 @@ def test_job_templates_render_valid_jobs(template: str) -> None:
         "name": "ip-10-0-1-2.ec2.internal", "gpus": 8,
         "labels": {"kubernetes.io/hostname": "ip-10-0-1-2", "evil": "{{ 7*7 }}: [x]"},
         "annotations": {}, "profile": load_profile(ROOT / "profiles" / "p5.48xlarge.yaml").as_vars()}, run_id="sw-1")
-    job = render_job(ctx, template, 900, {})
+    job = render_job(ctx, template, 900, {}, remediation=template in PRIVILEGED)
     kubernetes_validate.validate(job, K8S, strict=True)
     pod = job["spec"]["template"]["spec"]
     assert "nodeName" not in pod, "check Jobs go through the scheduler"
@@ -235,7 +235,7 @@ def test_job_templates_take_least_privilege(template: str) -> None:
     ctx = ActionContext(config=Config(), node={
         "name": "ip-10-0-1-2.ec2.internal", "gpus": 8, "labels": {"kubernetes.io/hostname": "ip-10-0-1-2"},
         "annotations": {}, "profile": load_profile(ROOT / "profiles" / "p5.48xlarge.yaml").as_vars()}, run_id="sw-1")
-    pod = render_job(ctx, template, 900, {})["spec"]["template"]["spec"]
+    pod = render_job(ctx, template, 900, {}, remediation=template in PRIVILEGED)["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False
     host_paths = {v["name"] for v in pod.get("volumes", []) if "hostPath" in v}
     for c in pod["containers"]:
@@ -243,7 +243,8 @@ def test_job_templates_take_least_privilege(template: str) -> None:
             assert {"cpu", "memory"} <= set(c["resources"][kind]), (c["name"], kind)
         sc = c.get("securityContext") or {}
         mounts = [m for m in c.get("volumeMounts", []) if m["name"] in host_paths]
-        assert all(m.get("readOnly") is True for m in mounts), "host paths are mounted read-only"
+        assert all(m.get("readOnly") is True and m.get("recursiveReadOnly") == "Enabled" for m in mounts), \
+            "host paths are mounted read-only, submounts included"
         if template in PRIVILEGED:
             assert sc.get("privileged") is True
             continue
@@ -261,5 +262,4 @@ def test_job_templates_take_least_privilege(template: str) -> None:
         assert "--skip-kernel-log" in c["args"], "the XID check says skip, with a reason, instead of failing"
     if template == "sweeper-check.yaml.j2":
         (c,) = pod["containers"]
-        assert c["securityContext"]["capabilities"]["add"] == ["SYSLOG", "SYS_CHROOT"], \
-            "only what reading the kernel log and running the host's own tools in its root need"
+        assert c["securityContext"]["capabilities"]["add"] == ["SYSLOG"], "only what reading the kernel log needs"

@@ -86,7 +86,7 @@ def test_the_pair_program_and_its_environment() -> None:
     _, job, v = rendered()
     (c,) = job["spec"]["template"]["spec"]["containers"]
     assert c["name"] == "nccl" and c["command"] == ["pair-allreduce"]
-    assert c["image"] == "ghcr.io/sweeper-dev/nccl-pair:25.01-py3"
+    assert c["image"] == Config().pair_image and c["image"].startswith("ghcr.io/sweeper-dev/nccl-pair:25.01-py3@sha256:")
     env = env_of(c)
     name = v["job_name"]
     assert env["PAIR_RANK"] == {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}

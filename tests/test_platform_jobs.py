@@ -27,7 +27,8 @@ def node(profile: str = "p5.48xlarge.yaml", **profile_keys: Any) -> dict[str, An
 
 
 def pod_of(template: str, cfg: Config, extra: dict[str, Any] | None = None, **profile_keys: Any) -> dict[str, Any]:
-    job = render_job(ActionContext(config=cfg, node=node(**profile_keys), run_id="sw-1"), template, 900, extra or {})
+    job = render_job(ActionContext(config=cfg, node=node(**profile_keys), run_id="sw-1"), template, 900, extra or {},
+                     remediation=template == "gpu-reset.yaml.j2")  # as the remediation renders it
     return job["spec"]["template"]["spec"]  # type: ignore[no-any-return]
 
 
@@ -57,7 +58,8 @@ def test_on_gke_the_jobs_find_the_driver_where_gke_puts_it(template: str) -> Non
     assert env_of(pod)["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64"
     driver = [v for v in pod.get("volumes") or [] if (v.get("hostPath") or {}).get("path") == "/home/kubernetes/bin/nvidia"]
     if template == "sweeper-light.yaml.j2":  # no GPU request: no device plugin to mount it
-        assert driver and {"name": driver[0]["name"], "mountPath": "/usr/local/nvidia", "readOnly": True} in \
+        assert driver and {"name": driver[0]["name"], "mountPath": "/usr/local/nvidia", "readOnly": True,
+                           "recursiveReadOnly": "Enabled"} in \
             pod["containers"][0]["volumeMounts"]
         assert pod["containers"][0]["args"][pod["containers"][0]["args"].index("--gpu-request") + 1] == "none"
     else:
@@ -102,7 +104,8 @@ def test_nccl_gets_a_memory_backed_dev_shm_and_warnings() -> None:
     assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "2Gi"}
     assert {"name": shm["name"], "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
     assert env_of(pod)["NCCL_DEBUG"] == "WARN"
-    assert pod["containers"][0]["image"] == "ghcr.io/sweeper-dev/nccl-tests:2.19.6-cuda12.8"
+    assert pod["containers"][0]["image"] == Config().nccl_image
+    assert pod["containers"][0]["image"].startswith("ghcr.io/sweeper-dev/nccl-tests:2.19.6-cuda12.8@sha256:")
     pod = pod_of("nccl-allreduce.yaml.j2", Config(), {"nccl_shm_size": "4Gi"})
     assert [v for v in pod["volumes"] if "emptyDir" in v][0]["emptyDir"]["sizeLimit"] == "4Gi"
 

@@ -13,12 +13,14 @@ import yaml
 
 from sweeper.actions import ActionContext, Arg, action, ok
 from sweeper.actions.jobwatch import RunWatch
+from sweeper.actions.safety import REMEDIATION_TEMPLATES, Rules, problems, protected
 from sweeper.clock import parse_duration
+from sweeper.config import home
 from sweeper.errors import KubeError, NotFound, PlaybookError
 from sweeper.fleet import pending_gpu_pods
 from sweeper.parsers import dcgm, nccl, sweeper_result
 from sweeper.result import CheckResult, Result, error_result, tool_result
-from sweeper.templating import render
+from sweeper.templating import JobTemplate, render_template, resolve_template
 
 SCHEDULE_TIMEOUT = 300.0
 MAX_POLL = 30.0
@@ -80,45 +82,97 @@ def job_name(node: str, run_id: str, template: str) -> str:
     return f"sweep-{base}-{digest}"
 
 
-def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[str, Any]) -> dict[str, Any]:
-    path = ctx.config.path("job-templates") / template
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise PlaybookError(f"run_job: cannot read template {path}: {exc}") from exc
+def template_of(ctx: ActionContext, template: str) -> JobTemplate:
+    """A job template by name: the config's template_dir first, then the shipped job-templates/."""
+    author = Path(ctx.config.template_dir) if ctx.config.template_dir else None
+    return resolve_template(template, home() / "job-templates", author)
+
+
+def image_vars(ctx: ActionContext) -> dict[str, Any]:
+    """The images a template names, each from the config (pinned by digest), never from a playbook."""
+    cfg = ctx.config
+    return {"image": cfg.check_image, "dcgm_image": cfg.dcgm_image, "nccl_image": cfg.nccl_image,
+            "pair_image": cfg.pair_image, "mpi_image": cfg.pair_image, "reboot_image": cfg.reboot_image}
+
+
+def job_rules(ctx: ActionContext, found: JobTemplate, affinities: tuple[dict[str, Any], ...],
+              remediation: bool) -> Rules:
+    """What the rendered Job is held to: Sweeper's own values, not the template's variables."""
+    key = REMEDIATION_TEMPLATES.get(found.name) if remediation and found.shipped else None
+    return Rules(namespace=job_namespace(ctx, remediation), affinities=affinities, tolerations=tuple(sweeper_tolerations(ctx)),
+                 taint_key=ctx.config.taint_key, images=ctx.config.job_images,
+                 runtime_class=ctx.config.runtime_class_name, priority_class=ctx.config.check_priority_class,
+                 privileged_image=getattr(ctx.config, key) if key else "", host_pid=found.name == "reboot.yaml.j2")
+
+
+def job_namespace(ctx: ActionContext, remediation: bool = False) -> str:
+    """Where Sweeper runs a Job: check Jobs in check_namespace, reboot and reset Jobs in
+    remediation_namespace, both apart from the controller's own."""
+    return ctx.config.remediation_namespace if remediation else ctx.config.check_namespace
+
+
+def sweeper_tolerations(ctx: ActionContext) -> list[dict[str, Any]]:
+    """Sweeper's own taint, and the GPU pools' taints that leave a node sweepable (allowed_taint_keys:
+    GKE's nvidia.com/gpu=present, AKS's sku=gpu when listed), so the check lands where it was sent."""
+    return ([{"key": ctx.config.taint_key, "operator": "Exists", "effect": "NoSchedule"}]
+            + [{"key": k, "operator": "Exists", "effect": "NoSchedule"} for k in ctx.config.allowed_taint_keys])
+
+
+def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[str, Any],
+               remediation: bool = False) -> dict[str, Any]:
+    """The template rendered and checked. Sweeper's variables are set after the playbook's `vars`
+    (which may not name them), and the Job is then held to Sweeper's own values (sweeper.actions.safety);
+    only a shipped remediation template rendered by the remediation (`remediation=True`) may be privileged."""
+    found = template_of(ctx, template)
+    path = found.path
     node = ctx.node or {}
     name = job_name(node.get("name", "none"), ctx.run_id, template)
     hostname = (node.get("labels") or {}).get("kubernetes.io/hostname", node.get("name", ""))
     labels = {"app.kubernetes.io/managed-by": "sweeper", "app.kubernetes.io/component": "check",
               f"{ctx.config.prefix}/run-id": ctx.run_id, f"{ctx.config.prefix}/node": node.get("name", "")}
-    variables = {
-        "node": node, "run_id": ctx.run_id, "job_name": name, "namespace": ctx.config.check_namespace,
-        "image": ctx.config.check_image, "taint_key": ctx.config.taint_key, "prefix": ctx.config.prefix,
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [hostname]}]}]}}}
+    own = {
+        "node": node, "run_id": ctx.run_id, "job_name": name, "namespace": job_namespace(ctx, remediation),
+        "taint_key": ctx.config.taint_key, "prefix": ctx.config.prefix,
         "timeout": int(timeout), "ttl": int(ctx.config.job_ttl), "labels": labels,
         # The parts that keep a check Job safe are built here, not left to each template.
-        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [hostname]}]}]}}},
-        # Sweeper's own taint, and the GPU pools' taints that leave a node sweepable (allowed_taint_keys:
-        # GKE's nvidia.com/gpu=present, AKS's sku=gpu when listed), so the check lands where it was sent.
-        "tolerations": [{"key": ctx.config.taint_key, "operator": "Exists", "effect": "NoSchedule"}]
-        + [{"key": k, "operator": "Exists", "effect": "NoSchedule"} for k in ctx.config.allowed_taint_keys],
+        "affinity": affinity, "tolerations": sweeper_tolerations(ctx),
         "all_gpus": {"nvidia.com/gpu": str(node.get("gpus", 0))},
         "priority_class": ctx.config.check_priority_class,
         # Where the GPU libraries come from (README "Running on EKS / AKS / GKE"): the runtime class,
         # GKE's driver directory, and the node's DCGM host engine.
         "platform": ctx.config.platform, "runtime_class": ctx.config.runtime_class_name,
         "dcgm_hostengine": ctx.config.dcgm_hostengine, "default_dcgm_level": ctx.config.dcgm_level_for(node),
-        **extra}
-    rendered = render(text, variables, where=str(path))
-    try:
-        job = yaml.safe_load(rendered)
-    except yaml.YAMLError as exc:
-        raise PlaybookError(f"{path}: the rendered template is not YAML: {exc}") from exc
+        **image_vars(ctx)}
+    protected(extra, own, "run_job")
+    variables = {**extra, **own}  # Sweeper's values last: nothing a playbook passes replaces them
+    rendered = render_template(found, variables)
+    job = load_rendered(rendered, path)
     if not isinstance(job, dict) or job.get("kind") != "Job":
         raise PlaybookError(f"{path}: the template must render a batch/v1 Job")
-    _check_safe(job, variables, path)
+    refuse_unsafe([job], job_rules(ctx, found, (affinity,), remediation), path)
+    if remediation:  # its own account, which has no RBAC and mounts no token (docs/security.md)
+        job["spec"]["template"]["spec"]["serviceAccountName"] = ctx.config.remediation_service_account
     _second_engine(ctx, job, node)
     return job
+
+
+def load_rendered(rendered: str, path: Path, many: bool = False) -> Any:
+    """The rendered YAML; an error names the line and column, never the text there."""
+    try:
+        return [d for d in yaml.safe_load_all(rendered) if d is not None] if many else yaml.safe_load(rendered)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1} of the rendered text" if mark is not None else ""
+        raise PlaybookError(f"{path}: the rendered template is not YAML{at}: "
+                            f"{getattr(exc, 'problem', None) or type(exc).__name__}") from None
+
+
+def refuse_unsafe(docs: list[dict[str, Any]], rules: Rules, path: Path) -> None:
+    found = problems(docs, rules)
+    if found:
+        raise PlaybookError(f"{path}: unsafe Job: " + "; ".join(found[:6]) + (" ..." if len(found) > 6 else ""))
 
 
 def _second_engine(ctx: ActionContext, job: dict[str, Any], node: dict[str, Any]) -> None:
@@ -133,18 +187,6 @@ def _second_engine(ctx: ActionContext, job: dict[str, Any], node: dict[str, Any]
            for c in pod.get("containers") or []):
         ctx.log(f"{node.get('name', '')}: {job['metadata']['name']} starts a second DCGM host engine beside "
                 "dcgm-exporter's on this node (set dcgm_hostengine: node to use the node's own)")
-
-
-def _check_safe(job: dict[str, Any], variables: dict[str, Any], path: Path) -> None:
-    """A check Job must go through the scheduler to this node and only this node."""
-    pod = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
-    if "nodeName" in pod:
-        raise PlaybookError(f"{path}: nodeName bypasses taints and GPU accounting; use affinity: {{{{ affinity | tojson }}}}")
-    if pod.get("affinity") != variables["affinity"]:
-        raise PlaybookError(f"{path}: the pod must carry Sweeper's node affinity: affinity: {{{{ affinity | tojson }}}}")
-    tolerations = pod.get("tolerations") or []
-    if not any(t.get("key") == variables["taint_key"] for t in tolerations):
-        raise PlaybookError(f"{path}: the pod must tolerate {variables['taint_key']}")
 
 
 def _condition(job: dict[str, Any]) -> dict[str, Any] | None:
@@ -209,7 +251,7 @@ def _read_result(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]],
 
 
 @action("run_job",
-        Arg("template", str, required=True, help="file name under job-templates/"),
+        Arg("template", str, required=True, help="a template's name (.j2): in the config's template_dir, else the shipped job-templates/"),
         Arg("timeout", (int, float, str), default="15m", help="activeDeadlineSeconds, and the client deadline"),
         Arg("vars", dict, default=None, help="extra variables for the template"),
         Arg("parser", str, default="sweeper", choices=("sweeper", "dcgm", "nccl"),
@@ -225,7 +267,7 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
         raise PlaybookError("run_job needs a cluster and a target node (--node)")
     timeout = parse_duration(args["timeout"])
     job = render_job(ctx, args["template"], timeout, args["vars"] or {})
-    namespace = job.get("metadata", {}).get("namespace") or ctx.config.check_namespace
+    namespace = ctx.config.check_namespace  # the rendered Job's own, which the safety check holds to this
     name = job["metadata"]["name"]
     watch, own = _watch_for(ctx, namespace)
     changed = watch.changed(name)  # before the create: no change of the Job can be missed

@@ -16,8 +16,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sweeper.actions import ActionContext, Arg, action, ok
 from sweeper.actions.jobs import (
     CLIENT_GRACE,
@@ -37,15 +35,22 @@ from sweeper.actions.jobs import (
     _unscheduled,
     _watch_for,
     gpu_stack_words,
+    image_vars,
+    job_rules,
+    load_rendered,
+    refuse_unsafe,
     runtime_result,
+    sweeper_tolerations,
+    template_of,
 )
 from sweeper.actions.jobwatch import RunWatch
+from sweeper.actions.safety import protected
 from sweeper.clock import parse_duration
 from sweeper.errors import KubeError, NotFound, NotServed, PlaybookError
 from sweeper.fleet import pending_gpu_pods
 from sweeper.parsers import pair as pair_parser
 from sweeper.result import CheckResult, Result, tool_result
-from sweeper.templating import render
+from sweeper.templating import render_template
 
 INDEX = "batch.kubernetes.io/job-completion-index"
 MPIJOB_API = "kubeflow.org/v2beta1"
@@ -76,9 +81,9 @@ def pair_variables(ctx: ActionContext, template: str, timeout: float, extra: dic
     labels = {"app.kubernetes.io/managed-by": "sweeper", "app.kubernetes.io/component": "pair",
               f"{prefix}/run-id": ctx.run_id, f"{prefix}/node": a, f"{prefix}/partner": b, f"{prefix}/pair": name}
     profile = node.get("profile") or {}
-    return {
+    own = {
         "node": node, "partner": partner, "run_id": ctx.run_id, "job_name": name, "service_name": name,
-        "namespace": ctx.config.check_namespace, "image": ctx.config.check_image, "taint_key": ctx.config.taint_key,
+        "namespace": ctx.config.check_namespace, "taint_key": ctx.config.taint_key,
         "prefix": prefix, "timeout": int(timeout), "ttl": int(ctx.config.job_ttl), "labels": labels,
         # One pod on each of the two nodes, through the scheduler: node affinity on both hostnames,
         # and a required anti-affinity against the other pod of this pair on the same hostname.
@@ -90,33 +95,33 @@ def pair_variables(ctx: ActionContext, template: str, timeout: float, extra: dic
             "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
                 {"labelSelector": {"matchLabels": {f"{prefix}/pair": name}},
                  "topologyKey": "kubernetes.io/hostname"}]}},
-        "tolerations": [{"key": ctx.config.taint_key, "operator": "Exists", "effect": "NoSchedule"}]
-        + [{"key": k, "operator": "Exists", "effect": "NoSchedule"} for k in ctx.config.allowed_taint_keys],
+        "tolerations": sweeper_tolerations(ctx),
         "all_gpus": {"nvidia.com/gpu": str(node.get("gpus", 0))},
         "fabric_resources": dict(profile.get("fabric_resources") or {}),
         "priority_class": ctx.config.check_priority_class,
         "platform": ctx.config.platform, "runtime_class": ctx.config.runtime_class_name,
-        **extra}
+        **image_vars(ctx)}
+    protected(extra, own, "run_pair_job")
+    return {**extra, **own}  # Sweeper's values last: nothing a playbook passes replaces them
 
 
 def render_pair(ctx: ActionContext, template: str, timeout: float,
                 extra: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any], dict[str, Any]]:
     """The template's Service and its Job, or its one MPIJob (no Service: the operator makes the
     workers' own), checked; and the variables they saw."""
-    path = ctx.config.path("job-templates") / template
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise PlaybookError(f"run_pair_job: cannot read template {path}: {exc}") from exc
+    found = template_of(ctx, template)
+    path = found.path
     variables = pair_variables(ctx, template, timeout, extra)
-    rendered = render(text, variables, where=str(path))
-    try:
-        docs = [d for d in yaml.safe_load_all(rendered) if d is not None]
-    except yaml.YAMLError as exc:
-        raise PlaybookError(f"{path}: the rendered template is not YAML: {exc}") from exc
+    docs = load_rendered(render_template(found, variables), path, many=True)
     kinds = [d.get("kind") if isinstance(d, dict) else None for d in docs]
+    # Sweeper's own values, not the variables: the workers go to the two held nodes, the launcher
+    # (no GPU) to either of them.
+    own = variables["pair_affinity"]  # Sweeper's: `protected` kept the playbook's vars off it
+    rules = dataclasses.replace(job_rules(ctx, found, (own, {"nodeAffinity": own["nodeAffinity"]}), remediation=False),
+                                pods=2)
     if kinds == ["MPIJob"]:
         check_mpijob(docs[0], variables, path)
+        refuse_unsafe(docs, rules, path)
         return None, docs[0], variables
     if len(docs) != 2 or kinds[0] != "Service" or kinds[1] != "Job":
         raise PlaybookError(f"{path}: a pair template renders two documents, a Service then a Job, or one MPIJob; "
@@ -124,6 +129,7 @@ def render_pair(ctx: ActionContext, template: str, timeout: float,
     service, job = docs
     _check_service(service, variables, path)
     _check_pair_job(job, variables, path)
+    refuse_unsafe(docs, rules, path)
     return service, job, variables
 
 
@@ -236,7 +242,7 @@ def mpijob_pods(job: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @action("run_pair_job",
-        Arg("template", str, default="nccl-pair.yaml.j2", help="file name under job-templates/ (a Service and an "
+        Arg("template", str, default="nccl-pair.yaml.j2", help="a template's name, found as run_job finds it (a Service and an "
             "Indexed Job of two pods)"),
         Arg("timeout", (int, float, str), default="30m", help="activeDeadlineSeconds, and the client deadline"),
         Arg("vars", dict, default=None, help="extra variables for the template"),
@@ -255,7 +261,7 @@ def run_pair_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     service, job, _ = render_pair(ctx, args["template"], timeout, args["vars"] or {})
     if service is None:
         return run_mpijob(ctx, args, job, timeout)
-    namespace = job.get("metadata", {}).get("namespace") or ctx.config.check_namespace
+    namespace = ctx.config.check_namespace  # the rendered Job's own, which the safety check holds to this
     name = job["metadata"]["name"]
     watch, own = _watch_for(ctx, namespace)
     changed = watch.changed(name)  # before the create: no change of the Job can be missed
@@ -473,7 +479,7 @@ NO_OPERATOR = ("the MPI Operator is not installed: this cluster does not serve k
 def run_mpijob(ctx: ActionContext, args: dict[str, Any], job: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Create the MPIJob, follow its conditions by polling, read the launcher's log, and always delete it."""
     assert ctx.kube is not None
-    namespace = job["metadata"].get("namespace") or ctx.config.check_namespace
+    namespace = ctx.config.check_namespace  # the rendered MPIJob's own, which the safety check holds to this
     name = job["metadata"]["name"]
     a = str((ctx.node or {}).get("name", ""))
     result: Result | None = None

@@ -9,6 +9,7 @@ table), from each node's fabric faults."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -125,9 +126,9 @@ def test_an_unpullable_pair_image_is_a_fault_of_the_tool(make_sim: Callable[...,
     """Both pods wait with ErrImagePull, then ImagePullBackOff
     (https://kubernetes.io/docs/concepts/containers/images/#imagepullbackoff): `error`, never
     `fail`, and a fault no pair result may hold against either node."""
-    bad = "ghcr.io/sweeper-dev/nccl-pair:typo"
+    bad = "ghcr.io/sweeper-dev/nccl-pair:typo@sha256:" + "b" * 64  # the config's image (never a playbook var)
     sim = make_sim(fleet_spec(nodes=2, registry={"missing": [bad]}))
-    out, _ = run_pair(sim, vars={"pair_image": bad})
+    out, _ = run_pair(sim, cfg=replace(TEST_CONFIG, pair_image=bad))
     assert out["status"] == "error" and out["failed"] is True, out
     (check,) = out["result"]["checks"]
     assert (check["name"], check["code"]) == ("check.tool", "ErrImagePull")

@@ -16,6 +16,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from sweeper.config import Config
 from sweeper.history import History
 from sweeper.kube import Kube, RetryPolicy
 from sweeper.sim.admission import Policies
@@ -80,7 +81,7 @@ def check_job(name: str, namespace: str = "sweeper-checks", **pod: Any) -> dict[
     spec = {"restartPolicy": "Never", "automountServiceAccountToken": False,
             "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
                 {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["gpu-00"]}]}]}}},
-            "containers": [{"name": "check", "image": "ghcr.io/sweeper-dev/sweeper:0.1.0", "command": ["sweeper", "check"]}],
+            "containers": [{"name": "check", "image": Config().check_image, "command": ["sweeper", "check"]}],
             **pod}
     return {"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/managed-by": "sweeper"}},

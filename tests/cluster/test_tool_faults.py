@@ -21,7 +21,7 @@ from sweeper.policy import HOLDING
 from sweeper.sweep import ATTEMPT_VERDICTS, Sweep
 from tests.conftest import TEST_CONFIG, Sim, fleet_spec, run_sweep
 
-BAD_IMAGE = "ghcr.io/sweeper-dev/sweeper:0.1.0-typo"
+BAD_IMAGE = "ghcr.io/sweeper-dev/sweeper:0.1.0-typo@sha256:" + "c" * 64  # pinned, as every image is
 CFG = replace(TEST_CONFIG, check_timeout=1800)  # 3 s of real time: room for a loaded machine
 
 
@@ -102,7 +102,7 @@ def test_pod_security_admission_refusal_ends_error_with_the_apiserver_words(make
     sim.core.patch_namespace("sweeper-checks", {"metadata": {"labels": {
         "pod-security.kubernetes.io/enforce": "baseline"}}})
     report = run_sweep(sim, history, CFG)
-    words = 'violates PodSecurity "baseline:latest": hostPath volumes (volumes "host-sys", "host-root")'
+    words = 'violates PodSecurity "baseline:latest": hostPath volumes (volume "host-sys")'
     for node in ("gpu-00", "gpu-01"):
         check = assert_tool_error(sim, history, report, node, "refused at creation", words)
         assert check["code"] == "FailedCreate"
@@ -132,7 +132,8 @@ def test_a_missing_configmap_and_a_missing_program_are_faults_of_the_check(make_
                                                                            tmp_path: Path) -> None:
     """A container whose env names a ConfigMap that does not exist waits with CreateContainerConfigError
     (`configmap "x" not found`); a shell whose program is not in the image exits 127."""
-    sim: Sim = make_sim(fleet_spec(nodes=2, registry={"lacking": {"busybox:1.36": ["sweeper"]}}))
+    busybox = "busybox:1.36@sha256:" + "d" * 64  # pinned, and in allowed_images: an author's own image
+    sim: Sim = make_sim(fleet_spec(nodes=2, registry={"lacking": {busybox: ["sweeper"]}}))
     out = tmp_path / "job-templates"
     shutil.copytree(home() / "job-templates", out)
     path = out / "sweeper-check.yaml.j2"
@@ -145,8 +146,8 @@ def test_a_missing_configmap_and_a_missing_program_are_faults_of_the_check(make_
 """))
     shell = out / "shell-check.yaml.j2"
     shell.write_text(text.replace('command: ["sweeper", "check"]', 'command: ["sh", "-c", "sweeper check --json"]')
-                     .replace("image: {{ image | tojson }}", 'image: "busybox:1.36"'))
-    cfg = replace(CFG, template_dir=str(out))
+                     .replace("image: {{ image | tojson }}", f'image: "{busybox}"'))
+    cfg = replace(CFG, template_dir=str(out), allowed_images=(busybox,))
     report = run_sweep(sim, history, replace(cfg, max_nodes=1, run_deadline=1))  # gpu-00 alone
     check = assert_tool_error(sim, history, report, "gpu-00", "CreateContainerConfigError",
                               'configmap "sweeper-extra" not found')
