@@ -208,3 +208,29 @@ def test_xid_144_to_150_fatal_resets_and_nonfatal_warns() -> None:
     for code in range(144, 151):
         assert verdict_of(line(code, "NETIR_LINK_EVT Fatal XC0 i0 Link 05 (0x00440002 0x00000001 0x0)")) == "reboot"
         assert verdict_of(line(code, "RLW_REMAP Nonfatal XC1 i0 Link 05 (0x00000004 0x00000001 0x0)")) == "warn"
+
+
+# -- the driver's own recovery action, read through NVML -----------------------------------------
+
+@pytest.mark.parametrize(("action", "verdict", "resets"), [
+    (0, "pass", False), (1, "reboot", True), (2, "reboot", False), (3, "warn", False), (4, "reboot", True),
+    (None, "pass", False)])
+def test_the_nvml_recovery_action_decides_where_the_driver_reports_it(action: int | None, verdict: str,
+                                                                       resets: bool) -> None:
+    """NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (pynvml: NONE 0, GPU_RESET 1, NODE_REBOOT 2, DRAIN_P2P 3,
+    DRAIN_AND_RESET 4), the reading XID 154 announces. A driver that does not report it (None) gives
+    no finding that holds, never a failure; a swept node is drained, so drain-and-reset is a reset."""
+    from sweeper.checks import run_node_checks
+    from sweeper.checks.fake import FakeGpu, FakeNvml
+    from sweeper.checks.options import CheckOptions
+
+    gpus = [FakeGpu(index=i) for i in range(8)]
+    gpus[4].recovery_action = action
+    r = run_node_checks(CheckOptions(node="n1"), FakeNvml(gpus), "[    5.000000] nvidia: loading\n", now=0.0)
+    doc = r.to_dict()
+    assert judge_findings([doc], SHIPPED.findings).verdict == verdict
+    found = [c for c in doc["checks"] if c["name"] == "gpu.recovery_action" and c["status"] == "fail"]
+    assert resettable([f"{c['name']}|{c['code']}" for c in found]) is resets
+    if action is None:
+        assert [c["status"] for c in doc["checks"] if c["name"] == "gpu.recovery_action" and c.get("gpu") == 4] \
+            == ["skip"]
