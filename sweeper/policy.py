@@ -477,7 +477,7 @@ def _span(seconds: float) -> str:
 # `reboot` is the reset path too: the remedy resets the GPUs instead when every cause is one a GPU
 # reset clears (remedy.resettable) and gpu_reset is on.
 XID_ACTIONS = {"reset_gpu": "reboot", "workflow_48": "reboot", "workflow_nvlink": "reboot",
-               "workflow_nvlink5": "reboot", "reboot": "reboot", "restart_vm": "reboot", "replace": "replace",
+               "workflow_nvlink5": "reboot", "reboot": "reboot", "replace": "replace",
                "inspect": "quarantine", "update_swfw": "quarantine", "contact_support": "quarantine"}
 
 # The findings table alone, for callers without a policy file (the same as the shipped one's).

@@ -28,12 +28,12 @@ CATALOG_URL = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.h
 # the workflow to follow. Rows 162-172 name no bucket.
 BUCKET_ACTIONS = {
     "IGNORE": "ignore", "RESTART_APP": "restart_app", "RESET_GPU": "reset_gpu", "RESTART_BM": "reboot",
-    "RESTART_VM": "restart_vm", "CHECK_MECHANICALS": "inspect", "UPDATE_SWFW": "update_swfw",
+    "RESTART_VM": "reboot", "CHECK_MECHANICALS": "inspect", "UPDATE_SWFW": "update_swfw",
     "CONTACT_SUPPORT": "contact_support", "XID_154": "follow_text", "CHECK_UVM": "check_uvm",
     "WORKFLOW_XID_45": "workflow_45", "WORKFLOW_XID_48": "workflow_48", "WORKFLOW_NVLINK_ERR": "workflow_nvlink",
     "WORKFLOW_NVLINK5_ERR": "workflow_nvlink5", "": "none_listed",
 }
-ACTIONS = ("ignore", "restart_app", "reset_gpu", "reboot", "restart_vm", "replace", "inspect", "update_swfw",
+ACTIONS = ("ignore", "restart_app", "reset_gpu", "reboot", "replace", "inspect", "update_swfw",
            "contact_support", "follow_text", "check_uvm", "workflow_45", "workflow_48", "workflow_nvlink",
            "workflow_nvlink5", "none_listed", "unknown")
 SEVERITIES = ("info", "warning", "critical", "fatal")
@@ -43,7 +43,7 @@ WARN_ONLY = frozenset({"ignore", "restart_app", "check_uvm", "none_listed", "unk
 # Actions a GPU reset clears (NVIDIA's RESET_GPU; XID 48's workflow resets, solo or with 63/64;
 # a fatal NVLink error needs "a GPU reset or node reboot").
 RESETS = frozenset({"reset_gpu", "workflow_48", "workflow_nvlink", "workflow_nvlink5"})
-_SEVERITY = {"ignore": "info", "restart_app": "warning", "reboot": "fatal", "restart_vm": "fatal",
+_SEVERITY = {"ignore": "info", "restart_app": "warning", "reboot": "fatal",
              "none_listed": "warning", "unknown": "warning", "check_uvm": "warning"}
 
 
