@@ -156,6 +156,68 @@ def nvlink74(message: str) -> tuple[str, str]:
     return "fail", f"{', '.join(bits[:4])}: reset the GPU, check the link if it returns (NVIDIA's XID 74 workflow)"
 
 
+# The catalogue's "XID 144-150 Decode" sheet: per sub-component (as the line names it, before and
+# from R575) and Error Status (the second field), the Immediate bucket: I = IGNORE, E = XID_154_EVAL
+# (RESTART_APP without an XID 154), R = RESET_GPU. A status not listed is decided by the line's own
+# "Fatal"/"Nonfatal". RLW_RXPIPE's 0x1-0x4 are promoted to RESET_GPU when IntrInfo's action-2 bit is
+# set (bit 10 before R575, bit 7 from it). NETIR sub-components are RESET_GPU ("Link Fatal"), but for
+# the link-down reasons 0b100110 and 0b101000 (IGNORE); before R575 the reason is IntrInfo[25:20]
+# (leptonai/gpud's tests read 0x026001c6 as reason 38 and 0x025001c6 as 37, a peer device).
+_TLW = {0x1: "I", 0x2: "I", 0x4: "R", 0x80000000: "I"}
+NVLINK5_DECODE: dict[str, dict[int, str]] = {
+    "SAW_MVB": {0x1: "I", 0x2: "R", 0x4: "I", 0x8: "I", 0x10: "R", 0x20: "I"},
+    "RLW_CTRL": {0x80000000: "I"},
+    "RLW_REMAP": {**dict.fromkeys((0x1, 0x2, 0x4, 0x8, 0x10, 0x20), "E"), 0x40: "R", 0x80: "R", 0x100: "I",
+                  0x200: "I", 0x80000000: "I"},
+    "RLW_RSPCOL": {0x1: "I", 0x2: "R", 0x80000000: "I"},
+    "RLW_RXPIPE": {0x1: "I", 0x2: "I", 0x4: "I", 0x8: "I", 0x80000000: "I"},
+    "RLW_SRC_TRACK": {0x1: "R", 0x2: "I", 0x4: "E", 0x8: "E", 0x10: "R", 0x20: "R", 0x80000000: "I"},
+    "RLW_TAGSTATE": {0x1: "I", 0x2: "R", 0x10000: "I", 0x20000: "R", 0x100000: "R", 0x80000000: "I"},
+    **dict.fromkeys(("TLW_CTRL", "TLW_RX", "TLW_RX_PIPE0", "TLW_RX_PIPE1", "TLW_TX", "TLW_TX_PIPE0",
+                     "TLW_TX_PIPE1"), _TLW),
+    "TREX": {0x1: "I", 0x80000000: "I"},
+    "NVLPW_CTRL": {0x80000000: "I"}, "NVLPW": {0x80000000: "I"},
+    "NETIR_BER_EVENT": {0x0: "I", 0x1: "I", 0x2: "I", 0x3: "I"},
+    "NETIR_MFDE_EVENT": {0x1: "R", 0x3: "I", 0x4: "R", 0x5: "R", 0x7: "R"},
+    "MSE_WATCHDOG": {0x0: "R"},
+}
+_NETIR_FATAL = ("NETIR", "NETIR_INT", "NETIR_LINK_EVT", "NETIR_LINK_DOWN")
+_NETIR_IGNORED_REASONS = {0b100110, 0b101000}
+_NVLINK5_LINE = re.compile(r"\b(?P<sub>[A-Z][A-Z0-9_]*)\s+(?P<sev>Fatal|Nonfatal)\b.*?\(\s*(?P<intr>0x[0-9a-fA-F]+)"
+                           r"(?:[\s,]+(?P<status>0x[0-9a-fA-F]+))?")
+_BUCKET_STATUS = {"I": ("warn", "IGNORE"), "E": ("warn", "XID_154_EVAL: restart the application, or follow "
+                                                          "XID 154"), "R": ("fail", "RESET_GPU")}
+
+
+def nvlink5(message: str) -> tuple[str, str] | None:
+    """An XID 144-150 line decoded by the catalogue's sheet: (status, why), or None where the sheet
+    does not say (the line's own Fatal/Nonfatal decides then)."""
+    m = _NVLINK5_LINE.search(message)
+    if m is None:
+        return None
+    sub, intr = m.group("sub"), int(m.group("intr"), 16)
+    status = int(m.group("status"), 16) if m.group("status") else None
+    if sub in _NETIR_FATAL:
+        reason = intr >> 20 & 0x3F
+        if sub == "NETIR_LINK_EVT" and reason in _NETIR_IGNORED_REASONS:
+            return "warn", f"{sub} reason {reason:#08b}: IGNORE (NVIDIA's XID 144-150 decode)"
+        return "fail", f"{sub}: RESET_GPU (NVIDIA's XID 144-150 decode: link fatal)"
+    table = NVLINK5_DECODE.get(sub)
+    if table is None or status is None:
+        return None
+    bits = [status] if status in table else [1 << b for b in range(32) if status >> b & 1]
+    if not bits or any(b not in table for b in bits):
+        return None
+    buckets = {table[b] for b in bits}
+    if sub == "RLW_RXPIPE" and buckets & {"I"} and bits[0] in (0x1, 0x2, 0x4):
+        promoted = intr >> 10 & 1 if intr & 0x3FF == 0b0011000010 else intr >> 7 & 1
+        if promoted:
+            buckets.add("R")
+    worst = "R" if "R" in buckets else "E" if "E" in buckets else "I"
+    verdict, bucket = _BUCKET_STATUS[worst]
+    return verdict, f"{sub} status {status:#010x}: {bucket} (NVIDIA's XID 144-150 decode)"
+
+
 def _verdict(code: int, info: XidInfo, same: list[XidEvent], others: set[int]) -> tuple[str, str, str]:
     """(status, what to do, finding code) for one group of lines of one code on one device."""
     a = info.action
@@ -177,6 +239,9 @@ def _verdict(code: int, info: XidInfo, same: list[XidEvent], others: set[int]) -
         status, why = nvlink74(same[-1].message)
         return status, why, str(code)
     if a == "workflow_nvlink5":
+        decoded = nvlink5(same[-1].message)
+        if decoded is not None:
+            return decoded[0], decoded[1], str(code)
         if re.search(r"\bNonfatal\b", same[-1].message, re.I):
             return "warn", "nonfatal: ignore, or follow XID 154 (NVIDIA's XID 144-150 decode)", str(code)
         return "fail", "reset the GPU (NVIDIA's XID 144-150 decode: fatal errors are RESET_GPU)", str(code)

@@ -203,11 +203,38 @@ def test_xid_74_is_decoded_by_nvidias_workflow(fields: str, status: str) -> None
 
 
 def test_xid_144_to_150_fatal_resets_and_nonfatal_warns() -> None:
-    """The catalogue's "XID 144-150 Decode" sheet: its Non-fatal rows are IGNORE or XID_154_EVAL
-    (RESTART_APP without an XID 154), its Fatal rows RESET_GPU."""
+    """Where the decode sheet does not say, the line's own word decides: its Non-fatal rows are
+    IGNORE or XID_154_EVAL (RESTART_APP without an XID 154), its Fatal rows RESET_GPU."""
     for code in range(144, 151):
-        assert verdict_of(line(code, "NETIR_LINK_EVT Fatal XC0 i0 Link 05 (0x00440002 0x00000001 0x0)")) == "reboot"
-        assert verdict_of(line(code, "RLW_REMAP Nonfatal XC1 i0 Link 05 (0x00000004 0x00000001 0x0)")) == "warn"
+        assert verdict_of(line(code, "FOO_UNIT Fatal XC0 i0 Link 05 (0x00440002 0x00000001 0x0)")) == "reboot"
+        assert verdict_of(line(code, "FOO_UNIT Nonfatal XC1 i0 Link 05 (0x00000004 0x00000001 0x0)")) == "warn"
+
+
+# Lines as the R570-R580 drivers print them (leptonai/gpud's XID tests quote these), and the bucket the
+# catalogue's "XID 144-150 Decode" sheet gives their sub-component and Error Status (second field).
+@pytest.mark.parametrize(("code", "text", "status"), [
+    (144, "SAW_MVB Nonfatal XC0 i0 Link 0 (0x00000001 0x00000008 0x00000000 0x00000000)", "warn"),   # IGNORE
+    (144, "SAW_MVB Fatal XC0 i0 Link 0 (0x00000001 0x00000010 0x00000000 0x00000000)", "fail"),      # RESET_GPU
+    (145, "RLW_CTRL Nonfatal XC0 i0 Link 00 (0x00000003 0x80000000 0x00000000 0x00000000)", "warn"),
+    (145, "RLW_REMAP Nonfatal XC0 i0 Link 00 (0x00000004 0x00000001 0x00000000 0x00000000)", "warn"),  # 154_EVAL
+    (145, "RLW_REMAP Fatal XC0 i0 Link 00 (0x00000004 0x00000080 0x00000000 0x00000000)", "fail"),
+    (145, "RLW_RXPIPE Nonfatal XC0 i0 Link 11 (0x00000006 0x00000002 0x0 0x0)", "warn"),     # IGNORE
+    (145, "RLW_RXPIPE Nonfatal XC0 i0 Link 11 (0x00000086 0x00000002 0x0 0x0)", "fail"),     # action 2, R575+
+    (145, "RLW_RXPIPE Nonfatal XC0 i0 Link 11 (0x000004c2 0x00000004 0x0 0x0)", "fail"),     # action 2, <R575
+    (146, "TLW_RX_PIPE1 Nonfatal XC0 i0 Link 02 (0x0000000b 0x00000002 0x0 0x0)", "warn"),
+    (146, "TLW_TX_PIPE0 Fatal XC0 i0 Link 02 (0x0000000c 0x00000004 0x0 0x0)", "fail"),
+    (149, "NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x025001c6 0x00000000 0x00000000 0x00000000)", "fail"),  # peer
+    (149, "NETIR_LINK_EVT Fatal XC0 i0 Link 00 (0x026001c6 0x00000000 0x00000000 0x00000000)", "warn"),  # SW/user
+    (149, "NETIR_LINK_EVT Fatal XC0 i0 Link 08 (0x004505c6 0x00000000 0x00000000 0x00000000)", "fail"),  # link SI
+    (149, "NETIR_BER_EVENT Nonfatal XC0 i0 Link 08 (0x00000013 0x00000002 0x0 0x0)", "warn"),
+    (149, "NETIR_MFDE_EVENT Fatal XC0 i0 Link 08 (0x00000014 0x00000004 0x0 0x0)", "fail"),
+    (150, "MSE_WATCHDOG Fatal XC0 i0 Link 00 (0x00000000 0x00000000 0x00000000 0x00000000)", "fail"),
+])
+def test_xid_144_to_150_are_decoded_by_nvidias_sheet(code: int, text: str, status: str) -> None:
+    checks, _ = judge_kernel_log(line(code, text))
+    assert [c.status for c in checks] == [status], checks[0].message
+    assert verdict_of(line(code, text)) == ("reboot" if status == "fail" else "warn")
+    assert resettable([f"xid|{code}"])
 
 
 # -- the driver's own recovery action, read through NVML -----------------------------------------
