@@ -479,6 +479,14 @@ def _span(seconds: float) -> str:
     return f"{seconds / 60:g}m"
 
 
+# An XID's action (sweeper/xid.py BUCKET_ACTIONS, from NVIDIA's catalogue) -> verdict, for the XIDs
+# that fail; those NVIDIA says need nothing or an application restart only warn and never come here.
+# `reboot` is the reset path too: the remedy resets the GPUs instead when every cause is one a GPU
+# reset clears (remedy.resettable) and gpu_reset is on.
+XID_ACTIONS = {"reset_gpu": "reboot", "workflow_48": "reboot", "workflow_nvlink": "reboot",
+               "workflow_nvlink5": "reboot", "reboot": "reboot", "replace": "replace",
+               "inspect": "quarantine", "update_swfw": "quarantine", "contact_support": "quarantine"}
+
 # The findings table alone, for callers without a policy file (the same as the shipped one's).
 BUILT_IN = Policy(findings=Findings(
     codes={"REMAP_FAILURE": "replace", "RETIRED_PAGES": "replace", "REMAP_PENDING": "reboot",
@@ -489,4 +497,4 @@ BUILT_IN = Policy(findings=Findings(
     checks={"gpu.count": "reboot", "dcgm.gpu_count": "reboot", "sxid": "reboot", "gpu.allocatable": "quarantine"},
     dcgm={"80": "replace", "84": "reboot", "85": "reboot", "6": "reboot", "4": "reboot", "14": "reboot",
           "120": "reboot", "125": "reboot", "126": "reboot", "128": "reboot", "29": "warn"},
-    xid_actions={"replace": "replace", "reboot": "reboot", "reset_gpu": "reboot"}))
+    xid_actions=XID_ACTIONS))

@@ -28,7 +28,7 @@ from sweeper.clock import Clock, iso
 from sweeper.config import Config
 from sweeper.errors import ConfigError, KubeError, NotFound, SweeperError
 from sweeper.fleet import NodeView
-from sweeper.xid import lookup
+from sweeper.xid import resets
 
 # The GPU Operator's operands that hold the GPUs open, by the suffix of their deploy label and their
 # pods' `app` label. The operator runs an operand on a node whose nvidia.com/gpu.deploy.<operand>
@@ -42,7 +42,7 @@ DEPLOY_LABEL = "nvidia.com/gpu.deploy."
 OPERANDS_GONE_TIMEOUT = 300.0
 
 # Causes a GPU reset clears, without rebooting the node.
-RESETTABLE_CODES = {"row_remap|REMAP_PENDING", "gpu.recovery_action|RECOVERY_RESET", "dcgm.software|85",
+RESETTABLE_CODES = {"row_remap|REMAP_PENDING", "gpu.recovery_action|RECOVERY_RESET", "xid|RECOVERY_RESET", "dcgm.software|85",
                     "dcgm.memory|85", "dcgm.software|84"}
 
 
@@ -60,7 +60,7 @@ def resettable(causes: list[str]) -> bool:
         if c in RESETTABLE_CODES:
             return True
         name, _, code = c.partition("|")
-        return name == "xid" and code.isdigit() and lookup(int(code)).action == "reset_gpu"
+        return name == "xid" and code.isdigit() and resets(int(code))
     return bool(causes) and all(one(c) for c in causes)
 
 

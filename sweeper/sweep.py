@@ -66,6 +66,7 @@ class Recorder(Protocol):
                     sweep_ids: tuple[int | None, int | None] = (None, None)) -> int: ...
     def known_good(self, since: float) -> set[str]: ...
     def pair_suspects(self, since: float) -> dict[str, str]: ...
+    def xids_cleared(self, node: str) -> float | None: ...
     def pair_results(self, node: str, since: float, until: float) -> list[dict[str, Any]]: ...
     # what the policy's history rules read (policy.Past)
     def sweeps(self, node: str, since: float, until: float) -> list[dict[str, Any]]: ...
@@ -955,7 +956,8 @@ class Sweep:
     def _play(self, run_id: str, sweep_id: int, node: NodeView, profile: profiles.Profile,
               playbook: Playbook | None = None) -> tuple[str, list[str], str, dict[str, Any] | None]:
         dismissed = (self._dismissal(run_id, node.name) or {}).get("keys", [])
-        node_vars = {**self._node_vars(node, profile), "dismissed": dismissed}
+        node_vars = {**self._node_vars(node, profile), "dismissed": dismissed,
+                     "xids_cleared": self.rec.xids_cleared(node.name)}
         ctx = ActionContext(
             config=self.cfg, clock=self.clock, kube=self.kube, node=node_vars, run_id=run_id,
             on_result=lambda r: self.rec.result(sweep_id, r),
@@ -1207,7 +1209,8 @@ class Sweep:
         """Run the pair playbook once: `node` is A, `partner` B, `pair_mode` the mode. Each result
         is recorded on both nodes' sweep rows."""
         dismissed = (self._dismissal(run_id, a.name) or {}).get("keys", [])
-        node_vars = {**self._node_vars(a, profs[0]), "dismissed": dismissed}
+        node_vars = {**self._node_vars(a, profs[0]), "dismissed": dismissed,
+                     "xids_cleared": self.rec.xids_cleared(a.name)}
         partner_vars = self._node_vars(b, profs[1])
 
         def on_result(r: Result) -> None:
