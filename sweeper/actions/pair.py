@@ -93,7 +93,7 @@ def pair_variables(ctx: ActionContext, template: str, timeout: float, extra: dic
         "all_gpus": {"nvidia.com/gpu": str(node.get("gpus", 0))},
         "fabric_resources": dict(profile.get("fabric_resources") or {}),
         "priority_class": ctx.config.check_priority_class,
-        "platform": ctx.config.platform, "runtime_class": ctx.config.runtime_class_name,
+        "platform": ctx.config.platform_name, "runtime_class": ctx.config.runtime_class_name,
         **extra}
 
 
