@@ -115,7 +115,7 @@ def resolve(cfg: Config, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]
             runtime_classes: Callable[[], set[str] | None]) -> tuple[Config, Found | None]:
     """The config with `auto` settled from the cluster (runtime_classes: a callable that reads them,
     called only when needed), and what was found; (cfg, None) when nothing is `auto`."""
-    if "auto" not in (cfg.platform, cfg.runtime_class, cfg.dcgm_hostengine):
+    if "auto" not in (cfg.platform, cfg.dcgm_hostengine):  # a named platform names its runtime class
         return cfg, None
     found = detect(nodes, pods, runtime_classes())
     return found.apply(cfg), found
