@@ -746,7 +746,7 @@ def resume(config_path: str | None, kubeconfig: str | None, context: str | None,
 def plan_cmd(config_path: str | None, kubeconfig: str | None, context: str | None, state: str, out: Out) -> None:
     """Which nodes a sweep would take now, and why every other GPU node is skipped. Changes nothing
     (not even the history file: a missing one is not created)."""
-    from sweeper.fleet import looked_for
+    from sweeper.fleet import gpu_nodes, looked_for
     from sweeper.fleet import plan as make_plan
 
     cfg = _config(config_path)
@@ -757,8 +757,11 @@ def plan_cmd(config_path: str | None, kubeconfig: str | None, context: str | Non
     from sweeper.sweep import Sweep
 
     sweep = Sweep(kube, cfg, hist)
+    found = sweep.resolve_platform(gpu_nodes(nodes, cfg), pods)
+    cfg = sweep.cfg
     gates = sweep.gates()
     p = make_plan(nodes, pods, cfg, hist.last_swept(sweep.kind), time.time(), gates)
+    p.notes = [*(found.why if found else ()), *p.notes]
     rows: list[dict[str, Any]] = [{"node": d.node.name, "take": d.take, "reason": d.reason, "detail": d.detail}
                                   for d in p.take + p.skip]
     partners = sweep.partners(p) if sweep.playbook.pair else None
@@ -770,7 +773,9 @@ def plan_cmd(config_path: str | None, kubeconfig: str | None, context: str | Non
             r.update(take=False, reason="no-partner", detail="no other due node of its profile and placement "
                      "(pair_labels) to pair with within the budget; it waits")
     doc = {"gpu_nodes": p.gpu_nodes, "found_by": looked_for(cfg), "held": p.held, "budget": p.budget, "nodes": rows,
-           "paused": gates.paused, "breaker": gates.breaker}
+           "paused": gates.paused, "breaker": gates.breaker, "notes": p.notes,
+           "platform": {"platform": cfg.platform, "runtime_class": cfg.runtime_class_name,
+                        "dcgm_hostengine": cfg.hostengine}}
     if out.fmt == "json":
         click.echo(json.dumps(doc, indent=2))
         return
@@ -786,6 +791,8 @@ def plan_cmd(config_path: str | None, kubeconfig: str | None, context: str | Non
                   "device plugin running on the GPU nodes? Set gpu_resources / gpu_resource_prefixes for "
                   "another resource name" + (", or check gpu_node_selector." if cfg.gpu_node_selector else "."))
         return
+    for note in p.notes:
+        out.write(note)
     out.title(f"{p.gpu_nodes} GPU nodes, {p.held} held, budget {p.budget}")
     cols = (Col("node"), Col("take"), *((Col("partner"),) if partners is not None else ()), Col("reason"),
             Col("detail", cut=True))

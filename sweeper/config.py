@@ -38,7 +38,7 @@ def home() -> Path:
 
 
 PROVIDERS = ("karpenter", "asg", "manual")
-PLATFORMS = ("generic", "eks", "aks", "gke")
+PLATFORMS = ("auto", "generic", "eks", "aks", "gke")
 # The runtime class a platform's GPU nodes need, unless `runtime_class` names one: the GPU Operator
 # creates RuntimeClass `nvidia` (generic clusters); EKS's and AKS's GPU node images make NVIDIA's
 # runtime containerd's default, and GKE's device plugin mounts the driver itself, so none is named there.
@@ -46,9 +46,9 @@ PLATFORMS = ("generic", "eks", "aks", "gke")
 # https://docs.aws.amazon.com/eks/latest/userguide/ml-eks-optimized-ami.html
 # https://cloud.google.com/kubernetes-engine/docs/how-to/gpus#cuda
 PLATFORM_RUNTIME_CLASS = {"generic": "nvidia", "eks": "", "aks": "", "gke": ""}
-# `dcgm_hostengine`: empty (the Job starts its own), `node` or `node:PORT` (the engine on the node's
-# own address), or HOST:PORT.
-_HOSTENGINE = r"^$|^node(:[0-9]{1,5})?$|^[A-Za-z0-9.-]+:[0-9]{1,5}$"
+# `dcgm_hostengine`: auto (found with the platform), empty (the Job starts its own), `node` or
+# `node:PORT` (the engine on the node's own address), or HOST:PORT.
+_HOSTENGINE = r"^$|^auto$|^node(:[0-9]{1,5})?$|^[A-Za-z0-9.-]+:[0-9]{1,5}$"
 _NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a Kubernetes DNS-1123 label (namespaces, Lease names)
 _NAME_WORDS = "a DNS-1123 label: lowercase letters, digits and '-'"
 WEBHOOK_ENV = "SWEEPER_WEBHOOK_URL"  # the deploy sets it from the optional Secret sweeper-webhook
@@ -175,15 +175,18 @@ class Config:
     abort_on_demand: bool = setting(False, "also stop running (abortable) checks then and hand their nodes back")
     max_replacements_per_hour: int = setting(2, "beyond this, a replace verdict becomes quarantine", ge=0)
     check_priority_class: str = setting("", "a low PriorityClass for check pods")
-    platform: str = setting("generic", "where the GPU nodes run: sets the runtime class and GKE's driver mount",
+    platform: str = setting("auto", "where the GPU nodes run: sets the runtime class and GKE's driver mount; "
+                            "auto reads it from the cluster (node labels, RuntimeClass nvidia, the GPU Operator)",
                             choices=PLATFORMS)
-    runtime_class: str = setting("auto", "runtimeClassName of check Jobs: auto (`nvidia` on generic, none on "
-                                 "eks, aks, gke), a name, or \"\" for none",
+    runtime_class: str = setting("auto", "runtimeClassName of check Jobs: auto (RuntimeClass `nvidia` where it "
+                                 "exists, else none; with a named platform: `nvidia` on generic, none on eks, aks, "
+                                 "gke), a name, or \"\" for none",
                                  pattern=r"^(auto|[a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$",
                                  allowed="auto, a RuntimeClass name, or \"\"")
-    dcgm_hostengine: str = setting("", "the node's DCGM host engine: \"\" (the Job runs its own), node, "
-                                   "node:PORT (the node's own address) or HOST:PORT", pattern=_HOSTENGINE,
-                                   allowed="\"\", node, node:PORT or HOST:PORT")
+    dcgm_hostengine: str = setting("auto", "the node's DCGM host engine: auto (node where the GPU Operator's "
+                                   "nvidia-dcgm runs on every GPU node, else \"\"), \"\" (the Job runs its own), "
+                                   "node, node:PORT (the node's own address) or HOST:PORT", pattern=_HOSTENGINE,
+                                   allowed="auto, \"\", node, node:PORT or HOST:PORT")
     dcgm_level: int | None = setting(None, "DCGM diagnostic level (-r) of every DCGM playbook run, over the "
                                      "profile's (empty: the profile's, else 2); a schedule may set its own",
                                      ge=1, le=4)
@@ -246,8 +249,21 @@ class Config:
 
     @property
     def runtime_class_name(self) -> str:
-        """The runtimeClassName check Jobs carry ("" for none)."""
-        return PLATFORM_RUNTIME_CLASS[self.platform] if self.runtime_class == "auto" else self.runtime_class
+        """The runtimeClassName check Jobs carry ("" for none). An unresolved `platform: auto` (no
+        cluster was read) is taken as generic."""
+        if self.runtime_class != "auto":
+            return self.runtime_class
+        return PLATFORM_RUNTIME_CLASS["generic" if self.platform == "auto" else self.platform]
+
+    @property
+    def platform_name(self) -> str:
+        """The platform the templates see; an unresolved `auto` is generic."""
+        return "generic" if self.platform == "auto" else self.platform
+
+    @property
+    def hostengine(self) -> str:
+        """The dcgm_hostengine check Jobs use; an unresolved `auto` is the Job's own engine."""
+        return "" if self.dcgm_hostengine == "auto" else self.dcgm_hostengine
 
     def webhook(self, environ: Mapping[str, str] | None = None) -> str:
         """The webhook URL: $SWEEPER_WEBHOOK_URL, else webhook_url_file's content, else webhook_url. A

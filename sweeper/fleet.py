@@ -124,6 +124,7 @@ class Plan:
     held: int = 0
     budget: int = 0
     profiles: dict[str, str] = field(default_factory=dict)  # every GPU node seen -> its profile's name
+    notes: list[str] = field(default_factory=list)  # what `plan` says beside the table: the platform found, the budget
 
 
 def requests_gpu(pod: dict[str, Any], cfg: Config) -> bool:
@@ -167,9 +168,24 @@ def pending_gpu_pods(pods: list[dict[str, Any]], cfg: Config) -> list[str]:
 
 
 def budget(cfg: Config, gpu_nodes: int, held: int) -> int:
-    """Nodes that may still be taken: the smaller of max_nodes and max_percent, less those already held."""
-    by_percent = math.floor(gpu_nodes * cfg.max_percent / 100.0)
-    return max(0, min(cfg.max_nodes, by_percent) - held)
+    """Nodes that may still be taken: the smaller of max_nodes and max_percent, less those already held.
+    A share that rounds down to none still allows one node (a fleet under ten nodes at the default
+    10% would never be swept); `max_nodes: 0` or `max_percent: 0` is none."""
+    return max(0, min(cfg.max_nodes, _by_percent(cfg, gpu_nodes)) - held)
+
+
+def _by_percent(cfg: Config, gpu_nodes: int) -> int:
+    share = math.floor(gpu_nodes * cfg.max_percent / 100.0)
+    return 1 if share == 0 and gpu_nodes > 0 and cfg.max_percent > 0 else share
+
+
+def budget_note(cfg: Config, gpu_nodes: int) -> str:
+    """Why the budget is one where max_percent of the fleet rounds down to none ('' otherwise)."""
+    if gpu_nodes > 0 and cfg.max_nodes > 0 and cfg.max_percent > 0 and \
+            math.floor(gpu_nodes * cfg.max_percent / 100.0) == 0:
+        return (f"budget: {cfg.max_percent:g}% of {gpu_nodes} GPU nodes rounds down to none; a fleet this small "
+                "is swept one node at a time (max_nodes: 0 to sweep none)")
+    return ""
 
 
 @dataclass(frozen=True)
@@ -231,6 +247,7 @@ def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, l
         else:
             eligible.append(v)
     out.budget = budget(cfg, out.gpu_nodes, out.held)
+    out.notes = [n for n in (budget_note(cfg, out.gpu_nodes),) if n]
     healthy = sum(1 for v in views if healthy_schedulable(v, cfg))
     floor = max(cfg.min_healthy_nodes, math.ceil(out.gpu_nodes * cfg.min_healthy_percent / 100.0))
     out.budget = max(0, min(out.budget, healthy - floor))

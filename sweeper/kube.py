@@ -263,6 +263,15 @@ class Kube:
     def list_nodes(self, label_selector: str = "", page_size: int = 500) -> list[dict[str, Any]]:
         return list(self._pages("list nodes", self.core.list_node, page_size, label_selector=label_selector))
 
+    def runtime_class_names(self) -> set[str] | None:
+        """The cluster's RuntimeClasses (node.k8s.io/v1), or None where they cannot be read (403, not served)."""
+        api = client.NodeV1Api(self.api_client)
+        try:
+            return {str((rc.get("metadata") or {}).get("name")) for rc in
+                    self._pages("list runtimeclasses", api.list_runtime_class, 500)}
+        except (Forbidden, NotFound):
+            return None
+
     def get_node(self, name: str) -> dict[str, Any]:
         return self._call(f"get node {name}", lambda: self.core.read_node(name, _preload_content=False))
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 import tempfile
 from dataclasses import dataclass, field, replace
@@ -75,6 +76,7 @@ class Options:
     node_selector: dict[str, str] = field(default_factory=dict)
     image: str = IMAGE
     metrics_namespace: str = METRICS_NAMESPACE
+    platform: str = ""  # written into the config's `platform` when named (else it stays `auto`)
 
 
 # -- the CronJob's deadline -------------------------------------------------------------------------------
@@ -291,6 +293,11 @@ def render(root: Path | None = None, mode: str = "cronjob", opts: Options | None
     root = root or home()
     opts = opts or Options()
     base = (root / "deploy" / "base.yaml").read_text()
+    if opts.platform:
+        base, n = re.subn(r"(?m)^(    platform: )auto\b.*$", rf"\g<1>{opts.platform}  # python -m sweeper.manifests "
+                          rf"--platform {opts.platform}; auto reads it from the cluster", base)
+        if n != 1:
+            raise ConfigError("deploy/base.yaml: the config has no `platform: auto` line to set")
     config = _config_of(base)
     config = replace(config, playbook_dir=str(root / "playbooks"))
     other = "deploy/cronjob.yaml" if mode == "serve" else "deploy/serve/serve.yaml"
@@ -337,9 +344,10 @@ def options(argv: list[str]) -> tuple[str, Options]:
     ap = argparse.ArgumentParser(prog="python -m sweeper.manifests", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", nargs="?", choices=("cronjob", "serve"), default="cronjob")
-    ap.add_argument("--platform", choices=sorted(PLATFORMS), default="eks",
-                    help="the storage class of the platform's own CSI driver (eks: gp3, aks: managed-csi, "
-                         "gke: standard-rwo)")
+    ap.add_argument("--platform", choices=sorted(PLATFORMS),
+                    help="the config's `platform` (default: auto, read from the cluster) and the storage class "
+                         "of the platform's own CSI driver (eks: gp3, the default; aks: managed-csi; gke: "
+                         "standard-rwo)")
     ap.add_argument("--storage-class", help="the history volume's storage class, whatever the platform")
     ap.add_argument("--toleration", action="append", metavar="KEY[=VALUE][:EFFECT]",
                     help="a taint the controller tolerates (repeatable; default: CriticalAddonsOnly)")
@@ -356,8 +364,9 @@ def options(argv: list[str]) -> tuple[str, Options]:
             raise ConfigError(f"--node-selector {s!r}: KEY=VALUE")
         selector[k] = v
     tolerations = tuple(_toleration(t) for t in a.toleration) if a.toleration else SYSTEM_TOLERATIONS
-    return a.mode, Options(storage_class=a.storage_class or PLATFORMS[a.platform], tolerations=tolerations,
-                           node_selector=selector, image=a.image, metrics_namespace=a.metrics_namespace)
+    return a.mode, Options(storage_class=a.storage_class or PLATFORMS[a.platform or "eks"], tolerations=tolerations,
+                           node_selector=selector, image=a.image, metrics_namespace=a.metrics_namespace,
+                           platform=a.platform or "")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol, cast
 
-from sweeper import pairing, profiles, signals
+from sweeper import pairing, platforms, profiles, signals
 from sweeper.actions import ActionContext, load_all
 from sweeper.actions import node as node_actions
 from sweeper.actions.decide import policy_for
@@ -154,6 +154,7 @@ class Sweep:
                  mode: str = "sweep", controls: Controls | None = None) -> None:
         self.kube = kube
         self.cfg = config
+        self.auto_cfg = config  # as configured: each run settles its `auto` keys from the cluster again
         self.rec = recorder
         self.controls = controls or Controls(kube, config.namespace, config.control_name)
         self.clock = clock or WallClock()
@@ -199,6 +200,7 @@ class Sweep:
         discovery read and marked (one query of each source a run)."""
         nodes = gpu_nodes(self.kube.list_nodes(self.cfg.gpu_node_selector, page_size=self.cfg.page_size), self.cfg)
         pods = self.kube.active_pods(page_size=self.cfg.page_size)
+        settled = None if refill else self.resolve_platform(nodes, pods)
         if not self.dry_run:
             self.trip_breaker(len(nodes))
         gates = self.gates()
@@ -216,7 +218,18 @@ class Sweep:
         p = plan(nodes, pods, self.cfg, self.rec.last_swept(self.kind), self.clock.now(), gates)
         # Every GPU node this pass saw, with its profile: the report's coverage counts the never swept.
         p.profiles = {d.node.name: profiles.match(self.profiles, d.node.labels).name for d in p.take + p.skip}
+        if settled is not None:
+            p.notes = [*settled.why, *p.notes]
         return p
+
+    def resolve_platform(self, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> platforms.Found | None:
+        """Settle `platform: auto` (and the runtime class and DCGM host engine) from the GPU nodes this
+        discovery read; the run's checks and remedies use what was found."""
+        cfg, found = platforms.resolve(self.auto_cfg, nodes, pods, self.kube.runtime_class_names)
+        if found is not None:
+            self.cfg = self.remediator.cfg = cfg
+            self.emit("log", {"node": "-", "msg": "found " + "; ".join(found.why)})
+        return found
 
     def mark_suspects(self, nodes: list[dict[str, Any]], found: dict[str, str]) -> list[dict[str, Any]]:
         """Label and event each node an outside signal names, once; the nodes as they are after."""
@@ -391,6 +404,7 @@ class Sweep:
                     report.outcomes.append(NodeOutcome(d.node.name, "", [d.detail], "would-take"))
             else:
                 probe_failed = self._roll(run_id, start, report)
+                self.tool_stop = self.tool_stop or self._one_cause(report)
                 if report.outcomes:
                     self.trip_breaker(report.plan.gpu_nodes)
                 report.tool_errors = dict(self.tool_errors)
@@ -769,6 +783,16 @@ class Sweep:
         """A node with signs of its own trouble (a condition, a signal, GPUs the device plugin holds
         back): never the probe after a stop, whose failing would say nothing about the check."""
         return bool(suspect_signals(view, self.cfg, self._suspects))
+
+    def _one_cause(self, report: RunReport) -> str:
+        """The fault of the check that ended every node this run swept, when there is one: no check
+        could run anywhere (a RuntimeClass admission refused, an image that is not there), so the
+        run stops as a tool fault however few nodes it took, never a quiet exit 0."""
+        swept = [o.node for o in report.outcomes if o.verdict and o.action != "light"]
+        causes = {self.tool_errors.get(n, "") for n in swept}
+        if self.cfg.tool_error_limit == 0 or not swept or len(causes) != 1:
+            return ""
+        return causes.pop()
 
     def _stop_reason(self, cause: str, probe: bool) -> str:
         if probe:

@@ -100,6 +100,23 @@ def test_the_tolerations_storage_class_and_node_selector_are_options() -> None:
         options(["--toleration", "a=b:Sometimes"])
 
 
+def test_platform_sets_the_configs_platform_too(tmp_path: Path) -> None:
+    """`--platform eks` writes `platform: eks` into the sweeper-config ConfigMap, not only the storage
+    class; without it the shipped `platform: auto` stays, and gp3 is the storage class."""
+    from sweeper.manifests import options, render
+
+    def config_of(argv: list[str]) -> Config:
+        docs = [d for d in yaml.safe_load_all(render(ROOT, *options(argv))) if d]
+        cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "sweeper-config")
+        path = tmp_path / "config.yaml"
+        path.write_text(cm["data"]["config.yaml"])
+        return load_config(path)
+
+    assert config_of(["--platform", "eks"]).platform == "eks"
+    assert config_of(["serve", "--platform", "gke"]).platform == "gke"
+    assert config_of([]).platform == "auto" and options([])[1].storage_class == "gp3"
+
+
 def test_the_history_claim_names_a_storage_class() -> None:
     """EKS clusters since 1.30 have no default StorageClass, so a claim without one stays Pending
     (https://docs.aws.amazon.com/eks/latest/userguide/ebs-csi.html); the shipped manifest names the

@@ -113,7 +113,7 @@ def test_nccl_gets_a_memory_backed_dev_shm_and_warnings() -> None:
 @pytest.mark.parametrize("text,expected", [
     ("dcgm_level: 5", "dcgm_level: 5 is too large; allowed: integer >= 1 and <= 4 or empty"),
     ("dcgm_level: 0", "dcgm_level: 0 is too small; allowed: integer >= 1 and <= 4 or empty"),
-    ("platform: openshift", "platform: openshift is not one of the choices; allowed: one of generic, eks, aks, gke"),
+    ("platform: openshift", "platform: openshift is not one of the choices; allowed: one of auto, generic, eks, aks, gke"),
     ("dcgm_hostengine: nvidia-dcgm.gpu-operator", "dcgm_hostengine: nvidia-dcgm.gpu-operator does not match"),
     ("runtime_class: Nvidia", "runtime_class: Nvidia does not match"),
     ("schedules: [{name: deep, cron: '0 3 * * 0', dcgm_level: 7}]", "schedules[0].dcgm_level: 7 is too large"),

@@ -142,8 +142,8 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
         "priority_class": ctx.config.check_priority_class,
         # Where the GPU libraries come from (README "Running on EKS / AKS / GKE"): the runtime class,
         # GKE's driver directory, and the node's DCGM host engine.
-        "platform": ctx.config.platform, "runtime_class": ctx.config.runtime_class_name,
-        "dcgm_hostengine": ctx.config.dcgm_hostengine, "default_dcgm_level": ctx.config.dcgm_level_for(node),
+        "platform": ctx.config.platform_name, "runtime_class": ctx.config.runtime_class_name,
+        "dcgm_hostengine": ctx.config.hostengine, "default_dcgm_level": ctx.config.dcgm_level_for(node),
         **image_vars(ctx)}
     protected(extra, own, "run_job")
     variables = {**extra, **own}  # Sweeper's values last: nothing a playbook passes replaces them

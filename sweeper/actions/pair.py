@@ -99,7 +99,7 @@ def pair_variables(ctx: ActionContext, template: str, timeout: float, extra: dic
         "all_gpus": {"nvidia.com/gpu": str(node.get("gpus", 0))},
         "fabric_resources": dict(profile.get("fabric_resources") or {}),
         "priority_class": ctx.config.check_priority_class,
-        "platform": ctx.config.platform, "runtime_class": ctx.config.runtime_class_name,
+        "platform": ctx.config.platform_name, "runtime_class": ctx.config.runtime_class_name,
         **image_vars(ctx)}
     protected(extra, own, "run_pair_job")
     return {**extra, **own}  # Sweeper's values last: nothing a playbook passes replaces them

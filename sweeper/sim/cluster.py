@@ -375,6 +375,15 @@ class SimCluster:
         for w in self.fleet.workloads:
             self.start_training(w.gpus, w.duration, node=w.node)
 
+    def provider_id(self, spec: NodeSpec, iid: str) -> str:
+        """The node's spec.providerID as its platform's cloud provider writes it."""
+        if self.fleet.platform == "gke":
+            return f"gce://sweeper-project/{spec.zone}/{spec.name}"
+        if self.fleet.platform == "aks":
+            return ("azure:///subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/mc_sweeper_aks_eastus/"
+                    f"providers/Microsoft.Compute/virtualMachineScaleSets/aks-gpu-vmss/virtualMachines/{iid[-4:]}")
+        return f"aws:///{spec.zone}/{iid}"
+
     def add_node(self, spec: NodeSpec) -> dict[str, Any]:
         hw = HARDWARE[spec.instance_type]
         gpus = max(0, hw["gpus"] - spec.faults.missing_gpus)
@@ -399,7 +408,7 @@ class SimCluster:
         node = {
             "metadata": {"name": spec.name, "labels": labels, "annotations": {},
                          "creationTimestamp": iso(now - spec.age)},
-            "spec": {"providerID": f"aws:///{spec.zone}/{iid}"},
+            "spec": {"providerID": self.provider_id(spec, iid)},
             "status": {
                 "capacity": dict(resources), "allocatable": self._allocatable(spec, resources, now),
                 "conditions": [{"type": "Ready", "status": "False" if spec.faults.not_ready else "True",
@@ -434,7 +443,7 @@ class SimCluster:
                 "spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
                          "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In",
                                            "values": [spec.instance_type]}]},
-                "status": {"nodeName": spec.name, "providerID": f"aws:///{spec.zone}/{iid}",
+                "status": {"nodeName": spec.name, "providerID": self.provider_id(spec, iid),
                            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": iso(now)}]}})
         return created
 
@@ -1449,12 +1458,16 @@ class SimCluster:
         only through NVIDIA's runtime with NVIDIA_VISIBLE_DEVICES=all: its RuntimeClass's handler, else
         the node's default runtime (`nvidia` on EKS's and AKS's GPU images, `runc` on GKE's).
         https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/docker-specialized.html"""
-        if gpu_request(pod) > 0:
-            return True
         rc = pod["spec"].get("runtimeClassName")
         handler = (self.store.peek("runtimeclasses", None, rc) or {}).get("handler") if rc else \
             self.fleet.default_runtime
         env = {e.get("name"): e.get("value") for c in pod["spec"].get("containers") or [] for e in c.get("env") or []}
+        if gpu_request(pod) > 0:
+            # The device plugin hands over the device nodes; the driver's libraries come from NVIDIA's
+            # runtime hook, or under runc on GKE from the device plugin's mount at /usr/local/nvidia,
+            # found only on the container's library path (https://cloud.google.com/kubernetes-engine/
+            # docs/how-to/gpus#cuda).
+            return handler == "nvidia" or "/usr/local/nvidia" in str(env.get("LD_LIBRARY_PATH") or "")
         return handler == "nvidia" and env.get("NVIDIA_VISIBLE_DEVICES") == "all"
 
     def _gpu_reset(self, node_name: str, argv: list[str]) -> tuple[int, str, str]:

@@ -218,6 +218,12 @@ class FleetFile(_Strict):
     check_seconds: duration_type(gt=0) = 45.0  # type: ignore[valid-type]
     api_faults: _ApiFaults | None = None
     registry: _Registry | None = None
+    # The platform's shape: its node labels and providerIDs, and the defaults of the three keys
+    # below and of each node group's gpu_operator. generic: the GPU Operator (RuntimeClass nvidia,
+    # GPU feature discovery labels); eks, aks: no operator, no RuntimeClass, NVIDIA's runtime as
+    # containerd's default (EKS's accelerated AMIs, AKS's GPU node images); gke: no operator, no
+    # RuntimeClass, runc, the driver mounted by GKE's device plugin at /usr/local/nvidia.
+    platform: Literal["generic", "eks", "aks", "gke"] = "generic"
     # RuntimeClasses the cluster has: the GPU Operator creates `nvidia`; [] is a cluster without it.
     runtime_classes: list[Annotated[str, Strict()]] = ["nvidia"]
     # containerd's default runtime on the GPU nodes: NVIDIA's on EKS's and AKS's GPU images, runc on GKE's.
@@ -269,6 +275,19 @@ class Fleet:
     runtime_classes: list[str] = field(default_factory=lambda: ["nvidia"])
     default_runtime: str = "nvidia"
     mpi_operator: bool = False
+    platform: str = "generic"
+
+
+def platform_labels(platform: str, pool: str) -> dict[str, str]:
+    """The labels a managed platform puts on a GPU pool's nodes (beside the well-known ones):
+    https://docs.aws.amazon.com/eks/latest/userguide/managed-node-groups.html,
+    https://learn.microsoft.com/azure/aks/use-labels,
+    https://cloud.google.com/kubernetes-engine/docs/how-to/gpus."""
+    return {"eks": {"eks.amazonaws.com/nodegroup": pool, "eks.amazonaws.com/capacityType": "ON_DEMAND"},
+            "aks": {"kubernetes.azure.com/cluster": "MC_sweeper_aks_eastus", "kubernetes.azure.com/agentpool": pool,
+                    "agentpool": pool},
+            "gke": {"cloud.google.com/gke-nodepool": pool, "cloud.google.com/gke-accelerator": "nvidia-h100-80gb"},
+            }.get(platform, {})
 
 
 def load_fleet(path: Path) -> Fleet:
@@ -285,19 +304,25 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
                   namespace=spec.namespace,
                   check_seconds=spec.check_seconds, api_fault_rate=api.rate, api_lost_reply_rate=api.lost_reply_rate,
                   api_latency=api.latency, api_slow_rate=api.slow_rate, api_drop_rate=api.drop_rate)
+    managed = spec.platform != "generic"
     for group in spec.node_groups or []:
         prefix = group.instance_type.split(".")[0] + "-" if group.name_prefix is None else group.name_prefix
+        operator = group.gpu_operator if "gpu_operator" in group.model_fields_set or not managed else False
+        labels = {**platform_labels(spec.platform, prefix.rstrip("-") or "gpu"), **group.labels}
         for i in range(group.count):
             fleet.nodes.append(NodeSpec(name=f"{prefix}{i:0{max(2, len(str(group.count)))}d}",
                                         instance_type=group.instance_type, zone=group.zone,
-                                        labels=dict(group.labels), age=group.age, faults=Faults(),
-                                        gpu_operator=group.gpu_operator, operands=group.operands,
+                                        labels=dict(labels), age=group.age, faults=Faults(),
+                                        gpu_operator=operator, operands=group.operands,
                                         device_plugin_pod=group.device_plugin_pod))
+    fleet.platform = spec.platform
     registry = spec.registry or _Registry()
     fleet.missing_images = list(registry.missing)
     fleet.image_lacks = {k: list(v) for k, v in registry.lacking.items()}
-    fleet.runtime_classes = list(spec.runtime_classes)
-    fleet.default_runtime = spec.default_runtime
+    fleet.runtime_classes = list(spec.runtime_classes) if "runtime_classes" in spec.model_fields_set or not managed \
+        else []
+    fleet.default_runtime = spec.default_runtime if "default_runtime" in spec.model_fields_set \
+        else "runc" if spec.platform == "gke" else "nvidia"
     fleet.mpi_operator = spec.mpi_operator
     by_name = {n.name: n for n in fleet.nodes}
     for name, faults in (spec.faults or {}).items():

@@ -329,6 +329,10 @@ class ApiServer:
         plural = res.plural
         if plural == "pods":
             obj.setdefault("status", {})["phase"] = "Pending"
+            # The admission plugins (RuntimeClass, Pod Security) answer a refused pod with a 403.
+            refused = self.cluster.admit_pod(ns or "default", obj)
+            if refused:
+                raise ApiError(403, "Forbidden", refused, kind="pods", name=obj["metadata"].get("name", ""))
         if plural == "events":
             obj.setdefault("firstTimestamp", iso(self.cluster.clock.now()))
             obj.setdefault("lastTimestamp", obj["firstTimestamp"])

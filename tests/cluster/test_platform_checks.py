@@ -85,7 +85,8 @@ def test_a_light_check_sees_the_gpus_through_nvidias_runtime(make_sim, history: 
 def test_dcgm_through_the_nodes_own_host_engine_starts_no_second_one(make_sim, history: History) -> None:
     """On a GPU Operator node dcgm-exporter already runs a host engine. A DCGM sweep that starts its
     own says so in the sweep's log; with `dcgm_hostengine: node`, dcgmi talks to the node's engine
-    on its own address (status.hostIP, port 5555) instead, and nothing is said."""
+    on its own address (status.hostIP, port 5555) instead, and nothing is said. The default,
+    `dcgm_hostengine: auto`, finds the operator's nvidia-dcgm on every GPU node and does the same."""
     from dataclasses import replace
 
     spec = fleet_spec(nodes=1)
@@ -97,11 +98,15 @@ def test_dcgm_through_the_nodes_own_host_engine_starts_no_second_one(make_sim, h
                 and "second DCGM host engine" in d.get("msg", "")]
 
     cfg = replace(TEST_CONFIG, playbook="sweep-dcgm.yaml", interval=0)
-    report = run_sweep(sim, history, cfg)
+    report = run_sweep(sim, history, replace(cfg, dcgm_hostengine=""))
     assert [(o.node, o.verdict) for o in report.outcomes] == [("gpu-00", "pass")]
     assert second_engine(report), "an engine of its own beside dcgm-exporter's: said"
     report = run_sweep(sim, history, replace(cfg, dcgm_hostengine="node"))
     assert [(o.node, o.verdict) for o in report.outcomes] == [("gpu-00", "pass")]
     assert second_engine(report) == []
+    report = run_sweep(sim, history, cfg)
+    assert [(o.node, o.verdict) for o in report.outcomes] == [("gpu-00", "pass")]
+    assert second_engine(report) == []
+    assert any("nvidia-dcgm runs on every GPU node" in n for n in report.plan.notes), report.plan.notes
     checks = [c["name"] for c in history.db.query("select name from checks")]
     assert any(name.startswith("dcgm.") for name in checks), "the diagnostic ran and was read"

@@ -726,6 +726,25 @@ class _Signals:
         self.httpd.server_close()
 
 
+def test_the_default_prometheus_query_reads_both_host_labels() -> None:
+    """dcgm-exporter renamed its host label `Hostname` to `hostname` (NVIDIA/dcgm-exporter#655): a
+    fleet mid-upgrade has both; the default query groups by both and each series is read by the one
+    it carries."""
+    from sweeper import signals
+
+    prom = {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"hostname": "gpu-new"}, "value": [0, "79"]},
+        {"metric": {"Hostname": "gpu-old"}, "value": [0, "48"]}]}}
+    fake = _Signals(prom, {})
+    try:
+        source = signals.Source.from_dict({"type": "prometheus", "url": fake.url})
+        found = signals.query(source)
+    finally:
+        fake.close()
+    assert set(found) == {"gpu-new", "gpu-old"}
+    assert "by (Hostname, hostname)" in source.query
+
+
 def test_prometheus_and_loki_name_suspects(make_sim, history: History) -> None:
     sim: Sim = make_sim(nodes=4)
     run_sweep(sim, history)  # every node swept: none is due for a day

@@ -116,9 +116,10 @@ def test_an_unknown_runtime_class_ends_error_and_a_known_one_runs(make_sim, hist
     """The RuntimeClass admission controller refuses a pod naming a RuntimeClass that does not
     exist: `pod rejected: RuntimeClass "x" not found` (plugin/pkg/admission/runtimeclass/admission.go,
     https://kubernetes.io/docs/concepts/containers/runtime-class/). A cluster without the GPU
-    Operator has no `nvidia` RuntimeClass, which `runtime_class: auto` names on a generic platform."""
+    Operator has no `nvidia` RuntimeClass, which `runtime_class: auto` names on a named generic
+    platform (`platform: auto` would find none and name none: tests/cluster/test_platform_auto.py)."""
     sim: Sim = make_sim(nodes=1, runtime_classes=[])
-    cfg = replace(CFG, interval=0)
+    cfg = replace(CFG, interval=0, platform="generic")
     report = run_sweep(sim, history, cfg)
     check = assert_tool_error(sim, history, report, "gpu-00", 'pod rejected: RuntimeClass "nvidia" not found')
     assert check["code"] == "FailedCreate"
