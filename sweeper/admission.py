@@ -35,6 +35,7 @@ from sweeper.actions import ActionContext
 from sweeper.actions.jobs import render_job
 from sweeper.actions.pair import render_pair
 from sweeper.config import PLATFORMS, Config, home, load_config
+from sweeper.drivers import CUDA_LABELS
 
 ACCOUNT = "system:serviceaccount:sweeper:sweeper"
 MANAGED = "app.kubernetes.io/managed-by"
@@ -71,14 +72,17 @@ class Shape:
         self.host_namespaces.update(k for k in HOST_NAMESPACES if pod.get(k))
 
 
-def _nodes(root: Path) -> list[dict[str, Any]]:
-    """One sample node per profile, of the profile's first instance type."""
+def _nodes(root: Path, config: Config) -> list[dict[str, Any]]:
+    """One sample node per profile, of the profile's first instance type; and one more per CUDA major
+    of `dcgm_images`, whose driver runs it (GPU feature discovery's label), so each DCGM build is rendered."""
     out = []
     for p in prof.load_profiles(root / "profiles").values():
         itype = (p.instance_types or ("unknown",))[0]
-        out.append({"name": "ip-10-0-0-1.ec2.internal", "gpus": p.gpus or 8, "annotations": {},
-                    "labels": {"kubernetes.io/hostname": "ip-10-0-0-1", "node.kubernetes.io/instance-type": itype},
-                    "profile": p.as_vars()})
+        labels = {"kubernetes.io/hostname": "ip-10-0-0-1", "node.kubernetes.io/instance-type": itype}
+        for cuda in (None, *sorted(config.dcgm_images)):
+            out.append({"name": "ip-10-0-0-1.ec2.internal", "gpus": p.gpus or 8, "annotations": {},
+                        "labels": {**labels, **({CUDA_LABELS[0]: str(cuda)} if cuda else {})},
+                        "profile": p.as_vars()})
     return out
 
 
@@ -90,7 +94,7 @@ def shapes(root: Path, config: Config) -> tuple[Shape, Shape]:
     templates = sorted(p.name for p in (root / "job-templates").glob("*.j2"))
     for platform in PLATFORMS:
         cfg = replace(config, platform=platform, template_dir=str(root / "job-templates"))
-        for node in _nodes(root):
+        for node in _nodes(root, config):
             partner = {**node, "name": "ip-10-0-0-2.ec2.internal",
                        "labels": {**node["labels"], "kubernetes.io/hostname": "ip-10-0-0-2"}}
             ctx = ActionContext(config=cfg, node=node, partner=partner, run_id="sw-policy-0000")

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from sweeper import resources
+from sweeper.drivers import node_cuda_major
 from sweeper.errors import ConfigError
 from sweeper.schema import (
     Deferred,
@@ -94,7 +95,10 @@ def _shapes() -> dict[str, Any]:
         window: duration_type(gt=0) | None = None  # type: ignore[valid-type]
         timeout: duration_type(gt=0) | None = None  # type: ignore[valid-type]
 
-    return {"remediation": _Remediation, "schedules": list[_Schedule], "suspect_sources": list[_Source]}
+    # `dcgm_images`: a CUDA major (YAML `12:` or `"12":`) to an image pinned by digest.
+    cuda_images = dict[Annotated[int, Field(ge=11, le=99)], Annotated[str, Strict(), Field(pattern=_PINNED)]]
+    return {"remediation": _Remediation, "schedules": list[_Schedule], "suspect_sources": list[_Source],
+            "dcgm_images": cuda_images}
 
 
 @dataclass(frozen=True)
@@ -134,7 +138,14 @@ class Config:
     check_image: str = setting(f"ghcr.io/sweeper-dev/sweeper:0.1.0@{UNPUBLISHED}",
                                "image of the check Jobs and the GPU reset", pattern=_PINNED, allowed=_PINNED_WORDS)
     dcgm_image: str = setting(f"nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04@{UNPUBLISHED}",
-                              "image of dcgm-diag.yaml.j2", pattern=_PINNED, allowed=_PINNED_WORDS)
+                              "image of dcgm-diag.yaml.j2 on a node whose driver's CUDA major dcgm_images does "
+                              "not name, or cannot be told", pattern=_PINNED, allowed=_PINNED_WORDS)
+    dcgm_images: dict[int, str] = setting(
+        help="the DCGM image by the CUDA major the node's driver runs (GPU feature discovery's "
+        "nvidia.com/cuda.runtime-version.major, else its driver branch: >= 580 is 13, >= 525 is 12, else the driver "
+        "version Sweeper's node check last recorded): DCGM loads the build of that major only",
+        factory=dict, annotation=Deferred(lambda: _shapes()["dcgm_images"]),
+        allowed="{CUDA major: image pinned by digest}, e.g. {12: ...@sha256:..., 13: ...@sha256:...}")
     nccl_image: str = setting(f"ghcr.io/sweeper-dev/nccl-tests:2.19.6-cuda12.8@{UNPUBLISHED}",
                               "image of nccl-allreduce.yaml.j2", pattern=_PINNED, allowed=_PINNED_WORDS)
     pair_image: str = setting(f"ghcr.io/sweeper-dev/nccl-pair:25.01-py3@{UNPUBLISHED}",
@@ -146,7 +157,7 @@ class Config:
                                 "image of the reboot Job (privileged, in the host's PID namespace)", pattern=_PINNED,
                                 allowed=_PINNED_WORDS)
     allowed_images: tuple[str, ...] = setting((), "further images a job template may name (each pinned by digest); "
-                                              "the five images above are always allowed")
+                                              "the images above (dcgm_images' too) are always allowed")
     check_timeout: float = setting(900.0, "deadline of a check Job", duration=True, gt=0)
     poll_interval: float = setting(5.0, "how often a running check is looked at when nothing changes (its watch "
                                         "wakes it at once); Jobs are listed this often where a watch is refused",
@@ -280,8 +291,18 @@ class Config:
     @property
     def job_images(self) -> frozenset[str]:
         """Every image a rendered Job may run: the configured ones and `allowed_images`."""
-        return frozenset((self.check_image, self.dcgm_image, self.nccl_image, self.pair_image, self.reboot_image,
-                          *self.allowed_images))
+        return frozenset((self.check_image, self.dcgm_image, *self.dcgm_images.values(), self.nccl_image,
+                          self.pair_image, self.reboot_image, *self.allowed_images))
+
+    def dcgm_image_for(self, node: Mapping[str, Any] | None) -> str:
+        """The DCGM image of a node: dcgm_images' entry for the CUDA major its driver runs (its GPU
+        feature discovery labels, else `driver_version`, the one its node check last recorded), else
+        dcgm_image. Node data only picks among the config's images; it never names one."""
+        if not self.dcgm_images:
+            return self.dcgm_image
+        node = node or {}
+        cuda, _ = node_cuda_major(node.get("labels") or {}, node.get("driver_version"))
+        return self.dcgm_images.get(cuda, self.dcgm_image) if cuda is not None else self.dcgm_image
 
     def dcgm_level_for(self, node: dict[str, Any] | None) -> int:
         """The DCGM level of a node's runs: the config's (or its schedule's), else its profile's, else 2."""

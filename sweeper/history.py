@@ -324,6 +324,14 @@ class History:
         return max(times) if times else None
 
     @_locked
+    def driver_version(self, node: str) -> str | None:
+        """The NVIDIA driver version the node's own check last read through NVML (check
+        `driver.version`), or None: what picks a DCGM build where the node carries no GFD labels."""
+        rows = list(self._query("select message from checks where node = ? and name = 'driver.version' and "
+                                "status = 'pass' order by ts desc, id desc limit 1", [node]))
+        return str(rows[0]["message"]) if rows and rows[0]["message"] else None
+
+    @_locked
     def last_light(self) -> dict[str, float]:
         """Node to the start of its latest light (read-only, busy-node) check."""
         rows = self._query("select node, max(started) as last from node_sweeps where kind = 'light' group by node")

@@ -67,6 +67,7 @@ class Recorder(Protocol):
     def known_good(self, since: float) -> set[str]: ...
     def pair_suspects(self, since: float) -> dict[str, str]: ...
     def xids_cleared(self, node: str) -> float | None: ...
+    def driver_version(self, node: str) -> str | None: ...
     def pair_results(self, node: str, since: float, until: float) -> list[dict[str, Any]]: ...
     # what the policy's history rules read (policy.Past)
     def sweeps(self, node: str, since: float, until: float) -> list[dict[str, Any]]: ...
@@ -981,7 +982,7 @@ class Sweep:
               playbook: Playbook | None = None) -> tuple[str, list[str], str, dict[str, Any] | None]:
         dismissed = (self._dismissal(run_id, node.name) or {}).get("keys", [])
         node_vars = {**self._node_vars(node, profile), "dismissed": dismissed,
-                     "xids_cleared": self.rec.xids_cleared(node.name)}
+                     "xids_cleared": self.rec.xids_cleared(node.name), "driver_version": self.rec.driver_version(node.name)}
         ctx = ActionContext(
             config=self.cfg, clock=self.clock, kube=self.kube, node=node_vars, run_id=run_id,
             on_result=lambda r: self.rec.result(sweep_id, r),
@@ -1234,7 +1235,7 @@ class Sweep:
         is recorded on both nodes' sweep rows."""
         dismissed = (self._dismissal(run_id, a.name) or {}).get("keys", [])
         node_vars = {**self._node_vars(a, profs[0]), "dismissed": dismissed,
-                     "xids_cleared": self.rec.xids_cleared(a.name)}
+                     "xids_cleared": self.rec.xids_cleared(a.name), "driver_version": self.rec.driver_version(a.name)}
         partner_vars = self._node_vars(b, profs[1])
 
         def on_result(r: Result) -> None:

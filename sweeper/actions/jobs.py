@@ -89,9 +89,10 @@ def template_of(ctx: ActionContext, template: str) -> JobTemplate:
 
 
 def image_vars(ctx: ActionContext) -> dict[str, Any]:
-    """The images a template names, each from the config (pinned by digest), never from a playbook."""
+    """The images a template names, each from the config (pinned by digest), never from a playbook;
+    DCGM's is the build for the CUDA major of the node's driver (config `dcgm_images`)."""
     cfg = ctx.config
-    return {"image": cfg.check_image, "dcgm_image": cfg.dcgm_image, "nccl_image": cfg.nccl_image,
+    return {"image": cfg.check_image, "dcgm_image": cfg.dcgm_image_for(ctx.node), "nccl_image": cfg.nccl_image,
             "pair_image": cfg.pair_image, "mpi_image": cfg.pair_image, "reboot_image": cfg.reboot_image}
 
 

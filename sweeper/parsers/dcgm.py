@@ -26,6 +26,21 @@ _OWN_WORDS = re.compile(r"internal error|(?:couldn't|could not|unable to|failed 
 _NAMES_GPU = re.compile(r"\bGPU\s*(\d+)\b")
 _BW = re.compile(r"GPU (\d+) (GPU to Host|Host to GPU|bidirectional)[^:]*bandwidth:\s*([\d.]+)\s*GB/s", re.I)
 MAX_BYTES = 32 * 1024 * 1024
+# The image's DCGM build does not fit the node's driver: a fault of the check (its image), never of
+# the node. DCGM 4.x ships one build per CUDA major (packages datacenter-gpu-manager-4-cuda12,
+# -cuda13) and nvvs loads the plugins of the major the driver runs, from plugins/cudaNN/; an image
+# without that build cannot load them ("Cannot load plugins. Unable to change to the plugin dir
+# '.../plugins/cuda13/'"; an unknown major: "Detected unsupported Cuda version"). NVIDIA/DCGM:
+# nvvs/include/TestFramework.inl (GetPluginCudaDirExtension, LoadPluginWithDir). A CUDA runtime newer
+# than the driver says cudaErrorInsufficientDriver, "CUDA driver version is insufficient for CUDA
+# runtime version" (https://docs.nvidia.com/cuda/cuda-runtime-api/group__CUDART__TYPES.html), or
+# CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "system has unsupported display driver / cuda driver combination"
+# (https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__TYPES.html).
+CUDA_BUILD_CODE = "DCGM_CUDA_BUILD"
+_CUDA_BUILD = re.compile(r"plugin dir\W+\S*?/cuda(\d+)/?|unsupported Cuda version|driver version is insufficient "
+                         r"for CUDA runtime|unsupported display driver\s*/\s*cuda driver combination", re.I)
+_CUDA_HINT = ("the DCGM image's CUDA build does not match the node's driver{major}: a fault of the check's image, "
+              "not of the node; set dcgm_images so each driver branch gets an image with its build (README: DCGM)")
 
 
 def parse(text: str, node: str, now: float, exit_code: int | None = None, expect_gpus: int | None = None) -> Result:
@@ -80,7 +95,10 @@ def _parse_doc(doc: dict[str, Any], node: str, now: float, exit_code: int | None
         return error_result(node, "dcgm", "neither 'DCGM Diagnostic' (4.x) nor 'DCGM GPU Diagnostic' (3.x) found",
                             now)
     if "runtime_error" in root:
-        return error_result(node, "dcgm", f"DCGM could not run: {str(root['runtime_error'])[:300]}", now,
+        words = str(root["runtime_error"])[:300]
+        if _CUDA_BUILD.search(words):
+            return error_result(node, "dcgm", f"{cuda_build_hint(words)}: {words}", now, code=CUDA_BUILD_CODE)
+        return error_result(node, "dcgm", f"DCGM could not run: {words}", now,
                             code=None if exit_code is None else f"exit {exit_code}")
     checks: list[CheckResult] = []
     metrics: list[Metric] = []
@@ -168,6 +186,9 @@ def _check(name: str, r: dict[str, Any], gpu: int | None) -> CheckResult:
     severity = SEVERITY.get(first.get("error_severity"), "critical" if status == "fail" else "info")  # type: ignore[arg-type]
     code = None if first.get("error_id") is None else str(first["error_id"])
     message = "; ".join(str(w["warning"]) for w in warnings)[:500] or str(r.get("status", ""))
+    if status in ("fail", "warn") and any(_CUDA_BUILD.search(str(w.get("warning", ""))) for w in warnings):
+        return CheckResult(name, "error", f"{cuda_build_hint(message)}: {message}"[:700], "critical", gpu,
+                           CUDA_BUILD_CODE)
     if status in ("fail", "warn") and warnings and all(_own(w) for w in warnings):
         return CheckResult(name, "error", f"DCGM's own failure, not the GPU's: {message}", "critical", gpu,
                            code or "DCGM_INTERNAL")
@@ -189,6 +210,13 @@ def _warnings(r: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def cuda_build_hint(words: str) -> str:
+    """Why DCGM could not run the image's build on this node, and what to set (config dcgm_images)."""
+    m = _CUDA_BUILD.search(words)
+    major = f" (it runs CUDA {m.group(1)})" if m and m.group(1) else ""
+    return _CUDA_HINT.format(major=major)
+
+
 def _own(w: dict[str, Any]) -> bool:
     """Whether DCGM says this failure is its own (an internal error), not the GPU's."""
     return (w.get("error_id") in OWN_ERROR_IDS or w.get("error_category") in OWN_ERROR_CATEGORIES
@@ -203,6 +231,9 @@ def _test_level(name: str, raw: Any, warnings: list[dict[str, Any]], rows: list[
     if status not in ("fail", "warn") or any(c.status in ("fail", "warn", "error") for c in rows):
         return rows
     message = "; ".join(str(w["warning"]) for w in warnings)[:500] or f"DCGM reported the test {raw}"
+    if _CUDA_BUILD.search(message):
+        return [*rows, CheckResult(name, "error", f"{cuda_build_hint(message)}: {message}"[:700], "critical", None,
+                                   CUDA_BUILD_CODE)]
     if warnings and all(_own(w) for w in warnings):
         return [*rows, CheckResult(name, "error", f"DCGM's own failure, not the GPU's: {message}", "critical", None,
                                    "DCGM_INTERNAL")]
@@ -228,7 +259,7 @@ def _cross_check(result: Result, exit_code: int | None, now: float) -> Result:
     if exit_code in FAIL_EXITS and result.status in ("pass", "warn", "skip"):
         return error_result(result.node, "dcgm", f"dcgmi exited {exit_code} (a failure) but its JSON shows none", now,
                             code=f"exit {exit_code}")
-    if exit_code not in (None, 0) and exit_code not in FAIL_EXITS and result.status != "fail":
+    if exit_code not in (None, 0) and exit_code not in FAIL_EXITS and result.status not in ("fail", "error"):
         return error_result(result.node, "dcgm", f"dcgmi exited {exit_code}", now, code=f"exit {exit_code}")
     return result
 
@@ -365,6 +396,9 @@ def _row_check(name: str, status: str, gpu: int | None, word: str,
         return CheckResult(name, "error", f"DCGM reported a status outside its own set: {word!r}", "critical", gpu,
                            "UNKNOWN_STATUS")
     message = "; ".join(notes)[:500] or word
+    if status in ("fail", "warn") and _CUDA_BUILD.search(message):
+        return CheckResult(name, "error", f"{cuda_build_hint(message)}: {message}"[:700], "critical", gpu,
+                           CUDA_BUILD_CODE)
     if status in ("fail", "warn") and notes and all(_own({"warning": n}) for n in notes):
         return CheckResult(name, "error", f"DCGM's own failure, not the GPU's: {message}", "critical", gpu,
                            "DCGM_INTERNAL")

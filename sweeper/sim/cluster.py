@@ -33,8 +33,9 @@ from sweeper.checks.fake import (
 )
 from sweeper.checks.options import CheckOptions
 from sweeper.clock import ScaledClock, iso, parse_iso
+from sweeper.drivers import branch_of, cuda_of_branch
 from sweeper.sim import tools
-from sweeper.sim.fleet import HARDWARE, Faults, Fleet, NodeSpec
+from sweeper.sim.fleet import CUDA_OF_BRANCH, HARDWARE, Faults, Fleet, NodeSpec
 from sweeper.sim.store import Store
 
 GPU = "nvidia.com/gpu"
@@ -73,6 +74,22 @@ SHELLS = ("sh", "bash", "ash", "dash")
 # https://github.com/distribution/reference/blob/main/regexp.go
 _PATH_PART = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+def gfd_version_labels(driver: str) -> dict[str, str]:
+    """GPU feature discovery's driver and CUDA version labels of a node running `driver`, the new names and
+    the deprecated ones (NVIDIA/k8s-device-plugin: internal/lm/nvml.go, newVersionLabeler)."""
+    major, minor, *rest = driver.split(".")
+    branch = branch_of(driver) or 0
+    cuda = CUDA_OF_BRANCH.get(branch) or f"{cuda_of_branch(branch) or 0}.0"
+    cuda_major, cuda_minor = cuda.split(".")
+    rev = rest[0] if rest else ""
+    return {"nvidia.com/cuda.driver.major": major, "nvidia.com/cuda.driver.minor": minor,
+            "nvidia.com/cuda.driver.rev": rev, "nvidia.com/cuda.runtime.major": cuda_major,
+            "nvidia.com/cuda.runtime.minor": cuda_minor, "nvidia.com/cuda.driver-version.major": major,
+            "nvidia.com/cuda.driver-version.minor": minor, "nvidia.com/cuda.driver-version.revision": rev,
+            "nvidia.com/cuda.driver-version.full": driver, "nvidia.com/cuda.runtime-version.major": cuda_major,
+            "nvidia.com/cuda.runtime-version.minor": cuda_minor, "nvidia.com/cuda.runtime-version.full": cuda}
 
 
 def valid_image(ref: str) -> bool:
@@ -395,7 +412,7 @@ class SimCluster:
         }
         if hw["gpus"] and spec.gpu_operator:  # GPU feature discovery's labels, only with the GPU Operator
             labels.update({"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": str(hw["gpus"]),
-                           "nvidia.com/gpu.product": hw["model"].replace(" ", "-")})
+                           "nvidia.com/gpu.product": hw["model"].replace(" ", "-"), **gfd_version_labels(spec.driver)})
         if spec.operands:
             labels.update({f"nvidia.com/gpu.deploy.{op}": "true" for op in OPERANDS})
         labels.update(spec.labels)
@@ -1416,7 +1433,9 @@ class SimCluster:
             prog = argv[0].rsplit("/", 1)[-1] if argv else ""
             spec = self.specs.get(node_name)
             if prog == "dcgmi" and spec:
-                code, out = tools.dcgm_output(spec, tools.dcgm_level(argv))
+                image = ((pod["spec"].get("containers") or [{}])[0]).get("image", "")
+                builds = self.fleet.cuda_builds.get(image)
+                code, out = tools.dcgm_output(spec, tools.dcgm_level(argv), builds)
                 return code, out + "\n", ""
             if prog == "all_reduce_perf" and spec:
                 code, out = tools.nccl_output(spec, node_name)
@@ -1534,7 +1553,7 @@ class SimCluster:
                 lost=i in f.gpu_lost,
                 # HGX Hopper and Blackwell baseboards join an NVSwitch fabric; the A100's NVML does not report it.
                 fabric_state=(1 if f.fabric_manager_down else 3) if hw.get("nvswitch_fabric") else None))
-        return FakeNvml(gpus=gpus)
+        return FakeNvml(gpus=gpus, driver=spec.driver)
 
     def fake_host(self, node_name: str, now: float | None = None) -> FakeHost:
         """The node's sysfs and tools, as its hardware and faults make them."""

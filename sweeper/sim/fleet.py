@@ -40,6 +40,12 @@ _H100 = {"gpus": 8, "model": "NVIDIA H100 80GB HBM3", "cpu": "192", "memory": "2
          "nccl_peak": 480.0, "nvlinks": 18, "pcie_gen": 5, "arch": "x86_64", "memory_mib": 81559,
          "nvswitch_fabric": True}
 _EFA = "vpc.amazonaws.com/efa"
+DEFAULT_DRIVER = "570.133.20"
+# The CUDA release each driver branch ships with, for GPU feature discovery's runtime-version labels
+# (the CUDA Toolkit release notes' table of toolkit and driver versions:
+# https://docs.nvidia.com/cuda/cuda-toolkit-release-notes/index.html#cuda-driver).
+CUDA_OF_BRANCH = {535: "12.2", 550: "12.4", 560: "12.6", 565: "12.7", 570: "12.8", 575: "12.9", 580: "13.0"}
+
 HARDWARE: dict[str, dict[str, Any]] = {
     "p5.48xlarge": {**_H100, "nic": "efa", "nics": 32, "nic_rate": 100, "fabric_resources": {_EFA: 32},
                     "nccl_pair_peak": 479.0},
@@ -173,6 +179,9 @@ class _NodeGroup(_Strict):
     # The standalone device plugin's DaemonSet pod (kube-system) runs on these nodes (with `operands`,
     # the operator's pod is the device plugin): deleting it restarts the plugin.
     device_plugin_pod: Annotated[bool, Strict()] = False
+    # The NVIDIA driver these nodes run, as NVML prints it: its branch (the major) sets the CUDA major
+    # it runs (sweeper.drivers), which GPU feature discovery labels and DCGM loads the build of.
+    driver: Annotated[str, Strict(), Field(pattern=r"^\d{3,4}\.\d+(\.\d+)?$")] = DEFAULT_DRIVER
 
 
 class _Workload(_Strict):
@@ -202,6 +211,9 @@ class _ApiFaults(_Strict):
 class _Registry(_Strict):
     missing: list[Annotated[str, Strict()]] = []  # image references that do not exist
     lacking: dict[str, list[Annotated[str, Strict()]]] = {}  # image -> programs it does not carry
+    # image -> the CUDA majors of the DCGM builds it carries (datacenter-gpu-manager-4-cuda12, -cuda13);
+    # an image not named carries every build. DCGM loads the build of the major the node's driver runs.
+    cuda_builds: dict[str, list[Annotated[int, Strict(), Field(ge=11)]]] = {}
 
 
 class FleetFile(_Strict):
@@ -243,6 +255,7 @@ class NodeSpec:
     gpu_operator: bool = True  # False: no GPU feature discovery labels (nvidia.com/gpu.present), as on EKS, GKE, AKS
     operands: bool = False  # the GPU Operator's device plugin, GFD, DCGM and dcgm-exporter pods run here
     device_plugin_pod: bool = False  # the standalone device plugin's pod runs here
+    driver: str = DEFAULT_DRIVER  # the NVIDIA driver version (node group key `driver`)
 
 
 @dataclass
@@ -272,6 +285,7 @@ class Fleet:
     api_drop_rate: float = 0.0  # share of requests whose connection is dropped without an answer
     missing_images: list[str] = field(default_factory=list)  # registry.missing: references that do not exist
     image_lacks: dict[str, list[str]] = field(default_factory=dict)  # registry.lacking: image -> absent programs
+    cuda_builds: dict[str, list[int]] = field(default_factory=dict)  # registry.cuda_builds: image -> CUDA majors
     runtime_classes: list[str] = field(default_factory=lambda: ["nvidia"])
     default_runtime: str = "nvidia"
     mpi_operator: bool = False
@@ -314,11 +328,12 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
                                         instance_type=group.instance_type, zone=group.zone,
                                         labels=dict(labels), age=group.age, faults=Faults(),
                                         gpu_operator=operator, operands=group.operands,
-                                        device_plugin_pod=group.device_plugin_pod))
+                                        device_plugin_pod=group.device_plugin_pod, driver=group.driver))
     fleet.platform = spec.platform
     registry = spec.registry or _Registry()
     fleet.missing_images = list(registry.missing)
     fleet.image_lacks = {k: list(v) for k, v in registry.lacking.items()}
+    fleet.cuda_builds = {k: list(v) for k, v in registry.cuda_builds.items()}
     fleet.runtime_classes = list(spec.runtime_classes) if "runtime_classes" in spec.model_fields_set or not managed \
         else []
     fleet.default_runtime = spec.default_runtime if "default_runtime" in spec.model_fields_set \

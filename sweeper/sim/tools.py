@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from sweeper.drivers import branch_of, cuda_of_branch
 from sweeper.sim.fleet import HARDWARE, NodeSpec
 
 DCGM_SECONDS = {1: 45.0, 2: 150.0, 3: 900.0, 4: 5400.0}
@@ -34,10 +35,19 @@ def _warning(error_id: int, severity: int, category: int, text: str) -> dict[str
     return {"error_category": category, "error_id": error_id, "error_severity": severity, "warning": text}
 
 
-def dcgm_output(spec: NodeSpec, level: int) -> tuple[int, str]:
-    """(exit code, stdout) of `dcgmi diag -r LEVEL -j`."""
+def dcgm_output(spec: NodeSpec, level: int, builds: list[int] | None = None) -> tuple[int, str]:
+    """(exit code, stdout) of `dcgmi diag -r LEVEL -j` from an image carrying DCGM's `builds` (CUDA
+    majors; None: every build)."""
     hw = HARDWARE[spec.instance_type]
     f = spec.faults
+    cuda = cuda_of_branch(branch_of(spec.driver) or 0)
+    if builds is not None and cuda not in builds:
+        # nvvs loads its plugins from plugins/cuda<the major the driver runs>/, and cannot run without
+        # them (NVIDIA/DCGM: nvvs/include/TestFramework.inl, GetPluginCudaDirExtension, LoadPluginWithDir);
+        # dcgmi exits with DCGM_ST_NVVS_ERROR (-30, dcgmlib/dcgm_structs.h) as 226.
+        words = ("Error: Cannot load plugins. Unable to change to the plugin dir "
+                 f"'/usr/libexec/datacenter-gpu-manager-4/plugins/cuda{cuda}/': 'No such file or directory'")
+        return 226, json.dumps({"DCGM Diagnostic": {"runtime_error": words, "version": "4.4.2"}}, indent=3)
     if f.dcgm_runtime_error:
         failed_doc = {"DCGM Diagnostic": {"runtime_error": "Error: Unable to complete diagnostic for group 2147483647. "
                                                     "Return: (-39) The diagnostic is already running",
@@ -82,7 +92,7 @@ def dcgm_output(spec: NodeSpec, level: int) -> tuple[int, str]:
            "entity_groups": [{"entities": [{"device_id": hw["device_id"], "entity_id": g,
                                             "serial_num": f"16549220{abs(hash(spec.name)) % 10**5:05d}{g}"} for g in gpus],
                               "entity_group": "GPU", "entity_group_id": 1}],
-           "metadata": {"Driver Version Detected": "570.133.20", "version": "4.2.3"}}
+           "metadata": {"Driver Version Detected": spec.driver, "version": "4.2.3"}}
     exit_code = {0: 0, 1: 226, 2: 205}[worst]
     return exit_code, json.dumps(doc, indent=3, sort_keys=True)
 
