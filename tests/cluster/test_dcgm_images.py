@@ -16,8 +16,9 @@ from tests.conftest import TEST_CONFIG, Sim, run_sweep
 
 IMG12 = "nvcr.io/nvidia/cloud-native/dcgm:4.4.2-1-cuda12@sha256:" + "1" * 64
 IMG13 = "nvcr.io/nvidia/cloud-native/dcgm:4.4.2-1-cuda13@sha256:" + "3" * 64
+# One image for every node, as before dcgm_images: a DCGM 4.4 image with its CUDA 12 build only.
 CFG = replace(TEST_CONFIG, playbook="sweep-dcgm.yaml", interval=0, check_timeout=1800, dcgm_hostengine="",
-              dcgm_level=1)
+              dcgm_level=1, dcgm_image=IMG12)
 
 
 def fleet(operator_c: bool = True) -> dict:
@@ -26,8 +27,8 @@ def fleet(operator_c: bool = True) -> dict:
             "node_groups": [{**group, "name_prefix": "r580-", "driver": "580.65.06"},
                             {**group, "name_prefix": "r570-", "driver": "570.133.20"},
                             {**group, "name_prefix": "nogfd-", "driver": "580.82.07", "gpu_operator": operator_c}],
-            # Each image carries one DCGM build; the default dcgm_image (4.2.3) only CUDA 12's.
-            "registry": {"cuda_builds": {IMG12: [12], IMG13: [13], TEST_CONFIG.dcgm_image: [12]}}}
+            # Each image carries one DCGM build.
+            "registry": {"cuda_builds": {IMG12: [12], IMG13: [13]}}}
 
 
 def verdicts(report) -> dict[str, str]:
@@ -62,8 +63,8 @@ def test_each_dcgm_job_runs_the_build_its_nodes_driver_runs(make_sim, history: H
         assert not sim.core.read_node(node).spec.taints, "handed back"
     assert history.failures_since(0, HOLDING) == {}
 
-    cfg = replace(CFG, dcgm_images={12: IMG12, 13: IMG13})
-    report = run_sweep(sim, history, cfg)
+    # CUDA 12's build stays dcgm_image, the default where dcgm_images names no image
+    report = run_sweep(sim, history, replace(CFG, dcgm_images={13: IMG13}))
     # nogfd-00 has no labels; its node check of the first sweep read driver 580.82.07 through NVML
     assert history.driver_version("nogfd-00") == "580.82.07"
     assert verdicts(report) == {"r580-00": "pass", "r570-00": "pass", "nogfd-00": "pass"}, \
