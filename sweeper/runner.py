@@ -133,6 +133,8 @@ def run_playbook(path: Path, cfg: Config, *, kube: Any = None, node_name: str | 
         if partner:
             partner_sweep = hist.sweep_started(run_id, partner["name"], clock.now(), playbook.name,
                                                partner["profile"]["name"], kind=kind)
+    if hist is not None and node is not None:  # where GFD does not label it, what picks the DCGM build
+        node["driver_version"] = hist.driver_version(node["name"])
     ctx = ActionContext(config=cfg, clock=clock, kube=kube, node=node, run_id=run_id, partner=partner)
     if cancelled is not None:
         ctx.cancelled = cancelled

@@ -164,3 +164,24 @@ def test_the_table_form_says_the_same() -> None:
     r = dcgm.parse(table, "n1", 0.0, 226)
     assert r.status == "error", r
     assert {c.code for c in r.checks} == {dcgm.CUDA_BUILD_CODE}
+
+
+def test_the_history_keeps_the_driver_the_node_check_last_read(tmp_path: Path) -> None:
+    """The node check's `driver.version` (NVML's nvmlSystemGetDriverVersion) as it last passed; one it
+    could not read is no reading."""
+    from sweeper.history import History
+    from sweeper.result import CheckResult, Result
+
+    h = History(tmp_path / "h.db")
+    try:
+        assert h.driver_version("n1") is None
+        h.run_started("r1", 1.0, "sweep")
+        sid = h.sweep_started("r1", "n1", 1.0, "sweep-light.yaml", "p5")
+        for ts, check in ((10.0, CheckResult("driver.version", "pass", "570.133.20")),
+                          (20.0, CheckResult("driver.version", "pass", "580.65.06")),
+                          (30.0, CheckResult("driver.version", "error", "cannot read the driver version: x"))):
+            h.result(sid, Result("n1", "sweeper-check", ts, ts, (check,)))
+        assert h.driver_version("n1") == "580.65.06"
+        assert h.driver_version("n2") is None
+    finally:
+        h.close()

@@ -31,6 +31,19 @@ def fleet(operator_c: bool = True) -> dict:
             "registry": {"cuda_builds": {IMG12: [12], IMG13: [13]}}}
 
 
+def dcgm_pods(sim: Sim) -> list[dict]:
+    """Every DCGM pod of the run, as it was when its Job was cleaned up."""
+    pods: list[dict] = []
+    sim.cluster.store.on_delete.append(
+        lambda plural, obj: pods.append(obj) if plural == "pods" and obj["spec"]["containers"][0]["name"] == "dcgm"
+        else None)
+    return pods
+
+
+def images_by_node(pods: list[dict]) -> dict[str, str]:
+    return {p["spec"]["nodeName"]: p["spec"]["containers"][0]["image"] for p in pods}
+
+
 def verdicts(report) -> dict[str, str]:
     return {o.node: o.verdict for o in report.outcomes}
 
@@ -54,7 +67,9 @@ def test_each_dcgm_job_runs_the_build_its_nodes_driver_runs(make_sim, history: H
     fault (error, released, nothing held against the node). dcgm_images gives each its build: the GFD
     nodes at once, the node without GFD once its own check has recorded its driver."""
     sim: Sim = make_sim(fleet(operator_c=False))
+    pods = dcgm_pods(sim)
     report = run_sweep(sim, history, replace(CFG, tool_error_limit=0))
+    assert set(images_by_node(pods).values()) == {IMG12}
     assert verdicts(report) == {"r580-00": "error", "r570-00": "pass", "nogfd-00": "error"}
     for node in ("r580-00", "nogfd-00"):
         assert dcgm_codes(history, node) == {CUDA_BUILD_CODE}
@@ -64,7 +79,9 @@ def test_each_dcgm_job_runs_the_build_its_nodes_driver_runs(make_sim, history: H
     assert history.failures_since(0, HOLDING) == {}
 
     # CUDA 12's build stays dcgm_image, the default where dcgm_images names no image
+    pods = dcgm_pods(sim)
     report = run_sweep(sim, history, replace(CFG, dcgm_images={13: IMG13}))
+    assert images_by_node(pods) == {"r580-00": IMG13, "r570-00": IMG12, "nogfd-00": IMG13}
     # nogfd-00 has no labels; its node check of the first sweep read driver 580.82.07 through NVML
     assert history.driver_version("nogfd-00") == "580.82.07"
     assert verdicts(report) == {"r580-00": "pass", "r570-00": "pass", "nogfd-00": "pass"}, \
