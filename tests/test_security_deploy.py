@@ -228,8 +228,9 @@ def test_every_template_job_passes_the_policy(policies: Policies) -> None:
         for t, extra in (("reboot.yaml.j2", {}), ("gpu-reset.yaml.j2", {"gpu_ids": "0"})):
             assert review_job(policies, rem._remediation_job("sw-1", ctx.node or {}, t, extra)) == "", t
     check, remediation = shapes(ROOT, cfg)
-    # the check mounts the host's /sys alone, never its root (sweeper.actions.safety)
-    assert "/sys" in check.host_paths and "/" not in check.host_paths
+    # the check mounts the host's /sys and journald's two directories, never its root (sweeper.actions.safety)
+    assert {"/sys", "/var/log/journal", "/run/log/journal"} <= check.host_paths and "/" not in check.host_paths
+    assert not {p for p in check.host_paths if p.startswith("/run")} - {"/run/log/journal"}
     assert not check.privileged and remediation.privileged
 
 

@@ -16,15 +16,15 @@ from typing import Any
 
 from sweeper.checks import run_node_checks
 from sweeper.checks.fake import (
+    JOURNALCTL_FORMAT,
     FakeGpu,
     FakeHost,
     FakeNvml,
     bus_id,
     efa_sysfs,
-    fi_info_output,
     gpu_pci,
     ib_sysfs,
-    journal_line,
+    journal_file,
     netdev,
     peermem,
     sxid_line,
@@ -1543,10 +1543,8 @@ class SimCluster:
         f = spec.faults
         count = max(0, hw["nics"] - f.nics_missing)
         files: dict[str, str] = {}
-        nic_names: list[str] = []
         if hw["nic"] == "efa":
             files.update(efa_sysfs(count, down=tuple(f.nic_port_down), rate=hw["nic_rate"]))
-            nic_names = sorted({p.split("/")[4] for p in files if p.startswith("/sys/class/infiniband/")})
             files.update(netdev("ens32", "ena", f.mtu or 9001))
         elif hw["nic"] == "ib":
             files.update(ib_sysfs(count, down=tuple(f.nic_port_down), rate=hw["nic_rate"]))
@@ -1561,19 +1559,21 @@ class SimCluster:
         if hw["nic"] in ("efa", "ib") and not f.no_peermem:
             files.update(peermem("efa_nv_peermem" if hw["nic"] == "efa" else "nvidia_peermem"))
         topo_nics = count if hw["nic"] == "ib" else 0  # EFA devices are not listed by topo -m on p5
-        # The check image carries nvidia-smi and chroot; the host's own tools (the EFA installer's
-        # fi_info, journalctl) run in the host's root through chroot.
+        # The check image carries nvidia-smi and journalctl, and no fi_info (the host's is not run from
+        # a check Job); the Job mounts journald's directories, where the journal of this boot lies.
         commands = {"nvidia-smi": (0, topo_output(gpus, hw["nvlinks"], topo_nics, "PXB", far=f.poor_affinity), ""),
-                    "chroot": (0, "", "")}
-        host_commands: dict[str, tuple[int, str, str]] = {}
-        if hw["nic"] == "efa":
-            files["/opt/amazon/efa/bin/fi_info"] = "ELF"
-            host_commands["fi_info"] = (0 if nic_names else 1, fi_info_output(nic_names), "")
+                    "journalctl": (0, "", "")}
+        boot = self.boot_id(node_name)
         if not f.no_journal:
             lines = self._kernel_lines(node_name, self.clock.now() if now is None else now)
-            host_commands["journalctl"] = (0, "".join(journal_line(node_name, ln) + "\n" for ln in lines), "")
-        return FakeHost(files=files, commands=commands, host_commands=host_commands, arch=hw["arch"],
-                        environ={"NODE_NAME": node_name})
+            machine = uuid.uuid5(uuid.NAMESPACE_DNS, f"{node_name}.machine-id").hex
+            files[f"/var/log/journal/{machine}/system.journal"] = journal_file(
+                boot, node_name, lines, JOURNALCTL_FORMAT + 1 if f.journal_newer else JOURNALCTL_FORMAT)
+        return FakeHost(files=files, commands=commands, arch=hw["arch"], environ={"NODE_NAME": node_name}, boot=boot)
+
+    def boot_id(self, node_name: str) -> str:
+        """The node's kernel boot ID: new at each boot, as the kernel makes it."""
+        return uuid.uuid5(uuid.NAMESPACE_DNS, f"{node_name}.boot.{self._boot(node_name):.6f}").hex
 
     def kernel_log(self, node_name: str, now: float) -> str:
         """What `dmesg` prints: the ring buffer, which on a node with `ring_buffer_span` has lost

@@ -141,7 +141,9 @@ class Faults:
                                              duration=True, gt=0)
     no_peermem: bool = setting(False, "no GPUDirect RDMA peer-memory module is loaded")
     fabric_manager_down: bool = setting(False, "Fabric Manager is not running: NVSwitch GPUs never join the fabric")
-    no_journal: bool = setting(False, "the host keeps no journal (journalctl finds none)")
+    no_journal: bool = setting(False, "the host keeps no journal files (journald's Storage=none)")
+    journal_newer: bool = setting(False, "the host's journald writes a journal format newer than the check "
+                                  "image's journalctl reads")
     link_degraded: float = setting(1.0, "share of the node's fabric rate left (a pair runs at the slower node's)",
                                    ge=0, le=1)
     port_flapping: bool = setting(False, "a fabric port drops now and then: pair bandwidth varies widely and some "

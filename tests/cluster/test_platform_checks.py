@@ -1,5 +1,6 @@
 """Node-local checks that read what the platform keeps on the node: the kernel's journal beside the
-ring buffer, and the host's own EFA tools, through the simulated kubelet."""
+ring buffer (journald's directories, mounted read-only), and EFA from sysfs, through the simulated
+kubelet."""
 
 from __future__ import annotations
 
@@ -17,30 +18,43 @@ def test_an_xid_the_ring_buffer_lost_is_found_in_the_journal(make_sim, history: 
     (https://www.freedesktop.org/software/systemd/man/latest/systemd-journald.service.html). The
     check reads both, so the XID is judged within its window; a node whose host keeps no journal is
     judged on the ring buffer alone, as before."""
-    sim: Sim = make_sim(nodes=2, faults={"gpu-00": XID_109, "gpu-01": {**XID_109, "no_journal": True}})
+    sim: Sim = make_sim(nodes=3, faults={"gpu-00": XID_109, "gpu-01": {**XID_109, "no_journal": True},
+                                         "gpu-02": {**XID_109, "journal_newer": True}})
     sim.cluster.clock.advance(3600)  # the XID is an hour old: past the ring buffer's 10 minutes
     assert "Xid" not in sim.cluster.kernel_log("gpu-00", sim.cluster.clock.now())
     report = run_sweep(sim, history, TEST_CONFIG)
     got = {o.node: o.verdict for o in report.outcomes}
-    assert got["gpu-01"] == "pass", report.outcomes
+    assert got["gpu-01"] == "pass" and got["gpu-02"] == "pass", report.outcomes
     assert got["gpu-00"] not in ("pass", "warn", "error", "inconclusive"), report.outcomes
     reasons = next(o.reasons for o in report.outcomes if o.node == "gpu-00")
     assert any("XID 109" in r for r in reasons), reasons
+    # What the journal could not give is said on the node, never taken for a clean journal.
+    unread = {r["node"]: r["message"] for r in history.db.query(
+        "select node, message from checks where name = 'xid.journal' and status = 'skip'")}
+    assert set(unread) == {"gpu-01", "gpu-02"}, unread
+    assert "no journal files" in unread["gpu-01"] and "format newer" in unread["gpu-02"], unread
 
 
-def test_a_p5_sweep_reads_efa_through_the_hosts_own_fi_info(make_sim, history: History) -> None:
-    """The EFA installer's fi_info, run in the host's root, sees the node's 32 EFA devices; the
-    sweep passes on it, and a host without it is a `check.tool` finding, not a failing node."""
+def test_a_p5_sweep_judges_efa_from_sysfs_and_says_fi_info_was_not_run(make_sim, history: History) -> None:
+    """The EFA installer's fi_info needs the host's libfabric and rdma-core and /dev/infiniband, which
+    the check Job does not mount (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start.html):
+    `efa.fi_info` is skip with that reason, the node's 32 EFA devices are read from sysfs, and the
+    sweep passes on them; a device gone from sysfs still fails it."""
     from dataclasses import replace
 
     from sweeper.profiles import load_profile
 
-    sim: Sim = make_sim(nodes=1)
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"nics_missing": 2}})
     assert load_profile(TEST_CONFIG.path("profiles") / "p5.48xlarge.yaml").nic == "efa"
     report = run_sweep(sim, history, replace(TEST_CONFIG, interval=0))
-    assert [(o.node, o.verdict) for o in report.outcomes] == [("gpu-00", "pass")]
-    checks = {c["name"]: c for c in history.db.query("select name, status, message from checks")}
-    assert checks["efa.fi_info"]["status"] == "pass" and "32 EFA devices" in checks["efa.fi_info"]["message"]
+    got = {o.node: o.verdict for o in report.outcomes}
+    assert got["gpu-00"] == "pass" and got["gpu-01"] not in ("pass", "warn", "error", "inconclusive"), got
+    checks = {(r["node"], r["name"]): r for r in history.db.query(
+        "select node, name, status, message from checks")}
+    fi = checks[("gpu-00", "efa.fi_info")]
+    assert fi["status"] == "skip" and "/opt/amazon/efa" in fi["message"], fi
+    assert checks[("gpu-00", "nic.devices")]["status"] == "pass" and "32" in checks[("gpu-00", "nic.devices")]["message"]
+    assert checks[("gpu-01", "nic.devices")]["status"] == "fail"
 
 
 def light_on_a_busy_node(make_sim, history: History, cfg_changes: dict, **fleet: object) -> tuple[Sim, object]:
