@@ -12,6 +12,7 @@ from sweeper.checks.fake import (
     gpu_pci,
     ib_sysfs,
     journal_file,
+    journal_line,
     netdev,
     peermem,
     topo_output,
@@ -452,6 +453,37 @@ def test_a_journal_that_cannot_be_read_is_said_and_the_ring_buffer_still_judged(
     r = run_node_checks(OPTS, FakeNvml(gpus()), ring, now=NOW, uptime=6000, host=host)
     assert {c.code for c in by_name(r, "xid")} == {"79", "13"}
     assert "partly unread" in by_name(r, "xid.journal")[0].message
+
+
+def test_the_real_host_runs_the_images_journalctl_over_the_mounted_journal(tmp_path, monkeypatch) -> None:
+    """Under a root (/host in the check Job), the journal directories are looked for below it, and
+    journalctl is the image's, on PATH, told `--root` of that same root and this kernel's boot ID
+    (a stand-in here that prints the lines only for those arguments)."""
+    import os
+    import stat
+
+    from sweeper.checks.host import RealHost
+
+    root = tmp_path / "host"
+    (root / "var/log/journal/0123").mkdir(parents=True)
+    (root / "var/log/journal/0123/system.journal").write_bytes(b"LPKSHHRH")
+    boot = RealHost(str(root)).boot_id()
+    old = xid_line(1000.0, 3, 79, "GPU has fallen off the bus.")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tool = bin_dir / "journalctl"
+    tool.write_text(f'#!/bin/sh\ncase "$*" in *"--root={root} -k -b {boot} "*) echo "{journal_line("n1", old)}";;\n'
+                    '*) echo "unexpected: $*" >&2; exit 2;; esac\n')
+    tool.chmod(tool.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    ring = xid_line(5000.0, 5, 13, "Graphics Exception") + "\n"
+    r = run_node_checks(OPTS, FakeNvml(gpus()), ring, now=NOW, uptime=6000, host=RealHost(str(root)))
+    assert {c.code for c in by_name(r, "xid")} == {"79", "13"}, [(c.name, c.message) for c in r.checks]
+    assert by_name(r, "xid.journal") == []
+    (root / "var/log/journal/0123/system.journal").unlink()
+    (root / "var/log/journal/0123").rmdir()  # what the runtime binds where the host keeps none: empty
+    r = run_node_checks(OPTS, FakeNvml(gpus()), ring, now=NOW, uptime=6000, host=RealHost(str(root)))
+    assert "no journal files" in by_name(r, "xid.journal")[0].message
 
 
 def test_the_real_host_reads_the_kernels_boot_id() -> None:

@@ -55,13 +55,12 @@ def read_journal(host: Host, window: float) -> tuple[str | None, str]:
     one. A journal written by a newer systemd may be unreadable to the image's journalctl: journalctl
     skips such a file with a warning, which is reported, never read as a clean journal.
     https://www.freedesktop.org/software/systemd/man/latest/journalctl.html"""
-    root = host.resolve("/")
-    if not any(host.listdir(f"{root.rstrip('/')}{d}") for d in JOURNAL_DIRS):
+    if not any(host.listdir(d) for d in JOURNAL_DIRS):
         return None, f"the host keeps no journal files in {' or '.join(JOURNAL_DIRS)}"
     boot = host.boot_id()
     if boot is None:
         return None, "the kernel's boot ID is unreadable"
-    argv = ["journalctl", f"--root={root}", "-k", "-b", boot, "-o", "short-monotonic", "--no-pager", "-q",
+    argv = ["journalctl", f"--root={host.resolve('/')}", "-k", "-b", boot, "-o", "short-monotonic", "--no-pager", "-q",
             f"--since=-{max(1, int(window))}s"]
     try:
         code, out, err = host.run(argv, timeout=60)
