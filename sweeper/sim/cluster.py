@@ -1449,7 +1449,7 @@ class SimCluster:
         boot = self._boot(node_name)
         nvml = self.fake_nvml(node_name, now) if self._sees_gpus(pod) else FakeNvml(library_present=False)
         result = run_node_checks(opts, nvml, self.kernel_log(node_name, now),
-                                 now=now, uptime=now - boot, host=self.fake_host(node_name, now))
+                                 now=now, uptime=now - boot, host=self.fake_host(node_name, now, self._host_paths(pod)))
         exit_code = 0 if result.status in ("pass", "warn", "skip") else 1
         return exit_code, result.to_json() + "\n", result.summary()
 
@@ -1536,8 +1536,15 @@ class SimCluster:
                 fabric_state=(1 if f.fabric_manager_down else 3) if hw.get("nvswitch_fabric") else None))
         return FakeNvml(gpus=gpus)
 
-    def fake_host(self, node_name: str, now: float | None = None) -> FakeHost:
-        """The node's sysfs and tools, as its hardware and faults make them."""
+    @staticmethod
+    def _host_paths(pod: dict[str, Any]) -> frozenset[str]:
+        """The host paths a pod mounts (hostPath volumes)."""
+        return frozenset(str(v["hostPath"].get("path", "")) for v in pod["spec"].get("volumes") or []
+                         if isinstance(v, dict) and isinstance(v.get("hostPath"), dict))
+
+    def fake_host(self, node_name: str, now: float | None = None, mounts: frozenset[str] | None = None) -> FakeHost:
+        """The node's sysfs and tools, as its hardware and faults make them; the journal only where
+        the pod mounts journald's persistent directory (`mounts`; None: a test's direct call, all)."""
         spec = self.specs[node_name]
         hw = HARDWARE[spec.instance_type]
         f = spec.faults
@@ -1564,7 +1571,7 @@ class SimCluster:
         commands = {"nvidia-smi": (0, topo_output(gpus, hw["nvlinks"], topo_nics, "PXB", far=f.poor_affinity), ""),
                     "journalctl": (0, "", "")}
         boot = self.boot_id(node_name)
-        if not f.no_journal:
+        if not f.no_journal and (mounts is None or "/var/log/journal" in mounts):
             lines = self._kernel_lines(node_name, self.clock.now() if now is None else now)
             machine = uuid.uuid5(uuid.NAMESPACE_DNS, f"{node_name}.machine-id").hex
             files[f"/var/log/journal/{machine}/system.journal"] = journal_file(

@@ -35,6 +35,32 @@ def test_an_xid_the_ring_buffer_lost_is_found_in_the_journal(make_sim, history: 
     assert "no journal files" in unread["gpu-01"] and "format newer" in unread["gpu-02"], unread
 
 
+def test_a_check_template_that_mounts_no_journal_reads_none(make_sim, history: History, tmp_path) -> None:
+    """The simulated kubelet gives the check the journal only through the pod's own hostPath mount
+    of /var/log/journal, as a node does: an author's check template without it finds no journal
+    files, says so (`xid.journal` skip), and judges the ring buffer alone."""
+    import shutil
+    from dataclasses import replace
+
+    shutil.copytree(TEST_CONFIG.path("job-templates"), tmp_path, dirs_exist_ok=True)
+    text = (tmp_path / "sweeper-check.yaml.j2").read_text()
+    for d in ("var", "run"):
+        name = "host-journal" if d == "var" else "host-run-journal"
+        mount = (f"            - name: {name}\n              mountPath: /host/{d}/log/journal\n"
+                 "              readOnly: true\n              recursiveReadOnly: Enabled\n"
+                 "              mountPropagation: None\n")
+        volume = f'        - name: {name}\n          hostPath:\n            path: /{d}/log/journal\n            type: ""\n'
+        assert mount in text and volume in text
+        text = text.replace(mount, "").replace(volume, "")
+    (tmp_path / "sweeper-check.yaml.j2").write_text(text)
+    sim: Sim = make_sim(nodes=1, faults={"gpu-00": XID_109})
+    sim.cluster.clock.advance(3600)
+    report = run_sweep(sim, history, replace(TEST_CONFIG, template_dir=str(tmp_path)))
+    assert [o.verdict for o in report.outcomes] == ["pass"], report.outcomes
+    (msg,) = [r["message"] for r in history.db.query("select message from checks where name = 'xid.journal'")]
+    assert "no journal files" in msg
+
+
 def test_a_p5_sweep_judges_efa_from_sysfs_and_says_fi_info_was_not_run(make_sim, history: History) -> None:
     """The EFA installer's fi_info needs the host's libfabric and rdma-core and /dev/infiniband, which
     the check Job does not mount (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start.html):
