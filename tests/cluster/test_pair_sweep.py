@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from sweeper.config import Config
 from sweeper.history import History
 from sweeper.sim.server import running_pods_on
 from tests.cluster.test_safety import _sweep_cmd, kill_sweep_at
@@ -400,7 +401,7 @@ def test_after_a_fault_of_the_check_the_next_pair_run_tries_one_pair_first(make_
 
     from sweeper.cli import main
 
-    image = "ghcr.io/sweeper-dev/nccl-pair:25.01-py3"
+    image = Config().pair_image
     sim: Sim = make_sim(nodes=8, registry={"missing": [image]})
     cfg = tmp_path / "config.yaml"
     cfg.write_text(yaml.safe_dump({"playbook": "pair-fabric.yaml", "max_nodes": 8, "max_percent": 100,
