@@ -1427,7 +1427,10 @@ class SimCluster:
         files: dict[str, str] = {}
         nic_names: list[str] = []
         if hw["nic"] == "efa":
-            files.update(efa_sysfs(count, down=tuple(f.nic_port_down), rate=hw["nic_rate"]))
+            # The EFA driver reports every port ACTIVE at the device's maximum rate, whatever the link
+            # does (amzn-drivers, efa_verbs.c, efa_query_port): a down EFA link shows only between two
+            # nodes (_fabric_factor), never in this node's sysfs.
+            files.update(efa_sysfs(count, rate=hw["nic_rate"]))
             nic_names = sorted({p.split("/")[4] for p in files if p.startswith("/sys/class/infiniband/")})
             files.update(netdev("ens32", "ena", f.mtu or 9001))
         elif hw["nic"] == "ib":
