@@ -887,9 +887,10 @@ class Sweep:
 
     @staticmethod
     def _node_vars(node: NodeView, profile: profiles.Profile) -> dict[str, Any]:
-        """What playbooks and job templates see as `node`."""
+        """What playbooks and job templates see as `node`; its profile with the fabric the node advertises."""
         return {"name": node.name, "labels": node.labels, "annotations": node.annotations, "gpus": node.gpus,
-                "gpu_resources": node.gpu_vars(), "profile": profile.as_vars()}
+                "gpu_resources": node.gpu_vars(), "fabric": dict(node.fabric),
+                "profile": profile.on_node(node.fabric, node.labels, node.annotations).as_vars()}
 
     def _cap_replacements(self, verdict: str, reasons: list[str]) -> tuple[str, list[str]]:
         """Beyond max_replacements_per_hour, a node that should be replaced is held for a person."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
+import json
 import math
 import random
 import re
@@ -341,9 +342,16 @@ class SimCluster:
             resources[GPU] = str(gpus)
         for res, count in hw["fabric_resources"].items():  # the fabric's device plugin: one per device found
             resources[res] = str(max(0, count - spec.faults.nics_missing))
+        annotations: dict[str, str] = {}
+        if hw["nic"] == "gve" and spec.multi_network:
+            # GKE lists a node's additional networks (multi-networking) in this annotation; an A3's GPU
+            # gVNICs are those networks' interfaces (https://cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx)
+            annotations["networking.gke.io/north-interfaces"] = json.dumps(
+                [{"network": f"vpc{k}", "ipAddress": f"192.168.{k}.{len(self.specs) % 250 + 2}"}
+                 for k in range(1, hw["nics"])])
         now = self.clock.now()
         node = {
-            "metadata": {"name": spec.name, "labels": labels, "annotations": {},
+            "metadata": {"name": spec.name, "labels": labels, "annotations": annotations,
                          "creationTimestamp": iso(now - spec.age)},
             "spec": {"providerID": f"aws:///{spec.zone}/{iid}"},
             "status": {
@@ -1437,7 +1445,7 @@ class SimCluster:
             files.update(ib_sysfs(count, down=tuple(f.nic_port_down), rate=hw["nic_rate"]))
             files.update(netdev("eth0", "hv_netvsc", f.mtu or 1500))
         elif hw["nic"] in ("gve", "ena"):
-            for k in range(count):
+            for k in range(count if spec.multi_network or hw["nic"] != "gve" else 1):
                 files.update(netdev(f"eth{k}", hw["nic"], f.mtu or 8244, up=k not in f.nic_port_down))
         files.update(netdev("lo", "", 65536))
         del files["/sys/class/net/lo/device/uevent"]  # a loopback has no device behind it

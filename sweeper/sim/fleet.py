@@ -166,6 +166,8 @@ class _NodeGroup(_Strict):
     age: duration_type(ge=0) = 2 * 86400.0  # type: ignore[valid-type]
     gpu_operator: Annotated[bool, Strict()] = True  # false: no GPU feature discovery labels
     operands: Annotated[bool, Strict()] = False  # the GPU Operator's operand pods run on these nodes
+    # GKE: the node pool's additional networks (multi-networking); without them an A3 has its primary gVNIC only
+    multi_network: Annotated[bool, Strict()] = True
 
 
 class _Workload(_Strict):
@@ -229,6 +231,7 @@ class NodeSpec:
     faults: Faults
     gpu_operator: bool = True  # False: no GPU feature discovery labels (nvidia.com/gpu.present), as on EKS, GKE, AKS
     operands: bool = False  # the GPU Operator's device plugin, GFD, DCGM and dcgm-exporter pods run here
+    multi_network: bool = True  # GKE: attached to its pool's additional networks (an A3's GPU gVNICs)
 
 
 @dataclass
@@ -281,7 +284,8 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
             fleet.nodes.append(NodeSpec(name=f"{prefix}{i:0{max(2, len(str(group.count)))}d}",
                                         instance_type=group.instance_type, zone=group.zone,
                                         labels=dict(group.labels), age=group.age, faults=Faults(),
-                                        gpu_operator=group.gpu_operator, operands=group.operands))
+                                        gpu_operator=group.gpu_operator, operands=group.operands,
+                                        multi_network=group.multi_network))
     registry = spec.registry or _Registry()
     fleet.missing_images = list(registry.missing)
     fleet.image_lacks = {k: list(v) for k, v in registry.lacking.items()}

@@ -1,0 +1,55 @@
+"""What a node has is read from the node: the fabric NICs a check expects and a pair requests come
+from what the node advertises before the instance type's figure."""
+
+from __future__ import annotations
+
+import json
+
+from sweeper.profiles import Profile, advertised_nics
+
+P5 = Profile("p5.48xlarge", gpus=8, nic="efa", nics=32, fabric_resources={"vpc.amazonaws.com/efa": 32},
+             nccl_pair_busbw_min=350.0)
+ND = Profile("nd", gpus=8, nic="ib", nics=8, fabric_resources={"rdma/ib": 1})
+A3 = Profile("a3", gpus=8, nic="gve", nics=4)
+KARPENTER = {"karpenter.sh/nodepool": "gpu"}
+
+
+def test_efa_the_device_plugins_count_comes_first() -> None:
+    """AWS's EFA device plugin advertises one `vpc.amazonaws.com/efa` per EFA device, and Karpenter
+    attaches EFA interfaces only for a pod that requests them
+    (https://docs.aws.amazon.com/eks/latest/userguide/device-management-efa.html)."""
+    assert advertised_nics("efa", {"vpc.amazonaws.com/efa": 16}, {}, {}) == 16
+    assert advertised_nics("efa", {"vpc.amazonaws.com/efa": 0}, {}, {}) == 0
+    assert advertised_nics("efa", {}, KARPENTER, {}) == 0, "a Karpenter node that advertises no EFA has none"
+    assert advertised_nics("efa", {}, {}, {}) is None, "no device plugin on a node group: the instance type's figure"
+    none = P5.on_node({"vpc.amazonaws.com/efa": 0}, KARPENTER, {})
+    assert none.nics == 0 and none.fabric_resources == {} and "--expect-nics" in none.check_args()
+    assert none.check_args()[none.check_args().index("--expect-nics") + 1] == "0"
+    assert P5.on_node({"vpc.amazonaws.com/efa": 8}, {}, {}).fabric_resources == {"vpc.amazonaws.com/efa": 8}
+    assert P5.on_node({}, {}, {}) is P5
+
+
+def test_rdma_shared_plugin_counts_are_not_nic_counts() -> None:
+    """The RDMA shared device plugin advertises `rdmaHcaMax` (how many pods may share the HCAs,
+    1000 by default), not the HCAs (github.com/Mellanox/k8s-rdma-shared-dev-plugin, README): only 0
+    says something, that no HCA is there."""
+    assert advertised_nics("ib", {"rdma/ib": 1000}, {}, {}) is None
+    assert advertised_nics("ib", {"rdma/ib": 0}, {}, {}) == 0
+    assert ND.on_node({"rdma/ib": 0}, {}, {}).fabric_resources == {}
+
+
+def test_gke_gvnics_are_the_nodes_additional_networks() -> None:
+    """An A3's GPU gVNICs exist only with multi-networking
+    (https://cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx; without
+    multi-networking a node has its one primary interface:
+    https://cloud.google.com/kubernetes-engine/docs/how-to/setup-multinetwork-support-for-pods); GKE names
+    a node's networks as `networking.gke.io.networks/<name>` (and `<name>.IP`) resources and lists
+    its additional interfaces in the networking.gke.io/north-interfaces annotation."""
+    north = {"networking.gke.io/north-interfaces": json.dumps([{"network": f"vpc{k}", "ipAddress": "10.0.0.1"}
+                                                                for k in range(1, 5)])}
+    assert advertised_nics("gve", {}, {}, north) == 4
+    assert advertised_nics("gve", {"networking.gke.io.networks/vpc1": 1, "networking.gke.io.networks/vpc1.IP": 1,
+                                   "networking.gke.io.networks/vpc2": 1}, {}, {}) == 2
+    assert advertised_nics("gve", {}, {}, {}) == 0
+    assert advertised_nics("gve", {}, {}, {"networking.gke.io/north-interfaces": "not json"}) == 0
+    assert A3.on_node({}, {}, {}).nics == 0
