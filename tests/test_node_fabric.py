@@ -53,3 +53,26 @@ def test_gke_gvnics_are_the_nodes_additional_networks() -> None:
     assert advertised_nics("gve", {}, {}, {}) == 0
     assert advertised_nics("gve", {}, {}, {"networking.gke.io/north-interfaces": "not json"}) == 0
     assert A3.on_node({}, {}, {}).nics == 0
+
+
+def test_a_pair_requests_what_both_nodes_advertise_and_has_a_floor_only_on_the_fabric() -> None:
+    """NCCL reaches EFA only through the devices its pod was given; without them it runs on TCP
+    sockets, about 4 GB/s where an H100 pair on its fabric shows about 340 (NVIDIA AI Cluster Runtime,
+    https://docs.nvidia.com/aicr/latest/integrator-guide/gke-tcpxo-networking.md). A floor is a figure
+    of the fabric: no fabric device requested, no floor; a floor the playbook gives is taken as given."""
+    from sweeper.actions import ActionContext
+    from sweeper.actions.pair import pair_fabric, pair_floor
+
+    def node(p: Profile) -> dict[str, object]:
+        return {"name": p.name, "profile": p.as_vars()}
+
+    with_efa, without = node(P5), node(P5.on_node({"vpc.amazonaws.com/efa": 0}, KARPENTER, {}))
+    assert pair_fabric(with_efa, with_efa) == {"vpc.amazonaws.com/efa": 32}
+    assert pair_fabric(with_efa, without) == {} == pair_fabric(without, with_efa)
+    assert pair_fabric(with_efa, node(P5.on_node({"vpc.amazonaws.com/efa": 16}, {}, {}))) == {
+        "vpc.amazonaws.com/efa": 16}
+    assert pair_floor(ActionContext(node=with_efa, partner=with_efa), {}) == (350.0, "")
+    floor, why = pair_floor(ActionContext(node=with_efa, partner=without), {})
+    assert floor is None and "requests no fabric device" in why
+    assert pair_floor(ActionContext(node=with_efa, partner=without), {"min_busbw": 3}) == (3.0, "")
+    assert pair_floor(ActionContext(node=node(A3), partner=node(A3)), {})[0] is None

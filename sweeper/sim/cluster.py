@@ -60,6 +60,10 @@ OPERATOR_NS = "gpu-operator"
 OPERANDS = {"device-plugin": "nvidia-device-plugin-daemonset", "gpu-feature-discovery": "gpu-feature-discovery",
             "dcgm": "nvidia-dcgm", "dcgm-exporter": "nvidia-dcgm-exporter"}
 SHELLS = ("sh", "bash", "ash", "dash")
+# A two-node all-reduce that NCCL runs over TCP sockets for want of its fabric: about 4 GB/s where an
+# H100 pair on its fabric shows about 340 (NVIDIA AI Cluster Runtime, GKE TCPXO networking prerequisites:
+# https://docs.nvidia.com/aicr/latest/integrator-guide/gke-tcpxo-networking.md).
+TCP_PAIR_BUSBW = 4.0
 # A reference's repository path: lowercase components (the registry host may differ), then a tag or digest.
 # https://github.com/distribution/reference/blob/main/regexp.go
 _PATH_PART = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
@@ -1038,7 +1042,7 @@ class SimCluster:
         env = self._env(pods[0])
         hosts = [p["spec"].get("hostname") or p["metadata"]["name"] for p in pods]
         rng, hws, aborted, table = self._fabric_run(nodes, (hosts[0], hosts[1]), env.get("PAIR_GPUS") or "",
-                                                    env.get("PAIR_MAX_BYTES"))
+                                                    env.get("PAIR_MAX_BYTES"), self._on_fabric(pods[:2]))
         finish = self._started_at(max(pods, key=self._started_at)) + tools.NCCL_PAIR_SECONDS * (
             rng.uniform(0.3, 0.8) if aborted else 1.0)
         finish = max(finish, now)
@@ -1054,8 +1058,19 @@ class SimCluster:
             out[i] = (finish, 1 if aborted else 0, log)
         return out
 
-    def _fabric_run(self, nodes: list[str], hosts: tuple[str, str], gpus_text: str,
-                    max_bytes_text: str | None) -> tuple[random.Random, list[dict[str, Any]], bool, str]:
+    def _on_fabric(self, pods: list[dict[str, Any]]) -> bool:
+        """Whether every pod of a pair holds its node's fabric devices: NCCL reaches EFA or InfiniBand
+        only through the devices its pod was given; without them it falls back to TCP sockets."""
+        for p in pods:
+            spec = self.specs.get(p["spec"].get("nodeName", ""))
+            wanted = HARDWARE[spec.instance_type]["fabric_resources"] if spec else {}
+            got = extended_requests(p)
+            if any(got.get(res, 0) < 1 for res in wanted):
+                return False
+        return True
+
+    def _fabric_run(self, nodes: list[str], hosts: tuple[str, str], gpus_text: str, max_bytes_text: str | None,
+                    on_fabric: bool = True) -> tuple[random.Random, list[dict[str, Any]], bool, str]:
         """One two-node all-reduce between `nodes` (the pair-allreduce gang's, or an MPIJob's two
         workers'): its noise stream, the nodes' hardware, whether a flapping port aborted it, and
         rank 0's table. The bus bandwidth at the largest size is the healthy pair peak times the
@@ -1071,7 +1086,10 @@ class SimCluster:
         if any(s.faults.port_flapping for s in specs):
             factor *= rng.uniform(0.15, 0.9)
             aborted = rng.random() < 0.35
-        busbw = min(hw["nccl_pair_peak"] for hw in hws) * factor * rng.uniform(0.97, 1.03)
+        peak = min(hw["nccl_pair_peak"] for hw in hws)
+        if not on_fabric:  # NCCL's TCP sockets on the primary interface: a few GB/s, whatever the fabric
+            peak, factor = TCP_PAIR_BUSBW, 1.0
+        busbw = peak * factor * rng.uniform(0.97, 1.03)
         max_bytes = tools.parse_bytes(max_bytes_text)
         gpus = int(gpus_text) if gpus_text.isdigit() else hws[0]["gpus"] - specs[0].faults.missing_gpus
         stop_at = 2 ** rng.randint(20, max(20, max_bytes.bit_length() - 1)) if aborted else None
@@ -1258,7 +1276,7 @@ class SimCluster:
             max_bytes = argv[argv.index("-e") + 1]
         nodes = [w["spec"]["nodeName"] for w in workers[:2]]
         hosts = (workers[0]["spec"].get("hostname") or "", workers[1]["spec"].get("hostname") or "")
-        rng, hws, aborted, table = self._fabric_run(nodes, hosts, gpus, max_bytes)
+        rng, hws, aborted, table = self._fabric_run(nodes, hosts, gpus, max_bytes, self._on_fabric(workers[:2]))
         if aborted:
             return 1, table + tools.net_error(hws[0]["nic"], nodes[0], rng.randrange(8),
                                               workers[1]["status"].get("podIP", "")), ""
