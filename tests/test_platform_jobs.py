@@ -27,7 +27,8 @@ def node(profile: str = "p5.48xlarge.yaml", **profile_keys: Any) -> dict[str, An
 
 
 def pod_of(template: str, cfg: Config, extra: dict[str, Any] | None = None, **profile_keys: Any) -> dict[str, Any]:
-    job = render_job(ActionContext(config=cfg, node=node(**profile_keys), run_id="sw-1"), template, 900, extra or {})
+    job = render_job(ActionContext(config=cfg, node=node(**profile_keys), run_id="sw-1"), template, 900, extra or {},
+                     bound=template == "gpu-reset.yaml.j2")
     return job["spec"]["template"]["spec"]  # type: ignore[no-any-return]
 
 
@@ -56,10 +57,11 @@ def test_on_gke_the_jobs_find_the_driver_where_gke_puts_it(template: str) -> Non
     pod = pod_of(template, Config(platform="gke"))
     assert env_of(pod)["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64"
     driver = [v for v in pod.get("volumes") or [] if (v.get("hostPath") or {}).get("path") == "/home/kubernetes/bin/nvidia"]
-    if template == "sweeper-light.yaml.j2":  # no GPU request: no device plugin to mount it
+    if template in ("sweeper-light.yaml.j2", "gpu-reset.yaml.j2"):  # no GPU request: no device plugin to mount it
         assert driver and {"name": driver[0]["name"], "mountPath": "/usr/local/nvidia", "readOnly": True} in \
             pod["containers"][0]["volumeMounts"]
-        assert pod["containers"][0]["args"][pod["containers"][0]["args"].index("--gpu-request") + 1] == "none"
+        if template == "sweeper-light.yaml.j2":
+            assert pod["containers"][0]["args"][pod["containers"][0]["args"].index("--gpu-request") + 1] == "none"
     else:
         assert not driver, "a pod that requests GPUs gets the driver from GKE's device plugin"
     assert "LD_LIBRARY_PATH" not in env_of(pod_of(template, Config(platform="eks")))

@@ -47,7 +47,10 @@ def job_name(node: str, run_id: str, template: str) -> str:
     return f"sweep-{base}-{digest}"
 
 
-def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[str, Any]) -> dict[str, Any]:
+def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[str, Any],
+               bound: bool = False) -> dict[str, Any]:
+    """A Job from a template, checked safe. `bound`: a remediation Job bound to the held node by
+    `nodeName` that requests no GPU (see _check_bound), not a check Job that goes through the scheduler."""
     path = ctx.config.path("job-templates") / template
     try:
         text = path.read_text()
@@ -83,7 +86,10 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
         raise PlaybookError(f"{path}: the rendered template is not YAML: {exc}") from exc
     if not isinstance(job, dict) or job.get("kind") != "Job":
         raise PlaybookError(f"{path}: the template must render a batch/v1 Job")
-    _check_safe(job, variables, path)
+    if bound:
+        _check_bound(job, str(node.get("name", "")), path)
+    else:
+        _check_safe(job, variables, path)
     _second_engine(ctx, job, node)
     return job
 
@@ -112,6 +118,21 @@ def _check_safe(job: dict[str, Any], variables: dict[str, Any], path: Path) -> N
     tolerations = pod.get("tolerations") or []
     if not any(t.get("key") == variables["taint_key"] for t in tolerations):
         raise PlaybookError(f"{path}: the pod must tolerate {variables['taint_key']}")
+
+
+def _check_bound(job: dict[str, Any], node: str, path: Path) -> None:
+    """A GPU reset runs while the device plugin is paused, when the node's allocatable GPUs are 0
+    and a pod that requests one fits nowhere (the kubelet marks a stopped plugin's devices
+    unhealthy: kubernetes/kubernetes, pkg/kubelet/cm/devicemanager/manager.go). So it is bound to
+    the node by nodeName, on a node Sweeper holds, and requests no GPU."""
+    pod = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+    if pod.get("nodeName") != node:
+        raise PlaybookError(f"{path}: a remediation Job is bound to its node: nodeName: {{{{ node.name | tojson }}}}")
+    asked = sorted({k for c in pod.get("containers") or [] for part in ("requests", "limits")
+                    for k in ((c.get("resources") or {}).get(part) or {}) if "gpu" in k})
+    if asked:
+        raise PlaybookError(f"{path}: a remediation Job requests no GPU ({', '.join(asked)}): with the device plugin "
+                            "paused the node has none allocatable, and the pod would never start")
 
 
 def _condition(job: dict[str, Any]) -> dict[str, Any] | None:

@@ -302,6 +302,7 @@ class SimCluster:
         self._short: set[str] = set()  # nodes whose device plugin holds GPUs back from allocatable
         self._watched: set[str] = set()  # nodes with a lost GPU or XIDs among their faults
         self._with_operands: set[str] = set()  # nodes where the GPU Operator runs its operand pods
+        self._plugin_paused: set[str] = set()  # operand nodes whose device plugin pod is gone: GPUs allocatable 0
         self._thread: threading.Thread | None = None
         # Pair runs: each gang's outcome per index (when it ends, exit code, log), and how many runs
         # each pair of nodes has had (the seed of the next one's noise).
@@ -483,7 +484,8 @@ class SimCluster:
     def _allocatable(self, spec: NodeSpec, capacity: dict[str, str], now: float) -> dict[str, str]:
         alloc = dict(capacity)
         if GPU in alloc:
-            alloc[GPU] = str(max(0, int(capacity[GPU]) - len(self._unhealthy(spec, now))))
+            alloc[GPU] = "0" if spec.name in self._plugin_paused else \
+                str(max(0, int(capacity[GPU]) - len(self._unhealthy(spec, now))))
         return alloc
 
     def _device_plugin(self, now: float) -> None:
@@ -514,6 +516,7 @@ class SimCluster:
                 self._with_operands.discard(name)
                 continue
             labels = node["metadata"].get("labels") or {}
+            self._pause_plugin(name, labels.get("nvidia.com/gpu.deploy.device-plugin") == "false", now)
             for op, app in OPERANDS.items():
                 pod_name = f"{app}-{hashlib.sha1(name.encode()).hexdigest()[:5]}"
                 pod = self.store.peek("pods", OPERATOR_NS, pod_name)
@@ -529,6 +532,27 @@ class SimCluster:
                                  "tolerations": [{"operator": "Exists"}]},
                         "status": {"phase": "Pending"}})
                     self.store.mutate("pods", OPERATOR_NS, pod_name, partial(self._start_pod, now=now))
+
+    def _pause_plugin(self, name: str, paused: bool, now: float) -> None:
+        """The device plugin paused (its pod gone) or back. When a plugin's endpoint stops, the kubelet
+        marks every device of its resource unhealthy: allocatable drops to 0 and capacity stays
+        (kubernetes/kubernetes, pkg/kubelet/cm/devicemanager/manager.go, markResourceUnhealthy), so a
+        pod that requests a GPU then fits nowhere on the node; when the plugin registers again its
+        devices are allocatable again."""
+        if paused == (name in self._plugin_paused):
+            return
+        (self._plugin_paused.add if paused else self._plugin_paused.discard)(name)
+        spec, node = self.specs.get(name), self.store.peek("nodes", None, name)
+        if spec is None or node is None or GPU not in node["status"].get("capacity", {}):
+            return
+        want = self._allocatable(spec, node["status"]["capacity"], now)[GPU]
+
+        def report(n: dict[str, Any]) -> None:
+            n["status"]["allocatable"][GPU] = want
+        self.store.mutate("nodes", None, name, report)
+
+    def plugin_paused(self, node_name: str) -> bool:
+        return node_name in self._plugin_paused
 
     def operand_pods(self, node_name: str) -> list[str]:
         """The GPU Operator's operand pods running on the node (they hold its GPUs open)."""
@@ -891,6 +915,8 @@ class SimCluster:
             if spec and spec.faults.hung_check:
                 return None
             return now + self.fleet.check_seconds
+        if self._is_gpu_reset(self._argv(pod)):
+            return now + 20.0
         argv = self._last_command(self._argv(pod))
         prog = argv[0].rsplit("/", 1)[-1] if argv else ""
         if prog == "dcgmi":
@@ -1323,6 +1349,10 @@ class SimCluster:
         missing = self._shell_missing(pod)
         if missing:
             return 127, f"sh: 1: {missing}: not found\n", ""  # the shell's "command not found"
+        if not self._is_check(pod) and self._is_gpu_reset(self._argv(pod)):
+            if not self._sees_gpus(pod):
+                return 127, "sh: 1: nvidia-smi: not found\n", ""  # no NVIDIA runtime put it in the container
+            return self._gpu_reset(node_name, self._argv(pod), self._env(pod))
         if not self._is_check(pod):
             argv = self._last_command(self._argv(pod))
             prog = argv[0].rsplit("/", 1)[-1] if argv else ""
@@ -1340,8 +1370,6 @@ class SimCluster:
             if prog == "nsenter" and "reboot" in argv:
                 self._reboot_node(node_name, now)
                 return 137, "", "the node rebooted"
-            if prog == "nvidia-smi" and "--gpu-reset" in argv:
-                return self._gpu_reset(node_name, argv)
             if prog == "echo":
                 return 0, " ".join(argv[1:]) + "\n", ""
             return 0, "" if prog in ("true", "sleep") else "training finished\n", ""
@@ -1378,10 +1406,24 @@ class SimCluster:
         env = {e.get("name"): e.get("value") for c in pod["spec"].get("containers") or [] for e in c.get("env") or []}
         return handler == "nvidia" and env.get("NVIDIA_VISIBLE_DEVICES") == "all"
 
-    def _gpu_reset(self, node_name: str, argv: list[str]) -> tuple[int, str, str]:
+    @staticmethod
+    def _is_gpu_reset(argv: list[str]) -> bool:
+        """nvidia-smi -r / --gpu-reset, alone or in a shell script."""
+        return re.search(r"nvidia-smi\b[^;&|\n]*\s(?:-r|--gpu-reset)\b", " ".join(argv)) is not None
+
+    def _gpu_reset(self, node_name: str, argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str, str]:
+        """nvidia-smi's reset, as a script runs it: `-pm 0` on the GPUs first (a GPU in persistence
+        mode is held by nvidia-persistenced, and the reset refuses it: NVIDIA/gpu-operator#118,
+        NVIDIA/NVSentinel#1690), then `-r -i IDS`, its ids from the script or its GPU_IDS variable."""
         f = self.specs[node_name].faults
-        ids = argv[argv.index("-i") + 1] if "-i" in argv else ""
+        text = " ".join(argv)
+        reset = re.search(r"nvidia-smi\b[^;&|\n]*\s(?:-r|--gpu-reset)\b[^;&|\n]*", text)
+        words = (reset.group(0) if reset else text).replace('"', " ").split()
+        ids = words[words.index("-i") + 1] if "-i" in words[:-1] else ""
+        if ids.startswith("$"):
+            ids = (env or {}).get(ids.strip("${}"), "")
         gpus = {int(g) for g in ids.split(",") if g.strip().isdigit()} if ids else set(range(64))
+        pm_off = reset is not None and re.search(r"-pm\s+0\b", text[:reset.start()]) is not None
         if gpus & set(f.gpu_lost):
             return 3, "", "GPU is lost: a reset cannot reach it; reboot the node\n"
         holders = self.operand_pods(node_name) if node_name in self._with_operands else []
@@ -1394,11 +1436,21 @@ class SimCluster:
                              "CUDA application, graphics application such as an X server, or a monitoring "
                              "application such as another instance of nvidia-smi). Please first kill all processes "
                              "using this device and all compute applications running in the system.\n")
+        if not f.persistence_off and not pm_off:
+            g = min(gpus)
+            return 255, "", (f"The following GPUs could not be reset:\n  GPU 00000000:{bus_id(g).split(':')[1]}:00.0: "
+                             "In use by another client\n\n1 device is currently being used by one or more other "
+                             "processes (e.g., Fabric Manager, CUDA application, graphics application such as an X "
+                             "server, or a monitoring application such as another instance of nvidia-smi). Please "
+                             "first kill all processes using this device and all compute applications running in "
+                             "the system.\n")
         f.remap_pending = [g for g in f.remap_pending if g not in gpus]
         f.recovery_action = {g: a for g, a in f.recovery_action.items() if g not in gpus}
         f.ecc_dbe = {g: n for g, n in f.ecc_dbe.items() if g not in gpus}
-        return 0, "".join(f"GPU 00000000:{bus_id(g).split(':')[1]}:00.0 was successfully reset.\n"
-                          for g in sorted(gpus) if g < 8), ""
+        pm = "".join(f"Disabled persistence mode for GPU 00000000:{bus_id(g).split(':')[1]}:00.0.\n"
+                     for g in sorted(gpus) if g < 8 and pm_off and not f.persistence_off)
+        return 0, pm + "".join(f"GPU 00000000:{bus_id(g).split(':')[1]}:00.0 was successfully reset.\n"
+                               for g in sorted(gpus) if g < 8), ""
 
     def reboot(self, node_name: str, now: float) -> None:
         """The node restarts: its kernel log starts again, and what a reboot clears is cleared
