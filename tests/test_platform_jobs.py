@@ -165,3 +165,26 @@ def test_a_schedules_dcgm_level_is_the_level_of_its_runs(tmp_path: Path) -> None
     assert {k: cfg.dcgm_level for k, cfg in runs.items()} == {"deep": 3, "light": None}
     assert runs["deep"].dcgm_level_for(node(dcgm_level=2)) == 3, "over the profile's"
     assert runs["light"].dcgm_level_for(node(dcgm_level=2)) == 2
+
+
+def test_a_reset_template_that_asks_for_a_gpu_or_goes_through_the_scheduler_is_refused(tmp_path: Any) -> None:
+    """While the device plugin is paused the kubelet counts none of the node's GPUs allocatable
+    (kubernetes/kubernetes, pkg/kubelet/cm/devicemanager/manager.go, markResourceUnhealthy): a reset
+    pod that requests one never starts, and one sent through the scheduler never lands. Lint and
+    the remediation both refuse such a template."""
+    import shutil
+
+    from sweeper.errors import PlaybookError
+    from sweeper.lint import lint_template
+
+    shutil.copytree(ROOT / "job-templates", tmp_path / "t")
+    path = tmp_path / "t" / "gpu-reset.yaml.j2"
+    shipped = path.read_text()
+    cfg = Config(template_dir=str(tmp_path / "t"))
+    assert lint_template(path, cfg) == []
+    path.write_text(shipped.replace("              cpu: 500m\n", "              cpu: 500m\n              nvidia.com/gpu: 8\n"))
+    with pytest.raises(PlaybookError, match="requests no GPU"):
+        render_job(ActionContext(config=cfg, node=node(), run_id="sw-1"), "gpu-reset.yaml.j2", 900, {}, bound=True)
+    assert "requests no GPU" in lint_template(path, cfg)[0]
+    path.write_text(shipped.replace("nodeName: {{ node.name | tojson }}", "affinity: {{ affinity | tojson }}"))
+    assert "bound to its node" in lint_template(path, cfg)[0]
