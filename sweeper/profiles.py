@@ -134,8 +134,8 @@ def gke_networks(fabric: dict[str, int], annotations: dict[str, str]) -> set[str
         listed = json.loads(annotations.get(GKE_NORTH) or "[]")
     except ValueError:
         listed = []
-    names |= {str(i["network"]) for i in listed if isinstance(listed, list) and isinstance(i, dict)
-              and i.get("network")}
+    names |= {str(i["network"]) for i in (listed if isinstance(listed, list) else [])
+              if isinstance(i, dict) and i.get("network")}
     return names - {"default"}
 
 

@@ -43,7 +43,7 @@ DEPLOY_LABEL = "nvidia.com/gpu.deploy."
 OPERANDS_GONE_TIMEOUT = 300.0
 
 # nvidia-smi's word that a GPU was reset (NVIDIA/NVSentinel#1690 shows the line).
-RESET_LINE = re.compile(r"^GPU [0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9] was successfully reset\.",
+RESET_LINE = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9]) was successfully reset\.",
                         re.MULTILINE)
 
 # Causes a GPU reset clears, without rebooting the node.
@@ -240,7 +240,7 @@ class Remediator:
                            if p["metadata"].get("namespace", self.cfg.namespace) == self.cfg.namespace)
         except KubeError as exc:
             return f"Unconfirmed (the reset's log could not be read: {exc})"
-        done = len(RESET_LINE.findall(logs))
+        done = len({bus.lower() for bus in RESET_LINE.findall(logs)})  # each GPU once, by its bus id
         return "Complete" if done >= len(gpus) else f"Unconfirmed ({done} of {len(gpus)} GPU(s) said reset)"
 
     def _set_labels(self, node: str, values: dict[str, str | None]) -> None:

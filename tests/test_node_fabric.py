@@ -52,6 +52,7 @@ def test_gke_gvnics_are_the_nodes_additional_networks() -> None:
                                    "networking.gke.io.networks/vpc2": 1}, {}, {}) == 2
     assert advertised_nics("gve", {}, {}, {}) == 0
     assert advertised_nics("gve", {}, {}, {"networking.gke.io/north-interfaces": "not json"}) == 0
+    assert advertised_nics("gve", {}, {}, {"networking.gke.io/north-interfaces": "5"}) == 0
     assert A3.on_node({}, {}, {}).nics == 0
 
 
