@@ -14,6 +14,7 @@ import yaml
 from sweeper.actions import ActionContext, Arg, action, ok
 from sweeper.actions.jobwatch import RunWatch
 from sweeper.clock import parse_duration
+from sweeper.config import Config
 from sweeper.errors import KubeError, NotFound, PlaybookError
 from sweeper.fleet import pending_gpu_pods
 from sweeper.parsers import dcgm, nccl, sweeper_result
@@ -87,7 +88,7 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
     if not isinstance(job, dict) or job.get("kind") != "Job":
         raise PlaybookError(f"{path}: the template must render a batch/v1 Job")
     if bound:
-        _check_bound(job, str(node.get("name", "")), path)
+        _check_bound(job, str(node.get("name", "")), path, ctx.config)
     else:
         _check_safe(job, variables, path)
     _second_engine(ctx, job, node)
@@ -120,7 +121,7 @@ def _check_safe(job: dict[str, Any], variables: dict[str, Any], path: Path) -> N
         raise PlaybookError(f"{path}: the pod must tolerate {variables['taint_key']}")
 
 
-def _check_bound(job: dict[str, Any], node: str, path: Path) -> None:
+def _check_bound(job: dict[str, Any], node: str, path: Path, cfg: Config) -> None:
     """A GPU reset runs while the device plugin is paused, when the node's allocatable GPUs are 0
     and a pod that requests one fits nowhere (the kubelet marks a stopped plugin's devices
     unhealthy: kubernetes/kubernetes, pkg/kubelet/cm/devicemanager/manager.go). So it is bound to
@@ -129,7 +130,8 @@ def _check_bound(job: dict[str, Any], node: str, path: Path) -> None:
     if pod.get("nodeName") != node:
         raise PlaybookError(f"{path}: a remediation Job is bound to its node: nodeName: {{{{ node.name | tojson }}}}")
     asked = sorted({k for c in pod.get("containers") or [] for part in ("requests", "limits")
-                    for k in ((c.get("resources") or {}).get(part) or {}) if "gpu" in k})
+                    for k in ((c.get("resources") or {}).get(part) or {})
+                    if k in cfg.gpu_resources or k.startswith(tuple(cfg.gpu_resource_prefixes)) or "gpu" in k})
     if asked:
         raise PlaybookError(f"{path}: a remediation Job requests no GPU ({', '.join(asked)}): with the device plugin "
                             "paused the node has none allocatable, and the pod would never start")
