@@ -19,6 +19,11 @@ FOREIGN_TAINTS = {
 }
 
 
+# Fabric resources a node's device plugins advertise (read by profiles.advertised_nics): AWS's EFA,
+# the RDMA shared device plugin's, GKE's multi-network networks.
+FABRIC_PREFIXES = ("vpc.amazonaws.com/efa", "rdma/", "networking.gke.io.networks/")
+
+
 @dataclass(frozen=True)
 class NodeView:
     name: str
@@ -36,6 +41,7 @@ class NodeView:
     uid: str = ""
     capacity: dict[str, int] = field(default_factory=dict)  # GPU resources in status.capacity
     allocatable: dict[str, int] = field(default_factory=dict)  # the same in status.allocatable
+    fabric: dict[str, int] = field(default_factory=dict)  # fabric resources in status.capacity (EFA, rdma/*, GKE)
 
     @classmethod
     def from_obj(cls, obj: dict[str, Any], gpu_resources: tuple[str, ...] = ("nvidia.com/gpu",),
@@ -54,7 +60,9 @@ class NodeView:
                    conditions=tuple(c.get("type", "") for c in status.get("conditions") or []
                                     if c.get("status") == "True" and c.get("type") != "Ready"),
                    boot_id=(status.get("nodeInfo") or {}).get("bootID", ""), uid=meta.get("uid", ""),
-                   capacity=capacity, allocatable={r: _quantity(alloc.get(r)) for r in capacity})
+                   capacity=capacity, allocatable={r: _quantity(alloc.get(r)) for r in capacity},
+                   fabric={r: _quantity(v) for r, v in (status.get("capacity") or {}).items()
+                           if r.startswith(FABRIC_PREFIXES)})
 
     def sweep_taint(self, key: str) -> dict[str, Any] | None:
         return next((t for t in self.taints if t.get("key") == key), None)

@@ -189,7 +189,8 @@ def lint_template(path: Path, cfg: Config) -> list[str]:
             service, job, _ = render_pair(ctx, path.name, 900, {})
             docs = mpijob_pods(job) if service is None else [service, job]
         else:
-            docs = [render_job(ctx, path.name, 900, {}, remediation=path.name in REMEDIATION_TEMPLATES)]
+            docs = [render_job(ctx, path.name, 900, {}, remediation=path.name in REMEDIATION_TEMPLATES,
+                               bound=path.name == cfg.gpu_reset_template)]
     except PlaybookError as exc:
         return [_with_line(str(exc), str(path))]
     for doc in docs:

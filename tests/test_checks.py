@@ -218,12 +218,24 @@ def test_a_healthy_efa_host_passes() -> None:
 
 
 def test_efa_faults() -> None:
-    host = efa_host(down=(1,), rate=50, gpudirect=False)
+    host = efa_host(gpudirect=False)
     host.files["/sys/class/net/ens32/mtu"] = "1500\n"
     r = run_node_checks(EFA, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=host)
     fails = {(c.name, c.code) for c in r.checks if c.status == "fail"}
-    assert fails == {("nic.port", "NIC_PORT_DOWN"), ("nic.rate", "NIC_RATE"), ("nic.gpudirect", "NO_GPUDIRECT"),
-                     ("net.mtu", "MTU")}
+    assert fails == {("nic.gpudirect", "NO_GPUDIRECT"), ("net.mtu", "MTU")}
+
+
+def test_efa_port_state_and_rate_are_not_findings() -> None:
+    """The EFA driver's port query answers state ACTIVE, phys_state LinkUp and the device's maximum
+    link speed, always (github.com/amzn/amzn-drivers, kernel/linux/efa/src/efa_verbs.c,
+    efa_query_port, at 64788ef7): neither file can show a link fault, so neither is judged."""
+    r = run_node_checks(EFA, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=efa_host(down=(1,), rate=50))
+    assert not [c for c in r.checks if c.code in ("NIC_PORT_DOWN", "NIC_RATE")]
+    assert statuses(r, "nic.port") == {"skip"} and r.status == "pass"
+    ib = CheckOptions(node="n1", expect_gpus=8, nic="ib", expect_nics=2, nic_rate_gbps=400)
+    host = FakeHost(files=ib_sysfs(2, down=(1,), rate=200))
+    got = {c.code for c in run_node_checks(ib, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=host).checks}
+    assert {"NIC_PORT_DOWN", "NIC_RATE"} <= got, "an InfiniBand port's state and rate are the subnet's word: judged"
 
 
 def test_missing_tools_and_files_are_errors_never_passes() -> None:

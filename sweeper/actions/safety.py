@@ -64,6 +64,7 @@ class Rules:
     priority_class: str = ""  # the config's check_priority_class (empty: none)
     privileged_image: str = ""  # a shipped remediation template run by the remediation: its image
     host_pid: bool = False  # the reboot Job enters PID 1's namespaces
+    bound_node: str = ""  # the GPU reset Job: bound to this node by nodeName (the plugin is paused)
 
 
 def problems(docs: list[dict[str, Any]], rules: Rules) -> list[str]:
@@ -174,11 +175,16 @@ def pod_problems(pod: dict[str, Any], rules: Rules, what: str) -> list[str]:
 
 
 def _placement(pod: dict[str, Any], rules: Rules) -> Iterator[str]:
-    if "nodeName" in pod:
+    if rules.bound_node:  # the GPU reset: on the held node by nodeName, no affinity to another
+        if pod.get("nodeName") != rules.bound_node:
+            yield f"the GPU reset is bound to the held node: nodeName: {rules.bound_node!r}"
+        if pod.get("affinity") not in (None, *rules.affinities):
+            yield "the pod must carry no affinity but Sweeper's to the held node"
+    elif "nodeName" in pod:
         yield "nodeName bypasses taints and GPU accounting; use affinity: {{ affinity | tojson }}"
     if pod.get("nodeSelector"):
         yield "nodeSelector is not allowed: Sweeper's affinity alone places the pod"
-    if pod.get("affinity") not in rules.affinities:
+    if not rules.bound_node and pod.get("affinity") not in rules.affinities:
         yield "the pod must carry Sweeper's node affinity to the held node(s), unchanged: affinity: {{ affinity | tojson }}"
     tolerations = pod.get("tolerations") or []
     if not any(isinstance(t, dict) and t.get("key") == rules.taint_key for t in tolerations):

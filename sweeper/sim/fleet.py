@@ -175,6 +175,8 @@ class _NodeGroup(_Strict):
     # The standalone device plugin's DaemonSet pod (kube-system) runs on these nodes (with `operands`,
     # the operator's pod is the device plugin): deleting it restarts the plugin.
     device_plugin_pod: Annotated[bool, Strict()] = False
+    # GKE: the node pool's additional networks (multi-networking); without them an A3 has its primary gVNIC only
+    multi_network: Annotated[bool, Strict()] = True
 
 
 class _Workload(_Strict):
@@ -245,6 +247,7 @@ class NodeSpec:
     gpu_operator: bool = True  # False: no GPU feature discovery labels (nvidia.com/gpu.present), as on EKS, GKE, AKS
     operands: bool = False  # the GPU Operator's device plugin, GFD, DCGM and dcgm-exporter pods run here
     device_plugin_pod: bool = False  # the standalone device plugin's pod runs here
+    multi_network: bool = True  # GKE: attached to its pool's additional networks (an A3's GPU gVNICs)
 
 
 @dataclass
@@ -316,7 +319,7 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
                                         instance_type=group.instance_type, zone=group.zone,
                                         labels=dict(labels), age=group.age, faults=Faults(),
                                         gpu_operator=operator, operands=group.operands,
-                                        device_plugin_pod=group.device_plugin_pod))
+                                        device_plugin_pod=group.device_plugin_pod, multi_network=group.multi_network))
     fleet.platform = spec.platform
     registry = spec.registry or _Registry()
     fleet.missing_images = list(registry.missing)
