@@ -104,7 +104,7 @@ def job_rules(ctx: ActionContext, found: JobTemplate, affinities: tuple[dict[str
                  images=ctx.config.job_images, runtime_class=ctx.config.runtime_class_name,
                  priority_class=ctx.config.check_priority_class,
                  privileged_image=getattr(ctx.config, key) if key else "", host_pid=found.name == "reboot.yaml.j2",
-                 bound_node=str((ctx.node or {}).get("name", "")) if bound and remediation else "")
+                 bound_node=str((ctx.node or {}).get("name", "")) if bound else "")
 
 
 def job_namespace(ctx: ActionContext, remediation: bool = False) -> str:
@@ -155,9 +155,9 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
     job = load_rendered(rendered, path)
     if not isinstance(job, dict) or job.get("kind") != "Job":
         raise PlaybookError(f"{path}: the template must render a batch/v1 Job")
-    refuse_unsafe([job], job_rules(ctx, found, (affinity,), remediation, bound), path)
     if bound:
         _check_bound(job, str(node.get("name", "")), path, ctx.config)
+    refuse_unsafe([job], job_rules(ctx, found, (affinity,), remediation, bound), path)
     if remediation:  # its own account, which has no RBAC and mounts no token (docs/security.md)
         job["spec"]["template"]["spec"]["serviceAccountName"] = ctx.config.remediation_service_account
     _second_engine(ctx, job, node)
