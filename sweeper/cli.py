@@ -341,11 +341,13 @@ def _print_outcomes(out: Out, report: Any) -> None:
 def _extra_vars(pairs: tuple[str, ...]) -> dict[str, Any]:
     import yaml
 
+    from sweeper.schema import safe_load
+
     out: dict[str, Any] = {}
     for pair in pairs:
         if pair.startswith("@"):
             try:
-                data = yaml.safe_load(Path(pair[1:]).read_text()) or {}
+                data = safe_load(Path(pair[1:]).read_text()) or {}
             except (OSError, yaml.YAMLError) as exc:
                 raise ConfigError(f"-e {pair}: {exc}") from exc
             if not isinstance(data, dict):
@@ -358,7 +360,7 @@ def _extra_vars(pairs: tuple[str, ...]) -> dict[str, Any]:
         if not key.isidentifier():
             raise ConfigError(f"-e {pair!r}: {key!r} is not a variable name")
         try:
-            out[key] = yaml.safe_load(value) if value else ""
+            out[key] = safe_load(value) if value else ""
         except yaml.YAMLError:
             out[key] = value
     return out

@@ -19,7 +19,7 @@ from sweeper.actions import ActionContext, load_all
 from sweeper.actions import node as node_actions
 from sweeper.actions.decide import policy_for
 from sweeper.actions.jobwatch import RunWatch
-from sweeper.clock import Clock, WallClock, iso, parse_iso
+from sweeper.clock import Clock, WallClock, iso, read_iso
 from sweeper.config import Config
 from sweeper.control import KEYS, Controls, dismissal_key
 from sweeper.errors import Conflict, KubeError, LockLost, NotFound, PlaybookError, Transient
@@ -736,8 +736,8 @@ class Sweep:
                    if sweep and sweep["finished"] and not cut else f"run {old} stopped before its checks finished")
             self.release(run_id, name, f"reconcile: {why}", owner=old)
             return {"node": name, "action": "released", "why": why}
-        since = view.annotations.get(f"{self.cfg.prefix}/held-since")
-        age = now - parse_iso(since) if since else float("inf")
+        since = read_iso(view.annotations.get(f"{self.cfg.prefix}/held-since"))  # unreadable: as if absent
+        age = now - since if since is not None else float("inf")
         if age >= self.cfg.orphan_grace:
             why = f"Sweeper's taint from run {old or '?'} with no record in this history, {int(age)}s old"
             self.release(run_id, name, f"reconcile: {why}", owner=old)

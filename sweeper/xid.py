@@ -14,6 +14,7 @@ import yaml
 from sweeper.errors import ConfigError
 from sweeper.parsers.kernel_log import KernelLog, LostGpu, XidEvent, scan
 from sweeper.result import CheckResult, Metric
+from sweeper.schema import safe_load
 
 ACTIONS = ("ignore", "restart_app", "reset_gpu", "reboot", "replace", "inspect", "follow_text")
 SEVERITIES = ("info", "warning", "critical", "fatal")
@@ -48,13 +49,17 @@ def _parse(raw: object, origin: str) -> dict[int, XidInfo]:
 @lru_cache(maxsize=1)
 def default_catalogue() -> dict[int, XidInfo]:
     text = resources.files("sweeper").joinpath("data/xid.yaml").read_text()
-    return _parse(yaml.safe_load(text), "sweeper/data/xid.yaml")
+    return _parse(safe_load(text), "sweeper/data/xid.yaml")
 
 
 def load_catalogue(override: Path | None = None) -> dict[int, XidInfo]:
     cat = dict(default_catalogue())
     if override is not None:
-        cat.update(_parse(yaml.safe_load(override.read_text()), str(override)))
+        try:
+            raw = safe_load(override.read_text())
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read the XID catalogue {override}: {exc}") from exc
+        cat.update(_parse(raw, str(override)))
     return cat
 
 

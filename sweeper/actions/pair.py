@@ -43,6 +43,7 @@ from sweeper.errors import KubeError, NotFound, NotServed, PlaybookError
 from sweeper.fleet import pending_gpu_pods
 from sweeper.parsers import pair as pair_parser
 from sweeper.result import CheckResult, Result, tool_result
+from sweeper.schema import safe_load_all
 from sweeper.templating import render
 
 INDEX = "batch.kubernetes.io/job-completion-index"
@@ -109,7 +110,7 @@ def render_pair(ctx: ActionContext, template: str, timeout: float,
     variables = pair_variables(ctx, template, timeout, extra)
     rendered = render(text, variables, where=str(path))
     try:
-        docs = [d for d in yaml.safe_load_all(rendered) if d is not None]
+        docs = [d for d in safe_load_all(rendered) if d is not None]
     except yaml.YAMLError as exc:
         raise PlaybookError(f"{path}: the rendered template is not YAML: {exc}") from exc
     kinds = [d.get("kind") if isinstance(d, dict) else None for d in docs]
