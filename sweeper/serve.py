@@ -85,6 +85,7 @@ class BoundedHTTPServer(ThreadingHTTPServer):
     """A thread per request up to MAX_CONNECTIONS; past that, 503 from the accepting thread."""
 
     daemon_threads = True
+    request_queue_size = 128  # connections the kernel holds for accept(): a burst is answered, not dropped
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
                  limit: int = MAX_CONNECTIONS) -> None:
@@ -115,7 +116,8 @@ class BoundedHTTPServer(ThreadingHTTPServer):
 
 class Server:
     def __init__(self, cfg: Config, kube: Any, history: Any, *, port: int = 8080, host: str = "127.0.0.1",
-                 log: Callable[[str], None] = print, misfire_grace: float = 300.0) -> None:
+                 log: Callable[[str], None] = print, misfire_grace: float = 300.0,
+                 max_connections: int = MAX_CONNECTIONS, socket_timeout: float = SOCKET_TIMEOUT) -> None:
         if not cfg.schedules:
             raise ConfigError("no schedules in the config: add `schedules: [{name, cron, playbook}]`")
         preflight(cfg)  # at start-up: a provider that cannot act (asg without AWS credentials) exits 3
@@ -147,7 +149,9 @@ class Server:
         self.last_done = now  # when the latest run ended (or the server started)
         self._page: tuple[float, bytes] | None = None
         self._page_lock = threading.Lock()  # one render at a time; the others wait for its page
-        self.httpd = BoundedHTTPServer((host, port), self._handler())
+        self.socket_timeout = socket_timeout
+        self.httpd = BoundedHTTPServer((host, port), self._handler(), max_connections)
+        self._http: threading.Thread | None = None
 
     @property
     def port(self) -> int:
@@ -241,7 +245,7 @@ class Server:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
-            timeout = SOCKET_TIMEOUT  # each read and write of the socket; a silent client is dropped
+            timeout = server.socket_timeout  # each read and write of the socket; a silent client is dropped
 
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
                 return
@@ -309,22 +313,30 @@ class Server:
         self.prime()
         self.scheduler.start()
         self._queue.start()
-        threading.Thread(target=self.httpd.serve_forever, name="serve-http", daemon=True).start()
+        self.start_http()
         jobs = ", ".join(f"{j.id} ({j.trigger})" for j in self.scheduler.get_jobs())
         self.log(f"serving on {self.httpd.server_address[0]!s}:{self.port}; schedules: {jobs}")
+
+    def start_http(self) -> None:
+        """Answer /metrics, /healthz and / (on a thread of its own)."""
+        self._http = threading.Thread(target=self.httpd.serve_forever, name="serve-http", daemon=True)
+        self._http.start()
 
     def stop(self) -> None:
         """Stop taking runs, stop the running sweeps (they hand their nodes back), wait for them."""
         self.stopping.set()
-        self.scheduler.pause()
+        if self.scheduler.running:
+            self.scheduler.pause()
         with self._lock:
             for sweep in self.running.values():
                 sweep.stop.set()
             self._wake.set()
-        self.scheduler.shutdown(wait=True)
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=True)
         if self._queue.is_alive():
             self._queue.join()
-        self.httpd.shutdown()
+        if self._http is not None:
+            self.httpd.shutdown()
         self.httpd.server_close()
 
 

@@ -77,7 +77,9 @@ NVLINK = frozenset({74, 136, 137, 144, 145, 146, 147, 148, 149, 150, 155})
 # "NVSwitch SXid errors" table; leptonai/gpud#338 quotes the 12028 row).
 FATAL_SXIDS = frozenset({12028})
 _RANK = {"pass": 0, "warn": 1, "fail": 2}
-_PIDNAME = re.compile(r"pid=('[^']*'|\S+?),\s*name=(\S+?),\s*")
+# Bounded: a pid is a number or '<unknown>', a process name at most TASK_COMM_LEN (16) as the driver
+# prints it; unbounded, a line of "pid=" repeated is scanned to its end from each one.
+_PIDNAME = re.compile(r"pid=('[^'\n]{0,64}'|\S{1,64}?),\s*name=(\S{1,256}?),\s*")
 
 
 def judge(events: Iterable[XidEvent], bus_to_gpu: dict[str, int] | None = None,
