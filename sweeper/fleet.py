@@ -130,6 +130,7 @@ class Decision:
     take: bool
     reason: str
     detail: str = ""
+    warning: str = ""  # something of the node that could not be read (said in the run's log)
 
 
 @dataclass
@@ -234,8 +235,8 @@ def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, l
             decision = _classify(v, busy.get(v.name, []), cfg, last_swept, now, gates, out)
         except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
             # what the node's own kubelet may write (its annotations, labels, status) ends this node only
-            decision = Decision(v, False, "unreadable", f"skipped: its object cannot be read ({type(exc).__name__}: "
-                                f"{str(exc)[:160]})")
+            why = f"skipped: its object cannot be read ({type(exc).__name__}: {str(exc)[:160]})"
+            decision = Decision(v, False, "unreadable", why, warning=why)
         if decision is None:
             eligible.append(v)
         elif decision.take:
@@ -290,7 +291,11 @@ def _classify(v: NodeView, gpu_pods: list[str], cfg: Config, last_swept: dict[st
             return Decision(v, True, "recheck", why)
         if why:
             detail = f"{detail}; {why}"
-    return Decision(v, False, reason, detail) if reason else None
+    if not reason:
+        return None
+    bad = [f"{k}={str(v.annotations[k])[:40]!r}" for k in (f"{cfg.prefix}/remediated-at", f"{cfg.prefix}/held-since")
+           if k in v.annotations and read_iso(v.annotations[k]) is None]
+    return Decision(v, False, reason, detail, warning=f"annotations that are not times: {', '.join(bad)}" if bad else "")
 
 
 def remediated_and_back(v: NodeView, cfg: Config, now: float) -> tuple[bool, str]:

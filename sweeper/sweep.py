@@ -210,6 +210,9 @@ class Sweep:
             if not self.dry_run:
                 nodes = self.mark_suspects(nodes, found)
         p = plan(nodes, pods, self.cfg, self.rec.last_swept(self.kind), self.clock.now(), gates)
+        for d in p.skip:
+            if d.warning:  # the node's own data is broken: that node is skipped, the run goes on
+                self.emit("log", {"node": d.node.name, "msg": f"warning: {d.warning}"})
         # Every GPU node this pass saw, with its profile: the report's coverage counts the never swept.
         p.profiles = {d.node.name: profiles.match(self.profiles, d.node.labels).name for d in p.take + p.skip}
         return p

@@ -154,6 +154,31 @@ def test_a_malformed_remediated_at_annotation_skips_that_node_with_a_warning() -
     assert why["gpu-bad"][0] == "held" and "remediated-at annotation 'yesterday' is not a time" in why["gpu-bad"][1]
     assert "not back from its reboot" in why["gpu-ok"][1], "the node beside it is judged as before"
     assert "gpu-junk" in why, "an unreadable allocatable is that node's problem alone"
+    warned = {d.node.name: d.warning for d in p.skip if d.warning}
+    assert set(warned) == {"gpu-bad"} and "remediated-at='yesterday'" in warned["gpu-bad"]
+
+
+def test_a_sweep_goes_on_past_a_node_with_a_malformed_annotation(make_sim: Any, history: History) -> None:
+    """The whole run, against the simulated cluster: gpu-01 is held for a reboot (an earlier run
+    recorded it) and its kubelet wrote a `remediated-at` that is not a time; it is skipped with a
+    warning in the run's log and the other nodes are swept."""
+    from tests.conftest import run_sweep
+
+    sim = make_sim(nodes=3)
+    now = sim.cluster.clock.now()
+    history.run_started("sw-old", now - 3600, "sweep")
+    sid = history.sweep_started("sw-old", "gpu-01", now - 3600, "sweep-light.yaml", "p5.48xlarge")
+    history.sweep_finished(sid, now - 3500, "reboot", ["xid 79"])
+    history.run_finished("sw-old", now - 3400, "done", 1, {})
+    sim.core.patch_node("gpu-01", {"metadata": {"annotations": {
+        "sweeper.dev/recheck": "true", "sweeper.dev/remediation": "reboot", "sweeper.dev/verdict": "reboot",
+        "sweeper.dev/boot-id": sim.core.read_node("gpu-01").status.node_info.boot_id,
+        "sweeper.dev/remediated-at": "not-a-time"}},
+        "spec": {"taints": [{"key": "sweeper.dev/sweep", "value": "sw-old", "effect": "NoSchedule"}]}})
+    report = run_sweep(sim, history, replace(TEST_CONFIG, min_node_age=0))
+    assert {"gpu-00", "gpu-02"} <= {o.node for o in report.outcomes}
+    logs = [str(d.get("msg", "")) for kind, d in report.events if kind == "log"]
+    assert any("not times" in m and "not-a-time" in m for m in logs), logs
 
 
 # -- 4, 5. serve survives bad data and load ----------------------------------------------------
