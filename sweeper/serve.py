@@ -296,8 +296,9 @@ class Server:
             p = plan(self.kube.list_nodes(self.cfg.gpu_node_selector, page_size=self.cfg.page_size),
                      self.kube.active_pods(page_size=self.cfg.page_size), self.cfg, self.history.last_swept(),
                      time.time(), gates)
-        except SweeperError as exc:
-            self.log(f"could not read the cluster at start ({exc}); /metrics fills with the first run")
+        except Exception as exc:  # noqa: BLE001 - bad data in the cluster: the runs will say more
+            self.log(f"could not read the cluster at start ({type(exc).__name__}: {exc}); /metrics fills with "
+                     "the first run")
             return
         m = self.metrics
         m.gpu_nodes.set(p.gpu_nodes)

@@ -105,6 +105,28 @@ def test_report_draws_and_escapes_a_history_with_string_gpus(tmp_path: Path) -> 
     assert res.exit_code == 0, res.output
 
 
+def test_every_text_field_of_the_history_is_escaped(tmp_path: Path) -> None:
+    """Not only `gpu`: node and partner names, profiles, verdicts, rules, reasons, check names,
+    codes and messages, metric names and units, action details, pair details."""
+    x = "<i class=x>"
+    h = History(tmp_path / "h.db")
+    h.run_started("run-1", T0, "sweep")
+    for i, verdict in enumerate(("quarantine", x)):
+        node = f"gpu-{i}{x}"
+        sid = h.sweep_started("run-1", node, T0 + i, f"book{x}", f"p5{x}")
+        h.result(sid, Result(node=node, source=f"src{x}", started=T0 + i, finished=T0 + i + 60,
+                             checks=(CheckResult(f"check{x}", "fail", f"msg{x}", "critical", gpu=x, code=x),),
+                             metrics=(Metric("nccl.busbw_largest", 100.0 + i, f"GB/s{x}", gpu=x),
+                                      Metric("ecc.aggregate_corrected", float(i), x, gpu=i))))
+        h.sweep_finished(sid, T0 + i + 120, verdict, [f"why{x}"], {"verdict": verdict, "rules": [f"rule{x}"],
+                                                                   "causes": [x], "decided": T0, "policy": x})
+        h.action("run-1", node, T0 + i + 130, f"act{x}", f"detail{x}")
+        h.pair_result("run-1", T0 + i + 140, node, f"partner{x}", "fail", "sweep", 10.0, f"pair{x}")
+    h.run_finished("run-1", T0 + 3600, "done", 2, {"gpu_node_profiles": {f"gpu-0{x}": f"p5{x}"}})
+    page = render(gather(h, POLICY, 0.0, T0 + 3600, 86400.0))
+    assert "<i class=x>" not in page and page.count("&lt;i class=x&gt;") > 20
+
+
 def test_the_hostile_report_runs_no_script_in_headless_chromium(tmp_path: Path) -> None:
     """The page as a browser reads it: the markup of a field is text, no element of it exists, and
     the page's policy would refuse a script even if one got in."""
