@@ -68,7 +68,12 @@ def run_cli(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+            sys.stdout.flush()  # a reader that closed the pipe is found here, not at the interpreter's exit
+            return out
+        except BrokenPipeError:  # `sweeper history NODE | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's "Note on SIGPIPE"
+            sys.exit(0)
         except SweeperError as exc:
             _fail(exc, exc.exit_code, str(exc))  # one unwrapped line, so file:line stays greppable
         except (click.ClickException, click.exceptions.Exit, click.Abort):
@@ -226,7 +231,8 @@ def _history(state: str, create: bool = True) -> Any:
 
 
 common_cluster = [
-    click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Sweeper config YAML."),
+    click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="SWEEPER_CONFIG",
+                 help="Sweeper config YAML (default: $SWEEPER_CONFIG)."),
     click.option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig file (default: in-cluster or ~/.kube/config)."),
     click.option("--context", help="kubeconfig context."),
     click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
@@ -488,7 +494,8 @@ def lint_cmd(paths: tuple[str, ...], config_path: str | None, strict: bool, as_j
 @click.option("--expect-gpus", type=int, help="GPU count the node should have (dcgm, nvidia-smi).")
 @click.option("--expect-nics", type=int, help="EFA or InfiniBand device count (ibv-devinfo, fi-info).")
 @click.option("--min-busbw", type=float, help="Bus bandwidth floor in GB/s at the largest size (nccl).")
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Config file (for --profile).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="SWEEPER_CONFIG",
+              help="Config file (for --profile; default: $SWEEPER_CONFIG).")
 @click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
               help="SQLite history file.")
 @click.option("--no-record", is_flag=True, help="Parse and print only.")
@@ -545,7 +552,8 @@ def ingest_cmd(node: str, file: str, fmt: str, profile_name: str | None, exit_co
 
 
 @main.command("profiles", epilog=_examples("sweeper profiles", "sweeper profiles --nodes -o wide"))
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Sweeper config YAML.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="SWEEPER_CONFIG",
+              help="Sweeper config YAML (default: $SWEEPER_CONFIG).")
 @click.option("--nodes", "with_nodes", is_flag=True, help="Also show which profile each GPU node gets.")
 @click.option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig file (with --nodes).")
 @click.option("--context", help="kubeconfig context (with --nodes).")
@@ -740,7 +748,7 @@ def resume(config_path: str | None, kubeconfig: str | None, context: str | None,
 def plan_cmd(config_path: str | None, kubeconfig: str | None, context: str | None, state: str, out: Out) -> None:
     """Which nodes a sweep would take now, and why every other GPU node is skipped. Changes nothing
     (not even the history file: a missing one is not created)."""
-    from sweeper.fleet import looked_for
+    from sweeper.fleet import gpu_nodes, looked_for
     from sweeper.fleet import plan as make_plan
 
     cfg = _config(config_path)
@@ -751,8 +759,11 @@ def plan_cmd(config_path: str | None, kubeconfig: str | None, context: str | Non
     from sweeper.sweep import Sweep
 
     sweep = Sweep(kube, cfg, hist)
+    found = sweep.resolve_platform(gpu_nodes(nodes, cfg), pods)
+    cfg = sweep.cfg
     gates = sweep.gates()
     p = make_plan(nodes, pods, cfg, hist.last_swept(sweep.kind), time.time(), gates)
+    p.notes = [*(found.why if found else ()), *p.notes]
     rows: list[dict[str, Any]] = [{"node": d.node.name, "take": d.take, "reason": d.reason, "detail": d.detail}
                                   for d in p.take + p.skip]
     partners = sweep.partners(p) if sweep.playbook.pair else None
@@ -764,7 +775,9 @@ def plan_cmd(config_path: str | None, kubeconfig: str | None, context: str | Non
             r.update(take=False, reason="no-partner", detail="no other due node of its profile and placement "
                      "(pair_labels) to pair with within the budget; it waits")
     doc = {"gpu_nodes": p.gpu_nodes, "found_by": looked_for(cfg), "held": p.held, "budget": p.budget, "nodes": rows,
-           "paused": gates.paused, "breaker": gates.breaker}
+           "paused": gates.paused, "breaker": gates.breaker, "notes": p.notes,
+           "platform": {"platform": cfg.platform, "runtime_class": cfg.runtime_class_name,
+                        "dcgm_hostengine": cfg.hostengine}}
     if out.fmt == "json":
         click.echo(json.dumps(doc, indent=2))
         return
@@ -780,6 +793,8 @@ def plan_cmd(config_path: str | None, kubeconfig: str | None, context: str | Non
                   "device plugin running on the GPU nodes? Set gpu_resources / gpu_resource_prefixes for "
                   "another resource name" + (", or check gpu_node_selector." if cfg.gpu_node_selector else "."))
         return
+    for note in p.notes:
+        out.write(note)
     out.title(f"{p.gpu_nodes} GPU nodes, {p.held} held, budget {p.budget}")
     cols = (Col("node"), Col("take"), *((Col("partner"),) if partners is not None else ()), Col("reason"),
             Col("detail", cut=True))
@@ -1015,7 +1030,8 @@ def report_cmd(config_path: str | None, kubeconfig: str | None, context: str | N
 
 @main.command("backtest", epilog=_examples("sweeper backtest --policy strict.yaml",
                                            "sweeper backtest --policy ./my-policy.yaml --since 30d -o json"))
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Sweeper config YAML.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="SWEEPER_CONFIG",
+              help="Sweeper config YAML (default: $SWEEPER_CONFIG).")
 @click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
               help="SQLite history file.")
 @click.option("--policy", "policy_name", required=True, help="The policy to try: a file, or a name in policies/.")
@@ -1211,11 +1227,12 @@ def sim() -> None:
 @click.option("--port", type=int, default=8443, show_default=True, help="Port on 127.0.0.1.")
 @click.option("--kubeconfig-out", type=click.Path(dir_okay=False), default="state/sim.kubeconfig",
               show_default=True, help="Where to write a kubeconfig that points at the server.")
-@click.option("--speed", type=float, default=1.0, show_default=True,
-              help="Simulated seconds per real second. At 1 the simulated clock is the wall clock, the only "
-                   "one kubectl and a Sweeper in another process read; faster, their timestamps fall behind.")
+@click.option("--speed", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Simulated seconds per real second (default: the fleet file's `speed` where it sets one, "
+                   "else 1). At 1 the simulated clock is the wall clock, the only one kubectl and a Sweeper "
+                   "in another process read; faster, their timestamps fall behind.")
 @run_cli
-def sim_serve(fleet_path: str | None, port: int, kubeconfig_out: str, speed: float) -> None:
+def sim_serve(fleet_path: str | None, port: int, kubeconfig_out: str, speed: float | None) -> None:
     """Serve the simulated cluster until interrupted; point kubectl or Sweeper at it."""
     from sweeper.clock import ScaledClock
     from sweeper.sim.cluster import SimCluster
@@ -1223,6 +1240,8 @@ def sim_serve(fleet_path: str | None, port: int, kubeconfig_out: str, speed: flo
     from sweeper.sim.server import ApiServer
 
     fleet = load_fleet(Path(fleet_path)) if fleet_path else parse_fleet(DEMO_FLEET, "demo fleet")
+    if speed is None:  # the file's own speed, as the embedded simulator uses it; the demo's fleet at 1x
+        speed = fleet.speed if fleet_path and fleet.speed_given else 1.0
     cluster = SimCluster(fleet, ScaledClock(speed))
     try:
         server = ApiServer(cluster, port=port)

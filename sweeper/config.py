@@ -9,11 +9,14 @@ from the dataclass; the dataclass stays the object the code passes around.
 from __future__ import annotations
 
 import functools
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from sweeper import resources
+from sweeper.errors import ConfigError
 from sweeper.schema import (
     Deferred,
     check,
@@ -35,7 +38,7 @@ def home() -> Path:
 
 
 PROVIDERS = ("karpenter", "asg", "manual")
-PLATFORMS = ("generic", "eks", "aks", "gke")
+PLATFORMS = ("auto", "generic", "eks", "aks", "gke")
 # The runtime class a platform's GPU nodes need, unless `runtime_class` names one: the GPU Operator
 # creates RuntimeClass `nvidia` (generic clusters); EKS's and AKS's GPU node images make NVIDIA's
 # runtime containerd's default, and GKE's device plugin mounts the driver itself, so none is named there.
@@ -43,11 +46,20 @@ PLATFORMS = ("generic", "eks", "aks", "gke")
 # https://docs.aws.amazon.com/eks/latest/userguide/ml-eks-optimized-ami.html
 # https://cloud.google.com/kubernetes-engine/docs/how-to/gpus#cuda
 PLATFORM_RUNTIME_CLASS = {"generic": "nvidia", "eks": "", "aks": "", "gke": ""}
-# `dcgm_hostengine`: empty (the Job starts its own), `node` or `node:PORT` (the engine on the node's
-# own address), or HOST:PORT.
-_HOSTENGINE = r"^$|^node(:[0-9]{1,5})?$|^[A-Za-z0-9.-]+:[0-9]{1,5}$"
+# `dcgm_hostengine`: auto (found with the platform), empty (the Job starts its own), `node` or
+# `node:PORT` (the engine on the node's own address), or HOST:PORT.
+_HOSTENGINE = r"^$|^auto$|^node(:[0-9]{1,5})?$|^[A-Za-z0-9.-]+:[0-9]{1,5}$"
 _NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"  # a Kubernetes DNS-1123 label (namespaces, Lease names)
 _NAME_WORDS = "a DNS-1123 label: lowercase letters, digits and '-'"
+WEBHOOK_ENV = "SWEEPER_WEBHOOK_URL"  # the deploy sets it from the optional Secret sweeper-webhook
+# Every image a Job runs is pinned by digest (a tag can be moved to other content after review):
+# `name[:tag]@sha256:<64 hex>`. https://kubernetes.io/docs/concepts/containers/images/#image-names
+_PINNED = r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$"
+_PINNED_WORDS = "an image pinned by digest: name[:tag]@sha256:<64 hex>"
+# The digest of an image this project builds but has not published yet: no registry serves it, so a
+# pull fails (a fault of the tool, never of the node) until the release or the deployment puts the
+# pushed image's digest in its place; `sweeper lint --config` names every image that still carries it.
+UNPUBLISHED = "sha256:" + "0" * 64
 
 
 @functools.cache
@@ -91,8 +103,14 @@ class Config:
     from this). Bounds: durations a sweep waits on must be > 0 (a zero timeout ends every check before
     it starts); windows and ages may be 0 where 0 means "none"; percents are 0..100."""
 
-    namespace: str = setting("sweeper", "namespace of the Jobs, Events and the Lease", pattern=_NAME,
-                             allowed=_NAME_WORDS)
+    namespace: str = setting("sweeper", "the controller's namespace: its Lease, control ConfigMap and Events",
+                             pattern=_NAME, allowed=_NAME_WORDS)
+    check_namespace: str = setting("sweeper-checks", "namespace of the check Jobs (and a pair's Service), at the Pod "
+                                   "Security level they need (docs/security.md)", pattern=_NAME, allowed=_NAME_WORDS)
+    remediation_namespace: str = setting("sweeper-remediation", "namespace of the reboot and GPU reset Jobs",
+                                         pattern=_NAME, allowed=_NAME_WORDS)
+    remediation_service_account: str = setting("sweeper-remediation", "service account of the reboot and GPU reset "
+                                               "Jobs (no RBAC, no token mounted)", pattern=_NAME, allowed=_NAME_WORDS)
     prefix: str = setting("sweeper.dev", "prefix of Sweeper's taint, labels and annotations", min_length=1)
     gpu_node_selector: str = setting("", "optional label selector narrowing the GPU nodes, which are found by capacity")
     gpu_resources: tuple[str, ...] = setting(("nvidia.com/gpu", "amd.com/gpu"), "resources that make a pod a GPU pod")
@@ -113,7 +131,22 @@ class Config:
         "a pair playbook pairs nodes of one profile with equal values of these labels (absent on both: equal)")
     pair_known_good_window: float = setting(7 * 86400.0, "a node whose latest pair passed within this long is a "
                                             "known-good partner for re-pairing", duration=True, gt=0)
-    check_image: str = setting("ghcr.io/sweeper-dev/sweeper:0.1.0", "image of the check Jobs", min_length=1)
+    check_image: str = setting(f"ghcr.io/sweeper-dev/sweeper:0.1.0@{UNPUBLISHED}",
+                               "image of the check Jobs and the GPU reset", pattern=_PINNED, allowed=_PINNED_WORDS)
+    dcgm_image: str = setting(f"nvcr.io/nvidia/cloud-native/dcgm:4.2.3-1-ubuntu22.04@{UNPUBLISHED}",
+                              "image of dcgm-diag.yaml.j2", pattern=_PINNED, allowed=_PINNED_WORDS)
+    nccl_image: str = setting(f"ghcr.io/sweeper-dev/nccl-tests:2.19.6-cuda12.8@{UNPUBLISHED}",
+                              "image of nccl-allreduce.yaml.j2", pattern=_PINNED, allowed=_PINNED_WORDS)
+    pair_image: str = setting(f"ghcr.io/sweeper-dev/nccl-pair:25.01-py3@{UNPUBLISHED}",
+                              "image of the pair templates (nccl-pair, nccl-pair-mpijob)", pattern=_PINNED,
+                              allowed=_PINNED_WORDS)
+    # Docker's official busybox 1.36 (the same manifest list on ECR Public's mirror of the official images).
+    reboot_image: str = setting("public.ecr.aws/docker/library/busybox:1.36@sha256:"
+                                "73aaf090f3d85aa34ee199857f03fa3a95c8ede2ffd4cc2cdb5b94e566b11662",
+                                "image of the reboot Job (privileged, in the host's PID namespace)", pattern=_PINNED,
+                                allowed=_PINNED_WORDS)
+    allowed_images: tuple[str, ...] = setting((), "further images a job template may name (each pinned by digest); "
+                                              "the five images above are always allowed")
     check_timeout: float = setting(900.0, "deadline of a check Job", duration=True, gt=0)
     poll_interval: float = setting(5.0, "how often a running check is looked at when nothing changes (its watch "
                                         "wakes it at once); Jobs are listed this often where a watch is refused",
@@ -142,18 +175,28 @@ class Config:
     abort_on_demand: bool = setting(False, "also stop running (abortable) checks then and hand their nodes back")
     max_replacements_per_hour: int = setting(2, "beyond this, a replace verdict becomes quarantine", ge=0)
     check_priority_class: str = setting("", "a low PriorityClass for check pods")
-    platform: str = setting("generic", "where the GPU nodes run: sets the runtime class and GKE's driver mount",
+    platform: str = setting("auto", "where the GPU nodes run: sets the runtime class and GKE's driver mount; "
+                            "auto reads it from the cluster (node labels, RuntimeClass nvidia, the GPU Operator)",
                             choices=PLATFORMS)
-    runtime_class: str = setting("auto", "runtimeClassName of check Jobs: auto (`nvidia` on generic, none on "
-                                 "eks, aks, gke), a name, or \"\" for none",
+    runtime_class: str = setting("auto", "runtimeClassName of check Jobs: auto (RuntimeClass `nvidia` where it "
+                                 "exists, else none; with a named platform: `nvidia` on generic, none on eks, aks, "
+                                 "gke), a name, or \"\" for none",
                                  pattern=r"^(auto|[a-z0-9]([-a-z0-9.]*[a-z0-9])?)?$",
                                  allowed="auto, a RuntimeClass name, or \"\"")
-    dcgm_hostengine: str = setting("", "the node's DCGM host engine: \"\" (the Job runs its own), node, "
-                                   "node:PORT (the node's own address) or HOST:PORT", pattern=_HOSTENGINE,
-                                   allowed="\"\", node, node:PORT or HOST:PORT")
+    dcgm_hostengine: str = setting("auto", "the node's DCGM host engine: auto (node where the GPU Operator's "
+                                   "nvidia-dcgm runs on every GPU node, else \"\"), \"\" (the Job runs its own), "
+                                   "node, node:PORT (the node's own address) or HOST:PORT", pattern=_HOSTENGINE,
+                                   allowed="auto, \"\", node, node:PORT or HOST:PORT")
     dcgm_level: int | None = setting(None, "DCGM diagnostic level (-r) of every DCGM playbook run, over the "
                                      "profile's (empty: the profile's, else 2); a schedule may set its own",
                                      ge=1, le=4)
+    device_plugin_pods: tuple[str, ...] = setting(
+        ("gpu-operator/app=nvidia-device-plugin-daemonset",
+         "kube-system/app.kubernetes.io/name=nvidia-device-plugin",
+         "nvidia-device-plugin/app.kubernetes.io/name=nvidia-device-plugin"),
+        "the device plugin's pods, as NAMESPACE/LABEL-SELECTOR (the GPU Operator's, the standalone chart's): "
+        "deleted to restart the plugin on a node whose GPUs it holds back while Sweeper's own readings are clean",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/\S+$", allowed="NAMESPACE/LABEL-SELECTOR")
     suspect_conditions: tuple[str, ...] = setting(("GpuXid", "GpuEcc", "GpuNvlink", "GpuCount"),
                                                   "node conditions that make an idle node swept first")
     handled_conditions: tuple[str, ...] = setting((), "another remediator owns a node with one of these set")
@@ -174,7 +217,10 @@ class Config:
                                       duration=True, ge=0)
     asg_action: str = setting("set-unhealthy", "what the asg provider does", choices=("set-unhealthy", "terminate"))
     aws_region: str = setting("", "else from the node's providerID zone")
-    webhook_url: str = setting("", "Slack-compatible JSON on holds and replacements")
+    webhook_url: str = setting("", "Slack-compatible JSON on holds and replacements; a credential: prefer "
+                               "webhook_url_file or $SWEEPER_WEBHOOK_URL, from a Secret")
+    webhook_url_file: str = setting("", "a file holding the webhook URL (a mounted Secret's key); "
+                                    "$SWEEPER_WEBHOOK_URL wins over it, and it over webhook_url")
     webhook_attempts: int = setting(4, "tries of one webhook post", ge=1)
     pushgateway_url: str = setting("", "`sweeper sweep` pushes its metrics here when set")
     node_condition: bool = setting(False, "set the GpuSweepHealthy node condition")
@@ -203,8 +249,39 @@ class Config:
 
     @property
     def runtime_class_name(self) -> str:
-        """The runtimeClassName check Jobs carry ("" for none)."""
-        return PLATFORM_RUNTIME_CLASS[self.platform] if self.runtime_class == "auto" else self.runtime_class
+        """The runtimeClassName check Jobs carry ("" for none). An unresolved `platform: auto` (no
+        cluster was read) is taken as generic."""
+        if self.runtime_class != "auto":
+            return self.runtime_class
+        return PLATFORM_RUNTIME_CLASS["generic" if self.platform == "auto" else self.platform]
+
+    @property
+    def platform_name(self) -> str:
+        """The platform the templates see; an unresolved `auto` is generic."""
+        return "generic" if self.platform == "auto" else self.platform
+
+    @property
+    def hostengine(self) -> str:
+        """The dcgm_hostengine check Jobs use; an unresolved `auto` is the Job's own engine."""
+        return "" if self.dcgm_hostengine == "auto" else self.dcgm_hostengine
+
+    def webhook(self, environ: Mapping[str, str] | None = None) -> str:
+        """The webhook URL: $SWEEPER_WEBHOOK_URL, else webhook_url_file's content, else webhook_url. A
+        named file that cannot be read is a ConfigError, never a silent "no webhook"."""
+        env = os.environ if environ is None else environ
+        if env.get(WEBHOOK_ENV, "").strip():
+            return env[WEBHOOK_ENV].strip()
+        if self.webhook_url_file:
+            try:
+                return Path(self.webhook_url_file).read_text().strip()
+            except OSError as exc:
+                raise ConfigError(f"webhook_url_file: cannot read {self.webhook_url_file}: {exc.strerror}") from exc
+        return self.webhook_url
+    @property
+    def job_images(self) -> frozenset[str]:
+        """Every image a rendered Job may run: the configured ones and `allowed_images`."""
+        return frozenset((self.check_image, self.dcgm_image, self.nccl_image, self.pair_image, self.reboot_image,
+                          *self.allowed_images))
 
     def dcgm_level_for(self, node: dict[str, Any] | None) -> int:
         """The DCGM level of a node's runs: the config's (or its schedule's), else its profile's, else 2."""

@@ -8,7 +8,6 @@ from typing import Any
 
 from sweeper.clock import parse_iso, read_iso
 from sweeper.config import Config
-from sweeper.result import CheckResult, Result
 
 # Taints that mean someone else is handling the node (never take it).
 FOREIGN_TAINTS = {
@@ -18,6 +17,11 @@ FOREIGN_TAINTS = {
     "node.kubernetes.io/not-ready": "the node is not ready",
     "node.kubernetes.io/unreachable": "the node is unreachable",
 }
+
+
+# Fabric resources a node's device plugins advertise (read by profiles.advertised_nics): AWS's EFA,
+# the RDMA shared device plugin's, GKE's multi-network networks.
+FABRIC_PREFIXES = ("vpc.amazonaws.com/efa", "rdma/", "networking.gke.io.networks/")
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class NodeView:
     uid: str = ""
     capacity: dict[str, int] = field(default_factory=dict)  # GPU resources in status.capacity
     allocatable: dict[str, int] = field(default_factory=dict)  # the same in status.allocatable
+    fabric: dict[str, int] = field(default_factory=dict)  # fabric resources in status.capacity (EFA, rdma/*, GKE)
 
     @classmethod
     def from_obj(cls, obj: dict[str, Any], gpu_resources: tuple[str, ...] = ("nvidia.com/gpu",),
@@ -55,7 +60,9 @@ class NodeView:
                    conditions=tuple(c.get("type", "") for c in status.get("conditions") or []
                                     if c.get("status") == "True" and c.get("type") != "Ready"),
                    boot_id=(status.get("nodeInfo") or {}).get("bootID", ""), uid=meta.get("uid", ""),
-                   capacity=capacity, allocatable={r: _quantity(alloc.get(r)) for r in capacity})
+                   capacity=capacity, allocatable={r: _quantity(alloc.get(r)) for r in capacity},
+                   fabric={r: _quantity(v) for r, v in (status.get("capacity") or {}).items()
+                           if r.startswith(FABRIC_PREFIXES)})
 
     def sweep_taint(self, key: str) -> dict[str, Any] | None:
         return next((t for t in self.taints if t.get("key") == key), None)
@@ -109,21 +116,6 @@ def looked_for(cfg: Config) -> str:
     return f"by capacity of {', '.join(names)}{selector}"
 
 
-def allocatable_finding(node: str, unhealthy: list[dict[str, Any]], now: float) -> Result | None:
-    """The GPUs the device plugin holds back from allocatable, as a failing check: NVIDIA's plugin
-    marks a GPU unhealthy on an XID it treats as critical, or when NVML loses it, and the kubelet
-    then reports allocatable below capacity (github.com/NVIDIA/k8s-device-plugin,
-    internal/rm/health.go). The node status gives counts, not which GPUs."""
-    checks = tuple(CheckResult(
-        name="gpu.allocatable", status="fail", severity="critical", code="GPU_UNHEALTHY",
-        message=(f"{int(u['capacity']) - int(u['allocatable'])} {u['resource']} unhealthy per the device plugin: "
-                 f"allocatable {u['allocatable']} of {u['capacity']}"))
-        for u in unhealthy if int(u["allocatable"]) < int(u["capacity"]))
-    if not checks:
-        return None
-    return Result(node=node, source="device-plugin", started=now, finished=now, checks=checks)
-
-
 @dataclass(frozen=True)
 class Decision:
     node: NodeView
@@ -141,6 +133,7 @@ class Plan:
     held: int = 0
     budget: int = 0
     profiles: dict[str, str] = field(default_factory=dict)  # every GPU node seen -> its profile's name
+    notes: list[str] = field(default_factory=list)  # what `plan` says beside the table: the platform found, the budget
 
 
 def requests_gpu(pod: dict[str, Any], cfg: Config) -> bool:
@@ -184,9 +177,24 @@ def pending_gpu_pods(pods: list[dict[str, Any]], cfg: Config) -> list[str]:
 
 
 def budget(cfg: Config, gpu_nodes: int, held: int) -> int:
-    """Nodes that may still be taken: the smaller of max_nodes and max_percent, less those already held."""
-    by_percent = math.floor(gpu_nodes * cfg.max_percent / 100.0)
-    return max(0, min(cfg.max_nodes, by_percent) - held)
+    """Nodes that may still be taken: the smaller of max_nodes and max_percent, less those already held.
+    A share that rounds down to none still allows one node (a fleet under ten nodes at the default
+    10% would never be swept); `max_nodes: 0` or `max_percent: 0` is none."""
+    return max(0, min(cfg.max_nodes, _by_percent(cfg, gpu_nodes)) - held)
+
+
+def _by_percent(cfg: Config, gpu_nodes: int) -> int:
+    share = math.floor(gpu_nodes * cfg.max_percent / 100.0)
+    return 1 if share == 0 and gpu_nodes > 0 and cfg.max_percent > 0 else share
+
+
+def budget_note(cfg: Config, gpu_nodes: int) -> str:
+    """Why the budget is one where max_percent of the fleet rounds down to none ('' otherwise)."""
+    if gpu_nodes > 0 and cfg.max_nodes > 0 and cfg.max_percent > 0 and \
+            math.floor(gpu_nodes * cfg.max_percent / 100.0) == 0:
+        return (f"budget: {cfg.max_percent:g}% of {gpu_nodes} GPU nodes rounds down to none; a fleet this small "
+                "is swept one node at a time (max_nodes: 0 to sweep none)")
+    return ""
 
 
 @dataclass(frozen=True)
@@ -244,6 +252,7 @@ def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, l
         else:
             out.skip.append(decision)
     out.budget = budget(cfg, out.gpu_nodes, out.held)
+    out.notes = [n for n in (budget_note(cfg, out.gpu_nodes),) if n]
     healthy = sum(1 for v in views if healthy_schedulable(v, cfg))
     floor = max(cfg.min_healthy_nodes, math.ceil(out.gpu_nodes * cfg.min_healthy_percent / 100.0))
     out.budget = max(0, min(out.budget, healthy - floor))

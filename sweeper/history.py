@@ -346,6 +346,18 @@ class History:
                                       "and mode = 'sweep'", [since]).fetchall())
 
     @_locked
+    def xids_cleared(self, node: str) -> float | None:
+        """When the node last left its XIDs behind: the start of its latest finished, non-dry-run sweep
+        that passed or warned, or its latest GPU reset by Sweeper, whichever is later. The kernel log
+        keeps an XID until the node reboots; one logged before this time was judged, or reset, already."""
+        rows = self._query("select max(started) as t from node_sweeps where node = ? and finished is not null "
+                           "and dry_run = 0 and kind in ('sweep', 'pair') and verdict in ('pass', 'warn') "
+                           "union all select max(ts) as t from actions where node = ? and dry_run = 0 "
+                           "and action = 'remediate-gpu-reset' and detail like 'gpus-reset:%'", [node, node])
+        times = [float(r["t"]) for r in rows if r["t"] is not None]
+        return max(times) if times else None
+
+    @_locked
     def last_light(self) -> dict[str, float]:
         """Node to the start of its latest light (read-only, busy-node) check."""
         rows = self._query("select node, max(started) as last from node_sweeps where kind = 'light' group by node")

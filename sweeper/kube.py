@@ -263,6 +263,15 @@ class Kube:
     def list_nodes(self, label_selector: str = "", page_size: int = 500) -> list[dict[str, Any]]:
         return list(self._pages("list nodes", self.core.list_node, page_size, label_selector=label_selector))
 
+    def runtime_class_names(self) -> set[str] | None:
+        """The cluster's RuntimeClasses (node.k8s.io/v1), or None where they cannot be read (403, not served)."""
+        api = client.NodeV1Api(self.api_client)
+        try:
+            return {str((rc.get("metadata") or {}).get("name")) for rc in
+                    self._pages("list runtimeclasses", api.list_runtime_class, 500)}
+        except (Forbidden, NotFound):
+            return None
+
     def get_node(self, name: str) -> dict[str, Any]:
         return self._call(f"get node {name}", lambda: self.core.read_node(name, _preload_content=False))
 
@@ -355,6 +364,15 @@ class Kube:
         else:
             fn = self.batch.list_job_for_all_namespaces
         return list(self._pages("list jobs", fn, 500, label_selector=label_selector))
+
+    def delete_pod(self, namespace: str, name: str) -> bool:
+        """Delete one pod (its DaemonSet starts a new one); False when already gone."""
+        try:
+            self._call(f"delete pod {namespace}/{name}", lambda: self.core.delete_namespaced_pod(
+                name, namespace, _preload_content=False), write=True)
+            return True
+        except NotFound:
+            return False
 
     def delete_job(self, namespace: str, name: str) -> bool:
         """Delete a Job and its pods (Background propagation; the REST default would orphan them)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +13,10 @@ from jinja2 import TemplateSyntaxError
 
 from sweeper import profiles
 from sweeper.actions import ActionContext, load_all
-from sweeper.actions.jobs import render_job
+from sweeper.actions.jobs import render_job, template_of
 from sweeper.actions.pair import mpijob_pods, render_pair
-from sweeper.config import Config, load_config
+from sweeper.actions.safety import REMEDIATION_TEMPLATES, SWEEPER_VARS
+from sweeper.config import UNPUBLISHED, Config, load_config
 from sweeper.errors import ConfigError, PlaybookError
 from sweeper.playbook.model import Task, load_playbook
 from sweeper.policy import parse_policy
@@ -23,6 +24,7 @@ from sweeper.schema import ConfigProblems, safe_load
 from sweeper.templating import ENV
 
 K8S_VERSION = "1.31"
+IMAGE_KEYS = ("check_image", "dcgm_image", "nccl_image", "pair_image", "reboot_image")
 SAMPLE_NODE = {"name": "ip-10-0-12-34.ec2.internal", "gpus": 8, "uid": "00000000-0000-0000-0000-000000000000",
                "labels": {"kubernetes.io/hostname": "ip-10-0-12-34", "node.kubernetes.io/instance-type": "p5.48xlarge"},
                "annotations": {}, "profile": profiles.Profile("p5.48xlarge", gpus=8, gpu_model="H100", nvlinks=18, nic="efa",
@@ -67,9 +69,13 @@ def lint_paths(paths: list[Path], cfg: Config, config_file: Path | None = None) 
     if config_file is not None:
         report.checked.append(str(config_file))
         try:
-            load_config(config_file)
+            loaded = load_config(config_file)
         except ConfigError as exc:
             report.problems += _all_lines(exc, str(config_file))
+        else:
+            report.warnings += [f"{config_file}: {key}: {getattr(loaded, key)} carries the unpublished placeholder "
+                                "digest; put the pushed image's digest in its place (README: Installing and deploying)"
+                                for key in IMAGE_KEYS if getattr(loaded, key).endswith("@" + UNPUBLISHED)]
     for f in files:
         report.checked.append(str(f))
         if f.suffix == ".j2":
@@ -125,12 +131,18 @@ def lint_playbook(path: Path, cfg: Config) -> list[str]:
         pb = load_playbook(path, load_all(), problems)
     except PlaybookError as exc:
         return problems + [_with_line(str(exc), str(path))]
-    templates = cfg.path("job-templates")
     for t in pb.all_tasks():
         if t.action in ("run_job", "run_pair_job"):
             name = t.args.get("template", "nccl-pair.yaml.j2" if t.action == "run_pair_job" else None)
-            if isinstance(name, str) and "{{" not in name and not (templates / name).exists():
-                problems.append(f"{t.where}: {t.action}: template {name!r} not found in {templates}")
+            if isinstance(name, str) and "{{" not in name:
+                try:  # found as the runtime finds it: by name, inside its folder
+                    template_of(ActionContext(config=cfg), name)
+                except PlaybookError as exc:
+                    problems.append(f"{t.where}: {t.action}: {exc}")
+            given = t.args.get("vars")
+            clash = sorted(k for k in given if k in SWEEPER_VARS) if isinstance(given, dict) else []
+            if clash:
+                problems.append(f"{t.where}: {t.action}: vars may not set {', '.join(clash)}: Sweeper sets them")
     return [_with_line(p, str(path)) for p in problems]
 
 
@@ -168,15 +180,17 @@ def lint_template(path: Path, cfg: Config) -> list[str]:
         ENV.parse(text)
     except TemplateSyntaxError as exc:
         return [f"{path}:{exc.lineno}: template syntax error: {exc.message}"]
-    ctx = ActionContext(config=Config(template_dir=str(path.parent), check_image=cfg.check_image,
-                                      namespace=cfg.namespace, prefix=cfg.prefix),
+    # The runtime's own rules (sweeper.actions.safety), with this config's images, namespace and
+    # tolerations; a shipped remediation template is rendered as the remediation renders it.
+    ctx = ActionContext(config=replace(cfg, template_dir=str(path.parent)),
                         node=SAMPLE_NODE, partner=SAMPLE_PARTNER, run_id="sw-lint-0000")
     try:
         if "pair_affinity" in text:  # a pair template: a Service, then a Job; or an MPIJob
             service, job, _ = render_pair(ctx, path.name, 900, {})
             docs = mpijob_pods(job) if service is None else [service, job]
         else:
-            docs = [render_job(ctx, path.name, 900, {})]
+            docs = [render_job(ctx, path.name, 900, {}, remediation=path.name in REMEDIATION_TEMPLATES,
+                               bound=path.name == cfg.gpu_reset_template)]
     except PlaybookError as exc:
         return [_with_line(str(exc), str(path))]
     for doc in docs:

@@ -2,6 +2,7 @@
 
     python -m sweeper.manifests > deploy/cronjob.yaml              # the CronJob (`sweeper sweep`)
     python -m sweeper.manifests serve > deploy/serve/serve.yaml    # or a Deployment (`sweeper serve`)
+    python -m sweeper.admission > deploy/admission-policy.yaml        # what Sweeper's account may write
 
 Each is the hand-written `deploy/base.yaml` (namespace, RBAC, configuration), the history's volume,
 the controller, and one ConfigMap per directory Sweeper reads (playbooks, job templates, profiles,
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 import tempfile
 from dataclasses import dataclass, field, replace
@@ -51,6 +53,18 @@ PLATFORMS = {"eks": "gp3", "aks": "managed-csi", "gke": "standard-rwo"}
 # Tolerating it lets the controller run there; it does not keep it off other nodes.
 SYSTEM_TOLERATIONS = ({"key": "CriticalAddonsOnly", "operator": "Exists"},)
 MARGIN = 900.0  # API work, scheduling and image pulls around the Jobs of one run
+# Node labels that mark a GPU node before any pod looks at its capacity: the GPU Operator's feature
+# discovery (https://docs.nvidia.com/datacenter/cloud-native/gpu-operator/latest/gpu-feature-discovery.html),
+# Karpenter on AWS, set only on instance types with GPUs (karpenter-provider-aws,
+# pkg/providers/instancetype: the instance-gpu-count requirement is added where the type has GPUs),
+# GKE (https://cloud.google.com/kubernetes-engine/docs/how-to/gpus) and AKS
+# (https://learn.microsoft.com/azure/aks/gpu-cluster). On EKS managed node groups none of these need
+# be present, so the instance types of profiles/ are kept out by name too.
+GPU_NODE_LABELS = ("nvidia.com/gpu.present", "karpenter.k8s.aws/instance-gpu-count",
+                   "cloud.google.com/gke-accelerator", "kubernetes.azure.com/accelerator")
+# Where the metrics scraper runs: the only namespace the NetworkPolicy lets reach `sweeper serve`.
+METRICS_NAMESPACE = "monitoring"
+WEBHOOK_SECRET = "sweeper-webhook"  # optional Secret, key `url`, read as $SWEEPER_WEBHOOK_URL
 
 
 @dataclass(frozen=True)
@@ -61,6 +75,8 @@ class Options:
     tolerations: tuple[dict[str, str], ...] = SYSTEM_TOLERATIONS
     node_selector: dict[str, str] = field(default_factory=dict)
     image: str = IMAGE
+    metrics_namespace: str = METRICS_NAMESPACE
+    platform: str = ""  # written into the config's `platform` when named (else it stays `auto`)
 
 
 # -- the CronJob's deadline -------------------------------------------------------------------------------
@@ -148,26 +164,50 @@ def state_claim(mode: str, opts: Options) -> dict[str, Any]:
                      "resources": {"requests": {"storage": "5Gi"}}}}
 
 
-def pod_template(mode: str, opts: Options) -> dict[str, Any]:
-    """The controller's pod: non-root, read-only root, requests and limits, never disrupted by Karpenter
-    while it holds nodes (https://karpenter.sh/docs/concepts/disruption/#pod-level-controls), tolerating
-    the system pools' taint."""
+def gpu_instance_types(root: Path) -> list[str]:
+    """The instance types that profiles/ names: GPU nodes, whatever their labels."""
+    from sweeper import profiles as prof
+
+    return sorted({t for p in prof.load_profiles(root / "profiles").values() for t in p.instance_types})
+
+
+def off_gpu_nodes(root: Path) -> dict[str, Any]:
+    """Node affinity that keeps the controller off the GPU nodes it may reboot: no GPU label of any
+    platform, and not one of the profiles' instance types (expressions of one term are ANDed; an absent
+    label satisfies DoesNotExist and NotIn:
+    https://kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node/#node-affinity)."""
+    exprs: list[dict[str, Any]] = [{"key": k, "operator": "DoesNotExist"} for k in GPU_NODE_LABELS]
+    exprs.append({"key": "node.kubernetes.io/instance-type", "operator": "NotIn", "values": gpu_instance_types(root)})
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": exprs}]}}}
+
+
+def pod_template(mode: str, opts: Options, root: Path | None = None) -> dict[str, Any]:
+    """The controller's pod: non-root, read-only root, requests and limits, admitted at the `restricted`
+    Pod Security level, off the GPU nodes, never disrupted by Karpenter while it holds nodes
+    (https://karpenter.sh/docs/concepts/disruption/#pod-level-controls), tolerating the system pools'
+    taint and no GPU taint."""
     serve = mode == "serve"
-    # serve listens on loopback unless told: in a pod, the kubelet's probes and the Service reach the pod's IP
-    command = ["sweeper", "serve", "--address", "0.0.0.0", "--port", "8080"] if serve else ["sweeper", "sweep"]
+    # serve listens on loopback unless told: the kubelet's probes and the Service reach the pod's IP, so it
+    # listens there (the downward API's status.podIP, expanded in the command), never on 0.0.0.0
+    command = ["sweeper", "serve", "--address", "$(POD_IP)", "--port", "8080"] if serve else ["sweeper", "sweep"]
     command += ["--config", "/etc/sweeper/config.yaml", "--state", "/var/lib/sweeper/history.db"]
     container: dict[str, Any] = {
         "name": "sweeper", "image": opts.image, "command": command,
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
         "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                             "capabilities": {"drop": ["ALL"]}},
-        "env": [{"name": "HOME", "value": "/tmp"}],
+        "env": [{"name": "HOME", "value": "/tmp"},
+                # the webhook URL is a credential: from a Secret, never the ConfigMap (optional: none, no webhook)
+                {"name": "SWEEPER_WEBHOOK_URL", "valueFrom": {"secretKeyRef": {
+                    "name": WEBHOOK_SECRET, "key": "url", "optional": True}}}],
         "volumeMounts": [
             {"name": "config", "mountPath": "/etc/sweeper/config.yaml", "subPath": "config.yaml", "readOnly": True},
             *({"name": d, "mountPath": f"/etc/sweeper/{d}", "readOnly": True} for d in DIRECTORIES),
             {"name": "state", "mountPath": "/var/lib/sweeper"},
             {"name": "tmp", "mountPath": "/tmp"}]}
     if serve:
+        container["env"].append({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
         container["ports"] = [{"name": "http", "containerPort": 8080}]
         probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 30}
         container["readinessProbe"] = probe
@@ -176,7 +216,9 @@ def pod_template(mode: str, opts: Options) -> dict[str, Any]:
         "serviceAccountName": "sweeper",
         "restartPolicy": "Always" if serve else "Never",
         "terminationGracePeriodSeconds": 120,  # time to hand held nodes back on SIGTERM
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001},
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "affinity": off_gpu_nodes(root or home()),
         "tolerations": [dict(t) for t in opts.tolerations],
         "containers": [container],
         "volumes": [{"name": "config", "configMap": {"name": "sweeper-config"}},
@@ -192,7 +234,7 @@ def pod_template(mode: str, opts: Options) -> dict[str, Any]:
             "spec": spec}
 
 
-def cronjob(config: Config, opts: Options, suspend: bool = False) -> dict[str, Any]:
+def cronjob(config: Config, opts: Options, suspend: bool = False, root: Path | None = None) -> dict[str, Any]:
     return {"apiVersion": "batch/v1", "kind": "CronJob",
             "metadata": {"name": "sweeper", "namespace": NAMESPACE, "labels": _labels("controller")},
             "spec": {"schedule": "*/30 * * * *", "suspend": suspend,
@@ -201,23 +243,36 @@ def cronjob(config: Config, opts: Options, suspend: bool = False) -> dict[str, A
                      "jobTemplate": {"spec": {
                          "backoffLimit": 0,  # a failed run is picked up by the next one, not retried blindly
                          "activeDeadlineSeconds": deadline_seconds(config),
-                         "template": pod_template("cronjob", opts)}}}}
+                         "template": pod_template("cronjob", opts, root)}}}}
 
 
-def deployment(opts: Options, replicas: int = 1) -> dict[str, Any]:
+def deployment(opts: Options, replicas: int = 1, root: Path | None = None) -> dict[str, Any]:
     """`sweeper serve`: one replica, and Recreate, so the old pod has stopped before the new one opens
     the history (https://kubernetes.io/docs/concepts/workloads/controllers/deployment/#recreate-deployment)."""
     return {"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "sweeper", "namespace": NAMESPACE, "labels": _labels("serve")},
             "spec": {"replicas": replicas, "strategy": {"type": "Recreate"},
                      "selector": {"matchLabels": _labels("serve")},
-                     "template": pod_template("serve", opts)}}
+                     "template": pod_template("serve", opts, root)}}
 
 
 def service() -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Service",
             "metadata": {"name": "sweeper", "namespace": NAMESPACE, "labels": _labels("serve")},
             "spec": {"selector": _labels("serve"), "ports": [{"name": "http", "port": 8080, "targetPort": "http"}]}}
+
+
+def network_policy(opts: Options) -> dict[str, Any]:
+    """Sweeper's pods accept connections only from the metrics namespace, on the http port. The
+    kubelet's probes come from the node, which a NetworkPolicy always lets through
+    (https://kubernetes.io/docs/concepts/services-networking/network-policies/)."""
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": "sweeper", "namespace": NAMESPACE, "labels": _labels("serve")},
+            "spec": {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "sweeper"}},
+                     "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [{"namespaceSelector": {"matchLabels": {
+                         "kubernetes.io/metadata.name": opts.metrics_namespace}}}],
+                                  "ports": [{"protocol": "TCP", "port": "http"}]}]}}
 
 
 def _config_of(base: str) -> Config:
@@ -238,6 +293,11 @@ def render(root: Path | None = None, mode: str = "cronjob", opts: Options | None
     root = root or home()
     opts = opts or Options()
     base = (root / "deploy" / "base.yaml").read_text()
+    if opts.platform:
+        base, n = re.subn(r"(?m)^(    platform: )auto\b.*$", rf"\g<1>{opts.platform}  # python -m sweeper.manifests "
+                          rf"--platform {opts.platform}; auto reads it from the cluster", base)
+        if n != 1:
+            raise ConfigError("deploy/base.yaml: the config has no `platform: auto` line to set")
     config = _config_of(base)
     config = replace(config, playbook_dir=str(root / "playbooks"))
     other = "deploy/cronjob.yaml" if mode == "serve" else "deploy/serve/serve.yaml"
@@ -246,15 +306,17 @@ def render(root: Path | None = None, mode: str = "cronjob", opts: Options | None
                    f"name, so the other controller never writes it.", state_claim(mode, opts))]
     if mode == "serve":
         parts += [_dump("`sweeper serve`: the one writer of its history, sweeping on the config's schedules.",
-                        deployment(opts)),
+                        deployment(opts, root=root)),
                   _dump("/metrics, /healthz and the fleet report.", service()),
                   _dump(f"Switched off here, so that applying this file over {other} leaves one controller.",
-                        cronjob(config, opts, suspend=True))]
+                        cronjob(config, opts, suspend=True, root=root))]
     else:
         parts += [_dump("One sweep every 30 minutes; the deadline is derived from the config (python -m "
-                        "sweeper.manifests).", cronjob(config, opts)),
+                        "sweeper.manifests).", cronjob(config, opts, root=root)),
                   _dump(f"Switched off here, so that applying this file over {other} leaves one controller.",
-                        deployment(opts, replicas=0))]
+                        deployment(opts, replicas=0, root=root))]
+    parts.append(_dump(f"Only the {opts.metrics_namespace} namespace reaches Sweeper's pods, on the http port.",
+                       network_policy(opts)))
     for cm in configmaps(root):
         parts.append(_dump(f"{cm['metadata']['name']}: generated from "  # type: ignore[index]
                            f"{cm['metadata']['name'].split('-', 1)[1]}/", cm))  # type: ignore[index]
@@ -282,15 +344,18 @@ def options(argv: list[str]) -> tuple[str, Options]:
     ap = argparse.ArgumentParser(prog="python -m sweeper.manifests", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", nargs="?", choices=("cronjob", "serve"), default="cronjob")
-    ap.add_argument("--platform", choices=sorted(PLATFORMS), default="eks",
-                    help="the storage class of the platform's own CSI driver (eks: gp3, aks: managed-csi, "
-                         "gke: standard-rwo)")
+    ap.add_argument("--platform", choices=sorted(PLATFORMS),
+                    help="the config's `platform` (default: auto, read from the cluster) and the storage class "
+                         "of the platform's own CSI driver (eks: gp3, the default; aks: managed-csi; gke: "
+                         "standard-rwo)")
     ap.add_argument("--storage-class", help="the history volume's storage class, whatever the platform")
     ap.add_argument("--toleration", action="append", metavar="KEY[=VALUE][:EFFECT]",
                     help="a taint the controller tolerates (repeatable; default: CriticalAddonsOnly)")
     ap.add_argument("--node-selector", action="append", metavar="KEY=VALUE", default=[],
                     help="a label the controller's node must carry (repeatable)")
     ap.add_argument("--image", default=IMAGE, help="the controller image")
+    ap.add_argument("--metrics-namespace", default=METRICS_NAMESPACE,
+                    help="the one namespace whose pods may reach `sweeper serve` (default: monitoring)")
     a = ap.parse_args(argv)
     selector = {}
     for s in a.node_selector:
@@ -299,8 +364,9 @@ def options(argv: list[str]) -> tuple[str, Options]:
             raise ConfigError(f"--node-selector {s!r}: KEY=VALUE")
         selector[k] = v
     tolerations = tuple(_toleration(t) for t in a.toleration) if a.toleration else SYSTEM_TOLERATIONS
-    return a.mode, Options(storage_class=a.storage_class or PLATFORMS[a.platform], tolerations=tolerations,
-                           node_selector=selector, image=a.image)
+    return a.mode, Options(storage_class=a.storage_class or PLATFORMS[a.platform or "eks"], tolerations=tolerations,
+                           node_selector=selector, image=a.image, metrics_namespace=a.metrics_namespace,
+                           platform=a.platform or "")
 
 
 def main(argv: list[str] | None = None) -> int:

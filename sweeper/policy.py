@@ -267,6 +267,13 @@ def finding_key(c: dict[str, Any]) -> str:
     return f"{c.get('name')}|{c.get('code') or ''}|{'' if gpu is None else gpu}"
 
 
+# Findings that are another component's word about a fault, not a cause: they may hold a node, but
+# never feed a ladder or a relapse. `gpu.allocatable` is the device plugin's mark, which any XID but
+# six application errors sets and only a restart of the plugin clears (issue 21; see
+# actions/device_plugin.py); the cause is what Sweeper reads itself.
+SYMPTOMS = frozenset({"gpu.allocatable"})
+
+
 def cause_key(c: dict[str, Any]) -> str:
     """What identifies a cause for escalation: check and code, on whichever GPU."""
     return f"{c.get('name')}|{c.get('code') or ''}"
@@ -295,7 +302,7 @@ def judge_findings(results: list[dict[str, Any]], f: Findings,
             why = f"{c.get('name')}{gpu}: {c.get('message', '')}"
             if v in HOLDING and dismissed and finding_key(c) in dismissed:
                 v, why = "warn", why + " (dismissed by a person as a false positive)"
-            found.append((v, why, cause_key(c)))
+            found.append((v, why, "" if c.get("name") in SYMPTOMS else cause_key(c)))
             if isinstance(c.get("gpu"), int):
                 gpus.setdefault(v, set()).add(c["gpu"])
             worst = worse(worst, v)
@@ -473,14 +480,22 @@ def _span(seconds: float) -> str:
     return f"{seconds / 60:g}m"
 
 
+# An XID's action (sweeper/xid.py BUCKET_ACTIONS, from NVIDIA's catalogue) -> verdict, for the XIDs
+# that fail; those NVIDIA says need nothing or an application restart only warn and never come here.
+# `reboot` is the reset path too: the remedy resets the GPUs instead when every cause is one a GPU
+# reset clears (remedy.resettable) and gpu_reset is on.
+XID_ACTIONS = {"reset_gpu": "reboot", "workflow_48": "reboot", "workflow_nvlink": "reboot",
+               "workflow_nvlink5": "reboot", "reboot": "reboot", "replace": "replace",
+               "inspect": "quarantine", "update_swfw": "quarantine", "contact_support": "quarantine"}
+
 # The findings table alone, for callers without a policy file (the same as the shipped one's).
 BUILT_IN = Policy(findings=Findings(
     codes={"REMAP_FAILURE": "replace", "RETIRED_PAGES": "replace", "REMAP_PENDING": "reboot",
            "RETIRE_PENDING": "reboot", "GPU_LOST": "reboot", "RESET_REQUIRED": "reboot", "RECOVERY_RESET": "reboot",
            "RECOVERY_REBOOT": "reboot", "NVLINK_DOWN": "reboot", "PCIE_DOWNTRAINED": "reboot",
            "NIC_PORT_DOWN": "reboot", "NIC_COUNT": "reboot", "EFA_COUNT": "reboot", "EFA_NONE": "reboot",
-           "NIC_AFFINITY": "warn", "FABRIC_NOT_READY": "reboot"},
-    checks={"gpu.count": "reboot", "dcgm.gpu_count": "reboot", "sxid": "reboot", "gpu.allocatable": "reboot"},
+           "NIC_AFFINITY": "warn", "FABRIC_NOT_READY": "reboot", "GPU_RUNTIME": "reboot"},
+    checks={"gpu.count": "reboot", "dcgm.gpu_count": "reboot", "sxid": "reboot", "gpu.allocatable": "quarantine"},
     dcgm={"80": "replace", "84": "reboot", "85": "reboot", "6": "reboot", "4": "reboot", "14": "reboot",
           "120": "reboot", "125": "reboot", "126": "reboot", "128": "reboot", "29": "warn"},
-    xid_actions={"replace": "replace", "reboot": "reboot", "reset_gpu": "reboot"}))
+    xid_actions=XID_ACTIONS))

@@ -58,11 +58,12 @@ def release(kube: Any, cfg: Config, names: list[str], everything: bool, reason: 
                 recorder.action("manual", name, clock.now(), "release", f"sweeper release: {reason} ({detail})")
         rows.append({"node": name, "action": "would release" if dry_run else "released", "detail": detail})
     wanted = set(targets)
-    for job in kube.list_jobs(cfg.namespace, "app.kubernetes.io/managed-by=sweeper"):
-        node = (job["metadata"].get("labels") or {}).get(f"{cfg.prefix}/node", "")
-        if everything or node in wanted:
-            if not dry_run:
-                kube.delete_job(cfg.namespace, job["metadata"]["name"])
-            rows.append({"node": node, "action": "would delete job" if dry_run else "deleted job",
-                         "detail": job["metadata"]["name"]})
+    for ns in dict.fromkeys((cfg.check_namespace, cfg.remediation_namespace)):
+        for job in kube.list_jobs(ns, "app.kubernetes.io/managed-by=sweeper"):
+            node = (job["metadata"].get("labels") or {}).get(f"{cfg.prefix}/node", "")
+            if everything or node in wanted:
+                if not dry_run:
+                    kube.delete_job(ns, job["metadata"]["name"])
+                rows.append({"node": node, "action": "would delete job" if dry_run else "deleted job",
+                             "detail": job["metadata"]["name"]})
     return rows

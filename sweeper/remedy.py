@@ -17,6 +17,7 @@ sweep's replacement cap and breaker apply before any of this is called."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,7 @@ from sweeper.clock import Clock, iso
 from sweeper.config import Config
 from sweeper.errors import ConfigError, KubeError, NotFound, SweeperError
 from sweeper.fleet import NodeView
-from sweeper.xid import lookup
+from sweeper.xid import resets
 
 # The GPU Operator's operands that hold the GPUs open, by the suffix of their deploy label and their
 # pods' `app` label. The operator runs an operand on a node whose nvidia.com/gpu.deploy.<operand>
@@ -41,8 +42,12 @@ GPU_CLIENTS = {"device-plugin": "nvidia-device-plugin-daemonset", "gpu-feature-d
 DEPLOY_LABEL = "nvidia.com/gpu.deploy."
 OPERANDS_GONE_TIMEOUT = 300.0
 
+# nvidia-smi's word that a GPU was reset (NVIDIA/NVSentinel#1690 shows the line).
+RESET_LINE = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9]) was successfully reset\.",
+                        re.MULTILINE)
+
 # Causes a GPU reset clears, without rebooting the node.
-RESETTABLE_CODES = {"row_remap|REMAP_PENDING", "gpu.recovery_action|RECOVERY_RESET", "dcgm.software|85",
+RESETTABLE_CODES = {"row_remap|REMAP_PENDING", "gpu.recovery_action|RECOVERY_RESET", "xid|RECOVERY_RESET", "dcgm.software|85",
                     "dcgm.memory|85", "dcgm.software|84"}
 
 
@@ -60,7 +65,7 @@ def resettable(causes: list[str]) -> bool:
         if c in RESETTABLE_CODES:
             return True
         name, _, code = c.partition("|")
-        return name == "xid" and code.isdigit() and lookup(int(code)).action == "reset_gpu"
+        return name == "xid" and code.isdigit() and resets(int(code))
     return bool(causes) and all(one(c) for c in causes)
 
 
@@ -179,18 +184,24 @@ class Remediator:
     def _context(self, run_id: str, node_vars: dict[str, Any]) -> ActionContext:
         return ActionContext(config=self.cfg, clock=self.clock, kube=self.kube, node=node_vars, run_id=run_id)
 
+    def _remediation_job(self, run_id: str, node_vars: dict[str, Any], template: str,
+                         extra: dict[str, Any], bound: bool = False) -> dict[str, Any]:
+        """A reboot or GPU reset Job: in its own namespace (remediation_namespace, apart from the
+        check Jobs'), under its own service account, which has no RBAC and no token mounted."""
+        return render_job(self._context(run_id, node_vars), template, 600, extra, remediation=True, bound=bound)
+
     def reboot(self, run_id: str, view: NodeView, node_vars: dict[str, Any]) -> Remedy:
-        job = render_job(self._context(run_id, node_vars), self.cfg.reboot_template, 600, {})
+        job = self._remediation_job(run_id, node_vars, self.cfg.reboot_template, {})
         if self.dry_run:
             return Remedy("reboot", "would-reboot", f"would run {job['metadata']['name']}", dry_run=True)
         self._mark(view.name, "reboot", view.boot_id, recheck=True)
-        self.kube.create_job(self.cfg.namespace, job)
+        self.kube.create_job(self.cfg.remediation_namespace, job)
         return Remedy("reboot", "reboot-started", f"Job {job['metadata']['name']} reboots the node; it is "
                       "checked again when it is back")
 
     def gpu_reset(self, run_id: str, view: NodeView, node_vars: dict[str, Any], gpus: list[int]) -> Remedy:
         ids = ",".join(str(g) for g in sorted(gpus))
-        job = render_job(self._context(run_id, node_vars), self.cfg.gpu_reset_template, 600, {"gpu_ids": ids})
+        job = self._remediation_job(run_id, node_vars, self.cfg.gpu_reset_template, {"gpu_ids": ids}, bound=True)
         name = job["metadata"]["name"]
         operator_node = any(k.startswith(DEPLOY_LABEL) for k in view.labels)
         # label -> its value now (None: absent), to be put back as it was
@@ -207,21 +218,35 @@ class Remediator:
                 if holders:
                     self.log(f"GPU reset: {', '.join(holders)} still on the node: rebooting instead")
                     return self.reboot(run_id + "-r", view, node_vars)
-            self.kube.create_job(self.cfg.namespace, job)
+            self.kube.create_job(self.cfg.remediation_namespace, job)
             status = self._wait_job(name, 600)
+            if status == "Complete":
+                status = self._confirm_reset(name, gpus)
             try:
-                self.kube.delete_job(self.cfg.namespace, name)
+                self.kube.delete_job(self.cfg.remediation_namespace, name)
             except KubeError:
                 pass
         finally:
             if paused:  # the operands come back, on every path: a reset, a failure, a stop
                 self._set_labels(view.name, paused)
         if status != "Complete":
-            # The reset did not take: fall back to rebooting the node.
+            # The reset did not take, or did not say it did: fall back to rebooting the node.
             self.log(f"GPU reset {status.lower()}: rebooting instead")
             return self.reboot(run_id + "-r", view, node_vars)
         self._mark(view.name, "gpu-reset", view.boot_id, recheck=True)
         return Remedy("gpu-reset", "gpus-reset", f"GPU(s) {ids} reset by {name}{pausing}; checked again next sweep")
+
+    def _confirm_reset(self, job: str, gpus: list[int]) -> str:
+        """'Complete' when the reset's log has nvidia-smi's "GPU <bus id> was successfully reset."
+        for every GPU asked for, else why not: an exit 0 alone is no proof the GPUs were reset."""
+        try:
+            pods = self.kube.list_pods(label_selector=f"job-name={job}")
+            logs = "".join(self.kube.pod_log(self.cfg.namespace, p["metadata"]["name"]) for p in pods
+                           if p["metadata"].get("namespace", self.cfg.namespace) == self.cfg.namespace)
+        except KubeError as exc:
+            return f"Unconfirmed (the reset's log could not be read: {exc})"
+        done = len({bus.lower() for bus in RESET_LINE.findall(logs)})  # each GPU once, by its bus id
+        return "Complete" if done >= len(gpus) else f"Unconfirmed ({done} of {len(gpus)} GPU(s) said reset)"
 
     def _set_labels(self, node: str, values: dict[str, str | None]) -> None:
         patch_node(self.kube, node, lambda obj: meta_op(obj, "labels", dict(values)))
@@ -243,7 +268,7 @@ class Remediator:
         deadline = self.clock.now() + timeout
         while self.clock.now() < deadline and not self.cancelled():
             try:
-                job = self.kube.get_job(self.cfg.namespace, name)
+                job = self.kube.get_job(self.cfg.remediation_namespace, name)
             except NotFound:
                 return "Lost"
             for c in (job.get("status") or {}).get("conditions") or []:

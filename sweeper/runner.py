@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sweeper import profiles
+from sweeper import platforms, profiles
 from sweeper.actions import ActionContext, load_all
 from sweeper.actions.node import patch_node
 from sweeper.clock import WallClock
@@ -97,16 +97,29 @@ def run_playbook(path: Path, cfg: Config, *, kube: Any = None, node_name: str | 
     say = log or (lambda msg: None)
     run_id = new_run_id(clock.now())
 
-    def target(name: str | None) -> dict[str, Any] | None:
+    def read(name: str | None) -> dict[str, Any] | None:
         if not name:
             return None
         try:
-            obj = kube.get_node(name)
+            return kube.get_node(name)
         except NotFound as exc:
             raise ConfigError(f"no node named {name!r} in the cluster") from exc
-        return node_vars(NodeView.from_obj(obj, cfg.gpu_resources), cfg, obj["metadata"].get("uid", ""))
 
-    node, partner = target(node_name), target(partner_name)
+    objs = [read(node_name), read(partner_name)]
+    # `platform: auto`: settled from the node(s) this play runs on, as a sweep settles it from its fleet.
+    seen = [o for o in objs if o is not None]
+    found = None
+    if seen:
+        cfg, found = platforms.resolve(cfg, seen, [p for o in seen for p in kube.active_pods(o["metadata"]["name"])],
+                                       kube.runtime_class_names)
+    if found is not None:
+        say("found " + "; ".join(found.why))
+
+    def target(obj: dict[str, Any] | None) -> dict[str, Any] | None:
+        return None if obj is None else \
+            node_vars(NodeView.from_obj(obj, cfg.gpu_resources), cfg, obj["metadata"].get("uid", ""))
+
+    node, partner = target(objs[0]), target(objs[1])
     hist = None
     sweep_id = partner_sweep = None
     if state and node:

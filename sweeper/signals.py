@@ -16,7 +16,10 @@ from sweeper.errors import ConfigError
 from sweeper.parsers.kernel_log import parse_xids
 from sweeper.xid import lookup
 
-DEFAULT_PROMQL = "max by (Hostname) (DCGM_FI_DEV_XID_ERRORS) > 0"
+# dcgm-exporter's host label was `Hostname` until its PR #655 (May 2026) and is `hostname` since
+# (NVIDIA/dcgm-exporter#655): the default query keeps both, and a series is read by whichever it has.
+DEFAULT_PROMQL = "max by (Hostname, hostname) (DCGM_FI_DEV_XID_ERRORS) > 0"
+HOST_LABELS = ("hostname", "Hostname")
 DEFAULT_LOGQL = '{job="kernel"} |= "NVRM: Xid"'
 
 
@@ -25,7 +28,7 @@ class Source:
     kind: str  # prometheus | loki
     url: str
     query: str
-    node_label: str
+    node_label: str  # "" for Prometheus: dcgm-exporter's `hostname`, else its older `Hostname`
     window: float = 3600.0
     timeout: float = 10.0
 
@@ -36,7 +39,7 @@ class Source:
         kind = raw["type"]
         return cls(kind=kind, url=str(raw["url"]).rstrip("/"),
                    query=str(raw.get("query") or (DEFAULT_PROMQL if kind == "prometheus" else DEFAULT_LOGQL)),
-                   node_label=str(raw.get("node_label") or ("Hostname" if kind == "prometheus" else "node")),
+                   node_label=str(raw.get("node_label") or ("" if kind == "prometheus" else "node")),
                    window=float(raw.get("window", 3600)), timeout=float(raw.get("timeout", 10)))
 
 
@@ -56,7 +59,9 @@ def query(source: Source, now: float | None = None) -> dict[str, str]:
     if source.kind == "prometheus":
         doc = _get(f"{source.url}/api/v1/query", {"query": source.query}, source.timeout)
         for r in doc["data"]["result"]:
-            node = (r.get("metric") or {}).get(source.node_label)
+            metric = r.get("metric") or {}
+            node = metric.get(source.node_label) if source.node_label else \
+                next((metric[k] for k in HOST_LABELS if metric.get(k)), None)
             if node:
                 value = (r.get("value") or [None, "?"])[1]
                 out[node] = f"Prometheus: {source.query} = {value}"

@@ -14,16 +14,17 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol, cast
 
-from sweeper import pairing, profiles, signals
+from sweeper import pairing, platforms, profiles, signals
 from sweeper.actions import ActionContext, load_all
 from sweeper.actions import node as node_actions
 from sweeper.actions.decide import policy_for
+from sweeper.actions.jobs import gpu_stack_words
 from sweeper.actions.jobwatch import RunWatch
 from sweeper.clock import Clock, WallClock, iso, read_iso
 from sweeper.config import Config
 from sweeper.control import KEYS, Controls, dismissal_key
 from sweeper.errors import Conflict, KubeError, LockLost, NotFound, PlaybookError, Transient
-from sweeper.fleet import Gates, NodeView, Plan, gpu_nodes, plan
+from sweeper.fleet import Gates, NodeView, Plan, gpu_nodes, plan, suspect_signals
 from sweeper.kube import Kube
 from sweeper.lock import SweepLock
 from sweeper.notify import Webhook, message
@@ -65,6 +66,7 @@ class Recorder(Protocol):
                     sweep_ids: tuple[int | None, int | None] = (None, None)) -> int: ...
     def known_good(self, since: float) -> set[str]: ...
     def pair_suspects(self, since: float) -> dict[str, str]: ...
+    def xids_cleared(self, node: str) -> float | None: ...
     def pair_results(self, node: str, since: float, until: float) -> list[dict[str, Any]]: ...
     # what the policy's history rules read (policy.Past)
     def sweeps(self, node: str, since: float, until: float) -> list[dict[str, Any]]: ...
@@ -115,6 +117,7 @@ class PairRun:
     suspects: tuple[tuple[NodeView, str], ...] = ()  # held, waiting for a re-pair: (node, its first partner)
     why: str = ""  # the suspects' failed pair, in words
     back: NodeView | None = None  # a re-pair abandoned before it ran: its suspect waits again
+    status: str = ""  # the pair's status (pairing.pair_status), when it ran
 
 
 @dataclass
@@ -142,6 +145,21 @@ class RunReport:
         }
 
 
+EVERY_PAIR_FAILED = "every pair of this run failed"
+
+
+def every_pair_failed(verdicts: dict[frozenset[str], str]) -> list[str]:
+    """The failed pairs ("a+b") when every pair of a run failed: at least two distinct pairs (two
+    sets of two nodes) failed and none passed, else []. Two nodes that each fail their pair are
+    possible; every pair failing is what a broken pair Job (image, transport, template) looks like,
+    and it says nothing of the nodes. One failed pair alone is a pair's business: re-pairing names
+    its culprit."""
+    failed = sorted("+".join(sorted(k)) for k, v in verdicts.items() if v == "fail")
+    if len(failed) < 2 or any(v in ("pass", "warn") for v in verdicts.values()):
+        return []
+    return failed
+
+
 def new_run_id(now: float) -> str:
     return "sw-" + datetime.fromtimestamp(now, UTC).strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(2)
 
@@ -152,6 +170,7 @@ class Sweep:
                  mode: str = "sweep", controls: Controls | None = None) -> None:
         self.kube = kube
         self.cfg = config
+        self.auto_cfg = config  # as configured: each run settles its `auto` keys from the cluster again
         self.rec = recorder
         self.controls = controls or Controls(kube, config.namespace, config.control_name)
         self.clock = clock or WallClock()
@@ -174,10 +193,12 @@ class Sweep:
         self.remediator = Remediator(kube, config, self.clock, dry_run=dry_run,
                                      log=lambda m: self.emit("log", {"node": "-", "msg": m}),
                                      cancelled=self.cancelled)
-        self.webhook = Webhook(config.webhook_url, config.webhook_attempts) if config.webhook_url else None
+        url = config.webhook()
+        self.webhook = Webhook(url, config.webhook_attempts) if url else None
         self.remedies: list[Remedy] = []
         self.failed_checks: dict[str, int] = {}
         self._tool_faults: dict[str, str] = {}  # node -> the fault of the check seen in its results
+        self._probe_waits = False  # after a stop, every due node was a suspect: none was tried
         self.tool_errors: dict[str, str] = {}  # node -> that fault, where it ended the node's sweep `error`
         self.tool_stop = ""  # the fault of the check that ended tool_error_limit nodes: take no more
         self.cooling = False  # the last discovery found the breaker's cooldown in force
@@ -195,6 +216,7 @@ class Sweep:
         discovery read and marked (one query of each source a run)."""
         nodes = gpu_nodes(self.kube.list_nodes(self.cfg.gpu_node_selector, page_size=self.cfg.page_size), self.cfg)
         pods = self.kube.active_pods(page_size=self.cfg.page_size)
+        settled = None if refill else self.resolve_platform(nodes, pods)
         if not self.dry_run:
             self.trip_breaker(len(nodes))
         gates = self.gates()
@@ -215,7 +237,18 @@ class Sweep:
                 self.emit("log", {"node": d.node.name, "msg": f"warning: {d.warning}"})
         # Every GPU node this pass saw, with its profile: the report's coverage counts the never swept.
         p.profiles = {d.node.name: profiles.match(self.profiles, d.node.labels).name for d in p.take + p.skip}
+        if settled is not None:
+            p.notes = [*settled.why, *p.notes]
         return p
+
+    def resolve_platform(self, nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> platforms.Found | None:
+        """Settle `platform: auto` (and the runtime class and DCGM host engine) from the GPU nodes this
+        discovery read; the run's checks and remedies use what was found."""
+        cfg, found = platforms.resolve(self.auto_cfg, nodes, pods, self.kube.runtime_class_names)
+        if found is not None:
+            self.cfg = self.remediator.cfg = cfg
+            self.emit("log", {"node": "-", "msg": "found " + "; ".join(found.why)})
+        return found
 
     def mark_suspects(self, nodes: list[dict[str, Any]], found: dict[str, str]) -> list[dict[str, Any]]:
         """Label and event each node an outside signal names, once; the nodes as they are after."""
@@ -354,7 +387,7 @@ class Sweep:
             self.controls.kube = controls_kube.fenced(self.lock.fence)  # the switches it writes are fenced too
             self.rec = cast(Recorder, FencedRecorder(rec, self.lock.fence))
         # The run's check Jobs and their pods, listed once and then watched, for every run_job of the run.
-        self.jobwatch = RunWatch(self.kube, self.cfg.namespace, f"{self.cfg.prefix}/run-id={run_id}", self.clock,
+        self.jobwatch = RunWatch(self.kube, self.cfg.check_namespace, f"{self.cfg.prefix}/run-id={run_id}", self.clock,
                                  self.cfg.poll_interval, log=lambda m: self.emit("log", {"node": "-", "msg": m}))
         try:
             return self._run(run_id, start, requests_before, rec)
@@ -373,6 +406,7 @@ class Sweep:
         """`own`: the history unfenced, for the run's own row (a fenced run says so there)."""
         self.rec.run_started(run_id, start, "dry-run" if self.dry_run else self.mode)
         self._tool_faults, self.tool_errors, self.tool_stop = {}, {}, ""  # this run's own tally
+        self._probe_waits = False  # after a stop, every due node was a suspect: none was tried
         status = "done"
         report = RunReport(run_id, start, start, Plan(), dry_run=self.dry_run)
         try:
@@ -389,12 +423,15 @@ class Sweep:
                     report.outcomes.append(NodeOutcome(d.node.name, "", [d.detail], "would-take"))
             else:
                 probe_failed = self._roll(run_id, start, report)
+                self.tool_stop = self.tool_stop or self._one_cause(report)
                 if report.outcomes:
                     self.trip_breaker(report.plan.gpu_nodes)
                 report.tool_errors = dict(self.tool_errors)
                 if self.tool_stop:
                     report.tool_stop = self._stop_reason(self.tool_stop, probe_failed)
                     self._announce_stop(run_id, report)
+                elif self._probe_waits:  # the stop stands until a node that is not a suspect passes
+                    report.tool_stop = self._last_stop()
         except LockLost as exc:
             status = "fenced"
             self.emit("fenced", {"run_id": run_id, "msg": str(exc)})
@@ -432,7 +469,10 @@ class Sweep:
                 sweeping = {n for kind, n in running.values() if kind == "sweep"}
                 # A cooldown after a breaker reset takes one node a run; a probe waits for its node.
                 if not (self._closed(deadline, refill) or (self.cooling and taken) or (probe and sweeping)):
-                    take = self._refill(p, sweeping, seen)[: 1 if probe else None]
+                    take = self._refill(p, sweeping, seen)
+                    if probe:  # the first node after a stop is one with no sign of its own trouble
+                        due, take = bool(take), [v for v in take if not self._suspect(v)][:1]
+                        self._probe_waits = due and not take
                     lights = sum(1 for kind, _ in running.values() if kind == "light")
                     light = [v for v in self.light_candidates(p) if v.name not in seen]
                     for kind, views in (("sweep", take), ("light", light[: max(0, self.cfg.light_max - lights)])):
@@ -508,7 +548,8 @@ class Sweep:
         partner is found (this run's passes and the history's within pair_known_good_window), and
         are re-paired before any new pair is taken; one with no partner to come goes back
         `inconclusive`, as does each still waiting when the run ends. A node is taken once a run,
-        or again only as a re-pair's suspect or known-good partner."""
+        or again only as a re-pair's suspect or known-good partner. When every pair of the run
+        failed (every_pair_failed), no pair is taken and the suspects go back `error`."""
         deadline = start + self.cfg.run_deadline if self.cfg.run_deadline > 0 else math.inf
         p = report.plan
         since = self.clock.now() - self.cfg.pair_known_good_window
@@ -517,13 +558,15 @@ class Sweep:
         seen: set[str] = set()
         running: dict[Future[Any], tuple[str, tuple[str, ...], pairing.GroupKey | None]] = {}
         probe = self._probe_first()  # the last run stopped on a fault of the check: one pair first
+        verdicts: dict[frozenset[str], str] = {}  # this run's pairs (by their two nodes) -> their last status
         taken = refill = probe_failed = False
         last_plan = self.clock.now()
         workers = max(1, self.cfg.max_nodes + self.cfg.light_max)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sweep") as pool:
             while True:
                 probing = probe and any(kind != "light" for kind, _, _ in running.values())
-                if not (self._closed(deadline, refill) or (self.cooling and taken) or probing):
+                doubt = bool(every_pair_failed(verdicts))  # no new pair until those running say otherwise
+                if not (self._closed(deadline, refill) or (self.cooling and taken) or probing or doubt):
                     taken = self._start_pairs(run_id, p, book, held, seen, running, pool, report, one=probe) or taken
                     lights = sum(1 for kind, _, _ in running.values() if kind == "light")
                     for v in [v for v in self.light_candidates(p) if v.name not in seen][
@@ -534,8 +577,10 @@ class Sweep:
                 if not running:
                     why = ("the run stopped taking nodes before its re-pair" if self._closed(deadline, True)
                            else "no known-good partner was free this run")
+                    every = self.tool_stop.startswith(EVERY_PAIR_FAILED)
                     for name in list(book.waiting):
-                        report.outcomes.append(self._let_suspect_go(run_id, book, name, why))
+                        report.outcomes.append(self._let_suspect_go(run_id, book, name, self.tool_stop if every
+                                                                    else why, "error" if every else "inconclusive"))
                     return probe_failed
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for f in done:
@@ -545,6 +590,8 @@ class Sweep:
                         continue
                     got: PairRun = f.result()
                     report.outcomes.extend(got.outcomes)
+                    if got.status:
+                        verdicts[frozenset(names)] = got.status
                     if probe:  # the probe pair ran: the rest if its check ran, else stop here
                         faults = [self.tool_errors[n] for n in names if n in self.tool_errors]
                         probe, probe_failed = False, bool(faults)
@@ -558,6 +605,10 @@ class Sweep:
                         held[got.back.name] = got.back
                     elif kind == "repair":
                         book.settled(names[0])
+                failed = every_pair_failed(verdicts)
+                if failed and not self.tool_stop and all(kind == "light" for kind, _, _ in running.values()):
+                    self.tool_stop = (f"{EVERY_PAIR_FAILED} ({len(failed)} distinct pairs: {', '.join(failed[:4])}; "
+                                      "none passed): a fault of the pair check, not of the nodes")
                 if self._closed(deadline, True) or (self.cooling and taken):
                     continue
                 p, last_plan = self._look_again(p, bool(running), last_plan)
@@ -622,24 +673,26 @@ class Sweep:
             started = True
             if one:
                 return True
-        due = [v for v in due if v.name not in seen]
+        due = [v for v in due if v.name not in seen and not (one and self._suspect(v))]
         for a, b in pairing.form_pairs(due, self._group, min(room, 2) if one else room):
             running[pool.submit(self.sweep_pair, run_id, a, b, "sweep")] = ("pair", (a.name, b.name), self._group(a))
             seen.update((a.name, b.name))
             started = True
         return started
 
-    def _let_suspect_go(self, run_id: str, book: pairing.Repairs, name: str, why: str) -> NodeOutcome:
-        """A suspect with no re-pair goes back `inconclusive`: a failed pair is no verdict on either node."""
+    def _let_suspect_go(self, run_id: str, book: pairing.Repairs, name: str, why: str,
+                        verdict: str = "inconclusive") -> NodeOutcome:
+        """A suspect with no re-pair goes back `inconclusive` (a failed pair is no verdict on either
+        node), or `error` when every pair of the run failed (a fault of the check)."""
         s = book.waiting.pop(name)
-        reason = f"pair with {s.first_partner} failed ({s.why}); {why}: handed back inconclusive"
+        reason = f"pair with {s.first_partner} failed ({s.why}); {why}: handed back {verdict}"
         try:
             self.release(run_id, name, reason, owner=run_id)
         except KubeError as exc:
             self.emit("log", {"node": name, "msg": f"could not hand the node back: {exc}; the next run's reconcile "
                                                    "will"})
-        self.emit("done", {"node": name, "verdict": "inconclusive", "reasons": [reason], "action": "released"})
-        return NodeOutcome(name, "inconclusive", [reason], "released")
+        self.emit("done", {"node": name, "verdict": verdict, "reasons": [reason], "action": "released"})
+        return NodeOutcome(name, verdict, [reason], "released")
 
     # -- crash recovery -------------------------------------------------------------------
     def reconcile(self, run_id: str) -> list[dict[str, str]]:
@@ -651,29 +704,31 @@ class Sweep:
         for old in dead:
             self.rec.run_finished(old, now, "crashed", 0, {"reconciled_by": run_id})
         cut = {(r["run_id"], r["node"]) for r in self.close_open_sweeps(run_id, now) if not r["proven"]}
-        for job in self.kube.list_jobs(self.cfg.namespace, "app.kubernetes.io/managed-by=sweeper"):
-            owner = (job["metadata"].get("labels") or {}).get(f"{self.cfg.prefix}/run-id", "")
-            if owner != run_id:
-                self.kube.delete_job(self.cfg.namespace, job["metadata"]["name"])
-                done.append({"job": job["metadata"]["name"], "action": "deleted", "why": f"left by run {owner}"})
+        # Check Jobs, and the reboot / GPU reset Jobs in their own namespace.
+        for ns in dict.fromkeys((self.cfg.check_namespace, self.cfg.remediation_namespace)):
+            for job in self.kube.list_jobs(ns, "app.kubernetes.io/managed-by=sweeper"):
+                owner = (job["metadata"].get("labels") or {}).get(f"{self.cfg.prefix}/run-id", "")
+                if owner != run_id:
+                    self.kube.delete_job(ns, job["metadata"]["name"])
+                    done.append({"job": job["metadata"]["name"], "action": "deleted", "why": f"left by run {owner}"})
         # A pair sweep's headless Service outlives a run killed between its create and its delete.
-        for svc in self.kube.list_services(self.cfg.namespace,
+        for svc in self.kube.list_services(self.cfg.check_namespace,
                                            "app.kubernetes.io/managed-by=sweeper,app.kubernetes.io/component=pair"):
             owner = (svc["metadata"].get("labels") or {}).get(f"{self.cfg.prefix}/run-id", "")
             if owner != run_id:
-                self.kube.delete_service(self.cfg.namespace, svc["metadata"]["name"])
+                self.kube.delete_service(self.cfg.check_namespace, svc["metadata"]["name"])
                 done.append({"service": svc["metadata"]["name"], "action": "deleted", "why": f"left by run {owner}"})
         # And the MPIJob form's MPIJob (deleting it deletes what the MPI Operator made for it); a
         # cluster without the operator does not serve mpijobs at all (kube.NotServed, a NotFound):
         # nothing of the kind to find.
         try:
-            mpijobs = self.kube.list_mpijobs(self.cfg.namespace, "app.kubernetes.io/managed-by=sweeper")
+            mpijobs = self.kube.list_mpijobs(self.cfg.check_namespace, "app.kubernetes.io/managed-by=sweeper")
         except NotFound:
             mpijobs = []
         for mj in mpijobs:
             owner = (mj["metadata"].get("labels") or {}).get(f"{self.cfg.prefix}/run-id", "")
             if owner != run_id:
-                self.kube.delete_mpijob(self.cfg.namespace, mj["metadata"]["name"])
+                self.kube.delete_mpijob(self.cfg.check_namespace, mj["metadata"]["name"])
                 done.append({"mpijob": mj["metadata"]["name"], "action": "deleted", "why": f"left by run {owner}"})
         untainted = []
         for obj in self.kube.list_nodes(self.cfg.gpu_node_selector, page_size=self.cfg.page_size):
@@ -750,10 +805,30 @@ class Sweep:
 
     # -- faults of the check itself ---------------------------------------------------------
     def _probe_first(self) -> bool:
+        return bool(self._last_stop())
+
+    def _last_stop(self) -> str:
         last = self.rec.last_run()
-        return bool(last and (last.get("summary") or {}).get("tool_stop"))
+        return str(((last or {}).get("summary") or {}).get("tool_stop") or "")
+
+    def _suspect(self, view: NodeView) -> bool:
+        """A node with signs of its own trouble (a condition, a signal, GPUs the device plugin holds
+        back): never the probe after a stop, whose failing would say nothing about the check."""
+        return bool(suspect_signals(view, self.cfg, self._suspects))
+
+    def _one_cause(self, report: RunReport) -> str:
+        """The fault of the check that ended every node this run swept, when there is one: no check
+        could run anywhere (a RuntimeClass admission refused, an image that is not there), so the
+        run stops as a tool fault however few nodes it took, never a quiet exit 0."""
+        swept = [o.node for o in report.outcomes if o.verdict and o.action != "light"]
+        causes = {self.tool_errors.get(n, "") for n in swept}
+        if self.cfg.tool_error_limit == 0 or not swept or len(causes) != 1:
+            return ""
+        return causes.pop()
 
     def _stop_reason(self, cause: str, probe: bool) -> str:
+        if cause.startswith(EVERY_PAIR_FAILED):
+            return f"run stopped: {cause}. Fix the pair check, then sweep again: the next run tries one pair first"
         if probe:
             return (f"run stopped: the last run stopped on a fault of the check and this run's first node ended "
                     f"with one too ({cause}); no more nodes were taken. Fix the check, then sweep again")
@@ -766,8 +841,8 @@ class Sweep:
         """A node whose sweep ended `error` because its check never ran; the same cause on
         tool_error_limit nodes stops the run from taking more."""
         cause = self._tool_faults.get(node, "")
-        if verdict != "error" or not cause:
-            return
+        if verdict != "error" or not cause or gpu_stack_words(cause):
+            return  # a cause that names the node's GPU stack (driver, NVML, toolkit, CDI) is the node's
         with self._lock:
             self.tool_errors[node] = cause
             same = sum(1 for c in self.tool_errors.values() if c == cause)
@@ -890,9 +965,10 @@ class Sweep:
 
     @staticmethod
     def _node_vars(node: NodeView, profile: profiles.Profile) -> dict[str, Any]:
-        """What playbooks and job templates see as `node`."""
+        """What playbooks and job templates see as `node`; its profile with the fabric the node advertises."""
         return {"name": node.name, "labels": node.labels, "annotations": node.annotations, "gpus": node.gpus,
-                "gpu_resources": node.gpu_vars(), "profile": profile.as_vars()}
+                "gpu_resources": node.gpu_vars(), "fabric": dict(node.fabric),
+                "profile": profile.on_node(node.fabric, node.labels, node.annotations).as_vars()}
 
     def _cap_replacements(self, verdict: str, reasons: list[str]) -> tuple[str, list[str]]:
         """Beyond max_replacements_per_hour, a node that should be replaced is held for a person."""
@@ -939,7 +1015,8 @@ class Sweep:
     def _play(self, run_id: str, sweep_id: int, node: NodeView, profile: profiles.Profile,
               playbook: Playbook | None = None) -> tuple[str, list[str], str, dict[str, Any] | None]:
         dismissed = (self._dismissal(run_id, node.name) or {}).get("keys", [])
-        node_vars = {**self._node_vars(node, profile), "dismissed": dismissed}
+        node_vars = {**self._node_vars(node, profile), "dismissed": dismissed,
+                     "xids_cleared": self.rec.xids_cleared(node.name)}
         ctx = ActionContext(
             config=self.cfg, clock=self.clock, kube=self.kube, node=node_vars, run_id=run_id,
             on_result=lambda r: self.rec.result(sweep_id, r),
@@ -1137,6 +1214,7 @@ class Sweep:
                                                                               reasons))
             out.suspects = tuple((n, o.name) for c, n, o in zip(calls, nodes, nodes[::-1], strict=True) if c.suspect)
             out.why = f"{status}: {'; '.join(reasons)}"[:500]
+            out.status = status
             if status in ("pass", "warn"):
                 out.passed = (first.name, second.name)
             for call, view, prof, sweep_id in zip(calls, nodes, profs, ids, strict=True):
@@ -1191,7 +1269,8 @@ class Sweep:
         """Run the pair playbook once: `node` is A, `partner` B, `pair_mode` the mode. Each result
         is recorded on both nodes' sweep rows."""
         dismissed = (self._dismissal(run_id, a.name) or {}).get("keys", [])
-        node_vars = {**self._node_vars(a, profs[0]), "dismissed": dismissed}
+        node_vars = {**self._node_vars(a, profs[0]), "dismissed": dismissed,
+                     "xids_cleared": self.rec.xids_cleared(a.name)}
         partner_vars = self._node_vars(b, profs[1])
 
         def on_result(r: Result) -> None:

@@ -85,9 +85,23 @@ def test_xids_map_to_gpus_and_catalogue_actions_within_the_window() -> None:
                      xid_line(5001.0, 2, 45, "Preemptive cleanup")])
     r = run_node_checks(OPTS, FakeNvml(gpus()), log, now=NOW, uptime=5100.0)
     xids = {(c.code, c.gpu, c.status) for c in by_name(r, "xid")}
-    assert ("79", 3, "fail") in xids and ("13", 1, "warn") in xids and ("45", 2, "pass") in xids
+    # XID 45 alone is NVIDIA's solo WORKFLOW_XID_45 (restart Fabric Manager): a warning, not a hold.
+    assert ("79", 3, "fail") in xids and ("13", 1, "warn") in xids and ("45", 2, "warn") in xids
     recent = run_node_checks(CheckOptions(node="n1", xid_window=1000), FakeNvml(gpus()), log, now=NOW, uptime=5100.0)
     assert "79" not in {c.code for c in by_name(recent, "xid")}, "an XID outside the window is not counted"
+
+
+def test_an_xid_logged_before_the_last_passing_sweep_is_not_judged_again() -> None:
+    """The kernel log keeps an XID until the node reboots; the sweep passes the time of the node's
+    last passing sweep (or GPU reset) as --xid-since, and what came before it was judged already."""
+    log = "\n".join([xid_line(50.0, 3, 79, "GPU has fallen off the bus."), xid_line(5000.0, 1, 13, "Graphics")])
+    boot = NOW - 5100.0
+    opts = CheckOptions.from_argv(["--node", "n1", "--xid-since", str(boot + 4000.0)])
+    r = run_node_checks(opts, FakeNvml(gpus()), log, now=NOW, uptime=5100.0)
+    assert {c.code for c in by_name(r, "xid")} == {"13"}
+    later = CheckOptions(node="n1", xid_since=boot + 5050.0)
+    assert [c.status for c in by_name(run_node_checks(later, FakeNvml(gpus()), log, now=NOW, uptime=5100.0),
+                                      "xid")] == ["pass"]
 
 
 def test_check_options_read_a_pods_arguments() -> None:
@@ -202,12 +216,24 @@ def test_a_healthy_efa_host_passes() -> None:
 
 
 def test_efa_faults() -> None:
-    host = efa_host(down=(1,), rate=50, gpudirect=False)
+    host = efa_host(gpudirect=False)
     host.files["/sys/class/net/ens32/mtu"] = "1500\n"
     r = run_node_checks(EFA, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=host)
     fails = {(c.name, c.code) for c in r.checks if c.status == "fail"}
-    assert fails == {("nic.port", "NIC_PORT_DOWN"), ("nic.rate", "NIC_RATE"), ("nic.gpudirect", "NO_GPUDIRECT"),
-                     ("net.mtu", "MTU")}
+    assert fails == {("nic.gpudirect", "NO_GPUDIRECT"), ("net.mtu", "MTU")}
+
+
+def test_efa_port_state_and_rate_are_not_findings() -> None:
+    """The EFA driver's port query answers state ACTIVE, phys_state LinkUp and the device's maximum
+    link speed, always (github.com/amzn/amzn-drivers, kernel/linux/efa/src/efa_verbs.c,
+    efa_query_port, at 64788ef7): neither file can show a link fault, so neither is judged."""
+    r = run_node_checks(EFA, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=efa_host(down=(1,), rate=50))
+    assert not [c for c in r.checks if c.code in ("NIC_PORT_DOWN", "NIC_RATE")]
+    assert statuses(r, "nic.port") == {"skip"} and r.status == "pass"
+    ib = CheckOptions(node="n1", expect_gpus=8, nic="ib", expect_nics=2, nic_rate_gbps=400)
+    host = FakeHost(files=ib_sysfs(2, down=(1,), rate=200))
+    got = {c.code for c in run_node_checks(ib, FakeNvml(gpus()), CLEAN_LOG, now=NOW, host=host).checks}
+    assert {"NIC_PORT_DOWN", "NIC_RATE"} <= got, "an InfiniBand port's state and rate are the subnet's word: judged"
 
 
 def test_missing_tools_and_files_are_errors_never_passes() -> None:

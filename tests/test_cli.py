@@ -538,3 +538,35 @@ def test_at_80_columns_on_a_terminal_run_ids_and_times_stay_whole(tmp_path: Path
     rows = [ln for ln in wide.splitlines() if ln.startswith("2026-")]
     assert len(rows) == 3 and all(re.match(r"^2026-\d\d-\d\dT\d\d:\d\d:\d\dZ ", ln) for ln in rows)
     assert ("and a long tail of words " * 8).strip() in wide, "-o wide shortens nothing"
+
+
+def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(tmp_path: Path) -> None:
+    """`sweeper history NODE | head` once ended in "internal error ... BrokenPipeError", exit 70. A
+    reader that has what it wanted and closes the pipe ends the command quietly, as Python's own
+    "Note on SIGPIPE" (docs.python.org/3/library/signal.html) shows how."""
+    import subprocess
+    import sys
+
+    state = str(tmp_path / "h.db")
+    log = tmp_path / "kern.log"
+    log.write_text("".join(f"[{i}.0] NVRM: Xid (PCI:0000:{i % 8:02x}:00): 79, pid=1, GPU has fallen off the bus.\n"
+                           for i in range(1, 200)))
+    res = CliRunner().invoke(main, ["ingest", "gpu-00", str(log), "--format", "kernel-log", "--state", state])
+    assert res.exit_code in (0, 1), res.output
+    proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "history", "gpu-00", "--state", state, "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # the reader is gone before the first line is written
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 0 and err == "", err
+
+
+def test_sweeper_config_in_the_environment_is_the_config(make_sim, tmp_path: Path) -> None:
+    """`SWEEPER_CONFIG` stands for `--config`, as `SWEEPER_STATE` stands for `--state`, so `plan`,
+    `nodes` and `report` from a shell read the cluster's own config without repeating it."""
+    sim: Sim = make_sim(nodes=3)
+    base = ["--kubeconfig", str(sim.kubeconfig), "--state", str(tmp_path / "h.db")]
+    env = {"SWEEPER_CONFIG": str(write_config(tmp_path, max_nodes=1))}
+    res = CliRunner(env=env).invoke(main, ["plan", *base, "--json"])
+    assert res.exit_code == 0, res.output
+    assert len([n for n in json.loads(res.stdout)["nodes"] if n["reason"] == "over-budget"]) == 2

@@ -72,10 +72,10 @@ def test_the_surface_check_names_exactly_what_is_missing() -> None:
     """The check above must be able to fail, and say precisely why."""
     text = "\n".join(p.read_text() for p in DOCS)
     before = undocumented(text)
-    missing = undocumented(text.replace("`dcgm_image`", "").replace("--offline", "").replace("`hand_back`", ""))
+    missing = undocumented(text.replace("`pair_rdzv_timeout`", "").replace("--offline", "").replace("`hand_back`", ""))
     assert [m for m in missing if m not in before] == [
         "option `sweeper nodes --offline`", "option `sweeper report --offline`", "action `hand_back`",
-        "template variable `dcgm_image` (job-templates/dcgm-diag.yaml.j2)"]
+        "template variable `pair_rdzv_timeout` (job-templates/nccl-pair.yaml.j2)"]
 
 
 def example(name: str) -> str:

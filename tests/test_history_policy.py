@@ -135,9 +135,9 @@ def test_a_live_sweep_decides_with_the_history(make_sim, history: History) -> No
     got = {o.node: o.verdict for o in report.outcomes}
     assert got == {"gpu-00": "pass", "gpu-01": "replace"}
     row = next(history.db.query("select * from node_sweeps where node = 'gpu-01' and run_id != 'sw-old'"))
-    # XID 79 also makes the device plugin hold the GPU back from allocatable: a finding of its own
+    # XID 79 also makes the device plugin hold the GPU back from allocatable: its symptom, never a cause
     assert json.loads(row["rules"]) == ["second-reboot-same-cause"]
-    assert json.loads(row["causes"]) == ["gpu.allocatable|GPU_UNHEALTHY", "xid|79"]
+    assert json.loads(row["causes"]) == ["xid|79"]
     assert row["policy"] == "default" and row["policy_verdict"] == "replace" and row["decided"] <= row["finished"]
 
 
@@ -227,4 +227,28 @@ def test_an_older_history_is_migrated_on_open_and_read_then_written(tmp_path: Pa
     h.pair_result("sw-1", 160.0, "gpu-00", "gpu-01", "pass", "sweep", 180.0, "")
     assert h.known_good(0.0) == {"gpu-00", "gpu-01"}
     assert h.conn.execute("pragma journal_mode").fetchone()[0] == "wal"
+    h.close()
+
+
+def test_xids_are_cleared_by_a_passing_sweep_or_a_gpu_reset_only(tmp_path: Path) -> None:
+    """The time the sweep passes as --xid-since: the start of the node's latest passing (or warning)
+    real sweep, or its latest GPU reset by Sweeper. A held, inconclusive, dry-run, light or unfinished
+    sweep, or a reset that failed, clears nothing: the kernel log keeps an XID until a reboot."""
+    h = History(tmp_path / "h.db")
+    assert h.xids_cleared("n1") is None
+    for started, verdict, dry, kind in ((100.0, "pass", False, "sweep"), (200.0, "reboot", False, "sweep"),
+                                        (300.0, "inconclusive", False, "sweep"), (400.0, "pass", True, "sweep"),
+                                        (500.0, "pass", False, "light")):
+        sid = h.sweep_started("r", "n1", started, "p", "default", dry_run=dry, kind=kind)
+        h.sweep_finished(sid, started + 10, verdict, [])
+    h.sweep_started("r", "n1", 600.0, "p", "default")  # still running
+    assert h.xids_cleared("n1") == 100.0
+    sid = h.sweep_started("r", "n1", 700.0, "p", "default", kind="pair")
+    h.sweep_finished(sid, 710.0, "warn", [])
+    assert h.xids_cleared("n1") == 700.0
+    h.action("r", "n1", 800.0, "remediate-gpu-reset", "would-reset: GPU(s) 3", dry_run=True)
+    h.action("r", "n1", 850.0, "remediate-reboot", "reboot-started: the reset did not take")
+    assert h.xids_cleared("n1") == 700.0
+    h.action("r", "n1", 900.0, "remediate-gpu-reset", "gpus-reset: GPU(s) 3 reset by sweeper-reset-x")
+    assert h.xids_cleared("n1") == 900.0 and h.xids_cleared("n2") is None
     h.close()

@@ -21,13 +21,20 @@ OURS = "ghcr.io/sweeper-dev/"
 DOCKERFILES = [ROOT / "Dockerfile", *sorted((ROOT / "images").glob("*/Dockerfile"))]
 
 
+# The variable a template names its image by, and the config key it comes from (never a playbook).
+IMAGE_KEYS = {"image": "check_image", "dcgm_image": "dcgm_image", "nccl_image": "nccl_image",
+              "pair_image": "pair_image", "mpi_image": "pair_image", "reboot_image": "reboot_image"}
+
+
 def template_images() -> dict[str, str]:
-    """Each job template's default image (`| default("...")`) or, for Sweeper's own, check_image."""
+    """Each job template's image, as the config names it, without its digest (`name:tag`)."""
     out = {}
     for t in sorted((ROOT / "job-templates").glob("*.j2")):
         text = t.read_text()
-        for m in re.finditer(r"image: \{\{ (\w+) (?:\| default\(\"([^\"]+)\"\) )?\| tojson \}\}", text):
-            out[f"{t.name}:{m.group(1)}"] = m.group(2) or Config().check_image
+        for m in re.finditer(r"image: \{\{ (\w+) \| tojson \}\}", text):
+            ref = getattr(Config(), IMAGE_KEYS[m.group(1)])
+            assert re.search(r"@sha256:[0-9a-f]{64}$", ref), f"{t.name}: {ref} is not pinned by digest"
+            out[f"{t.name}:{m.group(1)}"] = ref.split("@")[0]
     return out
 
 
@@ -76,7 +83,7 @@ def test_the_nccl_image_tag_is_what_its_dockerfile_builds() -> None:
 
 def test_the_controller_image_is_the_configured_check_image() -> None:
     version = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)  # type: ignore[union-attr]
-    assert Config().check_image == f"{OURS}sweeper:{version}"
+    assert Config().check_image.split("@")[0] == f"{OURS}sweeper:{version}"
 
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=[str(p.relative_to(ROOT)) for p in DOCKERFILES])
@@ -109,8 +116,8 @@ def test_the_iam_policy_is_the_three_calls_of_the_asg_provider() -> None:
 
     from sweeper.aws import ACTIONS
 
-    (stmt,) = json.loads((ROOT / "deploy" / "eks" / "iam-policy.json").read_text())["Statement"]
-    assert sorted(stmt["Action"]) == sorted(ACTIONS)
+    stmts = json.loads((ROOT / "deploy" / "eks" / "iam-policy.json").read_text())["Statement"]
+    assert sorted(a for stmt in stmts for a in stmt["Action"]) == sorted(ACTIONS)
     source = (ROOT / "sweeper" / "aws.py").read_text()
     called = set(re.findall(r"self\.client\.(\w+)\(", source))
     assert called == {re.sub(r"(?<!^)(?=[A-Z])", "_", a.split(":")[1]).lower() for a in ACTIONS}

@@ -23,9 +23,9 @@ def docs_of(name: str) -> list[dict]:
 def test_cronjob_manifest_validates_and_its_config_loads(tmp_path: Path) -> None:
     docs = docs_of("cronjob.yaml")
     kinds = [d["kind"] for d in docs]
-    assert kinds == ["Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
-                     "Role", "RoleBinding", "ConfigMap", "PersistentVolumeClaim", "CronJob", "Deployment"] \
-        + ["ConfigMap"] * 4
+    assert kinds == ["Namespace"] * 3 + ["ServiceAccount"] * 2 + ["ClusterRole", "ClusterRoleBinding"] \
+        + ["Role", "RoleBinding"] * 4 + ["ConfigMap", "PersistentVolumeClaim", "CronJob", "Deployment",
+                                         "NetworkPolicy"] + ["ConfigMap"] * 4
     for d in docs:
         kubernetes_validate.validate(d, K8S, strict=True)
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
@@ -46,7 +46,9 @@ def test_cronjob_manifest_validates_and_its_config_loads(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("name", ["cronjob.yaml", "serve/serve.yaml", "rbac-evictions.yaml",
-                                  "rbac-karpenter.yaml", "eks/storageclass-gp3.yaml"])
+                                  "rbac-karpenter.yaml", "device-plugin/gpu-operator.yaml", "device-plugin/kube-system.yaml",
+                                  "device-plugin/nvidia-device-plugin.yaml", "eks/storageclass-gp3.yaml",
+                                  "admission-policy.yaml"])
 def test_every_manifest_validates(name: str) -> None:
     docs = docs_of(name)
     assert docs
@@ -54,15 +56,18 @@ def test_every_manifest_validates(name: str) -> None:
         kubernetes_validate.validate(d, K8S, strict=True)
 
 
-def test_the_namespace_admits_the_check_jobs() -> None:
-    """Check Jobs mount host paths, run as root with capabilities, and reboot / GPU reset are privileged:
-    only the `privileged` Pod Security level admits them, so a cluster whose default is baseline or
-    restricted would refuse every check pod
+def test_the_job_namespaces_admit_the_check_jobs() -> None:
+    """The node check mounts host paths and reboot / GPU reset are privileged: only the `privileged`
+    Pod Security level admits them, so their namespaces say so, or a cluster whose default is
+    baseline or restricted would refuse every check pod; the controller's own namespace is
+    `restricted` (tests/test_security_deploy.py)
     (https://kubernetes.io/docs/concepts/security/pod-security-standards/,
     https://kubernetes.io/docs/concepts/security/pod-security-admission/)."""
     for name in ("cronjob.yaml", "serve/serve.yaml"):
-        ns = next(d for d in docs_of(name) if d["kind"] == "Namespace")
-        assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+        levels = {d["metadata"]["name"]: d["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
+                  for d in docs_of(name) if d["kind"] == "Namespace"}
+        assert levels == {"sweeper": "restricted", "sweeper-checks": "privileged",
+                          "sweeper-remediation": "privileged"}
 
 
 def test_the_controller_is_never_disrupted_and_runs_beside_system_pods() -> None:
@@ -94,6 +99,23 @@ def test_the_tolerations_storage_class_and_node_selector_are_options() -> None:
     assert options(["--platform", "gke", "--storage-class", "premium-rwo"])[1].storage_class == "premium-rwo"
     with pytest.raises(ConfigError):
         options(["--toleration", "a=b:Sometimes"])
+
+
+def test_platform_sets_the_configs_platform_too(tmp_path: Path) -> None:
+    """`--platform eks` writes `platform: eks` into the sweeper-config ConfigMap, not only the storage
+    class; without it the shipped `platform: auto` stays, and gp3 is the storage class."""
+    from sweeper.manifests import options, render
+
+    def config_of(argv: list[str]) -> Config:
+        docs = [d for d in yaml.safe_load_all(render(ROOT, *options(argv))) if d]
+        cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "sweeper-config")
+        path = tmp_path / "config.yaml"
+        path.write_text(cm["data"]["config.yaml"])
+        return load_config(path)
+
+    assert config_of(["--platform", "eks"]).platform == "eks"
+    assert config_of(["serve", "--platform", "gke"]).platform == "gke"
+    assert config_of([]).platform == "auto" and options([])[1].storage_class == "gp3"
 
 
 def test_the_history_claim_names_a_storage_class() -> None:
@@ -133,7 +155,7 @@ def test_the_serve_pod_listens_where_its_probes_and_service_reach_it() -> None:
     """`sweeper serve` listens on 127.0.0.1 unless told; the kubelet's httpGet probes go to the pod's
     IP (https://kubernetes.io/docs/tasks/configure-pod-container/configure-liveness-readiness-startup-probes/#http-probes:
     "host: Host name to connect to, defaults to the pod IP"), as does the Service, so the Deployment's
-    command must name every address. Its own option parser reads the manifest's command."""
+    command names the pod IP (never 0.0.0.0). Its own option parser reads the manifest's command."""
     from sweeper.cli import main
 
     for name in ("serve/serve.yaml", "cronjob.yaml"):
@@ -143,7 +165,11 @@ def test_the_serve_pod_listens_where_its_probes_and_service_reach_it() -> None:
         command = container["command"]
         serve = main.get_command(None, command[1])  # type: ignore[arg-type]
         ctx = serve.make_context("serve", list(command[2:]))
-        assert ctx.params["address"] == "0.0.0.0" and ctx.params["port"] == 8080, (name, command)
+        assert ctx.params["address"] == "$(POD_IP)" and ctx.params["port"] == 8080, (name, command)
+        # the kubelet expands $(POD_IP) from the container's env, here the downward API's pod IP
+        # (https://kubernetes.io/docs/tasks/inject-data-application/define-command-argument-container/#use-environment-variables-to-define-arguments)
+        env = {e["name"]: e for e in container["env"]}
+        assert env["POD_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
 
 
 def controller_pods_of(docs: list[dict]) -> list[tuple[dict, dict]]:
@@ -196,9 +222,16 @@ def test_job_templates_render_valid_jobs(template: str) -> None:
         "name": "ip-10-0-1-2.ec2.internal", "gpus": 8,
         "labels": {"kubernetes.io/hostname": "ip-10-0-1-2", "evil": "{{ 7*7 }}: [x]"},
         "annotations": {}, "profile": load_profile(ROOT / "profiles" / "p5.48xlarge.yaml").as_vars()}, run_id="sw-1")
-    job = render_job(ctx, template, 900, {})
+    job = render_job(ctx, template, 900, {}, remediation=template in PRIVILEGED,
+                     bound=template in BOUND)
     kubernetes_validate.validate(job, K8S, strict=True)
     pod = job["spec"]["template"]["spec"]
+    assert {"key": Config().taint_key, "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    if template in BOUND:
+        # The reset runs while the device plugin is paused (allocatable 0): bound by nodeName, no GPU asked.
+        assert pod["nodeName"] == "ip-10-0-1-2.ec2.internal" and "affinity" not in pod
+        assert "nvidia.com/gpu" not in pod["containers"][0]["resources"]["limits"]
+        return
     assert "nodeName" not in pod, "check Jobs go through the scheduler"
     term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
     assert term["matchExpressions"][0]["values"] == ["ip-10-0-1-2"]
@@ -214,6 +247,7 @@ def test_job_templates_render_valid_jobs(template: str) -> None:
 
 
 PRIVILEGED = {"reboot.yaml.j2", "gpu-reset.yaml.j2"}  # the only Jobs that need the host itself
+BOUND = {"gpu-reset.yaml.j2"}  # bound to the held node by nodeName (sweeper/actions/jobs.py, _check_bound)
 
 
 @pytest.mark.parametrize("template", CHECK_TEMPLATES)
@@ -227,7 +261,8 @@ def test_job_templates_take_least_privilege(template: str) -> None:
     ctx = ActionContext(config=Config(), node={
         "name": "ip-10-0-1-2.ec2.internal", "gpus": 8, "labels": {"kubernetes.io/hostname": "ip-10-0-1-2"},
         "annotations": {}, "profile": load_profile(ROOT / "profiles" / "p5.48xlarge.yaml").as_vars()}, run_id="sw-1")
-    pod = render_job(ctx, template, 900, {})["spec"]["template"]["spec"]
+    pod = render_job(ctx, template, 900, {}, remediation=template in PRIVILEGED,
+                     bound=template in BOUND)["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False
     host_paths = {v["name"] for v in pod.get("volumes", []) if "hostPath" in v}
     for c in pod["containers"]:
@@ -235,7 +270,8 @@ def test_job_templates_take_least_privilege(template: str) -> None:
             assert {"cpu", "memory"} <= set(c["resources"][kind]), (c["name"], kind)
         sc = c.get("securityContext") or {}
         mounts = [m for m in c.get("volumeMounts", []) if m["name"] in host_paths]
-        assert all(m.get("readOnly") is True for m in mounts), "host paths are mounted read-only"
+        assert all(m.get("readOnly") is True and m.get("recursiveReadOnly") == "Enabled" for m in mounts), \
+            "host paths are mounted read-only, submounts included"
         if template in PRIVILEGED:
             assert sc.get("privileged") is True
             continue
@@ -253,5 +289,4 @@ def test_job_templates_take_least_privilege(template: str) -> None:
         assert "--skip-kernel-log" in c["args"], "the XID check says skip, with a reason, instead of failing"
     if template == "sweeper-check.yaml.j2":
         (c,) = pod["containers"]
-        assert c["securityContext"]["capabilities"]["add"] == ["SYSLOG", "SYS_CHROOT"], \
-            "only what reading the kernel log and running the host's own tools in its root need"
+        assert c["securityContext"]["capabilities"]["add"] == ["SYSLOG"], "only what reading the kernel log needs"

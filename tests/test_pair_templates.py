@@ -86,7 +86,7 @@ def test_the_pair_program_and_its_environment() -> None:
     _, job, v = rendered()
     (c,) = job["spec"]["template"]["spec"]["containers"]
     assert c["name"] == "nccl" and c["command"] == ["pair-allreduce"]
-    assert c["image"] == "ghcr.io/sweeper-dev/nccl-pair:25.01-py3"
+    assert c["image"] == Config().pair_image and c["image"].startswith("ghcr.io/sweeper-dev/nccl-pair:25.01-py3@sha256:")
     env = env_of(c)
     name = v["job_name"]
     assert env["PAIR_RANK"] == {"fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}
@@ -172,7 +172,7 @@ def test_the_mpijob_is_the_mpi_operators_v2beta1() -> None:
     args = launcher["spec"]["containers"][0]["args"]
     assert args[args.index("-np") + 1] == "16" and "ppr:8:node" in args
     # the operator's worker DNS name: <name>-worker-<i>.<name>-worker.<namespace>.svc (its hostfile's)
-    assert f"MASTER_ADDR={name}-worker-0.{name}-worker.sweeper.svc" in args
+    assert f"MASTER_ADDR={name}-worker-0.{name}-worker.sweeper-checks.svc" in args
     assert not {k for k in launcher["spec"]["containers"][0]["resources"]["requests"] if "/" in k}, \
         "the launcher requests no GPU or fabric device"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sweeper.actions import ActionContext, Arg, action, ok
+from sweeper.actions import ActionContext, Arg, action, device_plugin, ok
 from sweeper.errors import ConfigError
-from sweeper.fleet import allocatable_finding
-from sweeper.policy import Policy, load_policy
+from sweeper.policy import HOLDING, Policy, load_policy
 from sweeper.policy import decide as policy_decide
+from sweeper.result import Result
 
 _CACHE: dict[tuple[str, float], Policy] = {}
 
@@ -31,7 +31,9 @@ def policy_for(ctx: ActionContext, name: str = "") -> Policy:
         Arg("policy", str, help="policy file in policies/ (default: the config's `policy`)"),
         help="Turn results and the node's history into a verdict (pass, warn, reboot, replace, quarantine, "
              "error, inconclusive) by the policy; sets the facts `verdict`, `reasons` and `decision` "
-             "(causes, rules that fired).")
+             "(causes, rules that fired). GPUs the device plugin holds back are a symptom: named beside "
+             "Sweeper's own findings, or, with those clean and only application or informational XIDs, "
+             "the plugin's pod is deleted on a node Sweeper holds and allocatable awaited (`device_plugin_pods`).")
 def decide(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     docs = []
     for r in args["results"]:
@@ -45,9 +47,11 @@ def decide(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     dismissed = set(node.get("dismissed") or [])
     policy = policy_for(ctx, args.get("policy") or "")
     now = ctx.clock.now()
-    held_back = allocatable_finding(str(node.get("name", "")),
-                                    list((node.get("gpu_resources") or {}).get("unhealthy") or []), now)
-    if held_back is not None:  # GPUs the device plugin marked unhealthy: a finding of their own
+    unhealthy = [u for u in (node.get("gpu_resources") or {}).get("unhealthy") or []
+                 if int(u["allocatable"]) < int(u["capacity"])]
+    if unhealthy:  # GPUs the device plugin marked unhealthy: a symptom; its cause is what Sweeper reads
+        own = policy_decide(docs, dismissed, policy).verdict
+        held_back = _held_back(ctx, str(node.get("name", "")), unhealthy, docs, own, dismissed, now)
         ctx.on_result(held_back)
         docs.append(held_back.to_dict())
     v = policy_decide(docs, dismissed, policy, node=str(node.get("name", "")),
@@ -59,3 +63,33 @@ def decide(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     rules = f" (rules: {', '.join(v.rules)})" if v.rules else ""
     return ok(f"verdict {v.verdict}{rules}: {'; '.join(v.reasons)[:300]}", verdict=v.verdict,
               reasons=list(v.reasons), decision=decision, ansible_facts=facts)
+
+
+def _held_back(ctx: ActionContext, node: str, unhealthy: list[dict[str, Any]], docs: list[dict[str, Any]],
+               own: str, dismissed: set[str], now: float) -> Result:
+    """The device plugin's shortfall beside Sweeper's own findings: a symptom of a holding finding,
+    or of one a person dismissed (`warn`, naming it); with clean readings and only application or
+    informational XIDs, a restart of the plugin (`warn` when allocatable comes back, else `fail`:
+    the node is held with why); else `fail`. Never a cause of a ladder or a relapse (policy.SYMPTOMS)."""
+    what = device_plugin.shortfall(unhealthy)
+    xids = device_plugin.xids_seen(docs)
+    seen = device_plugin.in_words(xids)
+    if own in HOLDING:
+        return device_plugin.finding(node, now, "warn", f"{what}: a symptom of Sweeper's own findings "
+                                     f"({device_plugin.failing(docs) or seen})")
+    live = [(code, gpu) for code, gpu in xids if f"xid|{code}|{'' if gpu is None else gpu}" not in dismissed]
+    if xids and not device_plugin.benign(xids) and device_plugin.benign(live):
+        return device_plugin.finding(node, now, "warn", f"{what}: a symptom of findings a person dismissed "
+                                     f"as false positives ({seen})")
+    earlier = sorted(k for k in dismissed if k.startswith("xid|"))
+    if not xids and earlier:  # the XID a person dismissed is older than the node's last pass: no longer read
+        return device_plugin.finding(node, now, "warn", f"{what}: a symptom of findings a person dismissed "
+                                     f"as false positives ({', '.join(earlier)})")
+    if own in ("error", "inconclusive"):
+        return device_plugin.finding(node, now, "fail", f"{what}; Sweeper's own check did not run to say why")
+    if not device_plugin.benign(xids):
+        return device_plugin.finding(node, now, "fail", f"{what}; Sweeper's own readings: {seen}")
+    done = device_plugin.restart(ctx, node)
+    status = "warn" if done.ok else "fail"
+    return device_plugin.finding(node, now, status, f"{what}; Sweeper's own readings are clean ({seen}): "
+                                 f"{done.detail}")

@@ -13,12 +13,15 @@ import yaml
 
 from sweeper.actions import ActionContext, Arg, action, ok
 from sweeper.actions.jobwatch import RunWatch
+from sweeper.actions.safety import REMEDIATION_TEMPLATES, Rules, problems, protected
 from sweeper.clock import parse_duration
+from sweeper.config import Config, home
 from sweeper.errors import KubeError, NotFound, PlaybookError
 from sweeper.fleet import pending_gpu_pods
 from sweeper.parsers import dcgm, nccl, sweeper_result
 from sweeper.result import CheckResult, Result, error_result, tool_result
-from sweeper.templating import render
+from sweeper.schema import safe_load, safe_load_all
+from sweeper.templating import JobTemplate, render_template, resolve_template
 
 SCHEDULE_TIMEOUT = 300.0
 MAX_POLL = 30.0
@@ -39,6 +42,39 @@ TOOL_WAITING = (*PULL_WAITING, "InvalidImageName", "ErrImageNeverPull", "CreateC
 # entrypoint at all (containerd reports StartError with 128).
 TOOL_EXIT = {126: "a program the check calls is not executable in its image",
              127: "a program the check calls is not in its image (command not found)"}
+# The node's own GPU stack refusing to start a container: NVIDIA's container hook (nvidia-container-cli:
+# "initialization error: nvml error: driver/library version mismatch", "detection error: nvml error: ...",
+# "GPU is lost"), NVML itself, or CDI device injection ("unresolvable CDI devices"). containerd reports
+# them as StartError, exit 128, or the kubelet's CreateContainerError/RunContainerError, with the hook's
+# words in the message (NVIDIA/gpu-operator#898, NVIDIA/k8s-device-plugin#1431,
+# NVIDIA/nvidia-container-toolkit#416 and #1239). These are faults of the node, never of the check.
+GPU_STACK = re.compile(r"nvidia-container-cli|nvidia-container-runtime|\bnvml\b|driver/library version mismatch|"
+                       r"GPU is lost|CDI devices?\b|CDI device injection", re.IGNORECASE)
+# ...except the hook's requirement check: the check image asks for a newer CUDA than the node's driver
+# ("nvidia-container-cli: requirement error: unsatisfied condition: cuda>=12.4"): the image's to fix.
+NOT_GPU_STACK = re.compile(r"requirement error", re.IGNORECASE)
+RUNTIME_CHECK, RUNTIME_CODE = "gpu.runtime", "GPU_RUNTIME"
+
+
+def gpu_stack_words(text: str) -> str:
+    """The runtime's words when a container could not start because of the node's GPU stack (the
+    line that names it, at most 300 characters), else ''."""
+    if not text or NOT_GPU_STACK.search(text):
+        return ""
+    for line in text.splitlines():
+        if GPU_STACK.search(line):
+            return line.strip()[-300:]
+    return ""
+
+
+def runtime_result(node: str, now: float, reason: str, words: str, on: str = "") -> Result:
+    """A node finding: the container runtime could not start the check because of the node's GPU stack
+    (`on`: the node whose runtime said so, where it is not `node`, as in a pair)."""
+    where = f" on {on}" if on and on != node else ""
+    return Result(node=node, source="container-runtime", started=now, finished=now, checks=(CheckResult(
+        RUNTIME_CHECK, "fail", f"the container runtime{where} could not start the check ({reason}): {words}; the node's "
+        "GPU stack (driver, NVML, NVIDIA container toolkit or CDI) is broken, not the check", "critical",
+        code=RUNTIME_CODE),))
 
 
 def job_name(node: str, run_id: str, template: str) -> str:
@@ -47,45 +83,103 @@ def job_name(node: str, run_id: str, template: str) -> str:
     return f"sweep-{base}-{digest}"
 
 
-def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[str, Any]) -> dict[str, Any]:
-    path = ctx.config.path("job-templates") / template
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise PlaybookError(f"run_job: cannot read template {path}: {exc}") from exc
+def template_of(ctx: ActionContext, template: str) -> JobTemplate:
+    """A job template by name: the config's template_dir first, then the shipped job-templates/."""
+    author = Path(ctx.config.template_dir) if ctx.config.template_dir else None
+    return resolve_template(template, home() / "job-templates", author)
+
+
+def image_vars(ctx: ActionContext) -> dict[str, Any]:
+    """The images a template names, each from the config (pinned by digest), never from a playbook."""
+    cfg = ctx.config
+    return {"image": cfg.check_image, "dcgm_image": cfg.dcgm_image, "nccl_image": cfg.nccl_image,
+            "pair_image": cfg.pair_image, "mpi_image": cfg.pair_image, "reboot_image": cfg.reboot_image}
+
+
+def job_rules(ctx: ActionContext, found: JobTemplate, affinities: tuple[dict[str, Any], ...],
+              remediation: bool, bound: bool = False) -> Rules:
+    """What the rendered Job is held to: Sweeper's own values, not the template's variables."""
+    key = REMEDIATION_TEMPLATES.get(found.name) if remediation and found.shipped else None
+    return Rules(namespace=job_namespace(ctx, remediation), affinities=affinities,
+                 tolerations=tuple(sweeper_tolerations(ctx)), taint_key=ctx.config.taint_key,
+                 images=ctx.config.job_images, runtime_class=ctx.config.runtime_class_name,
+                 priority_class=ctx.config.check_priority_class,
+                 privileged_image=getattr(ctx.config, key) if key else "", host_pid=found.name == "reboot.yaml.j2",
+                 bound_node=str((ctx.node or {}).get("name", "")) if bound and remediation else "")
+
+
+def job_namespace(ctx: ActionContext, remediation: bool = False) -> str:
+    """Where Sweeper runs a Job: check Jobs in check_namespace, reboot and reset Jobs in
+    remediation_namespace, both apart from the controller's own."""
+    return ctx.config.remediation_namespace if remediation else ctx.config.check_namespace
+
+
+def sweeper_tolerations(ctx: ActionContext) -> list[dict[str, Any]]:
+    """Sweeper's own taint, and the GPU pools' taints that leave a node sweepable (allowed_taint_keys:
+    GKE's nvidia.com/gpu=present, AKS's sku=gpu when listed), so the check lands where it was sent."""
+    return ([{"key": ctx.config.taint_key, "operator": "Exists", "effect": "NoSchedule"}]
+            + [{"key": k, "operator": "Exists", "effect": "NoSchedule"} for k in ctx.config.allowed_taint_keys])
+
+
+def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[str, Any],
+               remediation: bool = False, bound: bool = False) -> dict[str, Any]:
+    """The template rendered and checked. Sweeper's variables are set after the playbook's `vars`
+    (which may not name them), and the Job is then held to Sweeper's own values (sweeper.actions.safety);
+    only a shipped remediation template rendered by the remediation (`remediation=True`) may be privileged.
+    `bound`: a remediation Job bound to the held node by `nodeName` that requests no GPU (see
+    _check_bound), not a Job that goes through the scheduler."""
+    found = template_of(ctx, template)
+    path = found.path
     node = ctx.node or {}
     name = job_name(node.get("name", "none"), ctx.run_id, template)
     hostname = (node.get("labels") or {}).get("kubernetes.io/hostname", node.get("name", ""))
     labels = {"app.kubernetes.io/managed-by": "sweeper", "app.kubernetes.io/component": "check",
               f"{ctx.config.prefix}/run-id": ctx.run_id, f"{ctx.config.prefix}/node": node.get("name", "")}
-    variables = {
-        "node": node, "run_id": ctx.run_id, "job_name": name, "namespace": ctx.config.namespace,
-        "image": ctx.config.check_image, "taint_key": ctx.config.taint_key, "prefix": ctx.config.prefix,
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [hostname]}]}]}}}
+    own = {
+        "node": node, "run_id": ctx.run_id, "job_name": name, "namespace": job_namespace(ctx, remediation),
+        "taint_key": ctx.config.taint_key, "prefix": ctx.config.prefix,
         "timeout": int(timeout), "ttl": int(ctx.config.job_ttl), "labels": labels,
         # The parts that keep a check Job safe are built here, not left to each template.
-        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [hostname]}]}]}}},
-        # Sweeper's own taint, and the GPU pools' taints that leave a node sweepable (allowed_taint_keys:
-        # GKE's nvidia.com/gpu=present, AKS's sku=gpu when listed), so the check lands where it was sent.
-        "tolerations": [{"key": ctx.config.taint_key, "operator": "Exists", "effect": "NoSchedule"}]
-        + [{"key": k, "operator": "Exists", "effect": "NoSchedule"} for k in ctx.config.allowed_taint_keys],
+        "affinity": affinity, "tolerations": sweeper_tolerations(ctx),
         "all_gpus": {"nvidia.com/gpu": str(node.get("gpus", 0))},
         "priority_class": ctx.config.check_priority_class,
         # Where the GPU libraries come from (README "Running on EKS / AKS / GKE"): the runtime class,
         # GKE's driver directory, and the node's DCGM host engine.
-        "platform": ctx.config.platform, "runtime_class": ctx.config.runtime_class_name,
-        "dcgm_hostengine": ctx.config.dcgm_hostengine, "default_dcgm_level": ctx.config.dcgm_level_for(node),
-        **extra}
-    rendered = render(text, variables, where=str(path))
-    try:
-        job = yaml.safe_load(rendered)
-    except yaml.YAMLError as exc:
-        raise PlaybookError(f"{path}: the rendered template is not YAML: {exc}") from exc
+        "platform": ctx.config.platform_name, "runtime_class": ctx.config.runtime_class_name,
+        "dcgm_hostengine": ctx.config.hostengine, "default_dcgm_level": ctx.config.dcgm_level_for(node),
+        **image_vars(ctx)}
+    protected(extra, own, "run_job")
+    variables = {**extra, **own}  # Sweeper's values last: nothing a playbook passes replaces them
+    rendered = render_template(found, variables)
+    job = load_rendered(rendered, path)
     if not isinstance(job, dict) or job.get("kind") != "Job":
         raise PlaybookError(f"{path}: the template must render a batch/v1 Job")
-    _check_safe(job, variables, path)
+    refuse_unsafe([job], job_rules(ctx, found, (affinity,), remediation, bound), path)
+    if bound:
+        _check_bound(job, str(node.get("name", "")), path, ctx.config)
+    if remediation:  # its own account, which has no RBAC and mounts no token (docs/security.md)
+        job["spec"]["template"]["spec"]["serviceAccountName"] = ctx.config.remediation_service_account
     _second_engine(ctx, job, node)
     return job
+
+
+def load_rendered(rendered: str, path: Path, many: bool = False) -> Any:
+    """The rendered YAML; an error names the line and column, never the text there."""
+    try:
+        return [d for d in safe_load_all(rendered) if d is not None] if many else safe_load(rendered)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1} of the rendered text" if mark is not None else ""
+        raise PlaybookError(f"{path}: the rendered template is not YAML{at}: "
+                            f"{getattr(exc, 'problem', None) or type(exc).__name__}") from None
+
+
+def refuse_unsafe(docs: list[dict[str, Any]], rules: Rules, path: Path) -> None:
+    found = problems(docs, rules)
+    if found:
+        raise PlaybookError(f"{path}: unsafe Job: " + "; ".join(found[:6]) + (" ..." if len(found) > 6 else ""))
 
 
 def _second_engine(ctx: ActionContext, job: dict[str, Any], node: dict[str, Any]) -> None:
@@ -102,16 +196,20 @@ def _second_engine(ctx: ActionContext, job: dict[str, Any], node: dict[str, Any]
                 "dcgm-exporter's on this node (set dcgm_hostengine: node to use the node's own)")
 
 
-def _check_safe(job: dict[str, Any], variables: dict[str, Any], path: Path) -> None:
-    """A check Job must go through the scheduler to this node and only this node."""
+def _check_bound(job: dict[str, Any], node: str, path: Path, cfg: Config) -> None:
+    """A GPU reset runs while the device plugin is paused, when the node's allocatable GPUs are 0
+    and a pod that requests one fits nowhere (the kubelet marks a stopped plugin's devices
+    unhealthy: kubernetes/kubernetes, pkg/kubelet/cm/devicemanager/manager.go). So it is bound to
+    the node by nodeName, on a node Sweeper holds, and requests no GPU."""
     pod = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
-    if "nodeName" in pod:
-        raise PlaybookError(f"{path}: nodeName bypasses taints and GPU accounting; use affinity: {{{{ affinity | tojson }}}}")
-    if pod.get("affinity") != variables["affinity"]:
-        raise PlaybookError(f"{path}: the pod must carry Sweeper's node affinity: affinity: {{{{ affinity | tojson }}}}")
-    tolerations = pod.get("tolerations") or []
-    if not any(t.get("key") == variables["taint_key"] for t in tolerations):
-        raise PlaybookError(f"{path}: the pod must tolerate {variables['taint_key']}")
+    if pod.get("nodeName") != node:
+        raise PlaybookError(f"{path}: a remediation Job is bound to its node: nodeName: {{{{ node.name | tojson }}}}")
+    asked = sorted({k for c in pod.get("containers") or [] for part in ("requests", "limits")
+                    for k in ((c.get("resources") or {}).get(part) or {})
+                    if k in cfg.gpu_resources or k.startswith(tuple(cfg.gpu_resource_prefixes)) or "gpu" in k})
+    if asked:
+        raise PlaybookError(f"{path}: a remediation Job requests no GPU ({', '.join(asked)}): with the device plugin "
+                            "paused the node has none allocatable, and the pod would never start")
 
 
 def _condition(job: dict[str, Any]) -> dict[str, Any] | None:
@@ -145,6 +243,9 @@ def _read_result(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]],
         log = ""
         ctx.log(f"cannot read the log of {pod['metadata']['name']}: {exc}")
     message = term.get("message") or ""
+    words = gpu_stack_words(message) if term.get("reason") == "StartError" else ""
+    if words:
+        return runtime_result(node, now, f"StartError, exit {exit_code}", words)
     if term.get("reason") == "StartError" or exit_code in TOOL_EXIT:
         image = statuses[0].get("image", "") if statuses else ""
         what = TOOL_EXIT.get(exit_code) or "the check container could not start"  # type: ignore[arg-type]
@@ -173,7 +274,7 @@ def _read_result(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]],
 
 
 @action("run_job",
-        Arg("template", str, required=True, help="file name under job-templates/"),
+        Arg("template", str, required=True, help="a template's name (.j2): in the config's template_dir, else the shipped job-templates/"),
         Arg("timeout", (int, float, str), default="15m", help="activeDeadlineSeconds, and the client deadline"),
         Arg("vars", dict, default=None, help="extra variables for the template"),
         Arg("parser", str, default="sweeper", choices=("sweeper", "dcgm", "nccl"),
@@ -189,7 +290,7 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
         raise PlaybookError("run_job needs a cluster and a target node (--node)")
     timeout = parse_duration(args["timeout"])
     job = render_job(ctx, args["template"], timeout, args["vars"] or {})
-    namespace = job.get("metadata", {}).get("namespace") or ctx.config.namespace
+    namespace = ctx.config.check_namespace  # the rendered Job's own, which the safety check holds to this
     name = job["metadata"]["name"]
     watch, own = _watch_for(ctx, namespace)
     changed = watch.changed(name)  # before the create: no change of the Job can be missed
@@ -362,11 +463,13 @@ class _Fault:
         self.summary = ""
         self.detail = ""
         self.since = 0.0
+        self.node_words = ""  # the runtime's words when the node's GPU stack is what fails the start
+        self.on = ""  # the node of the pod whose start failed so
 
-    def _set(self, code: str, summary: str, detail: str, now: float) -> None:
+    def _set(self, code: str, summary: str, detail: str, now: float, node_words: str = "") -> None:
         if code != self.code:
             self.since = now
-        self.code, self.summary, self.detail = code, summary, detail
+        self.code, self.summary, self.detail, self.node_words = code, summary, detail, node_words
 
     def see(self, pods: list[dict[str, Any]], now: float) -> None:
         for p in pods:
@@ -378,11 +481,18 @@ class _Fault:
                     detail = f"{reason}: {msg}" if reason == "ErrImagePull" or not self.detail else self.detail
                     self._set("ErrImagePull", f'the check image "{cs.get("image", "")}" cannot be pulled', detail, now)
                     return
+                last = (cs.get("lastState") or {}).get("terminated") or {}
+                words = gpu_stack_words(msg) if reason in TOOL_WAITING else \
+                    gpu_stack_words(last.get("message", "")) if last.get("reason") == "StartError" else ""
+                if words:  # the node's GPU stack, however the kubelet words the wait
+                    self._set(reason or "StartError", "", "", now, words)
+                    self.on = str((p.get("spec") or {}).get("nodeName") or "")
+                    return
                 if reason in TOOL_WAITING:
                     self._set(reason, f"the check container cannot start: {reason}: {msg}", "", now)
                     return
         if pods and self.code and self.code != "FailedCreate":
-            self.code = ""  # the container got past it
+            self.code, self.node_words = "", ""  # the container got past it
 
     def see_events(self, ctx: ActionContext, namespace: str, job: str, now: float) -> None:
         """Admission (Pod Security, a missing RuntimeClass, a policy webhook) refuses the pod: the Job
@@ -401,6 +511,8 @@ class _Fault:
         self._set("FailedCreate", f"the check pod was refused at creation: {words}", text, now)
 
     def result(self, node: str, now: float) -> Result:
+        if self.node_words:
+            return runtime_result(node, now, self.code, self.node_words, self.on)
         return tool_result(node, now, self.code, self.summary + "; a fault of the check, not of the node",
                            self.detail)
 

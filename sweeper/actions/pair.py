@@ -16,8 +16,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sweeper.actions import ActionContext, Arg, action, ok
 from sweeper.actions.jobs import (
     CLIENT_GRACE,
@@ -36,15 +34,23 @@ from sweeper.actions.jobs import (
     _node_gone,
     _unscheduled,
     _watch_for,
+    gpu_stack_words,
+    image_vars,
+    job_rules,
+    load_rendered,
+    refuse_unsafe,
+    runtime_result,
+    sweeper_tolerations,
+    template_of,
 )
 from sweeper.actions.jobwatch import RunWatch
+from sweeper.actions.safety import protected
 from sweeper.clock import parse_duration
 from sweeper.errors import KubeError, NotFound, NotServed, PlaybookError
 from sweeper.fleet import pending_gpu_pods
 from sweeper.parsers import pair as pair_parser
 from sweeper.result import CheckResult, Result, tool_result
-from sweeper.schema import safe_load_all
-from sweeper.templating import render
+from sweeper.templating import render_template
 
 INDEX = "batch.kubernetes.io/job-completion-index"
 MPIJOB_API = "kubeflow.org/v2beta1"
@@ -61,6 +67,32 @@ def _hostname(node: dict[str, Any]) -> str:
     return str((node.get("labels") or {}).get("kubernetes.io/hostname", node.get("name", "")))
 
 
+def pair_fabric(node: dict[str, Any], partner: dict[str, Any]) -> dict[str, int]:
+    """The fabric devices each pod of a pair requests: those both nodes' profiles name, as many as
+    the one with fewer advertises (its profile is read against the node: profiles.Profile.on_node)."""
+    mine = dict((node.get("profile") or {}).get("fabric_resources") or {})
+    theirs = dict((partner.get("profile") or {}).get("fabric_resources") or {})
+    return {k: min(int(v), int(theirs[k])) for k, v in mine.items() if k in theirs and min(int(v), int(theirs[k])) > 0}
+
+
+def pair_floor(ctx: ActionContext, parser_args: dict[str, Any]) -> tuple[float | None, str]:
+    """The bus bandwidth floor of this pair, and why there is none: a floor is a figure of the
+    platform's fast transport (EFA, InfiniBand, GPUDirect-TCPX), which NCCL reaches only through the
+    fabric devices the pods request; a pair that requests none runs on the primary interface's TCP
+    (a few GB/s), and a floor would fail every such pair on nodes that are fine. An explicit
+    `parser_args.min_busbw` is taken as given."""
+    if parser_args.get("min_busbw") not in (None, ""):
+        return float(parser_args["min_busbw"]), ""
+    node = ctx.node or {}
+    floor = (node.get("profile") or {}).get("nccl_pair_busbw_min")
+    if floor in (None, ""):
+        return None, "no floor for this profile (nccl_pair_busbw_min)"
+    if not pair_fabric(node, ctx.partner or {}):
+        return None, ("no floor: the pair requests no fabric device (the profile names none, or a node advertises "
+                      "none), so NCCL cannot use the platform's fast transport")
+    return float(floor), ""
+
+
 def pair_variables(ctx: ActionContext, template: str, timeout: float, extra: dict[str, Any]) -> dict[str, Any]:
     """What a pair template sees: run_job's variables, plus `partner`, `service_name`,
     `pair_affinity` and `fabric_resources`."""
@@ -74,10 +106,9 @@ def pair_variables(ctx: ActionContext, template: str, timeout: float, extra: dic
     prefix = ctx.config.prefix
     labels = {"app.kubernetes.io/managed-by": "sweeper", "app.kubernetes.io/component": "pair",
               f"{prefix}/run-id": ctx.run_id, f"{prefix}/node": a, f"{prefix}/partner": b, f"{prefix}/pair": name}
-    profile = node.get("profile") or {}
-    return {
+    own = {
         "node": node, "partner": partner, "run_id": ctx.run_id, "job_name": name, "service_name": name,
-        "namespace": ctx.config.namespace, "image": ctx.config.check_image, "taint_key": ctx.config.taint_key,
+        "namespace": ctx.config.check_namespace, "taint_key": ctx.config.taint_key,
         "prefix": prefix, "timeout": int(timeout), "ttl": int(ctx.config.job_ttl), "labels": labels,
         # One pod on each of the two nodes, through the scheduler: node affinity on both hostnames,
         # and a required anti-affinity against the other pod of this pair on the same hostname.
@@ -89,33 +120,33 @@ def pair_variables(ctx: ActionContext, template: str, timeout: float, extra: dic
             "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
                 {"labelSelector": {"matchLabels": {f"{prefix}/pair": name}},
                  "topologyKey": "kubernetes.io/hostname"}]}},
-        "tolerations": [{"key": ctx.config.taint_key, "operator": "Exists", "effect": "NoSchedule"}]
-        + [{"key": k, "operator": "Exists", "effect": "NoSchedule"} for k in ctx.config.allowed_taint_keys],
+        "tolerations": sweeper_tolerations(ctx),
         "all_gpus": {"nvidia.com/gpu": str(node.get("gpus", 0))},
-        "fabric_resources": dict(profile.get("fabric_resources") or {}),
+        "fabric_resources": pair_fabric(node, partner),
         "priority_class": ctx.config.check_priority_class,
-        "platform": ctx.config.platform, "runtime_class": ctx.config.runtime_class_name,
-        **extra}
+        "platform": ctx.config.platform_name, "runtime_class": ctx.config.runtime_class_name,
+        **image_vars(ctx)}
+    protected(extra, own, "run_pair_job")
+    return {**extra, **own}  # Sweeper's values last: nothing a playbook passes replaces them
 
 
 def render_pair(ctx: ActionContext, template: str, timeout: float,
                 extra: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any], dict[str, Any]]:
     """The template's Service and its Job, or its one MPIJob (no Service: the operator makes the
     workers' own), checked; and the variables they saw."""
-    path = ctx.config.path("job-templates") / template
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise PlaybookError(f"run_pair_job: cannot read template {path}: {exc}") from exc
+    found = template_of(ctx, template)
+    path = found.path
     variables = pair_variables(ctx, template, timeout, extra)
-    rendered = render(text, variables, where=str(path))
-    try:
-        docs = [d for d in safe_load_all(rendered) if d is not None]
-    except yaml.YAMLError as exc:
-        raise PlaybookError(f"{path}: the rendered template is not YAML: {exc}") from exc
+    docs = load_rendered(render_template(found, variables), path, many=True)
     kinds = [d.get("kind") if isinstance(d, dict) else None for d in docs]
+    # Sweeper's own values, not the variables: the workers go to the two held nodes, the launcher
+    # (no GPU) to either of them.
+    own = variables["pair_affinity"]  # Sweeper's: `protected` kept the playbook's vars off it
+    rules = dataclasses.replace(job_rules(ctx, found, (own, {"nodeAffinity": own["nodeAffinity"]}), remediation=False),
+                                pods=2)
     if kinds == ["MPIJob"]:
         check_mpijob(docs[0], variables, path)
+        refuse_unsafe(docs, rules, path)
         return None, docs[0], variables
     if len(docs) != 2 or kinds[0] != "Service" or kinds[1] != "Job":
         raise PlaybookError(f"{path}: a pair template renders two documents, a Service then a Job, or one MPIJob; "
@@ -123,6 +154,7 @@ def render_pair(ctx: ActionContext, template: str, timeout: float,
     service, job = docs
     _check_service(service, variables, path)
     _check_pair_job(job, variables, path)
+    refuse_unsafe(docs, rules, path)
     return service, job, variables
 
 
@@ -235,7 +267,7 @@ def mpijob_pods(job: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 @action("run_pair_job",
-        Arg("template", str, default="nccl-pair.yaml.j2", help="file name under job-templates/ (a Service and an "
+        Arg("template", str, default="nccl-pair.yaml.j2", help="a template's name, found as run_job finds it (a Service and an "
             "Indexed Job of two pods)"),
         Arg("timeout", (int, float, str), default="30m", help="activeDeadlineSeconds, and the client deadline"),
         Arg("vars", dict, default=None, help="extra variables for the template"),
@@ -254,7 +286,7 @@ def run_pair_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
     service, job, _ = render_pair(ctx, args["template"], timeout, args["vars"] or {})
     if service is None:
         return run_mpijob(ctx, args, job, timeout)
-    namespace = job.get("metadata", {}).get("namespace") or ctx.config.namespace
+    namespace = ctx.config.check_namespace  # the rendered Job's own, which the safety check holds to this
     name = job["metadata"]["name"]
     watch, own = _watch_for(ctx, namespace)
     changed = watch.changed(name)  # before the create: no change of the Job can be missed
@@ -431,6 +463,10 @@ def read_pair(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]], a:
         except KubeError as exc:
             ctx.log(f"cannot read the log of {pod['metadata']['name']}: {exc}")
             logs[i] = term.get("message") or ""
+        words = gpu_stack_words(term.get("message") or "") if term.get("reason") == "StartError" else ""
+        if words:  # the GPU stack of the node this pod ran on: a finding, which re-pairing pins on it
+            return runtime_result(a, now, f"StartError, exit {codes[i]}", words,
+                                  str((pod.get("spec") or {}).get("nodeName") or ""))
         if term.get("reason") == "StartError" or codes[i] in TOOL_EXIT:
             image = statuses[0].get("image", "") if statuses else ""
             what = TOOL_EXIT.get(codes[i]) or "the pair container could not start"  # type: ignore[arg-type]
@@ -441,14 +477,14 @@ def read_pair(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]], a:
         return tool_result(a, now, "NoPods", "the pair Job finished but none of its pods is left to read")
     node = ctx.node or {}
     profile = node.get("profile") or {}
-    floor = parser_args.get("min_busbw", profile.get("nccl_pair_busbw_min"))
+    floor, no_floor = pair_floor(ctx, parser_args)
     mtu = parser_args.get("mtu", profile.get("mtu"))
     ifaces = parser_args.get("ifaces", profile.get("fabric_ifaces") or [])
     if isinstance(ifaces, str):
         ifaces = ifaces.split()
     if mtu in (None, ""):
         ifaces = []  # no MTU to probe for: pair-allreduce probes nothing, and nothing is expected
-    return pair_parser.parse(logs, a, now, partner=b, min_busbw=None if floor in (None, "") else float(floor),
+    return pair_parser.parse(logs, a, now, partner=b, min_busbw=floor, no_floor=no_floor,
                              mtu=None if mtu in (None, "") else int(mtu), ifaces=list(ifaces), exit_codes=codes)
 
 
@@ -468,7 +504,7 @@ NO_OPERATOR = ("the MPI Operator is not installed: this cluster does not serve k
 def run_mpijob(ctx: ActionContext, args: dict[str, Any], job: dict[str, Any], timeout: float) -> dict[str, Any]:
     """Create the MPIJob, follow its conditions by polling, read the launcher's log, and always delete it."""
     assert ctx.kube is not None
-    namespace = job["metadata"].get("namespace") or ctx.config.namespace
+    namespace = ctx.config.check_namespace  # the rendered MPIJob's own, which the safety check holds to this
     name = job["metadata"]["name"]
     a = str((ctx.node or {}).get("name", ""))
     result: Result | None = None
@@ -571,8 +607,8 @@ def read_launcher(ctx: ActionContext, namespace: str, launchers: list[dict[str, 
         tail = (log.strip().splitlines() or [""])[-1]
         return tool_result(a, now, "StartError" if term.get("reason") == "StartError" else f"exit {code}",
                            f"{what} (image {image}, exit {code})", tail[:500])
-    floor = parser_args.get("min_busbw", ((ctx.node or {}).get("profile") or {}).get("nccl_pair_busbw_min"))
-    result = pair_parser.parse([log, ""], a, now, partner=b, min_busbw=None if floor in (None, "") else float(floor),
+    floor, no_floor = pair_floor(ctx, parser_args)
+    result = pair_parser.parse([log, ""], a, now, partner=b, min_busbw=floor, no_floor=no_floor,
                                mtu=None, ifaces=[], exit_codes=[code, None])
     skip = CheckResult("pair.mtu", "skip", "no path-MTU probe in the MPIJob form (nccl-pair.yaml.j2 runs them)")
     return dataclasses.replace(result, checks=(*result.checks, skip), status="")

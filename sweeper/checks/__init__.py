@@ -89,7 +89,7 @@ def run_node_checks(opts: CheckOptions, nvml: Any, kernel_log: str | None, *, no
         journal, _why = read_journal(host, opts.xid_window)  # unread: the ring buffer alone, as before
         if journal:
             kernel_log = merge_kernel_logs(kernel_log, journal)
-    _xid_checks(opts, kernel_log, kernel_log_error, uptime, bus_to_gpu, c)
+    _xid_checks(opts, kernel_log, kernel_log_error, uptime, bus_to_gpu, c, now)
     if host is not None:
         nic_checks(opts, host, c)
         if opts.uccl:
@@ -99,14 +99,26 @@ def run_node_checks(opts: CheckOptions, nvml: Any, kernel_log: str | None, *, no
 
 
 def _xid_checks(opts: CheckOptions, kernel_log: str | None, why: str, uptime: float | None,
-                bus_to_gpu: dict[str, int], c: Collector) -> None:
+                bus_to_gpu: dict[str, int], c: Collector, now: float | None = None) -> None:
     if opts.skip_kernel_log:  # asked not to read it (an unprivileged check): never a pass
         c.check("xid", "skip", f"kernel log not read: {opts.skip_kernel_log}")
         return
     if kernel_log is None:
         c.check("xid", "error", f"kernel log unreadable: {why}", "critical")
         return
-    since = None if uptime is None else uptime - opts.xid_window
+    since = xid_since(opts, uptime, now)
     checks, metrics = judge_kernel_log(kernel_log, bus_to_gpu, since=since)
     c.checks.extend(checks)
     c.metrics.extend(metrics)
+
+
+def xid_since(opts: CheckOptions, uptime: float | None, now: float | None) -> float | None:
+    """The uptime before which XIDs are left out: the window's start, or the node's last passing
+    sweep or GPU reset (`--xid-since`, wall-clock) where that is later."""
+    if uptime is None:
+        return None
+    since = uptime - opts.xid_window
+    if opts.xid_since > 0 and now is not None:
+        since = max(since, uptime - (now - opts.xid_since))
+    return since
+

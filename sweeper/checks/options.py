@@ -15,6 +15,7 @@ class CheckOptions:
     kernel_log: str = ""
     skip_kernel_log: str = ""
     xid_window: float = 86400.0
+    xid_since: float = 0.0
     gpu_memory_gb: float = 0.0
     expect_nvlinks: int = -1
     pcie_gen: int = 0
@@ -51,6 +52,8 @@ OPTIONS: list[tuple[str, type, object, str]] = [
     ("skip_kernel_log", str, "", "do not read the kernel log; the xid check is skip with this reason "
                                  "(an unprivileged check cannot read it)"),
     ("xid_window", float, 86400.0, "seconds of kernel log to consider for XIDs"),
+    ("xid_since", float, 0.0, "wall-clock time (Unix seconds) before which XIDs are not judged: the node's "
+                              "last passing sweep or GPU reset, which the sweep passes (0: none)"),
     ("gpu_memory_gb", float, 0.0, "memory per GPU the profile expects, in GB (0: not checked; 10% slack)"),
     ("expect_nvlinks", int, -1, "NVLink links per GPU the profile expects (0: none, -1: whatever answers)"),
     ("pcie_gen", int, 0, "PCIe generation the GPUs' links must reach (0: the GPU's own maximum)"),

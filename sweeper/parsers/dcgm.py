@@ -17,6 +17,13 @@ SEVERITY = {0: "info", 1: "info", 2: "critical", 3: "warning", 4: "warning", 5: 
 # (Warning in older tables), Skip, Not Run.
 STATUS = {"pass": "pass", "fail": "fail", "warn": "warn", "warning": "warn", "skip": "skip", "not run": "skip"}
 FAIL_EXITS = {205, 226}
+# A failure DCGM calls its own: DCGM_FR_INTERNAL (44, "There was an internal error during the test"),
+# category DCGM_FR_EC_INTERNAL_OTHER (16), or a plugin whose child's output it could not parse
+# (dcgmlib/dcgm_errors.h in NVIDIA/DCGM). Such a test says nothing about the GPU: `error`.
+OWN_ERROR_IDS = {44}
+OWN_ERROR_CATEGORIES = {16}
+_OWN_WORDS = re.compile(r"internal error|(?:couldn't|could not|unable to|failed to) parse", re.I)
+_NAMES_GPU = re.compile(r"\bGPU\s*(\d+)\b")
 _BW = re.compile(r"GPU (\d+) (GPU to Host|Host to GPU|bidirectional)[^:]*bandwidth:\s*([\d.]+)\s*GB/s", re.I)
 MAX_BYTES = 32 * 1024 * 1024
 
@@ -88,6 +95,7 @@ def _parse_doc(doc: dict[str, Any], node: str, now: float, exit_code: int | None
             if not isinstance(test, dict):
                 continue
             name = "dcgm." + re.sub(r"[^a-z0-9]+", "_", str(test.get("name", "unknown")).lower()).strip("_")
+            first = len(checks)
             for r in _as_list(test.get("results")):
                 if not isinstance(r, dict):
                     continue
@@ -101,6 +109,9 @@ def _parse_doc(doc: dict[str, Any], node: str, now: float, exit_code: int | None
                         direction = m.group(2).lower().replace(" ", "_")
                         metrics.append(Metric(f"dcgm.pcie.{direction}_bandwidth", float(m.group(3)), "GB/s",
                                               int(m.group(1))))
+            summary = test.get("test_summary")
+            if isinstance(summary, dict):
+                checks[first:] = _test_level(name, summary.get("status"), _warnings(summary), checks[first:])
     if expect_gpus is not None:
         entities = _entities(doc) or gpus
         if len(entities) != expect_gpus:
@@ -146,16 +157,7 @@ def _check(name: str, r: dict[str, Any], gpu: int | None) -> CheckResult:
     if "status" in r and status is None:
         return CheckResult(name, "error", f"DCGM reported a status outside its own set: {raw!r}", "critical", gpu,
                            "UNKNOWN_STATUS")
-    warnings = []
-    if isinstance(r.get("warnings"), str):
-        warnings.append({"warning": r["warnings"], "error_id": r.get("error_id"), "error_severity": r.get("error_severity")})
-    else:
-        for w in _as_list(r.get("warnings")):
-            if isinstance(w, dict):
-                warnings.append({"warning": w.get("warning", w.get("warnings", "")), "error_id": w.get("error_id"),
-                                 "error_severity": w.get("error_severity")})
-            else:
-                warnings.append({"warning": str(w)})
+    warnings = _warnings(r)
     if status is None:  # a 3.x flat deployment entry carries no status: its warnings decide
         status = "fail" if warnings else "pass"
     severities = [w.get("error_severity") for w in warnings if isinstance(w.get("error_severity"), int)]
@@ -166,7 +168,60 @@ def _check(name: str, r: dict[str, Any], gpu: int | None) -> CheckResult:
     severity = SEVERITY.get(first.get("error_severity"), "critical" if status == "fail" else "info")  # type: ignore[arg-type]
     code = None if first.get("error_id") is None else str(first["error_id"])
     message = "; ".join(str(w["warning"]) for w in warnings)[:500] or str(r.get("status", ""))
+    if status in ("fail", "warn") and warnings and all(_own(w) for w in warnings):
+        return CheckResult(name, "error", f"DCGM's own failure, not the GPU's: {message}", "critical", gpu,
+                           code or "DCGM_INTERNAL")
     return CheckResult(name, status, message, severity, gpu, code)
+
+
+def _warnings(r: dict[str, Any]) -> list[dict[str, Any]]:
+    """The warnings of a result or a test_summary, in every layout (a string, a list of objects)."""
+    if isinstance(r.get("warnings"), str):
+        return [{"warning": r["warnings"], "error_id": r.get("error_id"), "error_severity": r.get("error_severity"),
+                 "error_category": r.get("error_category")}]
+    out: list[dict[str, Any]] = []
+    for w in _as_list(r.get("warnings")):
+        if isinstance(w, dict):
+            out.append({"warning": w.get("warning", w.get("warnings", "")), "error_id": w.get("error_id"),
+                        "error_severity": w.get("error_severity"), "error_category": w.get("error_category")})
+        else:
+            out.append({"warning": str(w)})
+    return out
+
+
+def _own(w: dict[str, Any]) -> bool:
+    """Whether DCGM says this failure is its own (an internal error), not the GPU's."""
+    return (w.get("error_id") in OWN_ERROR_IDS or w.get("error_category") in OWN_ERROR_CATEGORIES
+            or bool(_OWN_WORDS.search(str(w.get("warning", "")))))
+
+
+def _test_level(name: str, raw: Any, warnings: list[dict[str, Any]], rows: list[CheckResult]) -> list[CheckResult]:
+    """A test's own result over its per-GPU rows: a test-level Fail or Warn is never a pass
+    (NVIDIA/DCGM#253: `pcie` Fail while every GPU row says Pass). `error` when DCGM says the failure
+    is its own; else the GPUs its messages name fail (or warn), or the test as a whole does."""
+    status = STATUS.get(raw.strip().lower()) if isinstance(raw, str) else None
+    if status not in ("fail", "warn") or any(c.status in ("fail", "warn", "error") for c in rows):
+        return rows
+    message = "; ".join(str(w["warning"]) for w in warnings)[:500] or f"DCGM reported the test {raw}"
+    if warnings and all(_own(w) for w in warnings):
+        return [*rows, CheckResult(name, "error", f"DCGM's own failure, not the GPU's: {message}", "critical", None,
+                                   "DCGM_INTERNAL")]
+    severity = "critical" if status == "fail" else "warning"
+    named: dict[int, list[dict[str, Any]]] = {}
+    for w in warnings:
+        for g in {int(x) for x in _NAMES_GPU.findall(str(w["warning"]))}:
+            named.setdefault(g, []).append(w)
+    if not named:
+        return [*rows, CheckResult(name, status, message, severity, None, _code(warnings))]
+    out = [c for c in rows if c.gpu not in named]
+    for g, ws in sorted(named.items()):
+        out.append(CheckResult(name, status, "; ".join(str(w["warning"]) for w in ws)[:500], severity, g, _code(ws)))
+    return out
+
+
+def _code(warnings: list[dict[str, Any]]) -> str | None:
+    ids = [w.get("error_id") for w in warnings if w.get("error_id") is not None]
+    return str(ids[0]) if ids else None
 
 
 def _cross_check(result: Result, exit_code: int | None, now: float) -> Result:
@@ -305,6 +360,21 @@ def _add_results(test: _Test, r: re.Match[str]) -> None:
         test.results.append((status, g, r.group("status")))
 
 
+def _row_check(name: str, status: str, gpu: int | None, word: str,
+               messages: list[tuple[str, int | None, str]]) -> CheckResult:
+    """One GPU's (or the test's) row of the table with the Warning and Error rows that concern it."""
+    notes = [text for kind, g, text in messages if kind != "info" and (g is None or gpu is None or g == gpu)]
+    if status == "error":
+        return CheckResult(name, "error", f"DCGM reported a status outside its own set: {word!r}", "critical", gpu,
+                           "UNKNOWN_STATUS")
+    message = "; ".join(notes)[:500] or word
+    if status in ("fail", "warn") and notes and all(_own({"warning": n}) for n in notes):
+        return CheckResult(name, "error", f"DCGM's own failure, not the GPU's: {message}", "critical", gpu,
+                           "DCGM_INTERNAL")
+    sev = "critical" if status == "fail" else "warning" if status == "warn" else "info"
+    return CheckResult(name, status, message, sev, gpu)
+
+
 def _table_result(tests: list[_Test], gpu_ids: list[str], node: str, now: float, exit_code: int | None,
                   expect_gpus: int | None) -> Result:
     checks: list[CheckResult] = []
@@ -313,16 +383,18 @@ def _table_result(tests: list[_Test], gpu_ids: list[str], node: str, now: float,
         name = "dcgm." + re.sub(r"[^a-z0-9]+", "_", t.name.lower()).strip("_")
         per_gpu = [x for x in t.results if x[1] is not None]
         rows = per_gpu or t.results  # 4.x prints an overall row above the per-GPU ones
+        # An Error row that names a GPU fails that GPU, whatever its own row says (NVIDIA/DCGM#253).
+        errors = {g: text for kind, g, text in t.messages if kind == "error" and g is not None}
+        rows = [(s if s == "error" or g not in errors else "fail", g, w) for s, g, w in rows]
+        rows += [("fail", g, "Fail") for g in errors if g not in {x[1] for x in rows}]
+        test_checks: list[CheckResult] = []
         for status, gpu, word in rows:
             if gpu is not None:
                 gpus.add(gpu)
-            notes = [text for kind, g, text in t.messages if kind != "info" and (g is None or gpu is None or g == gpu)]
-            if status == "error":
-                message = f"DCGM reported a status outside its own set: {word!r}"
-            else:
-                message = "; ".join(notes)[:500] or word
-            sev = "critical" if status in ("fail", "error") else "warning" if status == "warn" else "info"
-            checks.append(CheckResult(name, status, message, sev, gpu, "UNKNOWN_STATUS" if status == "error" else None))
+            test_checks.append(_row_check(name, status, gpu, word, t.messages))
+        overall = [w for s, g, w in t.results if g is None and s in ("fail", "warn")] if per_gpu else []
+        notes = [{"warning": text} for kind, g, text in t.messages if kind != "info"]
+        checks += _test_level(name, overall[0], notes, test_checks) if overall else test_checks
     if expect_gpus is not None and (gpu_ids or gpus):
         seen = len(gpu_ids) or len(gpus)
         if seen != expect_gpus:

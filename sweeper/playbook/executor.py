@@ -270,6 +270,11 @@ class Executor:
             result = dict(act.fn(ctx, args))
         except KubeError as exc:
             result = failed(f"cluster error: {exc}")
+        except PlaybookError as exc:
+            if str(exc).startswith(task.where):
+                raise
+            what = "" if str(exc).startswith(task.action) else f"{task.action}: "
+            raise PlaybookError(f"{task.where}: {what}{exc}") from exc
         finally:
             ctx.deadline = None
         if timeout is not None and (ctx.timed_out or ctx.clock.now() - start > timeout):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
+import json
 import math
 import random
 import re
@@ -51,6 +52,9 @@ TRAINING_NS = "training"
 DEVICE_PLUGIN_SKIPPED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 POD_SECURITY = "pod-security.kubernetes.io/enforce"
+# Where Sweeper's check Jobs and its reboot / GPU reset Jobs run by default (the config's
+# check_namespace and remediation_namespace; deploy/base.yaml makes both).
+JOB_NAMESPACES = ("sweeper-checks", "sweeper-remediation")
 OPERATOR_NS = "gpu-operator"
 # The GPU Operator's operands that hold the GPUs open, by their deploy label's suffix and their pods'
 # `app` label. The operator schedules each on the nodes whose nvidia.com/gpu.deploy.<operand> label is
@@ -58,7 +62,18 @@ OPERATOR_NS = "gpu-operator"
 # https://docs.nvidia.com/datacenter/cloud-native/gpu-operator/latest/getting-started.html
 OPERANDS = {"device-plugin": "nvidia-device-plugin-daemonset", "gpu-feature-discovery": "gpu-feature-discovery",
             "dcgm": "nvidia-dcgm", "dcgm-exporter": "nvidia-dcgm-exporter"}
+# The standalone chart's device plugin (github.com/NVIDIA/k8s-device-plugin, deployments/helm): a
+# DaemonSet whose pods carry app.kubernetes.io/name=nvidia-device-plugin.
+PLUGIN_NS, PLUGIN_APP = "kube-system", "nvidia-device-plugin"
+# How containerd words a failed prestart hook (NVIDIA/gpu-operator#898): the hook's stderr follows.
+HOOK_FAILED = ("failed to create containerd task: failed to create shim task: OCI runtime create failed: runc create "
+               "failed: unable to start container process: error during container init: error running prestart "
+               "hook #0: exit status 1, stdout: , stderr: Auto-detected mode as 'legacy'\n")
 SHELLS = ("sh", "bash", "ash", "dash")
+# A two-node all-reduce that NCCL runs over TCP sockets for want of its fabric: about 4 GB/s where an
+# H100 pair on its fabric shows about 340 (NVIDIA AI Cluster Runtime, GKE TCPXO networking prerequisites:
+# https://docs.nvidia.com/aicr/latest/integrator-guide/gke-tcpxo-networking.md).
+TCP_PAIR_BUSBW = 4.0
 # A reference's repository path: lowercase components (the registry host may differ), then a tag or digest.
 # https://github.com/distribution/reference/blob/main/regexp.go
 _PATH_PART = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
@@ -84,11 +99,13 @@ def _quoted(names: list[str]) -> str:
     return ", ".join(f'"{n}"' for n in names)
 
 
-def pod_security_violations(pod: dict[str, Any]) -> list[str]:
-    """The baseline Pod Security Standard's checks that a pod violates, in the apiserver's words
-    and order (check id order: hostNamespaces, hostPathVolumes, privileged). The restricted
-    level's own extra checks are not simulated.
-    https://kubernetes.io/docs/concepts/security/pod-security-standards/#baseline"""
+def pod_security_violations(pod: dict[str, Any], level: str = "baseline") -> list[str]:
+    """The Pod Security Standard's checks that a pod violates at `level`, in the apiserver's words
+    and order: the baseline's host namespaces, hostPath volumes and privileged containers, then, at
+    restricted, its volume types, privilege escalation, capabilities, non-root and seccomp checks.
+    The baseline's other checks (capabilities beyond its default set, host ports, AppArmor, SELinux,
+    /proc mount, sysctls) are not simulated.
+    https://kubernetes.io/docs/concepts/security/pod-security-standards/"""
     spec = pod.get("spec") or {}
     out = []
     hosts = [f"{k}=true" for k in ("hostNetwork", "hostPID", "hostIPC") if spec.get(k)]
@@ -97,11 +114,50 @@ def pod_security_violations(pod: dict[str, Any]) -> list[str]:
     paths = [v.get("name", "") for v in spec.get("volumes") or [] if "hostPath" in v]
     if paths:
         out.append(f"hostPath volumes ({'volume' if len(paths) == 1 else 'volumes'} {_quoted(paths)})")
-    priv = [c.get("name", "") for c in (spec.get("initContainers") or []) + (spec.get("containers") or [])
-            if ((c.get("securityContext") or {}).get("privileged"))]
+    containers = (spec.get("initContainers") or []) + (spec.get("containers") or [])
+    priv = [c.get("name", "") for c in containers if ((c.get("securityContext") or {}).get("privileged"))]
     if priv:
         out.append(f"privileged ({'container' if len(priv) == 1 else 'containers'} {_quoted(priv)} "
                    "must not set securityContext.privileged=true)")
+    if level == "restricted":
+        out += _restricted_violations(spec, containers)
+    return out
+
+
+RESTRICTED_VOLUMES = ("configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                      "projected", "secret")
+
+
+def _restricted_violations(spec: dict[str, Any], containers: list[dict[str, Any]]) -> list[str]:
+    """The restricted level's own checks (pod-security-admission's restricted policy: volume types,
+    allowPrivilegeEscalation, capabilities drop ALL, runAsNonRoot, seccompProfile)."""
+    def plural(names: list[str], prefix: str = "") -> str:
+        return f"{prefix}{'container' if len(names) == 1 else 'containers'} {_quoted(names)}"
+    out = []
+    bad_vols = [(v.get("name", ""), next(k for k in v if k != "name")) for v in spec.get("volumes") or []
+                if len(v) > 1 and not any(k in v for k in RESTRICTED_VOLUMES)]
+    if bad_vols:
+        out.append("restricted volume types (" + ", ".join(f'volume "{n}" uses restricted volume type "{t}"'
+                                                          for n, t in bad_vols) + ")")
+    psc = spec.get("securityContext") or {}
+    esc = [c.get("name", "") for c in containers if (c.get("securityContext") or {}).get("allowPrivilegeEscalation") is not False]
+    if esc:
+        out.append(f"allowPrivilegeEscalation != false ({plural(esc)} must set "
+                   "securityContext.allowPrivilegeEscalation=false)")
+    caps = [c.get("name", "") for c in containers
+            if "ALL" not in (((c.get("securityContext") or {}).get("capabilities") or {}).get("drop") or [])]
+    if caps:
+        out.append(f'unrestricted capabilities ({plural(caps)} must set securityContext.capabilities.drop=["ALL"])')
+    root = [c.get("name", "") for c in containers
+            if (c.get("securityContext") or {}).get("runAsNonRoot", psc.get("runAsNonRoot")) is not True]
+    if root:
+        out.append(f"runAsNonRoot != true ({plural(root, 'pod or ')} must set securityContext.runAsNonRoot=true)")
+    seccomp = [c.get("name", "") for c in containers
+               if (((c.get("securityContext") or {}).get("seccompProfile") or psc.get("seccompProfile") or {})
+                   .get("type")) not in ("RuntimeDefault", "Localhost")]
+    if seccomp:
+        out.append(f"seccompProfile ({plural(seccomp, 'pod or ')} must set securityContext.seccompProfile.type "
+                   'to "RuntimeDefault" or "Localhost")')
     return out
 
 
@@ -297,6 +353,9 @@ class SimCluster:
         self._short: set[str] = set()  # nodes whose device plugin holds GPUs back from allocatable
         self._watched: set[str] = set()  # nodes with a lost GPU or XIDs among their faults
         self._with_operands: set[str] = set()  # nodes where the GPU Operator runs its operand pods
+        self._with_plugin: set[str] = set()  # nodes where the standalone device plugin's pod runs
+        self._plugin_started: dict[str, float] = {}  # node -> when its device plugin last restarted
+        self._plugin_paused: set[str] = set()  # operand nodes whose device plugin pod is gone: GPUs allocatable 0
         self._thread: threading.Thread | None = None
         # Pair runs: each gang's outcome per index (when it ends, exit code, log), and how many runs
         # each pair of nodes has had (the seed of the next one's noise).
@@ -307,7 +366,8 @@ class SimCluster:
 
     # -- set-up ------------------------------------------------------------
     def _bootstrap(self) -> None:
-        for ns in ("default", "kube-system", "kube-node-lease", TRAINING_NS, self.fleet.namespace):
+        for ns in dict.fromkeys(("default", "kube-system", "kube-node-lease", TRAINING_NS, self.fleet.namespace,
+                                 *JOB_NAMESPACES)):
             self.store.create("namespaces", None, {"metadata": {"name": ns}, "spec": {"finalizers": ["kubernetes"]},
                                                    "status": {"phase": "Active"}})
         for rc in self.fleet.runtime_classes:  # as the GPU Operator registers NVIDIA's runtime
@@ -320,6 +380,15 @@ class SimCluster:
             self.add_node(spec)
         for w in self.fleet.workloads:
             self.start_training(w.gpus, w.duration, node=w.node)
+
+    def provider_id(self, spec: NodeSpec, iid: str) -> str:
+        """The node's spec.providerID as its platform's cloud provider writes it."""
+        if self.fleet.platform == "gke":
+            return f"gce://sweeper-project/{spec.zone}/{spec.name}"
+        if self.fleet.platform == "aks":
+            return ("azure:///subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/mc_sweeper_aks_eastus/"
+                    f"providers/Microsoft.Compute/virtualMachineScaleSets/aks-gpu-vmss/virtualMachines/{iid[-4:]}")
+        return f"aws:///{spec.zone}/{iid}"
 
     def add_node(self, spec: NodeSpec) -> dict[str, Any]:
         hw = HARDWARE[spec.instance_type]
@@ -341,11 +410,18 @@ class SimCluster:
             resources[GPU] = str(gpus)
         for res, count in hw["fabric_resources"].items():  # the fabric's device plugin: one per device found
             resources[res] = str(max(0, count - spec.faults.nics_missing))
+        annotations: dict[str, str] = {}
+        if hw["nic"] == "gve" and spec.multi_network:
+            # GKE lists a node's additional networks (multi-networking) in this annotation; an A3's GPU
+            # gVNICs are those networks' interfaces (https://cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx)
+            annotations["networking.gke.io/north-interfaces"] = json.dumps(
+                [{"network": f"vpc{k}", "ipAddress": f"192.168.{k}.{len(self.specs) % 250 + 2}"}
+                 for k in range(1, hw["nics"])])
         now = self.clock.now()
         node = {
-            "metadata": {"name": spec.name, "labels": labels, "annotations": {},
+            "metadata": {"name": spec.name, "labels": labels, "annotations": annotations,
                          "creationTimestamp": iso(now - spec.age)},
-            "spec": {"providerID": f"aws:///{spec.zone}/{iid}"},
+            "spec": {"providerID": self.provider_id(spec, iid)},
             "status": {
                 "capacity": dict(resources), "allocatable": self._allocatable(spec, resources, now),
                 "conditions": [{"type": "Ready", "status": "False" if spec.faults.not_ready else "True",
@@ -367,6 +443,9 @@ class SimCluster:
         if spec.operands:
             self._with_operands.add(spec.name)
             self._operands(now)
+        elif spec.device_plugin_pod and hw["gpus"]:
+            self._with_plugin.add(spec.name)
+            self._plugin_pods(now)
         pool = labels.get("karpenter.sh/nodepool")
         if pool:
             self.store.create("nodeclaims", None, {
@@ -377,7 +456,7 @@ class SimCluster:
                 "spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
                          "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In",
                                            "values": [spec.instance_type]}]},
-                "status": {"nodeName": spec.name, "providerID": f"aws:///{spec.zone}/{iid}",
+                "status": {"nodeName": spec.name, "providerID": self.provider_id(spec, iid),
                            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": iso(now)}]}})
         return created
 
@@ -428,6 +507,7 @@ class SimCluster:
             self._machines(now)
             self._device_plugin(now)
             self._operands(now)
+            self._plugin_pods(now)
             self._arrivals(now)
             self._schedule(now)
             self._kubelet(now)
@@ -459,7 +539,9 @@ class SimCluster:
         return self._unhealthy(spec, now) if spec else set()
 
     def _unhealthy(self, spec: NodeSpec, now: float) -> set[int]:
-        f, boot = spec.faults, self._boot(spec.name)
+        # The plugin keeps a GPU's unhealthy mark until it restarts (internal/plugin/server.go: "there
+        # is no way to recover from the Unhealthy state"); a new plugin sees only XIDs after its start.
+        f, boot = spec.faults, max(self._boot(spec.name), self._plugin_started.get(spec.name, 0.0))
         out = set(f.gpu_lost)
         out |= {x["gpu"] for x in f.xids if x["code"] not in DEVICE_PLUGIN_SKIPPED_XIDS
                 and boot <= self.started + x["at"] <= now}
@@ -471,7 +553,8 @@ class SimCluster:
     def _allocatable(self, spec: NodeSpec, capacity: dict[str, str], now: float) -> dict[str, str]:
         alloc = dict(capacity)
         if GPU in alloc:
-            alloc[GPU] = str(max(0, int(capacity[GPU]) - len(self._unhealthy(spec, now))))
+            alloc[GPU] = "0" if spec.name in self._plugin_paused else \
+                str(max(0, int(capacity[GPU]) - len(self._unhealthy(spec, now))))
         return alloc
 
     def _device_plugin(self, now: float) -> None:
@@ -502,6 +585,7 @@ class SimCluster:
                 self._with_operands.discard(name)
                 continue
             labels = node["metadata"].get("labels") or {}
+            self._pause_plugin(name, labels.get("nvidia.com/gpu.deploy.device-plugin") == "false", now)
             for op, app in OPERANDS.items():
                 pod_name = f"{app}-{hashlib.sha1(name.encode()).hexdigest()[:5]}"
                 pod = self.store.peek("pods", OPERATOR_NS, pod_name)
@@ -517,6 +601,51 @@ class SimCluster:
                                  "tolerations": [{"operator": "Exists"}]},
                         "status": {"phase": "Pending"}})
                     self.store.mutate("pods", OPERATOR_NS, pod_name, partial(self._start_pod, now=now))
+
+    def _plugin_pods(self, now: float) -> None:
+        """The standalone device plugin's DaemonSet: a pod on each node that runs it, started again
+        when it is deleted."""
+        for name in list(self._with_plugin):
+            if self.store.peek("nodes", None, name) is None:
+                self._with_plugin.discard(name)
+                continue
+            pod_name = f"{PLUGIN_APP}-{hashlib.sha1(name.encode()).hexdigest()[:5]}"
+            if self.store.peek("pods", PLUGIN_NS, pod_name) is None:
+                self.store.create("pods", PLUGIN_NS, {
+                    "metadata": {"name": pod_name, "labels": {"app.kubernetes.io/name": PLUGIN_APP},
+                                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet", "name": PLUGIN_APP,
+                                                      "uid": PLUGIN_APP, "controller": True}]},
+                    "spec": {"nodeName": name, "containers": [{"name": PLUGIN_APP,
+                                                               "image": "nvcr.io/nvidia/k8s-device-plugin:v0.17.0"}],
+                             "tolerations": [{"operator": "Exists"}]},
+                    "status": {"phase": "Pending"}})
+                self.store.mutate("pods", PLUGIN_NS, pod_name, partial(self._start_pod, now=now))
+
+    @staticmethod
+    def is_plugin_pod(pod: dict[str, Any]) -> bool:
+        labels = pod["metadata"].get("labels") or {}
+        return labels.get("app") == OPERANDS["device-plugin"] or labels.get("app.kubernetes.io/name") == PLUGIN_APP
+
+    def _pause_plugin(self, name: str, paused: bool, now: float) -> None:
+        """The device plugin paused (its pod gone) or back. When a plugin's endpoint stops, the kubelet
+        marks every device of its resource unhealthy: allocatable drops to 0 and capacity stays
+        (kubernetes/kubernetes, pkg/kubelet/cm/devicemanager/manager.go, markResourceUnhealthy), so a
+        pod that requests a GPU then fits nowhere on the node; when the plugin registers again its
+        devices are allocatable again."""
+        if paused == (name in self._plugin_paused):
+            return
+        (self._plugin_paused.add if paused else self._plugin_paused.discard)(name)
+        spec, node = self.specs.get(name), self.store.peek("nodes", None, name)
+        if spec is None or node is None or GPU not in node["status"].get("capacity", {}):
+            return
+        want = self._allocatable(spec, node["status"]["capacity"], now)[GPU]
+
+        def report(n: dict[str, Any]) -> None:
+            n["status"]["allocatable"][GPU] = want
+        self.store.mutate("nodes", None, name, report)
+
+    def plugin_paused(self, node_name: str) -> bool:
+        return node_name in self._plugin_paused
 
     def operand_pods(self, node_name: str) -> list[str]:
         """The GPU Operator's operand pods running on the node (they hold its GPUs open)."""
@@ -570,9 +699,14 @@ class SimCluster:
                 self.replacements += 1
                 base = old.name.rstrip("0123456789").rstrip("-r") or "node-"
                 fresh = NodeSpec(name=f"{base}-r{self.replacements:02d}", instance_type=old.instance_type,
-                                 zone=old.zone, labels=dict(old.labels), age=0.0, faults=Faults())
+                                 zone=old.zone, labels=dict(old.labels), age=0.0, faults=Faults(),
+                                 device_plugin_pod=old.device_plugin_pod)
                 self.joining.append((now + 600.0, fresh))
         if plural == "pods":
+            node = (obj.get("spec") or {}).get("nodeName")
+            if node in self.specs and self.is_plugin_pod(obj):  # the plugin stops; its next pod starts afresh
+                self._plugin_started[node] = self.clock.now()
+                self._short.add(node)  # the kubelet reports its devices again
             key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
             self._finish.pop(key, None)
             self._pulls.pop(key, None)
@@ -773,12 +907,28 @@ class SimCluster:
         self._finish[key] = self._planned_finish(pod, now)
         self.logs.setdefault(key, "")
         argv = self._argv(pod)
-        if argv and self._lacks(pod, argv[0]):
+        words = self._runtime_error(pod)
+        if words:
+            # NVIDIA's hook (or CDI injection) fails at the OCI runtime's create: StartError, 128.
+            self._terminate(pod, now, 128, "StartError",
+                            words if words.startswith("failed to create") else HOOK_FAILED + words, "")
+        elif argv and self._lacks(pod, argv[0]):
             # containerd cannot exec the entrypoint: the container ends at once with StartError, 128.
             self._terminate(pod, now, 128, "StartError",
                             "failed to create containerd task: failed to create shim task: OCI runtime create "
                             "failed: runc create failed: unable to start container process: exec: "
                             f'"{argv[0]}": executable file not found in $PATH: unknown', "")
+
+    def _runtime_error(self, pod: dict[str, Any]) -> str:
+        """The node's runtime_error fault, for a pod whose container asks for GPUs (a GPU resource or
+        NVIDIA_VISIBLE_DEVICES): NVIDIA's hook acts only on such a container."""
+        spec = self.specs.get(pod["spec"].get("nodeName", ""))
+        if not spec or not spec.faults.runtime_error:
+            return ""
+        visible = self._env(pod).get("NVIDIA_VISIBLE_DEVICES", "")
+        if gpu_request(pod) > 0 or visible not in ("", "void", "none"):
+            return spec.faults.runtime_error
+        return ""
 
     # -- the kubelet's faults of the tool: images, container config, programs ----------------
     def _lacks(self, pod: dict[str, Any], program: str) -> bool:
@@ -879,6 +1029,8 @@ class SimCluster:
             if spec and spec.faults.hung_check:
                 return None
             return now + self.fleet.check_seconds
+        if self._is_gpu_reset(self._argv(pod)):
+            return now + 20.0
         argv = self._last_command(self._argv(pod))
         prog = argv[0].rsplit("/", 1)[-1] if argv else ""
         if prog == "dcgmi":
@@ -1030,7 +1182,7 @@ class SimCluster:
         env = self._env(pods[0])
         hosts = [p["spec"].get("hostname") or p["metadata"]["name"] for p in pods]
         rng, hws, aborted, table = self._fabric_run(nodes, (hosts[0], hosts[1]), env.get("PAIR_GPUS") or "",
-                                                    env.get("PAIR_MAX_BYTES"))
+                                                    env.get("PAIR_MAX_BYTES"), self._on_fabric(pods[:2]))
         finish = self._started_at(max(pods, key=self._started_at)) + tools.NCCL_PAIR_SECONDS * (
             rng.uniform(0.3, 0.8) if aborted else 1.0)
         finish = max(finish, now)
@@ -1046,8 +1198,19 @@ class SimCluster:
             out[i] = (finish, 1 if aborted else 0, log)
         return out
 
-    def _fabric_run(self, nodes: list[str], hosts: tuple[str, str], gpus_text: str,
-                    max_bytes_text: str | None) -> tuple[random.Random, list[dict[str, Any]], bool, str]:
+    def _on_fabric(self, pods: list[dict[str, Any]]) -> bool:
+        """Whether every pod of a pair holds its node's fabric devices: NCCL reaches EFA or InfiniBand
+        only through the devices its pod was given; without them it falls back to TCP sockets."""
+        for p in pods:
+            spec = self.specs.get(p["spec"].get("nodeName", ""))
+            wanted = HARDWARE[spec.instance_type]["fabric_resources"] if spec else {}
+            got = extended_requests(p)
+            if any(got.get(res, 0) < 1 for res in wanted):
+                return False
+        return True
+
+    def _fabric_run(self, nodes: list[str], hosts: tuple[str, str], gpus_text: str, max_bytes_text: str | None,
+                    on_fabric: bool = True) -> tuple[random.Random, list[dict[str, Any]], bool, str]:
         """One two-node all-reduce between `nodes` (the pair-allreduce gang's, or an MPIJob's two
         workers'): its noise stream, the nodes' hardware, whether a flapping port aborted it, and
         rank 0's table. The bus bandwidth at the largest size is the healthy pair peak times the
@@ -1063,7 +1226,10 @@ class SimCluster:
         if any(s.faults.port_flapping for s in specs):
             factor *= rng.uniform(0.15, 0.9)
             aborted = rng.random() < 0.35
-        busbw = min(hw["nccl_pair_peak"] for hw in hws) * factor * rng.uniform(0.97, 1.03)
+        peak = min(hw["nccl_pair_peak"] for hw in hws)
+        if not on_fabric:  # NCCL's TCP sockets on the primary interface: a few GB/s, whatever the fabric
+            peak, factor = TCP_PAIR_BUSBW, 1.0
+        busbw = peak * factor * rng.uniform(0.97, 1.03)
         max_bytes = tools.parse_bytes(max_bytes_text)
         gpus = int(gpus_text) if gpus_text.isdigit() else hws[0]["gpus"] - specs[0].faults.missing_gpus
         stop_at = 2 ** rng.randint(20, max(20, max_bytes.bit_length() - 1)) if aborted else None
@@ -1250,7 +1416,7 @@ class SimCluster:
             max_bytes = argv[argv.index("-e") + 1]
         nodes = [w["spec"]["nodeName"] for w in workers[:2]]
         hosts = (workers[0]["spec"].get("hostname") or "", workers[1]["spec"].get("hostname") or "")
-        rng, hws, aborted, table = self._fabric_run(nodes, hosts, gpus, max_bytes)
+        rng, hws, aborted, table = self._fabric_run(nodes, hosts, gpus, max_bytes, self._on_fabric(workers[:2]))
         if aborted:
             return 1, table + tools.net_error(hws[0]["nic"], nodes[0], rng.randrange(8),
                                               workers[1]["status"].get("podIP", "")), ""
@@ -1297,6 +1463,10 @@ class SimCluster:
         missing = self._shell_missing(pod)
         if missing:
             return 127, f"sh: 1: {missing}: not found\n", ""  # the shell's "command not found"
+        if not self._is_check(pod) and self._is_gpu_reset(self._argv(pod)):
+            if not self._sees_gpus(pod):
+                return 127, "sh: 1: nvidia-smi: not found\n", ""  # no NVIDIA runtime put it in the container
+            return self._gpu_reset(node_name, self._argv(pod), self._env(pod))
         if not self._is_check(pod):
             argv = self._last_command(self._argv(pod))
             prog = argv[0].rsplit("/", 1)[-1] if argv else ""
@@ -1314,8 +1484,6 @@ class SimCluster:
             if prog == "nsenter" and "reboot" in argv:
                 self._reboot_node(node_name, now)
                 return 137, "", "the node rebooted"
-            if prog == "nvidia-smi" and "--gpu-reset" in argv:
-                return self._gpu_reset(node_name, argv)
             if prog == "echo":
                 return 0, " ".join(argv[1:]) + "\n", ""
             return 0, "" if prog in ("true", "sleep") else "training finished\n", ""
@@ -1344,18 +1512,36 @@ class SimCluster:
         only through NVIDIA's runtime with NVIDIA_VISIBLE_DEVICES=all: its RuntimeClass's handler, else
         the node's default runtime (`nvidia` on EKS's and AKS's GPU images, `runc` on GKE's).
         https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/docker-specialized.html"""
-        if gpu_request(pod) > 0:
-            return True
         rc = pod["spec"].get("runtimeClassName")
         handler = (self.store.peek("runtimeclasses", None, rc) or {}).get("handler") if rc else \
             self.fleet.default_runtime
         env = {e.get("name"): e.get("value") for c in pod["spec"].get("containers") or [] for e in c.get("env") or []}
+        if gpu_request(pod) > 0:
+            # The device plugin hands over the device nodes; the driver's libraries come from NVIDIA's
+            # runtime hook, or under runc on GKE from the device plugin's mount at /usr/local/nvidia,
+            # found only on the container's library path (https://cloud.google.com/kubernetes-engine/
+            # docs/how-to/gpus#cuda).
+            return handler == "nvidia" or "/usr/local/nvidia" in str(env.get("LD_LIBRARY_PATH") or "")
         return handler == "nvidia" and env.get("NVIDIA_VISIBLE_DEVICES") == "all"
 
-    def _gpu_reset(self, node_name: str, argv: list[str]) -> tuple[int, str, str]:
+    @staticmethod
+    def _is_gpu_reset(argv: list[str]) -> bool:
+        """nvidia-smi -r / --gpu-reset, alone or in a shell script."""
+        return re.search(r"nvidia-smi\b[^;&|\n]*\s(?:-r|--gpu-reset)\b", " ".join(argv)) is not None
+
+    def _gpu_reset(self, node_name: str, argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str, str]:
+        """nvidia-smi's reset, as a script runs it: `-pm 0` on the GPUs first (a GPU in persistence
+        mode is held by nvidia-persistenced, and the reset refuses it: NVIDIA/gpu-operator#118,
+        NVIDIA/NVSentinel#1690), then `-r -i IDS`, its ids from the script or its GPU_IDS variable."""
         f = self.specs[node_name].faults
-        ids = argv[argv.index("-i") + 1] if "-i" in argv else ""
+        text = " ".join(argv)
+        reset = re.search(r"nvidia-smi\b[^;&|\n]*\s(?:-r|--gpu-reset)\b[^;&|\n]*", text)
+        words = (reset.group(0) if reset else text).replace('"', " ").split()
+        ids = words[words.index("-i") + 1] if "-i" in words[:-1] else ""
+        if ids.startswith("$"):
+            ids = (env or {}).get(ids.strip("${}"), "")
         gpus = {int(g) for g in ids.split(",") if g.strip().isdigit()} if ids else set(range(64))
+        pm_off = reset is not None and re.search(r"-pm\s+0\b", text[:reset.start()]) is not None
         if gpus & set(f.gpu_lost):
             return 3, "", "GPU is lost: a reset cannot reach it; reboot the node\n"
         holders = self.operand_pods(node_name) if node_name in self._with_operands else []
@@ -1368,11 +1554,21 @@ class SimCluster:
                              "CUDA application, graphics application such as an X server, or a monitoring "
                              "application such as another instance of nvidia-smi). Please first kill all processes "
                              "using this device and all compute applications running in the system.\n")
+        if not f.persistence_off and not pm_off:
+            g = min(gpus)
+            return 255, "", (f"The following GPUs could not be reset:\n  GPU 00000000:{bus_id(g).split(':')[1]}:00.0: "
+                             "In use by another client\n\n1 device is currently being used by one or more other "
+                             "processes (e.g., Fabric Manager, CUDA application, graphics application such as an X "
+                             "server, or a monitoring application such as another instance of nvidia-smi). Please "
+                             "first kill all processes using this device and all compute applications running in "
+                             "the system.\n")
         f.remap_pending = [g for g in f.remap_pending if g not in gpus]
         f.recovery_action = {g: a for g, a in f.recovery_action.items() if g not in gpus}
         f.ecc_dbe = {g: n for g, n in f.ecc_dbe.items() if g not in gpus}
-        return 0, "".join(f"GPU 00000000:{bus_id(g).split(':')[1]}:00.0 was successfully reset.\n"
-                          for g in sorted(gpus) if g < 8), ""
+        pm = "".join(f"Disabled persistence mode for GPU 00000000:{bus_id(g).split(':')[1]}:00.0.\n"
+                     for g in sorted(gpus) if g < 8 and pm_off and not f.persistence_off)
+        return 0, pm + "".join(f"GPU 00000000:{bus_id(g).split(':')[1]}:00.0 was successfully reset.\n"
+                               for g in sorted(gpus) if g < 8), ""
 
     def reboot(self, node_name: str, now: float) -> None:
         """The node restarts: its kernel log starts again, and what a reboot clears is cleared
@@ -1427,14 +1623,17 @@ class SimCluster:
         files: dict[str, str] = {}
         nic_names: list[str] = []
         if hw["nic"] == "efa":
-            files.update(efa_sysfs(count, down=tuple(f.nic_port_down), rate=hw["nic_rate"]))
+            # The EFA driver reports every port ACTIVE at the device's maximum rate, whatever the link
+            # does (amzn-drivers, efa_verbs.c, efa_query_port): a down EFA link shows only between two
+            # nodes (_fabric_factor), never in this node's sysfs.
+            files.update(efa_sysfs(count, rate=hw["nic_rate"]))
             nic_names = sorted({p.split("/")[4] for p in files if p.startswith("/sys/class/infiniband/")})
             files.update(netdev("ens32", "ena", f.mtu or 9001))
         elif hw["nic"] == "ib":
             files.update(ib_sysfs(count, down=tuple(f.nic_port_down), rate=hw["nic_rate"]))
             files.update(netdev("eth0", "hv_netvsc", f.mtu or 1500))
         elif hw["nic"] in ("gve", "ena"):
-            for k in range(count):
+            for k in range(count if spec.multi_network or hw["nic"] != "gve" else 1):
                 files.update(netdev(f"eth{k}", hw["nic"], f.mtu or 8244, up=k not in f.nic_port_down))
         files.update(netdev("lo", "", 65536))
         del files["/sys/class/net/lo/device/uevent"]  # a loopback has no device behind it
@@ -1621,7 +1820,7 @@ class SimCluster:
         level = labels.get(POD_SECURITY, "privileged")
         if level in ("baseline", "restricted"):
             version = labels.get(f"{POD_SECURITY}-version", "latest")
-            bad = pod_security_violations(pod)
+            bad = pod_security_violations(pod, level)
             if bad:
                 return f'{what}: violates PodSecurity "{level}:{version}": {", ".join(bad)}'
         return ""

@@ -151,6 +151,10 @@ class Faults:
     gpudirect_off: bool = setting(False, "NCCL falls back to host memory (no GPUDirect RDMA): about a quarter of "
                                   "the pair bandwidth")
     fabric_corrupt: bool = setting(False, "the fabric corrupts data: a pair's all-reduce counts wrong values")
+    runtime_error: str = setting("", "the NVIDIA container stack's words when it cannot start a container that "
+                                 "asks for GPUs (e.g. \"nvidia-container-cli: initialization error: nvml error: "
+                                 "driver/library version mismatch: unknown\"): every such container on the node "
+                                 "fails to start, StartError with exit 128, as containerd reports it")
 
 
 FAULT_KEYS = {f.name for f in fields(Faults)}
@@ -166,6 +170,11 @@ class _NodeGroup(_Strict):
     age: duration_type(ge=0) = 2 * 86400.0  # type: ignore[valid-type]
     gpu_operator: Annotated[bool, Strict()] = True  # false: no GPU feature discovery labels
     operands: Annotated[bool, Strict()] = False  # the GPU Operator's operand pods run on these nodes
+    # The standalone device plugin's DaemonSet pod (kube-system) runs on these nodes (with `operands`,
+    # the operator's pod is the device plugin): deleting it restarts the plugin.
+    device_plugin_pod: Annotated[bool, Strict()] = False
+    # GKE: the node pool's additional networks (multi-networking); without them an A3 has its primary gVNIC only
+    multi_network: Annotated[bool, Strict()] = True
 
 
 class _Workload(_Strict):
@@ -211,6 +220,12 @@ class FleetFile(_Strict):
     check_seconds: duration_type(gt=0) = 45.0  # type: ignore[valid-type]
     api_faults: _ApiFaults | None = None
     registry: _Registry | None = None
+    # The platform's shape: its node labels and providerIDs, and the defaults of the three keys
+    # below and of each node group's gpu_operator. generic: the GPU Operator (RuntimeClass nvidia,
+    # GPU feature discovery labels); eks, aks: no operator, no RuntimeClass, NVIDIA's runtime as
+    # containerd's default (EKS's accelerated AMIs, AKS's GPU node images); gke: no operator, no
+    # RuntimeClass, runc, the driver mounted by GKE's device plugin at /usr/local/nvidia.
+    platform: Literal["generic", "eks", "aks", "gke"] = "generic"
     # RuntimeClasses the cluster has: the GPU Operator creates `nvidia`; [] is a cluster without it.
     runtime_classes: list[Annotated[str, Strict()]] = ["nvidia"]
     # containerd's default runtime on the GPU nodes: NVIDIA's on EKS's and AKS's GPU images, runc on GKE's.
@@ -229,6 +244,8 @@ class NodeSpec:
     faults: Faults
     gpu_operator: bool = True  # False: no GPU feature discovery labels (nvidia.com/gpu.present), as on EKS, GKE, AKS
     operands: bool = False  # the GPU Operator's device plugin, GFD, DCGM and dcgm-exporter pods run here
+    device_plugin_pod: bool = False  # the standalone device plugin's pod runs here
+    multi_network: bool = True  # GKE: attached to its pool's additional networks (an A3's GPU gVNICs)
 
 
 @dataclass
@@ -243,6 +260,7 @@ class Fleet:
     name: str = "fleet"
     seed: int = 1
     speed: float = 600.0
+    speed_given: bool = False  # the file itself set `speed` (not the default)
     namespace: str = "sweeper"
     nodes: list[NodeSpec] = field(default_factory=list)
     workloads: list[Workload] = field(default_factory=list)
@@ -260,6 +278,19 @@ class Fleet:
     runtime_classes: list[str] = field(default_factory=lambda: ["nvidia"])
     default_runtime: str = "nvidia"
     mpi_operator: bool = False
+    platform: str = "generic"
+
+
+def platform_labels(platform: str, pool: str) -> dict[str, str]:
+    """The labels a managed platform puts on a GPU pool's nodes (beside the well-known ones):
+    https://docs.aws.amazon.com/eks/latest/userguide/managed-node-groups.html,
+    https://learn.microsoft.com/azure/aks/use-labels,
+    https://cloud.google.com/kubernetes-engine/docs/how-to/gpus."""
+    return {"eks": {"eks.amazonaws.com/nodegroup": pool, "eks.amazonaws.com/capacityType": "ON_DEMAND"},
+            "aks": {"kubernetes.azure.com/cluster": "MC_sweeper_aks_eastus", "kubernetes.azure.com/agentpool": pool,
+                    "agentpool": pool},
+            "gke": {"cloud.google.com/gke-nodepool": pool, "cloud.google.com/gke-accelerator": "nvidia-h100-80gb"},
+            }.get(platform, {})
 
 
 def load_fleet(path: Path) -> Fleet:
@@ -272,21 +303,29 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
     spec = check(FleetFile, raw, origin, node, None, "fleet file")
     assert isinstance(spec, FleetFile)
     api = spec.api_faults or _ApiFaults()
-    fleet = Fleet(name=spec.name, seed=spec.seed, speed=spec.speed, namespace=spec.namespace,
+    fleet = Fleet(name=spec.name, seed=spec.seed, speed=spec.speed, speed_given="speed" in spec.model_fields_set,
+                  namespace=spec.namespace,
                   check_seconds=spec.check_seconds, api_fault_rate=api.rate, api_lost_reply_rate=api.lost_reply_rate,
                   api_latency=api.latency, api_slow_rate=api.slow_rate, api_drop_rate=api.drop_rate)
+    managed = spec.platform != "generic"
     for group in spec.node_groups or []:
         prefix = group.instance_type.split(".")[0] + "-" if group.name_prefix is None else group.name_prefix
+        operator = group.gpu_operator if "gpu_operator" in group.model_fields_set or not managed else False
+        labels = {**platform_labels(spec.platform, prefix.rstrip("-") or "gpu"), **group.labels}
         for i in range(group.count):
             fleet.nodes.append(NodeSpec(name=f"{prefix}{i:0{max(2, len(str(group.count)))}d}",
                                         instance_type=group.instance_type, zone=group.zone,
-                                        labels=dict(group.labels), age=group.age, faults=Faults(),
-                                        gpu_operator=group.gpu_operator, operands=group.operands))
+                                        labels=dict(labels), age=group.age, faults=Faults(),
+                                        gpu_operator=operator, operands=group.operands,
+                                        device_plugin_pod=group.device_plugin_pod, multi_network=group.multi_network))
+    fleet.platform = spec.platform
     registry = spec.registry or _Registry()
     fleet.missing_images = list(registry.missing)
     fleet.image_lacks = {k: list(v) for k, v in registry.lacking.items()}
-    fleet.runtime_classes = list(spec.runtime_classes)
-    fleet.default_runtime = spec.default_runtime
+    fleet.runtime_classes = list(spec.runtime_classes) if "runtime_classes" in spec.model_fields_set or not managed \
+        else []
+    fleet.default_runtime = spec.default_runtime if "default_runtime" in spec.model_fields_set \
+        else "runc" if spec.platform == "gke" else "nvidia"
     fleet.mpi_operator = spec.mpi_operator
     by_name = {n.name: n for n in fleet.nodes}
     for name, faults in (spec.faults or {}).items():

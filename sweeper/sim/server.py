@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import random
 import re
@@ -18,6 +19,7 @@ import yaml
 
 from sweeper.clock import iso
 from sweeper.sim import openapi
+from sweeper.sim.admission import Policies
 from sweeper.sim.cluster import TERMINAL, SimCluster
 from sweeper.sim.errors import ApiError, bad_request, not_found
 from sweeper.sim.patch import STRATEGIC, apply_patch
@@ -43,6 +45,9 @@ HEALTH_CHECKS = ("ping", "log", "etcd", "poststarthook/start-apiextensions-contr
 # A watch sends a BOOKMARK after this many simulated seconds without an event, when the client
 # allows bookmarks (the apiserver sends them about once a minute).
 BOOKMARK_EVERY = 60.0
+# The writes admission reviews, by the operation an admission policy names.
+ADMITTED = {"POST": "CREATE", "PATCH": "UPDATE", "PUT": "UPDATE", "DELETE": "DELETE"}
+_VERSIONED = re.compile(r"^/(?:api/(?P<core>v1)|apis/[^/]+/(?P<version>[^/]+))/")
 _PATH = re.compile(
     r"^/(?:api/v1|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
     r"(?:/namespaces/(?P<ns>[^/]+)(?=/))?"
@@ -68,6 +73,10 @@ class ApiServer:
         # is authorized against its rules (403 when denied); any other request is the admin's.
         self.service_accounts: dict[str, tuple[str, list[Rule]]] = {}
         self.denied: list[tuple[str, str, str]] = []  # (user, method, path) of every 403
+        # ValidatingAdmissionPolicies with Deny bindings (sweeper.sim.admission), when set: every write
+        # is reviewed after RBAC, as the apiserver's admission chain does. Their denials, in order.
+        self.admission: Policies | None = None
+        self.admission_denied: list[str] = []
         self.scheme = "http"
         self.watch_drops = 0  # drop_watches() bumps it: every stream opened before hangs up
         self.stopping = threading.Event()
@@ -124,6 +133,7 @@ class ApiServer:
             method = "WATCH"
         scheme, _, token = headers.get("authorization", "").partition(" ")
         rules: list[Rule] = ADMIN_RULES
+        user = "kubernetes-admin"
         if scheme.lower() == "bearer" and token.strip() in self.service_accounts:
             user, rules = self.service_accounts[token.strip()]
             attrs = attributes(method, path)
@@ -135,6 +145,10 @@ class ApiServer:
                 where = f' in the namespace "{ns}"' if ns else " at the cluster scope"
                 raise ApiError(403, "Forbidden", f'{res} is forbidden: User "{user}" cannot {verb} resource '
                                                  f'"{resource}" in API group "{group}"{where}')
+        if method == "POST":
+            self._pod_security(path, body)
+        if self.admission is not None and method in ADMITTED:
+            self._admit(method, path, headers, body, user)
         for hook in self.hooks:
             hook("before", method, path)
         answer = self._handle(method, raw_path, headers, body, rules)
@@ -145,6 +159,60 @@ class ApiServer:
             # The write happened, but the client hears a 503: a retry must cope with its own success.
             raise ApiError(503, "ServiceUnavailable", "simulated lost reply (the write was applied)")
         return answer
+
+    def _pod_security(self, path: str, body: bytes) -> None:
+        """Pod Security Admission of a pod created through the API, as of one a Job's controller makes:
+        the namespace's enforce level (https://kubernetes.io/docs/concepts/security/pod-security-admission/)."""
+        attrs = attributes("POST", path)
+        if attrs is None or attrs[:2] != ("", "pods") or attrs[3] is None:
+            return
+        pod = json.loads(body or b"{}")
+        pod.setdefault("metadata", {})
+        pod.setdefault("spec", {})
+        with self.cluster.store.lock:
+            refused = self.cluster.admit_pod(attrs[3], pod)
+        if refused:
+            raise ApiError(403, "Forbidden", refused)
+
+    def _admit(self, method: str, path: str, headers: dict[str, str], body: bytes, user: str) -> None:
+        """The admission policies' review of a write: the object as it would be stored, and as it is."""
+        assert self.admission is not None
+        attrs = attributes(method, path)
+        m = _VERSIONED.match(path)
+        if attrs is None or m is None:
+            return
+        group, resource, _verb, ns = attrs
+        plural, name = resource.split("/")[0], object_name(path) or ""
+        store = self.cluster.store
+        obj: dict[str, Any] | None = None
+        old: dict[str, Any] | None = None
+        if method == "POST" and "/" not in resource:
+            obj = json.loads(body or b"{}")
+            meta = obj.setdefault("metadata", {})
+            name = meta.get("name") or meta.get("generateName", "")
+            if ns is not None:
+                meta.setdefault("namespace", ns)
+        elif method in ("PATCH", "PUT", "DELETE"):
+            try:
+                with store.lock:
+                    current = store.peek(plural, ns, name)
+                    old = copy.deepcopy(current) if current is not None else None
+            except KeyError:
+                return
+            if old is None:
+                return  # the request itself answers 404
+            if method == "PATCH":
+                obj = apply_patch(headers.get("content-type", ""), copy.deepcopy(old), body)
+            elif method == "PUT":
+                obj = json.loads(body or b"{}")
+        else:
+            obj = json.loads(body or b"{}")
+        operation = ADMITTED[method]
+        version = m.group("core") or m.group("version")
+        denial = self.admission.review(operation, group, version, resource, ns, name, user, obj, old)
+        if denial is not None:
+            self.admission_denied.append(denial.message)
+            raise ApiError(denial.code, denial.reason, denial.message)
 
     def _handle(self, method: str, raw_path: str, headers: dict[str, str], body: bytes,
                 rules: list[Rule] | None = None) -> tuple[int, Any, str]:
@@ -261,6 +329,10 @@ class ApiServer:
         plural = res.plural
         if plural == "pods":
             obj.setdefault("status", {})["phase"] = "Pending"
+            # The admission plugins (RuntimeClass, Pod Security) answer a refused pod with a 403.
+            refused = self.cluster.admit_pod(ns or "default", obj)
+            if refused:
+                raise ApiError(403, "Forbidden", refused, kind="pods", name=obj["metadata"].get("name", ""))
         if plural == "events":
             obj.setdefault("firstTimestamp", iso(self.cluster.clock.now()))
             obj.setdefault("lastTimestamp", obj["firstTimestamp"])

@@ -65,6 +65,13 @@ RESOURCES: dict[str, Resource] = {r.plural: r for r in (
     Resource("rolebindings", "RoleBinding", "rbac.authorization.k8s.io", "v1", True),
     Resource("clusterroles", "ClusterRole", "rbac.authorization.k8s.io", "v1", False),
     Resource("clusterrolebindings", "ClusterRoleBinding", "rbac.authorization.k8s.io", "v1", False),
+    Resource("networkpolicies", "NetworkPolicy", "networking.k8s.io", "v1", True, ("netpol",)),
+    # Stored as deploy/admission-policy.yaml applies them; the server enforces the policies it is given
+    # (ApiServer.admission), not those stored.
+    Resource("validatingadmissionpolicies", "ValidatingAdmissionPolicy", "admissionregistration.k8s.io", "v1",
+             False),
+    Resource("validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding",
+             "admissionregistration.k8s.io", "v1", False),
     # Reviews are answered, never stored (kubectl auth can-i).
     Resource("selfsubjectrulesreviews", "SelfSubjectRulesReview", "authorization.k8s.io", "v1", False,
              verbs=("create",)),

@@ -528,6 +528,41 @@ def test_self_subject_reviews_answer_from_the_simulated_rbac(sim: Sim) -> None:
     assert can("list", "nodes") and not can("delete", "nodes")
 
 
+def test_sim_serve_honours_the_fleet_files_speed(tmp_path) -> None:
+    """A fleet file that sets `speed` is served at that speed, as the embedded simulator runs it; one
+    that does not, and the demo's fleet, at 1x; `--speed` outranks both."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    def served_speed(fleet_text: str | None, *extra: str) -> str:
+        kc = tmp_path / "kc"
+        kc.unlink(missing_ok=True)
+        args = [sys.executable, "-m", "sweeper.cli", "sim", "serve", "--kubeconfig-out", str(kc), *extra]
+        if fleet_text is not None:
+            (tmp_path / "f.yaml").write_text(fleet_text)
+            args += ["--fleet", str(tmp_path / "f.yaml")]
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            args += ["--port", str(s.getsockname()[1])]
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        try:
+            while not kc.exists():
+                assert proc.poll() is None, proc.stdout.read().decode()  # type: ignore[union-attr]
+                time.sleep(0.05)
+        finally:
+            proc.terminate()
+            out = proc.communicate(timeout=30)[0].decode()
+        return out.split("real time")[0].split()[-1]
+
+    group = "node_groups: [{name_prefix: g-, count: 1, instance_type: p5.48xlarge}]\n"
+    assert served_speed("speed: 120\n" + group) == "120x"
+    assert served_speed(group) == "1x"
+    assert served_speed(None) == "1x"
+    assert served_speed("speed: 120\n" + group, "--speed", "2") == "2x"
+
+
 def test_one_clock_for_the_served_simulator_and_an_outside_sweeper(tmp_path) -> None:
     """`sweeper sim serve` runs on the wall clock by default, the only clock kubectl and a Sweeper in
     another process can read. So what the simulator stamps (an Event's creationTimestamp, the check's
@@ -547,7 +582,7 @@ def test_one_clock_for_the_served_simulator_and_an_outside_sweeper(tmp_path) -> 
     from sweeper.history import History
 
     fleet = tmp_path / "fleet.yaml"
-    fleet.write_text(yaml.safe_dump({"name": "clock", "seed": 3, "speed": 600, "check_seconds": 1,
+    fleet.write_text(yaml.safe_dump({"name": "clock", "seed": 3, "check_seconds": 1,
                                      "node_groups": [{"name_prefix": "gpu-", "count": 2,
                                                       "instance_type": "p5.48xlarge", "age": "2d"}]}))
     cfg = tmp_path / "config.yaml"

@@ -140,13 +140,16 @@ def test_apply_the_deploy_manifests(served: Path) -> None:
     for made in ("serviceaccount/sweeper created", "clusterrole.rbac.authorization.k8s.io/sweeper created",
                  "rolebinding.rbac.authorization.k8s.io/sweeper-node-events created",
                  "persistentvolumeclaim/sweeper-state created", "cronjob.batch/sweeper created",
-                 "configmap/sweeper-policies created"):
+                 "configmap/sweeper-policies created", "networkpolicy.networking.k8s.io/sweeper created",
+                 "namespace/sweeper-remediation configured", "serviceaccount/sweeper-remediation created"):
         assert made in out, out
     out = kubectl(served, "apply", "-f", str(ROOT / "deploy"))
     created = sorted(line.split()[0] for line in out.splitlines() if line.endswith(" created"))
-    assert "cronjob.batch/sweeper unchanged" in out and created == sorted(  # only the optional RBAC documents
-        f"clusterrole{b}.rbac.authorization.k8s.io/sweeper-{what}" for what in ("evictions", "karpenter")
-        for b in ("", "binding")), out
+    assert "cronjob.batch/sweeper unchanged" in out and created == sorted(  # the optional RBAC, the policies
+        [f"clusterrole{b}.rbac.authorization.k8s.io/sweeper-{what}" for what in ("evictions", "karpenter")
+         for b in ("", "binding")]
+        + [f"validatingadmissionpolicy{b}.admissionregistration.k8s.io/sweeper-{what}"
+           for what in ("jobs", "node-writes", "nodeclaims") for b in ("", "binding")]), out
     out = kubectl(served, "apply", "--server-side", "-f", str(ROOT / "deploy" / "cronjob.yaml"))
     assert "cronjob.batch/sweeper serverside-applied" in out, out
     assert kubectl(served, "-n", "sweeper", "get", "cronjob", "sweeper", "-o", "jsonpath={.spec.schedule}") \

@@ -9,6 +9,7 @@ table), from each node's fabric faults."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +48,8 @@ def run_pair(sim: Sim, a: str = "gpu-00", b: str = "gpu-01", cfg: Config = TEST_
 
 
 def leftovers(sim: Sim) -> tuple[list[str], list[str]]:
-    jobs = [j.metadata.name for j in sim.batch.list_namespaced_job(TEST_CONFIG.namespace).items]
-    services = [s.metadata.name for s in sim.core.list_namespaced_service(TEST_CONFIG.namespace).items]
+    jobs = [j.metadata.name for j in sim.batch.list_namespaced_job(TEST_CONFIG.check_namespace).items]
+    services = [s.metadata.name for s in sim.core.list_namespaced_service(TEST_CONFIG.check_namespace).items]
     return jobs, services
 
 
@@ -114,7 +115,7 @@ def test_reconcile_deletes_the_service_a_dead_run_left(make_sim: Callable[..., S
     labels = {"app.kubernetes.io/managed-by": "sweeper", "app.kubernetes.io/component": "pair",
               "sweeper.dev/run-id": "sw-dead"}
     for name, extra in (("sweep-pair-gpu-00-dead00", labels), ("someone-elses", {"app": "web"})):
-        sim.core.create_namespaced_service(TEST_CONFIG.namespace, {
+        sim.core.create_namespaced_service(TEST_CONFIG.check_namespace, {
             "metadata": {"name": name, "labels": extra}, "spec": {"clusterIP": "None", "ports": [{"port": 29500}]}})
     report = run_sweep(sim, history)
     assert leftovers(sim)[1] == ["someone-elses"]
@@ -125,9 +126,9 @@ def test_an_unpullable_pair_image_is_a_fault_of_the_tool(make_sim: Callable[...,
     """Both pods wait with ErrImagePull, then ImagePullBackOff
     (https://kubernetes.io/docs/concepts/containers/images/#imagepullbackoff): `error`, never
     `fail`, and a fault no pair result may hold against either node."""
-    bad = "ghcr.io/sweeper-dev/nccl-pair:typo"
+    bad = "ghcr.io/sweeper-dev/nccl-pair:typo@sha256:" + "b" * 64  # the config's image (never a playbook var)
     sim = make_sim(fleet_spec(nodes=2, registry={"missing": [bad]}))
-    out, _ = run_pair(sim, vars={"pair_image": bad})
+    out, _ = run_pair(sim, cfg=replace(TEST_CONFIG, pair_image=bad))
     assert out["status"] == "error" and out["failed"] is True, out
     (check,) = out["result"]["checks"]
     assert (check["name"], check["code"]) == ("check.tool", "ErrImagePull")

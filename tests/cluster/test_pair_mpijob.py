@@ -24,7 +24,7 @@ from tests.cluster.test_pair_job import node_vars, run_pair
 from tests.conftest import TEST_CONFIG, Sim, fleet_spec, run_sweep
 
 MPI = "nccl-pair-mpijob.yaml.j2"
-NS = TEST_CONFIG.namespace
+NS = TEST_CONFIG.check_namespace
 
 
 def mpi_sim(make_sim: Callable[..., Sim], installed: bool = True, **kw: Any) -> Sim:

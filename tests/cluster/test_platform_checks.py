@@ -85,7 +85,8 @@ def test_a_light_check_sees_the_gpus_through_nvidias_runtime(make_sim, history: 
 def test_dcgm_through_the_nodes_own_host_engine_starts_no_second_one(make_sim, history: History) -> None:
     """On a GPU Operator node dcgm-exporter already runs a host engine. A DCGM sweep that starts its
     own says so in the sweep's log; with `dcgm_hostengine: node`, dcgmi talks to the node's engine
-    on its own address (status.hostIP, port 5555) instead, and nothing is said."""
+    on its own address (status.hostIP, port 5555) instead, and nothing is said. The default,
+    `dcgm_hostengine: auto`, finds the operator's nvidia-dcgm on every GPU node and does the same."""
     from dataclasses import replace
 
     spec = fleet_spec(nodes=1)
@@ -97,11 +98,59 @@ def test_dcgm_through_the_nodes_own_host_engine_starts_no_second_one(make_sim, h
                 and "second DCGM host engine" in d.get("msg", "")]
 
     cfg = replace(TEST_CONFIG, playbook="sweep-dcgm.yaml", interval=0)
-    report = run_sweep(sim, history, cfg)
+    report = run_sweep(sim, history, replace(cfg, dcgm_hostengine=""))
     assert [(o.node, o.verdict) for o in report.outcomes] == [("gpu-00", "pass")]
     assert second_engine(report), "an engine of its own beside dcgm-exporter's: said"
     report = run_sweep(sim, history, replace(cfg, dcgm_hostengine="node"))
     assert [(o.node, o.verdict) for o in report.outcomes] == [("gpu-00", "pass")]
     assert second_engine(report) == []
+    report = run_sweep(sim, history, cfg)
+    assert [(o.node, o.verdict) for o in report.outcomes] == [("gpu-00", "pass")]
+    assert second_engine(report) == []
+    assert any("nvidia-dcgm runs on every GPU node" in n for n in report.plan.notes), report.plan.notes
     checks = [c["name"] for c in history.db.query("select name from checks")]
     assert any(name.startswith("dcgm.") for name in checks), "the diagnostic ran and was read"
+
+
+# -- what a node has is read from the node ------------------------------------------------------
+
+def test_a_karpenter_node_launched_without_efa_is_not_short_of_efa(make_sim, history: History) -> None:
+    """Karpenter (and EKS Auto Mode) gives an instance EFA interfaces only when a pod that requests
+    `vpc.amazonaws.com/efa` made it launch; otherwise it has none
+    (https://docs.aws.amazon.com/eks/latest/userguide/device-management-efa.html). The number of EFA
+    devices expected is what the node advertises before the instance type's 32: a p5 that
+    advertises none is swept without an EFA count, one that advertises 32 is held to 32."""
+    from dataclasses import replace
+
+    spec = fleet_spec(nodes=2, faults={"gpu-01": {"nics_missing": 32}})
+    spec["node_groups"][0]["labels"] = {"karpenter.sh/nodepool": "gpu"}
+    sim: Sim = make_sim(spec)
+    assert sim.core.read_node("gpu-01").status.capacity["vpc.amazonaws.com/efa"] == "0"
+    report = run_sweep(sim, history, replace(TEST_CONFIG, interval=0))
+    assert {o.node: o.verdict for o in report.outcomes} == {"gpu-00": "pass", "gpu-01": "pass"}, report.outcomes
+    rows = history.db.query("select node, name, status from checks where name in ('nic.devices', 'efa.fi_info')")
+    got = {(r["node"], r["name"]): r["status"] for r in rows}
+    assert got[("gpu-01", "nic.devices")] == "skip" and ("gpu-01", "efa.fi_info") not in got
+    assert got[("gpu-00", "nic.devices")] == "pass" and got[("gpu-00", "efa.fi_info")] == "pass"
+
+
+def test_a_gke_a3_without_multi_networking_is_not_short_of_gvnics(make_sim, history: History) -> None:
+    """An A3's GPU gVNICs are the interfaces of its node pool's additional networks: with no
+    multi-networking it has its primary gVNIC only
+    (https://cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx; without
+    multi-networking a node has its one primary interface:
+    https://cloud.google.com/kubernetes-engine/docs/how-to/setup-multinetwork-support-for-pods). GKE lists
+    a node's additional networks in its networking.gke.io/north-interfaces annotation; the count the
+    check expects is theirs, not the instance type's 4."""
+    from dataclasses import replace
+
+    spec = fleet_spec(nodes=0)
+    spec["node_groups"] = [{"name_prefix": "a3-", "count": 1, "instance_type": "a3-highgpu-8g"},
+                           {"name_prefix": "solo-", "count": 1, "instance_type": "a3-highgpu-8g",
+                            "multi_network": False}]
+    sim: Sim = make_sim(spec)
+    assert "networking.gke.io/north-interfaces" not in (sim.core.read_node("solo-00").metadata.annotations or {})
+    report = run_sweep(sim, history, replace(TEST_CONFIG, interval=0))
+    assert {o.node: o.verdict for o in report.outcomes} == {"a3-00": "pass", "solo-00": "pass"}, report.outcomes
+    rows = history.db.query("select node, status from checks where name = 'nic.devices'")
+    assert {r["node"]: r["status"] for r in rows} == {"a3-00": "pass", "solo-00": "pass"}

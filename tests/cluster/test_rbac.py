@@ -38,10 +38,15 @@ P5 = load_profile(ROOT / "profiles" / "p5.48xlarge.yaml").as_vars()
 
 
 def manifest(name: str = "cronjob.yaml") -> list[dict]:
-    return [d for d in yaml.safe_load_all((ROOT / "deploy" / name).read_text()) if d]
+    """The documents of a file of deploy/, or of every file of a folder of it (device-plugin/: one
+    file per namespace the plugin may run in, so that each applies where its namespace exists)."""
+    path = ROOT / "deploy" / name
+    files = sorted(path.glob("*.yaml")) if path.is_dir() else [path]
+    return [d for f in files for d in yaml.safe_load_all(f.read_text()) if d]
 
 
-OPTIONAL = ("rbac-karpenter.yaml", "rbac-evictions.yaml")  # applied only with the feature that needs them
+# applied only with the feature that needs them
+OPTIONAL = ("rbac-karpenter.yaml", "rbac-evictions.yaml", "device-plugin")
 
 
 def _unused(rules: list, calls: set) -> list:
@@ -56,24 +61,29 @@ def _calls(sim: Sim, start: int, end: int | None = None) -> set:
 
 
 def test_the_cluster_role_is_exactly_what_sweeper_uses(make_sim, history: History, tmp_path: Path) -> None:
-    spec = fleet_spec(nodes=4, faults={"gpu-01": {"remap_failure": [2]}},
+    # gpu-02: an application XID the device plugin marks unhealthy; Sweeper restarts the plugin
+    spec = fleet_spec(nodes=5, faults={"gpu-01": {"remap_failure": [2]}, "gpu-02": {"xids": [{"code": 94, "gpu": 1}]},
+                                             "gpu-04": {"remap_pending": [5]}},
                       workloads=[{"node": "gpu-03", "gpus": 8, "duration": None}], mpi_operator=True)
-    spec["node_groups"][0]["labels"] = {"karpenter.sh/nodepool": "gpu"}
+    spec["node_groups"][0].update(labels={"karpenter.sh/nodepool": "gpu"}, device_plugin_pod=True)
     sim: Sim = make_sim(spec)
     sim.wait_for(lambda: sim.core.list_namespaced_pod("training").items, what="the workload")
     history.run_started("sw-dead", sim.cluster.clock.now() - 7200, "sweep")  # a run that died: reconciled
-    sim.core.create_namespaced_service("sweeper", {  # its pair sweep's Service, left behind
+    sim.core.create_namespaced_service("sweeper-checks", {  # its pair sweep's Service, left behind
         "metadata": {"name": "sweep-pair-gpu-00-dead00", "labels": {
             "app.kubernetes.io/managed-by": "sweeper", "app.kubernetes.io/component": "pair",
             "sweeper.dev/run-id": "sw-dead"}}, "spec": {"clusterIP": "None", "ports": [{"port": 29500}]}})
-    sim.kube.create_mpijob("sweeper", {  # and the MPIJob of its pair sweep's MPIJob form
+    sim.kube.create_mpijob("sweeper-checks", {  # and the MPIJob of its pair sweep's MPIJob form
         "apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "metadata": {"name": "pair-mpi-dead00", "labels": {
             "app.kubernetes.io/managed-by": "sweeper", "sweeper.dev/run-id": "sw-dead"}}, "spec": {}})
     start = len(sim.cluster.store.requests)
-    cfg = replace(TEST_CONFIG, node_condition=True, light_playbook="",
+    cfg = replace(TEST_CONFIG, node_condition=True, light_playbook="", remediate_reboots=True,
                   remediation={"default": "manual", "by_pool": {"gpu": "karpenter"}, "by_profile": {}})
     report = run_sweep(sim, history, cfg)
     assert {o.node: o.verdict for o in report.outcomes}["gpu-01"] == "replace"
+    assert {o.node: o.action for o in report.outcomes}["gpu-02"] == "released"
+    # a GPU reset, in the remediation namespace, under its own account
+    assert sim.core.read_node("gpu-04").metadata.annotations["sweeper.dev/remediation"] == "gpu-reset"
     # a pair sweep between two nodes the run handed back: its headless Service and Indexed Job
     pair = load_all()["run_pair_job"]
     nodes = {n: {"name": n, "gpus": 8, "labels": {"kubernetes.io/hostname": n}, "profile": P5} for n in ("gpu-00", "gpu-02")}
@@ -100,7 +110,7 @@ def test_the_cluster_role_is_exactly_what_sweeper_uses(make_sim, history: Histor
     # a check pod refused at creation (Pod Security): its Job's FailedCreate Event is listed, and the
     # run that stops on the repeated tool error says so in an Event on its Lease
     admin = len(sim.cluster.store.requests)  # the cluster admin labels the namespace: not Sweeper's call
-    sim.core.patch_namespace("sweeper", {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "baseline"}}})
+    sim.core.patch_namespace("sweeper-checks", {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "baseline"}}})
     labelled = len(sim.cluster.store.requests)
     refused = run_sweep(sim, history, replace(cfg, interval=1, tool_error_limit=1))
     assert "refused at creation" in refused.tool_stop, refused.outcomes
@@ -110,11 +120,21 @@ def test_the_cluster_role_is_exactly_what_sweeper_uses(make_sim, history: Histor
     rules = base + [r for name in OPTIONAL for r in optional[name]]
     denied = sorted((c for c in calls if allowed(rules, *c) is None), key=str)
     assert denied == [], f"calls the RBAC does not allow: {denied}"
-    assert _unused(rules, calls) == [], "RBAC that no call needs"
+    unexercised = {("gpu-operator", ("pods",), "delete"), ("nvidia-device-plugin", ("pods",), "delete")}
+    assert [u for u in _unused(rules, calls) if (u[0], tuple(u[1]), u[2]) not in unexercised] == [], \
+        "RBAC that no call needs"
     # each optional document is needed by its own feature, and the default manifest lacks it
-    feature = {"rbac-karpenter.yaml": _calls(sim, start, swept), "rbac-evictions.yaml": _calls(sim, swept)}
+    feature = {"rbac-karpenter.yaml": _calls(sim, start, swept), "rbac-evictions.yaml": _calls(sim, swept),
+               "device-plugin": _calls(sim, start, swept)}
+    # The device plugin's document has one Role per namespace the plugin may run in: each grants
+    # exactly the delete of pods; this fleet's plugin runs in kube-system.
+    assert {(ns, tuple(r["resources"]), tuple(r["verbs"])) for ns, r in optional["device-plugin"]} == {
+        (ns, ("pods",), ("delete",)) for ns in ("gpu-operator", "kube-system", "nvidia-device-plugin")}
     for name in OPTIONAL:
-        assert optional[name] and _unused(optional[name], feature[name]) == [], name
+        unused = _unused(optional[name], feature[name])
+        if name == "device-plugin":
+            unused = [u for u in unused if u[0] == "kube-system"]
+        assert optional[name] and unused == [], name
         needs = [c for c in feature[name] if allowed(optional[name], *c) is not None]
         assert needs and all(allowed(base, *c) is None for c in needs), f"{name}: the default manifest lacks it"
     # the lock's Lease by its name only: another Lease in the namespace is out of reach
@@ -175,7 +195,10 @@ def test_the_cronjob_pod_sweeps_from_inside_the_cluster(tmp_path: Path) -> None:
         argv = [a.replace("/etc/sweeper", f"{root}/etc/sweeper").replace("/var/lib/sweeper", f"{root}/var/lib/sweeper")
                 for a in container["command"][1:] + container.get("args", [])]
         env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "SWEEPER_STATE", "SWEEPER_HOME")}
-        env.update({e["name"]: e["value"].replace("/tmp", str(root / "tmp")) for e in container.get("env", [])})
+        # plain values; the webhook's optional Secret does not exist here, so the kubelet leaves it unset
+        env.update({e["name"]: e["value"].replace("/tmp", str(root / "tmp")) for e in container.get("env", [])
+                    if "value" in e})
+        assert all(e["valueFrom"]["secretKeyRef"]["optional"] for e in container["env"] if "valueFrom" in e)
         host, port = server.httpd.server_address[:2]
         env.update({"KUBERNETES_SERVICE_HOST": str(host), "KUBERNETES_SERVICE_PORT": str(port),
                     "SWEEPER_SERVICEACCOUNT_DIR": str(sa)})

@@ -118,7 +118,7 @@ def test_reconcile_finishes_the_story_of_a_dead_run(make_sim, history: History) 
     _record_dead_run(history, "sw-dead-a", "gpu-00", None)        # died mid-check
     history.sweep_finished(history.sweep_started("sw-dead-a", "gpu-01", 1.0, "light sweep", "p5"), 2.0, "reboot",
                            ["XID 79"])                             # verdict recorded, never acted on
-    sim.batch.create_namespaced_job("sweeper", {"metadata": {"name": "left-over", "labels": {
+    sim.batch.create_namespaced_job("sweeper-checks", {"metadata": {"name": "left-over", "labels": {
         "app.kubernetes.io/managed-by": "sweeper", f"{cfg.prefix}/run-id": "sw-dead-a"}},
         "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
             {"name": "c", "image": "i", "command": ["sleep", "inf"]}]}}}})
@@ -214,7 +214,7 @@ def test_sigkill_at_every_step_then_run_again(make_sim, tmp_path: Path, stage: s
     assert again.returncode == 0, again.stderr
     taints = sweep_taints(sim)
     assert set(taints) <= {"gpu-02"}, f"only the faulty node may stay held: {taints}"
-    assert sim.batch.list_namespaced_job("sweeper").items == []
+    assert sim.batch.list_namespaced_job("sweeper-checks").items == []
     h = History(state)
     assert h.unfinished_runs() == []
     open_sweeps = list(h.db.query("select node, run_id, kind from node_sweeps where finished is null"))
@@ -724,6 +724,25 @@ class _Signals:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def test_the_default_prometheus_query_reads_both_host_labels() -> None:
+    """dcgm-exporter renamed its host label `Hostname` to `hostname` (NVIDIA/dcgm-exporter#655): a
+    fleet mid-upgrade has both; the default query groups by both and each series is read by the one
+    it carries."""
+    from sweeper import signals
+
+    prom = {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"hostname": "gpu-new"}, "value": [0, "79"]},
+        {"metric": {"Hostname": "gpu-old"}, "value": [0, "48"]}]}}
+    fake = _Signals(prom, {})
+    try:
+        source = signals.Source.from_dict({"type": "prometheus", "url": fake.url})
+        found = signals.query(source)
+    finally:
+        fake.close()
+    assert set(found) == {"gpu-new", "gpu-old"}
+    assert "by (Hostname, hostname)" in source.query
 
 
 def test_prometheus_and_loki_name_suspects(make_sim, history: History) -> None:

@@ -39,8 +39,8 @@ def test_healthy_nodes_are_handed_back_and_every_step_is_recorded(make_sim, hist
         assert after == before[n], "everything Sweeper added is taken off again, but the last result"
         labels = sim.core.read_node(n).metadata.labels
         assert labels["sweeper.dev/status"] == "pass" and labels["sweeper.dev/last-sweep"].isdigit()
-    assert sim.batch.list_namespaced_job("sweeper").items == [], "check Jobs are deleted"
-    assert sim.core.list_namespaced_pod("sweeper").items == [], "and their pods with them"
+    assert sim.batch.list_namespaced_job("sweeper-checks").items == [], "check Jobs are deleted"
+    assert sim.core.list_namespaced_pod("sweeper-checks").items == [], "and their pods with them"
     counts = history.counts()
     assert counts["runs"] == 1 and counts["node_sweeps"] == 3
     assert counts["checks"] >= 3 * 8 and counts["metrics"] > 0
@@ -77,7 +77,7 @@ def test_a_pod_that_lands_during_the_taint_is_left_alone(make_sim, history: Hist
     assert len(pods) == 1 and pods[0]["metadata"]["namespace"] == "training", "the workload runs on, untouched"
     assert TAINT not in taints(sim, "gpu-00")
     assert "karpenter.sh/do-not-disrupt" not in annotations(sim, "gpu-00")
-    assert sim.batch.list_namespaced_job("sweeper").items == [], "no check was started on it"
+    assert sim.batch.list_namespaced_job("sweeper-checks").items == [], "no check was started on it"
     assert outcome(report, "gpu-01").verdict == "pass"
     assert ("gpu-00", "release") in [(a["node"], a["action"]) for a in history.db.query("select * from actions")]
 
@@ -117,8 +117,8 @@ def test_a_hung_check_ends_at_its_deadline_as_a_failure(make_sim, history: Histo
     o = outcome(report, "gpu-01")
     assert (o.verdict, o.action) == ("quarantine", "held")
     assert "did not finish within 1800s" in o.reasons[0]
-    assert sim.batch.list_namespaced_job("sweeper").items == [], "the hung Job is cleaned up"
-    assert sim.core.list_namespaced_pod("sweeper").items == [], "and its pod"
+    assert sim.batch.list_namespaced_job("sweeper-checks").items == [], "the hung Job is cleaned up"
+    assert sim.core.list_namespaced_pod("sweeper-checks").items == [], "and its pod"
     check = history.node_history("gpu-01")["sweeps"][0]["problems"][0]
     assert (check["name"], check["status"], check["code"]) == ("check.deadline", "fail", "DeadlineExceeded")
 

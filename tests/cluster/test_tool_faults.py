@@ -21,7 +21,7 @@ from sweeper.policy import HOLDING
 from sweeper.sweep import ATTEMPT_VERDICTS, Sweep
 from tests.conftest import TEST_CONFIG, Sim, fleet_spec, run_sweep
 
-BAD_IMAGE = "ghcr.io/sweeper-dev/sweeper:0.1.0-typo"
+BAD_IMAGE = "ghcr.io/sweeper-dev/sweeper:0.1.0-typo@sha256:" + "c" * 64  # pinned, as every image is
 CFG = replace(TEST_CONFIG, check_timeout=1800)  # 3 s of real time: room for a loaded machine
 
 
@@ -57,7 +57,7 @@ def test_an_unpullable_image_ends_error_not_a_hung_check(make_sim, history: Hist
         check = assert_tool_error(sim, history, report, node, f'the check image "{BAD_IMAGE}" cannot be pulled',
                                   "a fault of the check, not of the node", "ImagePull")
         assert (check["name"], check["code"]) == ("check.tool", "ErrImagePull")
-    assert sim.batch.list_namespaced_job("sweeper").items == []
+    assert sim.batch.list_namespaced_job("sweeper-checks").items == []
     # The same nodes are not held back by max_attempts: a fault of the tool is not the node's.
     sw = Sweep(sim.kube, replace(CFG, max_attempts=1), history, clock=sim.cluster.clock)
     assert history.failures_since(0, ATTEMPT_VERDICTS) == {"gpu-00": 1, "gpu-01": 1}
@@ -99,16 +99,16 @@ def test_pod_security_admission_refusal_ends_error_with_the_apiserver_words(make
     creation with a 403; a Job's controller records it as a FailedCreate Event and no pod exists.
     https://kubernetes.io/docs/concepts/security/pod-security-admission/"""
     sim: Sim = make_sim(nodes=2)
-    sim.core.patch_namespace("sweeper", {"metadata": {"labels": {
+    sim.core.patch_namespace("sweeper-checks", {"metadata": {"labels": {
         "pod-security.kubernetes.io/enforce": "baseline"}}})
     report = run_sweep(sim, history, CFG)
-    words = 'violates PodSecurity "baseline:latest": hostPath volumes (volumes "host-sys", "host-root")'
+    words = 'violates PodSecurity "baseline:latest": hostPath volumes (volume "host-sys")'
     for node in ("gpu-00", "gpu-01"):
         check = assert_tool_error(sim, history, report, node, "refused at creation", words)
         assert check["code"] == "FailedCreate"
-    events = [e for e in sim.core.list_namespaced_event("sweeper").items if e.reason == "FailedCreate"]
+    events = [e for e in sim.core.list_namespaced_event("sweeper-checks").items if e.reason == "FailedCreate"]
     assert events and all(e.involved_object.kind == "Job" and "is forbidden: " + words in e.message for e in events)
-    assert sim.core.list_namespaced_pod("sweeper").items == [], "the refused pods never existed"
+    assert sim.core.list_namespaced_pod("sweeper-checks").items == [], "the refused pods never existed"
 
 
 def test_an_unknown_runtime_class_ends_error_and_a_known_one_runs(make_sim, history: History,
@@ -116,9 +116,10 @@ def test_an_unknown_runtime_class_ends_error_and_a_known_one_runs(make_sim, hist
     """The RuntimeClass admission controller refuses a pod naming a RuntimeClass that does not
     exist: `pod rejected: RuntimeClass "x" not found` (plugin/pkg/admission/runtimeclass/admission.go,
     https://kubernetes.io/docs/concepts/containers/runtime-class/). A cluster without the GPU
-    Operator has no `nvidia` RuntimeClass, which `runtime_class: auto` names on a generic platform."""
+    Operator has no `nvidia` RuntimeClass, which `runtime_class: auto` names on a named generic
+    platform (`platform: auto` would find none and name none: tests/cluster/test_platform_auto.py)."""
     sim: Sim = make_sim(nodes=1, runtime_classes=[])
-    cfg = replace(CFG, interval=0)
+    cfg = replace(CFG, interval=0, platform="generic")
     report = run_sweep(sim, history, cfg)
     check = assert_tool_error(sim, history, report, "gpu-00", 'pod rejected: RuntimeClass "nvidia" not found')
     assert check["code"] == "FailedCreate"
@@ -132,7 +133,8 @@ def test_a_missing_configmap_and_a_missing_program_are_faults_of_the_check(make_
                                                                            tmp_path: Path) -> None:
     """A container whose env names a ConfigMap that does not exist waits with CreateContainerConfigError
     (`configmap "x" not found`); a shell whose program is not in the image exits 127."""
-    sim: Sim = make_sim(fleet_spec(nodes=2, registry={"lacking": {"busybox:1.36": ["sweeper"]}}))
+    busybox = "busybox:1.36@sha256:" + "d" * 64  # pinned, and in allowed_images: an author's own image
+    sim: Sim = make_sim(fleet_spec(nodes=2, registry={"lacking": {busybox: ["sweeper"]}}))
     out = tmp_path / "job-templates"
     shutil.copytree(home() / "job-templates", out)
     path = out / "sweeper-check.yaml.j2"
@@ -145,8 +147,8 @@ def test_a_missing_configmap_and_a_missing_program_are_faults_of_the_check(make_
 """))
     shell = out / "shell-check.yaml.j2"
     shell.write_text(text.replace('command: ["sweeper", "check"]', 'command: ["sh", "-c", "sweeper check --json"]')
-                     .replace("image: {{ image | tojson }}", 'image: "busybox:1.36"'))
-    cfg = replace(CFG, template_dir=str(out))
+                     .replace("image: {{ image | tojson }}", f'image: "{busybox}"'))
+    cfg = replace(CFG, template_dir=str(out), allowed_images=(busybox,))
     report = run_sweep(sim, history, replace(cfg, max_nodes=1, run_deadline=1))  # gpu-00 alone
     check = assert_tool_error(sim, history, report, "gpu-00", "CreateContainerConfigError",
                               'configmap "sweeper-extra" not found')

@@ -168,9 +168,9 @@ def test_a_sweep_follows_its_jobs_with_one_watch_and_no_job_reads(make_sim, hist
     requests = sim.cluster.store.requests
     assert [p for m, p in requests if m == "GET" and "/jobs/" in p] == []
     watches = [p for m, p in requests if m == "WATCH"]
-    assert set(watches) == {"/api/v1/namespaces/sweeper/pods", "/apis/batch/v1/namespaces/sweeper/jobs"}
-    assert sum(1 for m, p in requests if m == "GET" and p == "/api/v1/namespaces/sweeper/pods") == 1
-    jobs = [p for m, p in requests if m == "GET" and p == "/apis/batch/v1/namespaces/sweeper/jobs"]
+    assert set(watches) == {"/api/v1/namespaces/sweeper-checks/pods", "/apis/batch/v1/namespaces/sweeper-checks/jobs"}
+    assert sum(1 for m, p in requests if m == "GET" and p == "/api/v1/namespaces/sweeper-checks/pods") == 1
+    jobs = [p for m, p in requests if m == "GET" and p == "/apis/batch/v1/namespaces/sweeper-checks/jobs"]
     assert len(jobs) == 2, "one list by reconcile, one by the run's watch"
     sim.wait_for(lambda: not [t for t in threading.enumerate() if t.name.startswith("run-watch-") and t.is_alive()],
                  what="the run's watch threads to end with the run")

@@ -1,5 +1,6 @@
 """DCGM diag JSON (4.x and the 3.x layouts) and nccl-tests tables, one fixture per shape."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,50 @@ def test_nccl_a_run_that_aborted_is_a_failed_test_with_its_reason() -> None:
     r = nccl.parse(text, "n1", NOW)
     assert r.status == "fail"
     assert [c.code for c in r.checks] == ["ABORTED"] and "busy or unavailable" in r.checks[0].message
+
+
+# DCGM 4.x prints a test's own result above its per-GPU rows, and the two can disagree: `pcie` Fail
+# while every GPU row says Pass (NVIDIA/DCGM#253). The messages below follow DCGM's own templates in
+# dcgmlib/dcgm_errors.h: DCGM_FR_PCIE_GENERATION (45), DCGM_FR_PENDING_ROW_REMAP (85) and
+# DCGM_FR_INTERNAL (44, "There was an internal error during the test: '%s'", category 16, INTERNAL_OTHER).
+def table_253(test: str, overall: str, label: str, message: str) -> str:
+    rows = "".join(f"|                           | GPU{g}: Pass{' ' * 37}|\n" for g in range(4))
+    return ("|-----  Integration  -------+------------------------------------------------|\n"
+            f"| {test:<25} | {overall:<46} |\n" + rows + f"| {label:<25} | {message:<46} |\n")
+
+
+def test_dcgm_a_test_level_fail_over_passing_gpu_rows_is_never_a_pass() -> None:
+    named = dcgm.parse(table_253("pcie", "Fail", "Warning", "GPU 1 is running at PCI link generation 1"), "n1", NOW)
+    assert named.status == "fail"
+    assert [(c.gpu, c.status) for c in named.checks] == [(0, "pass"), (2, "pass"), (3, "pass"), (1, "fail")]
+    unnamed = dcgm.parse(table_253("pcie", "Warn", "Warning", "Link bandwidth below the minimum"), "n1", NOW)
+    assert unnamed.status == "warn" and (unnamed.checks[-1].gpu, unnamed.checks[-1].status) == (None, "warn")
+    own = dcgm.parse(table_253("pcie", "Fail", "Warning", "There was an internal error during the test"), "n1", NOW)
+    assert own.status == "error" and own.checks[-1].code == "DCGM_INTERNAL"
+
+
+def test_dcgm_an_error_row_that_names_a_gpu_fails_that_gpu() -> None:
+    text = table_253("memory", "Pass", "Error", "GPU 3 had memory errors and row remappings are pending")
+    r = dcgm.parse(text, "n1", NOW)
+    assert r.status == "fail"
+    assert {c.gpu for c in r.checks if c.status == "fail"} == {3}
+    assert "row remappings are pending" in next(c for c in r.checks if c.gpu == 3).message
+
+
+def summary_only(status: str, warning: dict[str, object]) -> str:
+    results = [{"entity_group": "GPU", "entity_group_id": 1, "entity_id": g, "status": "Pass"} for g in range(2)]
+    return json.dumps({"DCGM Diagnostic": {"test_categories": [{"category": "Integration", "tests": [
+        {"name": "pcie", "results": results, "test_summary": {"status": status, "warnings": [warning]}}]}]}})
+
+
+def test_dcgm_json_test_summary_fail_over_passing_entities() -> None:
+    """With -j the same disagreement is test_summary.status against the entities' own results."""
+    r = dcgm.parse(summary_only("Fail", {"error_id": 45, "error_category": 13, "error_severity": 4,
+                                         "warning": "GPU 0 is running at PCI link generation 1"}), "n1", NOW)
+    assert r.status == "fail" and [(c.gpu, c.status, c.code) for c in r.checks if c.status == "fail"] == [(0, "fail", "45")]
+    own = dcgm.parse(summary_only("Fail", {"error_id": 44, "error_category": 16, "error_severity": 3,
+                                           "warning": "There was an internal error during the test: 'no json'"}),
+                     "n1", NOW)
+    assert own.status == "error" and own.checks[-1].code == "DCGM_INTERNAL"
+    words = dcgm.parse(summary_only("Fail", {"warning": "Couldn't parse json output from the child"}), "n1", NOW)
+    assert words.status == "error"
