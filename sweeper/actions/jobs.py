@@ -20,6 +20,7 @@ from sweeper.errors import KubeError, NotFound, PlaybookError
 from sweeper.fleet import pending_gpu_pods
 from sweeper.parsers import dcgm, nccl, sweeper_result
 from sweeper.result import CheckResult, Result, error_result, tool_result
+from sweeper.schema import safe_load, safe_load_all
 from sweeper.templating import JobTemplate, render_template, resolve_template
 
 SCHEDULE_TIMEOUT = 300.0
@@ -167,7 +168,7 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
 def load_rendered(rendered: str, path: Path, many: bool = False) -> Any:
     """The rendered YAML; an error names the line and column, never the text there."""
     try:
-        return [d for d in yaml.safe_load_all(rendered) if d is not None] if many else yaml.safe_load(rendered)
+        return [d for d in safe_load_all(rendered) if d is not None] if many else safe_load(rendered)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1} of the rendered text" if mark is not None else ""
