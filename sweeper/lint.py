@@ -20,7 +20,7 @@ from sweeper.config import UNPUBLISHED, Config, load_config
 from sweeper.errors import ConfigError, PlaybookError
 from sweeper.playbook.model import Task, load_playbook
 from sweeper.policy import parse_policy
-from sweeper.schema import ConfigProblems
+from sweeper.schema import ConfigProblems, safe_load
 from sweeper.templating import ENV
 
 K8S_VERSION = "1.31"
@@ -82,7 +82,7 @@ def lint_paths(paths: list[Path], cfg: Config, config_file: Path | None = None) 
             report.problems += lint_template(f, cfg)
             continue
         try:
-            raw = yaml.safe_load(f.read_text())
+            raw = safe_load(f.read_text())
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark
             report.problems.append(f"{f}:{mark.line + 1 if mark else 1}: YAML syntax error: {exc.problem}")

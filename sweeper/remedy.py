@@ -188,7 +188,8 @@ class Remediator:
                          extra: dict[str, Any], bound: bool = False) -> dict[str, Any]:
         """A reboot or GPU reset Job: in its own namespace (remediation_namespace, apart from the
         check Jobs'), under its own service account, which has no RBAC and no token mounted."""
-        return render_job(self._context(run_id, node_vars), template, 600, extra, remediation=True, bound=bound)
+        return render_job(self._context(run_id, node_vars), template, 600, extra, remediation=True,
+                          bound=bound or template == self.cfg.gpu_reset_template)
 
     def reboot(self, run_id: str, view: NodeView, node_vars: dict[str, Any]) -> Remedy:
         job = self._remediation_job(run_id, node_vars, self.cfg.reboot_template, {})
@@ -241,8 +242,9 @@ class Remediator:
         for every GPU asked for, else why not: an exit 0 alone is no proof the GPUs were reset."""
         try:
             pods = self.kube.list_pods(label_selector=f"job-name={job}")
-            logs = "".join(self.kube.pod_log(self.cfg.namespace, p["metadata"]["name"]) for p in pods
-                           if p["metadata"].get("namespace", self.cfg.namespace) == self.cfg.namespace)
+            ns = self.cfg.remediation_namespace  # where the reset Job runs
+            logs = "".join(self.kube.pod_log(ns, p["metadata"]["name"]) for p in pods
+                           if p["metadata"].get("namespace", ns) == ns)
         except KubeError as exc:
             return f"Unconfirmed (the reset's log could not be read: {exc})"
         done = len({bus.lower() for bus in RESET_LINE.findall(logs)})  # each GPU once, by its bus id

@@ -20,7 +20,7 @@ from sweeper.actions import node as node_actions
 from sweeper.actions.decide import policy_for
 from sweeper.actions.jobs import gpu_stack_words
 from sweeper.actions.jobwatch import RunWatch
-from sweeper.clock import Clock, WallClock, iso, parse_iso
+from sweeper.clock import Clock, WallClock, iso, read_iso
 from sweeper.config import Config
 from sweeper.control import KEYS, Controls, dismissal_key
 from sweeper.errors import Conflict, KubeError, LockLost, NotFound, PlaybookError, Transient
@@ -232,6 +232,9 @@ class Sweep:
             if not self.dry_run:
                 nodes = self.mark_suspects(nodes, found)
         p = plan(nodes, pods, self.cfg, self.rec.last_swept(self.kind), self.clock.now(), gates)
+        for d in p.skip:
+            if d.warning:  # the node's own data is broken: that node is skipped, the run goes on
+                self.emit("log", {"node": d.node.name, "msg": f"warning: {d.warning}"})
         # Every GPU node this pass saw, with its profile: the report's coverage counts the never swept.
         p.profiles = {d.node.name: profiles.match(self.profiles, d.node.labels).name for d in p.take + p.skip}
         if settled is not None:
@@ -791,8 +794,8 @@ class Sweep:
                    if sweep and sweep["finished"] and not cut else f"run {old} stopped before its checks finished")
             self.release(run_id, name, f"reconcile: {why}", owner=old)
             return {"node": name, "action": "released", "why": why}
-        since = view.annotations.get(f"{self.cfg.prefix}/held-since")
-        age = now - parse_iso(since) if since else float("inf")
+        since = read_iso(view.annotations.get(f"{self.cfg.prefix}/held-since"))  # unreadable: as if absent
+        age = now - since if since is not None else float("inf")
         if age >= self.cfg.orphan_grace:
             why = f"Sweeper's taint from run {old or '?'} with no record in this history, {int(age)}s old"
             self.release(run_id, name, f"reconcile: {why}", owner=old)

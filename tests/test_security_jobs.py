@@ -293,7 +293,8 @@ def _rendered(template: str, platform: str) -> list[dict[str, Any]]:
     if "pair_affinity" in (ROOT / "job-templates" / template).read_text():
         service, job, _ = render_pair(c, template, 900, {})
         return [job] if service is None else [service, job]
-    return [render_job(c, template, 900, {}, remediation=template in REMEDIATION)]
+    return [render_job(c, template, 900, {}, remediation=template in REMEDIATION,
+                       bound=template == "gpu-reset.yaml.j2")]
 
 
 def _pods(doc: dict[str, Any]) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from sweeper.errors import KubeError, NotFound, PlaybookError
 from sweeper.fleet import pending_gpu_pods
 from sweeper.parsers import dcgm, nccl, sweeper_result
 from sweeper.result import CheckResult, Result, error_result, tool_result
+from sweeper.schema import safe_load, safe_load_all
 from sweeper.templating import JobTemplate, render_template, resolve_template
 
 SCHEDULE_TIMEOUT = 300.0
@@ -104,7 +105,7 @@ def job_rules(ctx: ActionContext, found: JobTemplate, affinities: tuple[dict[str
                  images=ctx.config.job_images, runtime_class=ctx.config.runtime_class_name,
                  priority_class=ctx.config.check_priority_class,
                  privileged_image=getattr(ctx.config, key) if key else "", host_pid=found.name == "reboot.yaml.j2",
-                 bound_node=str((ctx.node or {}).get("name", "")) if bound and remediation else "")
+                 bound_node=str((ctx.node or {}).get("name", "")) if bound else "")
 
 
 def job_namespace(ctx: ActionContext, remediation: bool = False) -> str:
@@ -155,9 +156,9 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
     job = load_rendered(rendered, path)
     if not isinstance(job, dict) or job.get("kind") != "Job":
         raise PlaybookError(f"{path}: the template must render a batch/v1 Job")
-    refuse_unsafe([job], job_rules(ctx, found, (affinity,), remediation, bound), path)
     if bound:
         _check_bound(job, str(node.get("name", "")), path, ctx.config)
+    refuse_unsafe([job], job_rules(ctx, found, (affinity,), remediation, bound), path)
     if remediation:  # its own account, which has no RBAC and mounts no token (docs/security.md)
         job["spec"]["template"]["spec"]["serviceAccountName"] = ctx.config.remediation_service_account
     _second_engine(ctx, job, node)
@@ -167,7 +168,7 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
 def load_rendered(rendered: str, path: Path, many: bool = False) -> Any:
     """The rendered YAML; an error names the line and column, never the text there."""
     try:
-        return [d for d in yaml.safe_load_all(rendered) if d is not None] if many else yaml.safe_load(rendered)
+        return [d for d in safe_load_all(rendered) if d is not None] if many else safe_load(rendered)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1} of the rendered text" if mark is not None else ""

@@ -484,7 +484,7 @@ def test_the_reset_job_is_bound_by_node_name_requests_no_gpu_and_turns_persisten
     view = NodeView.from_obj(sim.kube.get_node("gpu-00"))
     r = Remediator(sim.kube, TEST_CONFIG, sim.cluster.clock)
     job = render_job(r._context("run-1", node_vars(view, TEST_CONFIG)), TEST_CONFIG.gpu_reset_template, 600,
-                     {"gpu_ids": "2,5"}, bound=True)
+                     {"gpu_ids": "2,5"}, remediation=True, bound=True)
     pod = job["spec"]["template"]["spec"]
     assert pod["nodeName"] == "gpu-00" and "affinity" not in pod
     (c,) = pod["containers"]
@@ -516,7 +516,11 @@ def test_a_reset_that_does_not_say_it_reset_is_not_taken_for_one(make_sim, tmp_p
     text = (tdir / "gpu-reset.yaml.j2").read_text()
     # A command that exits 0 without nvidia-smi's word that any GPU was reset.
     text = re.sub(r"(?s)          command:.*?(?=          env:)", '          command: ["echo", "All done."]\n', text)
+    # An author's copy is never privileged (only the shipped reset is: sweeper.actions.safety).
+    text = re.sub(r"(?s)          securityContext:\n.*?(?=\n\S|\n {0,10}\S|\Z)",
+                  "          securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}", text)
     (tdir / "gpu-reset.yaml.j2").write_text(text)
+    (tdir / "reboot.yaml.j2").unlink()  # the reboot it falls back to is the shipped one
     cfg = replace(TEST_CONFIG, remediate_reboots=True, template_dir=str(tdir))
     logs: list[str] = []
     view = NodeView.from_obj(sim.kube.get_node("gpu-00"))
