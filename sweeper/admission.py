@@ -100,7 +100,8 @@ def shapes(root: Path, config: Config) -> tuple[Shape, Shape]:
             ctx = ActionContext(config=cfg, node=node, partner=partner, run_id="sw-policy-0000")
             for name in templates:
                 if name in special:
-                    remediation.add(render_job(ctx, name, 600, special[name], remediation=True))
+                    remediation.add(render_job(ctx, name, 600, special[name], remediation=True,
+                                                bound=name == config.gpu_reset_template))
                 elif "pair_affinity" in (root / "job-templates" / name).read_text():
                     _, job, _ = render_pair(ctx, name, 900, {})
                     if job.get("kind") == "Job":  # the MPIJob form is no Job (see docs/security.md)
@@ -167,10 +168,14 @@ def job_policy(config: Config, checks: Shape, remediation: Shape) -> list[Any]:
                     f"a check runs as the namespace's default account, a remediation as {account}"),
         _validation(f"has({POD}.automountServiceAccountToken) && !{POD}.automountServiceAccountToken",
                     "no Job of Sweeper's mounts a service account token"),
-        _validation(f"!has({POD}.nodeName)", "Sweeper's Jobs go through the scheduler (no nodeName)"),
-        _validation(f"has({POD}.affinity) && has({POD}.affinity.nodeAffinity) && "
-                    f"has({POD}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)",
-                    "Sweeper's Jobs are bound to their node by affinity"),
+        # The GPU reset alone is bound by nodeName: it runs while the device plugin is paused, when
+        # no GPU is allocatable and the scheduler would place nothing that asks for one.
+        _validation(f"request.namespace == {_quote(rem)} || !has({POD}.nodeName)",
+                    "Sweeper's check Jobs go through the scheduler (no nodeName)"),
+        _validation(f"(request.namespace == {_quote(rem)} && has({POD}.nodeName)) || (has({POD}.affinity) && "
+                    f"has({POD}.affinity.nodeAffinity) && "
+                    f"has({POD}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution))",
+                    "Sweeper's Jobs are bound to their node by affinity (a remediation Job: or by nodeName)"),
         *(_validation(expr, f"{what}: only those of Sweeper's job templates for this namespace")
           for what, expr in by_ns.items())]
     rules = [{"apiGroups": ["batch"], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"],

@@ -18,7 +18,7 @@ import click
 from sweeper import __version__
 from sweeper.clock import iso, parse_duration
 from sweeper.errors import ConfigError, SweeperError
-from sweeper.output import FORMATS, Col, Out, clean
+from sweeper.output import FORMATS, Col, Out, clean, clean_lines
 
 if TYPE_CHECKING:
     from sweeper.config import Config
@@ -98,7 +98,7 @@ def _fail(exc: BaseException, code: int, line: str) -> None:
         traceback.print_exception(exc, file=sys.stderr)
     else:
         line += "" if code in (1, 3, 4) or isinstance(exc, SweeperError) else "; --debug shows the traceback"
-    click.echo(f"error: {line}", err=True)
+    click.echo(f"error: {clean_lines(line)}", err=True)  # a message may quote a file or a node: shown, never obeyed
     sys.exit(code)
 
 
@@ -347,11 +347,13 @@ def _print_outcomes(out: Out, report: Any) -> None:
 def _extra_vars(pairs: tuple[str, ...]) -> dict[str, Any]:
     import yaml
 
+    from sweeper.schema import safe_load
+
     out: dict[str, Any] = {}
     for pair in pairs:
         if pair.startswith("@"):
             try:
-                data = yaml.safe_load(Path(pair[1:]).read_text()) or {}
+                data = safe_load(Path(pair[1:]).read_text()) or {}
             except (OSError, yaml.YAMLError) as exc:
                 raise ConfigError(f"-e {pair}: {exc}") from exc
             if not isinstance(data, dict):
@@ -364,7 +366,7 @@ def _extra_vars(pairs: tuple[str, ...]) -> dict[str, Any]:
         if not key.isidentifier():
             raise ConfigError(f"-e {pair!r}: {key!r} is not a variable name")
         try:
-            out[key] = yaml.safe_load(value) if value else ""
+            out[key] = safe_load(value) if value else ""
         except yaml.YAMLError:
             out[key] = value
     return out
@@ -428,7 +430,7 @@ def run_cmd(playbook: str, node: str | None, partner: str | None, extra: tuple[s
                               tags=tuple(t for t in (tags or "").split(",") if t),
                               skip_tags=tuple(t for t in (skip_tags or "").split(",") if t),
                               state=state if node else None, on_task=progress, cancelled=stop.is_set,
-                              log=lambda msg: click.echo(msg, err=True), hand_back=not keep)
+                              log=lambda msg: click.echo(clean_lines(msg), err=True), hand_back=not keep)
     finally:
         signal.signal(signal.SIGTERM, previous)
     if as_json:

@@ -100,6 +100,16 @@ def parse_iso(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+def read_iso(text: object) -> float | None:
+    """A timestamp from data someone else may have written (an annotation): None when unreadable."""
+    if not isinstance(text, str) or len(text) > 64:
+        return None
+    try:
+        return parse_iso(text)
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
 def parse_duration(text: str | int | float) -> float:
     """'90s', '10m', '6h', '7d', or a number of seconds."""
     if isinstance(text, int | float):

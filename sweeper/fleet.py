@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from sweeper.clock import parse_iso
+from sweeper.clock import parse_iso, read_iso
 from sweeper.config import Config
 
 # Taints that mean someone else is handling the node (never take it).
@@ -17,6 +17,11 @@ FOREIGN_TAINTS = {
     "node.kubernetes.io/not-ready": "the node is not ready",
     "node.kubernetes.io/unreachable": "the node is unreachable",
 }
+
+
+# Fabric resources a node's device plugins advertise (read by profiles.advertised_nics): AWS's EFA,
+# the RDMA shared device plugin's, GKE's multi-network networks.
+FABRIC_PREFIXES = ("vpc.amazonaws.com/efa", "rdma/", "networking.gke.io.networks/")
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,7 @@ class NodeView:
     uid: str = ""
     capacity: dict[str, int] = field(default_factory=dict)  # GPU resources in status.capacity
     allocatable: dict[str, int] = field(default_factory=dict)  # the same in status.allocatable
+    fabric: dict[str, int] = field(default_factory=dict)  # fabric resources in status.capacity (EFA, rdma/*, GKE)
 
     @classmethod
     def from_obj(cls, obj: dict[str, Any], gpu_resources: tuple[str, ...] = ("nvidia.com/gpu",),
@@ -43,7 +49,7 @@ class NodeView:
         meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
         alloc = status.get("allocatable") or {}
         capacity = gpu_amounts(status.get("capacity") or {}, gpu_resources, gpu_prefixes)
-        gpus = sum(int(alloc.get(r, 0) or 0) for r in gpu_resources)
+        gpus = sum(_quantity(alloc.get(r)) for r in gpu_resources)
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
         return cls(name=meta["name"], labels=dict(meta.get("labels") or {}),
                    annotations=dict(meta.get("annotations") or {}), taints=tuple(spec.get("taints") or ()),
@@ -54,7 +60,9 @@ class NodeView:
                    conditions=tuple(c.get("type", "") for c in status.get("conditions") or []
                                     if c.get("status") == "True" and c.get("type") != "Ready"),
                    boot_id=(status.get("nodeInfo") or {}).get("bootID", ""), uid=meta.get("uid", ""),
-                   capacity=capacity, allocatable={r: _quantity(alloc.get(r)) for r in capacity})
+                   capacity=capacity, allocatable={r: _quantity(alloc.get(r)) for r in capacity},
+                   fabric={r: _quantity(v) for r, v in (status.get("capacity") or {}).items()
+                           if r.startswith(FABRIC_PREFIXES)})
 
     def sweep_taint(self, key: str) -> dict[str, Any] | None:
         return next((t for t in self.taints if t.get("key") == key), None)
@@ -114,6 +122,7 @@ class Decision:
     take: bool
     reason: str
     detail: str = ""
+    warning: str = ""  # something of the node that could not be read (said in the run's log)
 
 
 @dataclass
@@ -230,22 +239,18 @@ def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, l
     out = Plan(gpu_nodes=len(views))
     eligible: list[NodeView] = []
     for v in views:
-        reason, detail = _skip_reason(v, busy.get(v.name, []), cfg, last_swept, now, gates.suspects)
-        if not reason and gates.attempts.get(v.name, 0) >= cfg.max_attempts:
-            reason, detail = "attempts-exhausted", (f"failed {gates.attempts[v.name]} time(s) within "
-                                                    f"{cfg.attempt_window / 86400:g}d; a person should look")
-        if reason == "held":
-            out.held += 1
-            back, why = remediated_and_back(v, cfg, now)
-            if back and not busy.get(v.name):
-                out.take.append(Decision(v, True, "recheck", why))
-                continue
-            if why:
-                detail = f"{detail}; {why}"
-        if reason:
-            out.skip.append(Decision(v, False, reason, detail))
-        else:
+        try:
+            decision = _classify(v, busy.get(v.name, []), cfg, last_swept, now, gates, out)
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
+            # what the node's own kubelet may write (its annotations, labels, status) ends this node only
+            why = f"skipped: its object cannot be read ({type(exc).__name__}: {str(exc)[:160]})"
+            decision = Decision(v, False, "unreadable", why, warning=why)
+        if decision is None:
             eligible.append(v)
+        elif decision.take:
+            out.take.append(decision)
+        else:
+            out.skip.append(decision)
     out.budget = budget(cfg, out.gpu_nodes, out.held)
     out.notes = [n for n in (budget_note(cfg, out.gpu_nodes),) if n]
     healthy = sum(1 for v in views if healthy_schedulable(v, cfg))
@@ -281,6 +286,27 @@ def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, l
     return out
 
 
+def _classify(v: NodeView, gpu_pods: list[str], cfg: Config, last_swept: dict[str, float], now: float,
+              gates: Gates, out: Plan) -> Decision | None:
+    """One node's decision before the budget: taken to recheck, skipped with a reason, or None (eligible)."""
+    reason, detail = _skip_reason(v, gpu_pods, cfg, last_swept, now, gates.suspects)
+    if not reason and gates.attempts.get(v.name, 0) >= cfg.max_attempts:
+        reason, detail = "attempts-exhausted", (f"failed {gates.attempts[v.name]} time(s) within "
+                                                f"{cfg.attempt_window / 86400:g}d; a person should look")
+    if reason == "held":
+        out.held += 1
+        back, why = remediated_and_back(v, cfg, now)
+        if back and not gpu_pods:
+            return Decision(v, True, "recheck", why)
+        if why:
+            detail = f"{detail}; {why}"
+    if not reason:
+        return None
+    bad = [f"{k}={str(v.annotations[k])[:40]!r}" for k in (f"{cfg.prefix}/remediated-at", f"{cfg.prefix}/held-since")
+           if k in v.annotations and read_iso(v.annotations[k]) is None]
+    return Decision(v, False, reason, detail, warning=f"annotations that are not times: {', '.join(bad)}" if bad else "")
+
+
 def remediated_and_back(v: NodeView, cfg: Config, now: float) -> tuple[bool, str]:
     """A held node whose reboot or GPU reset is done and that is Ready again: check it again."""
     ann = v.annotations
@@ -288,8 +314,12 @@ def remediated_and_back(v: NodeView, cfg: Config, now: float) -> tuple[bool, str
     if ann.get(f"{cfg.prefix}/recheck") != "true" or how not in ("reboot", "gpu-reset"):
         return False, ""
     if how == "reboot" and (not v.boot_id or v.boot_id == ann.get(f"{cfg.prefix}/boot-id")):
-        since = ann.get(f"{cfg.prefix}/remediated-at")
-        late = since and now - parse_iso(since) > cfg.remediation_timeout
+        raw = ann.get(f"{cfg.prefix}/remediated-at")
+        since = read_iso(raw)
+        if raw and since is None:
+            return False, (f"rebooting; its {cfg.prefix}/remediated-at annotation {str(raw)[:40]!r} is not a time: "
+                           "a person should look")
+        late = since is not None and now - since > cfg.remediation_timeout
         return False, ("not back from its reboot within the remediation timeout: a person should look" if late
                        else "rebooting")
     if not v.ready:

@@ -112,6 +112,19 @@ def _migrations() -> Migrations:
     return migrations
 
 
+KNOWN_TABLES = frozenset({"runs", "node_sweeps", "checks", "metrics", "actions", "intents", "controls", "summaries",
+                          "pairs", "pair_latest", MIGRATIONS_TABLE})
+
+
+def _migration_tables() -> frozenset[str]:
+    """The tables the migrations make, read from a fresh in-memory database."""
+    from sqlite_utils import Database
+
+    db = Database(memory=True, execute_plugins=False)
+    _migrations().apply(db)
+    return frozenset(db.table_names())
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -155,6 +168,10 @@ class History:
 
     def _open(self) -> None:
         self.conn.execute("PRAGMA busy_timeout = 30000")
+        # No SQL function runs from the file's own schema (a view, trigger or default) unless it is
+        # harmless; and a file with objects the migrations never make is refused before any read.
+        self.conn.execute("PRAGMA trusted_schema = OFF")
+        self._refuse_foreign_schema()
         if self.conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             self.conn.execute("PRAGMA journal_mode = wal")
         applied = self._applied()
@@ -164,6 +181,23 @@ class History:
                              "to this version); upgrade Sweeper or point --state at another file")
         if len(set(applied)) < len(KNOWN):
             _migrations().apply(self.db)
+
+    def _refuse_foreign_schema(self) -> None:
+        """A trigger could rewrite what is recorded (a `fail` into a `pass`) or loop on every insert,
+        a view could stand in for a table: the file is refused unless its tables, and nothing
+        else but their indexes, are those of the migrations."""
+        rows = self.conn.execute("select type, name, tbl_name, sql from sqlite_master").fetchall()
+        foreign = [f"{kind} {name!r}" for kind, name, _, sql in rows
+                   if kind not in ("table", "index") or (kind == "table" and str(sql or "").lstrip().upper()
+                                                          .startswith("CREATE VIRTUAL"))]
+        tables = {name for kind, name, _, _ in rows if kind == "table" and not name.startswith("sqlite_")}
+        extra = tables - KNOWN_TABLES
+        if extra:  # a migration newer than KNOWN_TABLES may have made it: ask the migrations themselves
+            extra = tables - _migration_tables()
+        foreign += [f"table {name!r}" for name in sorted(extra)]
+        if foreign:
+            raise StateError(f"{self.path} is not a Sweeper history as its migrations make it (it has "
+                             f"{', '.join(foreign[:5])}); refused, so that nothing in the file runs")
 
     def _applied(self) -> list[str]:
         """The names of the migrations this file has, as sqlite_utils.Migrations recorded them."""

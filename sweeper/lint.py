@@ -20,7 +20,7 @@ from sweeper.config import UNPUBLISHED, Config, load_config
 from sweeper.errors import ConfigError, PlaybookError
 from sweeper.playbook.model import Task, load_playbook
 from sweeper.policy import parse_policy
-from sweeper.schema import ConfigProblems
+from sweeper.schema import ConfigProblems, safe_load
 from sweeper.templating import ENV
 
 K8S_VERSION = "1.31"
@@ -86,7 +86,7 @@ def lint_paths(paths: list[Path], cfg: Config, config_file: Path | None = None) 
             report.problems += lint_template(f, cfg)
             continue
         try:
-            raw = yaml.safe_load(f.read_text())
+            raw = safe_load(f.read_text())
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark
             report.problems.append(f"{f}:{mark.line + 1 if mark else 1}: YAML syntax error: {exc.problem}")
@@ -193,7 +193,8 @@ def lint_template(path: Path, cfg: Config) -> list[str]:
             service, job, _ = render_pair(ctx, path.name, 900, {})
             docs = mpijob_pods(job) if service is None else [service, job]
         else:
-            docs = [render_job(ctx, path.name, 900, {}, remediation=path.name in REMEDIATION_TEMPLATES)]
+            docs = [render_job(ctx, path.name, 900, {}, remediation=path.name in REMEDIATION_TEMPLATES,
+                               bound=path.name == cfg.gpu_reset_template)]
     except PlaybookError as exc:
         return [_with_line(str(exc), str(path))]
     for doc in docs:

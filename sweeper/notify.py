@@ -9,14 +9,24 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from sweeper.output import clean, clean_lines
+
+
+def mrkdwn(text: str) -> str:
+    """Text for a Slack `mrkdwn` field: `&`, `<` and `>` escaped, so that a kernel-log line or a node
+    name cannot make a link or a mention (`<!channel>`); control and format characters shown."""
+    return clean_lines(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
 
 def message(node: str, verdict: str, reasons: list[str], action: str, cluster: str = "") -> dict[str, Any]:
-    """Slack's incoming-webhook shape: `text` for every client, `blocks` for a richer one."""
-    head = f"Sweeper: {node} {verdict}" + (f" in {cluster}" if cluster else "") + f" ({action})"
-    why = "\n".join(f"• {r[:300]}" for r in reasons[:5]) or "no reason recorded"
-    return {"text": f"{head}\n{why}",
+    """Slack's incoming-webhook shape: `text` for every client, `blocks` for a richer one. The
+    text comes from the cluster (node names, check messages): escaped for mrkdwn, cut by
+    characters before escaping so that no escape is cut in half."""
+    head = clean(f"Sweeper: {node} {verdict}" + (f" in {cluster}" if cluster else "") + f" ({action})")
+    why = "\n".join(f"• {clean(r[:300])}" for r in reasons[:5]) or "no reason recorded"
+    return {"text": mrkdwn(f"{head}\n{why}"),
             "blocks": [{"type": "header", "text": {"type": "plain_text", "text": head[:150]}},
-                       {"type": "section", "text": {"type": "mrkdwn", "text": why[:2900]}}]}
+                       {"type": "section", "text": {"type": "mrkdwn", "text": mrkdwn(why[:2500])}}]}
 
 
 class Webhook:

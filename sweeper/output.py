@@ -36,6 +36,13 @@ COLOURS = {"pass": "32", "ok": "32", "warn": "33", "reboot": "35", "replace": "1
 # C0 and C1 control characters and DEL, shown escaped: a cell is one line and cannot drive the terminal.
 _CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7f, *range(0x80, 0xa0))}
 _CONTROLS.update({ord("\n"): "\\n", ord("\r"): "\\r", ord("\t"): "\\t"})
+# Format characters that reorder or hide what follows (bidirectional overrides and isolates, the
+# Arabic letter mark, zero-width marks, line and paragraph separators, the byte-order mark): a node
+# name or a log line holding them could show the terminal one thing and mean another (Trojan Source,
+# CVE-2021-42574). Shown as \uXXXX.
+FORMAT_CHARS = (0x061C, *range(0x200B, 0x2010), *range(0x2028, 0x202F), *range(0x2060, 0x2070), 0xFEFF)
+_CONTROLS.update({c: f"\\u{c:04x}" for c in FORMAT_CHARS})
+_UNSAFE = frozenset(chr(c) for c in _CONTROLS)
 
 
 def clean(value: Any) -> str:
@@ -44,6 +51,18 @@ def clean(value: Any) -> str:
         return ""
     text = value if isinstance(value, str) else str(value)
     return text.translate(_CONTROLS) if not text.isprintable() else text
+
+
+def clean_lines(text: str) -> str:
+    """Several lines of a message, each cleaned as a cell is: the line breaks kept, nothing else."""
+    return "\n".join(clean(line) for line in str(text).split("\n"))
+
+
+def _json_escape(text: str) -> str:
+    """JSON text with C1 controls and format characters as \\uXXXX: the same document, safe to show."""
+    if _UNSAFE.isdisjoint(text.replace("\n", "")):
+        return text
+    return "".join(f"\\u{ord(ch):04x}" if ch in _UNSAFE and ch != "\n" else ch for ch in text)
 
 
 def cells(text: str) -> int:
@@ -167,9 +186,13 @@ class Out:
         if self.fmt == "yaml":
             import yaml
 
-            self.file.write(yaml.safe_dump(_plain(doc), sort_keys=False, allow_unicode=True, width=1 << 20))
+            text = yaml.safe_dump(_plain(doc), sort_keys=False, allow_unicode=True, width=1 << 20)
+            if not _UNSAFE.isdisjoint(text.replace("\n", "")):  # escaped in double quotes instead
+                text = yaml.safe_dump(_plain(doc), sort_keys=False, allow_unicode=False, width=1 << 20)
+            self.file.write(text)
         else:
-            self.file.write(json.dumps(doc, indent=2, default=str, ensure_ascii=False) + "\n")
+            text = json.dumps(doc, indent=2, default=str, ensure_ascii=False)
+            self.file.write(_json_escape(text) + "\n")
 
     def table(self, cols: Sequence[Col], rows: Iterable[Sequence[Any]], colour: Sequence[int] = ()) -> None:
         """Rows of cells aligned under the headers; `colour`: indexes of cells coloured by value."""

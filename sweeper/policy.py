@@ -17,6 +17,7 @@ import yaml
 
 from sweeper.clock import parse_duration
 from sweeper.errors import ConfigError
+from sweeper.schema import safe_load
 from sweeper.xid import lookup
 
 VERDICTS = ("pass", "warn", "reboot", "replace", "quarantine", "error", "inconclusive")
@@ -159,7 +160,7 @@ _SECTIONS: dict[str, tuple[type, dict[str, type | tuple[type, ...]]]] = {
 
 def load_policy(path: Path) -> Policy:
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"cannot read policy {path}: {exc}") from exc
     return parse_policy(raw, str(path))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,18 @@ class Profile:
                 args += [flag, text]
         return args
 
+    def on_node(self, fabric: dict[str, int], labels: dict[str, str], annotations: dict[str, str]) -> Profile:
+        """This profile with the fabric the node itself advertises in place of the instance type's
+        figure (see `advertised_nics`): the NICs the check expects, the devices a pair requests."""
+        count = advertised_nics(self.nic, fabric, labels, annotations)
+        if count is None or count == self.nics:
+            return self
+        resources = dict(self.fabric_resources)
+        if self.nic == "efa" and EFA_RESOURCE in resources:
+            resources[EFA_RESOURCE] = count
+        resources = {k: v for k, v in resources.items() if v > 0 and not (count == 0 and k.startswith(RDMA_PREFIX))}
+        return dataclasses.replace(self, nics=count, fabric_resources=resources)
+
     def as_vars(self) -> dict[str, Any]:
         """What playbooks and job templates see as `node.profile`."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "source"}
@@ -80,6 +93,50 @@ class Profile:
         d["fabric_resources"], d["fabric_ifaces"] = dict(self.fabric_resources), list(self.fabric_ifaces)
         d["check_args"] = self.check_args()
         return d
+
+
+EFA_RESOURCE = "vpc.amazonaws.com/efa"  # AWS's EFA device plugin: one per EFA device the node has
+RDMA_PREFIX = "rdma/"  # the RDMA shared device plugin (Mellanox/k8s-rdma-shared-dev-plugin)
+GKE_NETWORKS = "networking.gke.io.networks/"  # a GKE node's multi-network networks (<name>, <name>.IP)
+GKE_NORTH = "networking.gke.io/north-interfaces"  # a GKE node's additional interfaces: [{network, ipAddress}]
+KARPENTER_POOL = "karpenter.sh/nodepool"
+
+
+def advertised_nics(nic: str, fabric: dict[str, int], labels: dict[str, str],
+                    annotations: dict[str, str]) -> int | None:
+    """The fabric NICs a node says it has, or None where it says nothing the instance type's figure
+    should yield to.
+    - efa: the `vpc.amazonaws.com/efa` count of AWS's device plugin. Karpenter (and EKS Auto Mode)
+      gives an instance EFA interfaces only when a pod that requests that resource made it launch
+      (https://docs.aws.amazon.com/eks/latest/userguide/device-management-efa.html), so a Karpenter
+      node that advertises none has none to check.
+    - ib: `rdma/*` at 0 means no RDMA device; above 0 it is the shared plugin's `rdmaHcaMax`, how many
+      pods may share the HCAs, not how many there are (github.com/Mellanox/k8s-rdma-shared-dev-plugin).
+    - gve: the additional networks of GKE's multi-networking; an A3's GPU gVNICs exist only with it
+      (https://cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx)."""
+    if nic == "efa":
+        if EFA_RESOURCE in fabric:
+            return fabric[EFA_RESOURCE]
+        return 0 if KARPENTER_POOL in labels else None
+    if nic == "ib":
+        rdma = [v for k, v in fabric.items() if k.startswith(RDMA_PREFIX)]
+        return 0 if rdma and not any(rdma) else None
+    if nic == "gve":
+        return len(gke_networks(fabric, annotations))
+    return None
+
+
+def gke_networks(fabric: dict[str, int], annotations: dict[str, str]) -> set[str]:
+    """The additional networks a GKE node is attached to: its `networking.gke.io.networks/<name>`
+    resources and the networks its north-interfaces annotation lists."""
+    names = {k.removeprefix(GKE_NETWORKS).removesuffix(".IP") for k in fabric if k.startswith(GKE_NETWORKS)}
+    try:
+        listed = json.loads(annotations.get(GKE_NORTH) or "[]")
+    except ValueError:
+        listed = []
+    names |= {str(i["network"]) for i in (listed if isinstance(listed, list) else [])
+              if isinstance(i, dict) and i.get("network")}
+    return names - {"default"}
 
 
 @functools.cache

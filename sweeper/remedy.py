@@ -17,6 +17,7 @@ sweep's replacement cap and breaker apply before any of this is called."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,10 @@ GPU_CLIENTS = {"device-plugin": "nvidia-device-plugin-daemonset", "gpu-feature-d
                "dcgm": "nvidia-dcgm", "dcgm-exporter": "nvidia-dcgm-exporter"}
 DEPLOY_LABEL = "nvidia.com/gpu.deploy."
 OPERANDS_GONE_TIMEOUT = 300.0
+
+# nvidia-smi's word that a GPU was reset (NVIDIA/NVSentinel#1690 shows the line).
+RESET_LINE = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9]) was successfully reset\.",
+                        re.MULTILINE)
 
 # Causes a GPU reset clears, without rebooting the node.
 RESETTABLE_CODES = {"row_remap|REMAP_PENDING", "gpu.recovery_action|RECOVERY_RESET", "xid|RECOVERY_RESET", "dcgm.software|85",
@@ -180,10 +185,11 @@ class Remediator:
         return ActionContext(config=self.cfg, clock=self.clock, kube=self.kube, node=node_vars, run_id=run_id)
 
     def _remediation_job(self, run_id: str, node_vars: dict[str, Any], template: str,
-                         extra: dict[str, Any]) -> dict[str, Any]:
+                         extra: dict[str, Any], bound: bool = False) -> dict[str, Any]:
         """A reboot or GPU reset Job: in its own namespace (remediation_namespace, apart from the
         check Jobs'), under its own service account, which has no RBAC and no token mounted."""
-        return render_job(self._context(run_id, node_vars), template, 600, extra, remediation=True)
+        return render_job(self._context(run_id, node_vars), template, 600, extra, remediation=True,
+                          bound=bound or template == self.cfg.gpu_reset_template)
 
     def reboot(self, run_id: str, view: NodeView, node_vars: dict[str, Any]) -> Remedy:
         job = self._remediation_job(run_id, node_vars, self.cfg.reboot_template, {})
@@ -196,7 +202,7 @@ class Remediator:
 
     def gpu_reset(self, run_id: str, view: NodeView, node_vars: dict[str, Any], gpus: list[int]) -> Remedy:
         ids = ",".join(str(g) for g in sorted(gpus))
-        job = self._remediation_job(run_id, node_vars, self.cfg.gpu_reset_template, {"gpu_ids": ids})
+        job = self._remediation_job(run_id, node_vars, self.cfg.gpu_reset_template, {"gpu_ids": ids}, bound=True)
         name = job["metadata"]["name"]
         operator_node = any(k.startswith(DEPLOY_LABEL) for k in view.labels)
         # label -> its value now (None: absent), to be put back as it was
@@ -215,6 +221,8 @@ class Remediator:
                     return self.reboot(run_id + "-r", view, node_vars)
             self.kube.create_job(self.cfg.remediation_namespace, job)
             status = self._wait_job(name, 600)
+            if status == "Complete":
+                status = self._confirm_reset(name, gpus)
             try:
                 self.kube.delete_job(self.cfg.remediation_namespace, name)
             except KubeError:
@@ -223,11 +231,24 @@ class Remediator:
             if paused:  # the operands come back, on every path: a reset, a failure, a stop
                 self._set_labels(view.name, paused)
         if status != "Complete":
-            # The reset did not take: fall back to rebooting the node.
+            # The reset did not take, or did not say it did: fall back to rebooting the node.
             self.log(f"GPU reset {status.lower()}: rebooting instead")
             return self.reboot(run_id + "-r", view, node_vars)
         self._mark(view.name, "gpu-reset", view.boot_id, recheck=True)
         return Remedy("gpu-reset", "gpus-reset", f"GPU(s) {ids} reset by {name}{pausing}; checked again next sweep")
+
+    def _confirm_reset(self, job: str, gpus: list[int]) -> str:
+        """'Complete' when the reset's log has nvidia-smi's "GPU <bus id> was successfully reset."
+        for every GPU asked for, else why not: an exit 0 alone is no proof the GPUs were reset."""
+        try:
+            pods = self.kube.list_pods(label_selector=f"job-name={job}")
+            ns = self.cfg.remediation_namespace  # where the reset Job runs
+            logs = "".join(self.kube.pod_log(ns, p["metadata"]["name"]) for p in pods
+                           if p["metadata"].get("namespace", ns) == ns)
+        except KubeError as exc:
+            return f"Unconfirmed (the reset's log could not be read: {exc})"
+        done = len({bus.lower() for bus in RESET_LINE.findall(logs)})  # each GPU once, by its bus id
+        return "Complete" if done >= len(gpus) else f"Unconfirmed ({done} of {len(gpus)} GPU(s) said reset)"
 
     def _set_labels(self, node: str, values: dict[str, str | None]) -> None:
         patch_node(self.kube, node, lambda obj: meta_op(obj, "labels", dict(values)))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ MAX_TIMELINE_NODES = 400
 MAX_NODE_PAGES = 100
 MAX_TREND_CARDS = 12
 MAX_PAIR_ROWS = 50
+# The page has no script and fetches nothing: a browser runs none, whatever a field of the history holds.
+CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 
 
 @dataclass
@@ -97,7 +100,10 @@ def gather(history: Any, policy: Policy, since: float, now: float, interval: flo
         for name in dict.fromkeys([n for n in rough if tr.name in fired.get(n, set())] + steep):
             by_gpu: dict[int | None, list[tuple[float, float]]] = {}
             for ts, gpu, value in history.series(name, tr.metric, since, now):
-                by_gpu.setdefault(gpu, []).append((ts, value))
+                if _number(value):
+                    by_gpu.setdefault(gpu, []).append((ts, value))
+            if not by_gpu:
+                continue
             end = max(pts[-1][0] for pts in by_gpu.values())
             steepest: tuple[float, int | None, list[tuple[float, float]]] | None = None
             for gpu, all_pts in by_gpu.items():
@@ -112,7 +118,7 @@ def gather(history: Any, policy: Policy, since: float, now: float, interval: flo
                                 "then": tr.then, "slope": steepest[0], "gpu": steepest[1],
                                 "fired": tr.name in fired.get(name, set()), "points": steepest[2]})
     data.trends.sort(key=lambda t: (not t["fired"], -t["slope"] / (t["limit"] or 1.0), t["node"]))
-    data.bandwidth = history.metric_latest(BANDWIDTH, since)
+    data.bandwidth = [b for b in history.metric_latest(BANDWIDTH, since) if _number(b["value"])]
     data.pairs = history.pair_overview(since)
     data.suspects = history.pair_suspects(since)
     states = node_states(data)
@@ -143,7 +149,8 @@ def _page(history: Any, name: str, state: dict[str, Any] | None, since: float, n
     for metric in dict.fromkeys(metrics):
         by_gpu: dict[int | None, list[tuple[float, float]]] = {}
         for ts, gpu, value in history.series(name, metric, since, now):
-            by_gpu.setdefault(gpu, []).append((ts, value))
+            if _number(value):  # a history written before results were type-checked may hold text
+                by_gpu.setdefault(gpu, []).append((ts, value))
         if by_gpu:
             series.append({"metric": metric, "by_gpu": by_gpu})
     used = {r for s in h["sweeps"] for r in s.get("rules") or []}
@@ -219,7 +226,22 @@ def coverage_by_profile(data: ReportData) -> list[dict[str, Any]]:
 
 # -- drawing -----------------------------------------------------------------------------------------
 def _esc(x: Any) -> str:
+    """Any value, whatever its type, as text safe inside an element or a quoted attribute."""
     return html.escape(str(x), quote=True)
+
+
+def _gpu_order(kv: tuple[Any, Any]) -> tuple[int, float, str]:
+    """The node's own line first, then GPUs by index; anything else a history holds after them."""
+    gpu = kv[0]
+    if gpu is None:
+        return (0, 0.0, "")
+    if isinstance(gpu, int | float) and not isinstance(gpu, bool):
+        return (1, float(gpu), "")
+    return (2, 0.0, str(gpu))
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _when(ts: float | None) -> str:
@@ -551,7 +573,7 @@ def _node_page(page: dict[str, Any], pages: set[str] | frozenset[str] = frozense
     if problems:
         rows = "".join(
             f"<tr><td>{_when(s['started'])}</td><td>{_esc(p['name'])}</td>"
-            f"<td>{'' if p['gpu'] is None else p['gpu']}</td><td>{_esc(p['status'])}</td><td>{_esc(p['code'] or '')}</td>"
+            f"<td>{'' if p['gpu'] is None else _esc(p['gpu'])}</td><td>{_esc(p['status'])}</td><td>{_esc(p['code'] or '')}</td>"
             f"<td>{_esc((p['message'] or '')[:200])}</td></tr>" for s, p in problems)
         parts.append("<h4>Findings</h4><table class=findings><thead><tr><th>when</th><th>check</th><th>GPU</th>"
                      f"<th>status</th><th>code</th><th>message</th></tr></thead><tbody>{rows}</tbody></table>")
@@ -565,7 +587,7 @@ def _node_page(page: dict[str, Any], pages: set[str] | frozenset[str] = frozense
         charts, flat = [], []
         for s in page["series"]:
             lines = [(f"GPU {g}" if g is not None else node, pts) for g, pts in
-                     sorted(s["by_gpu"].items(), key=lambda kv: -1 if kv[0] is None else kv[0])]
+                     sorted(s["by_gpu"].items(), key=_gpu_order)]
             values = {v for _, pts in lines for _, v in pts}
             if len(values) == 1:  # a counter that never moved needs no chart
                 flat.append(f"{_esc(s['metric'])} {next(iter(values)):g}")
@@ -599,7 +621,8 @@ font-size:12px}a.top{font-size:12px;font-weight:normal}
 
 def _head(title: str, refresh: int) -> str:
     meta = f'<meta http-equiv="refresh" content="{refresh}">' if refresh else ""
-    return (f"<!doctype html><html lang=en><head><meta charset=utf-8>{meta}<title>{_esc(title)}</title>"
+    return (f"<!doctype html><html lang=en><head><meta charset=utf-8>"
+            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">{meta}<title>{_esc(title)}</title>'
             f"<meta name=viewport content='width=device-width,initial-scale=1'><style>{CSS}</style></head>"
             f"<body id=top><h1>{_esc(title)}</h1>")
 

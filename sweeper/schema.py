@@ -30,6 +30,29 @@ if TYPE_CHECKING:
 from sweeper.clock import parse_duration
 from sweeper.errors import ConfigError
 
+
+# -- YAML without aliases ------------------------------------------------------------------
+class NoAliasLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses aliases (`*name`): a few hundred bytes of nested aliases
+    ("billion laughs") expand to gigabytes once anything walks the data, and no file Sweeper
+    reads needs them."""
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:  # type: ignore[override]
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, "YAML aliases (*name) are not allowed", event.start_mark)
+        return super().compose_node(parent, index)  # type: ignore[no-any-return]
+
+
+def safe_load(text: str) -> Any:
+    """One YAML document, as `yaml.safe_load` reads it, but refusing aliases."""
+    return yaml.load(text, Loader=NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def safe_load_all(text: str) -> list[Any]:
+    """Every YAML document of `text`, refusing aliases."""
+    return list(yaml.load_all(text, Loader=NoAliasLoader))  # noqa: S506 - a SafeLoader subclass
+
 DURATION_WORDS = "a duration: 90s, 10m, 6h, 7d, 1w or seconds"
 
 
@@ -184,8 +207,8 @@ def read_yaml(path: Path, what: str) -> tuple[Any, yaml.Node | None]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read {what} {path}: {exc}") from exc
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        node = yaml.compose(text, Loader=NoAliasLoader)
+        data = safe_load(text)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         raise ConfigProblems([f"{path}:{mark.line + 1 if mark else 1}: YAML syntax error: {exc.problem}"]) from exc

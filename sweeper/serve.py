@@ -10,10 +10,18 @@ turns. A missed firing within the grace time fires once, later ones are skipped.
 takes the same Lease as the CronJob, so a serve and a CronJob never sweep at once: a run
 that finds the lock held records it and waits for its schedule's next firing. An HTTP server
 exposes /metrics (Prometheus), /healthz, and / (the fleet report, refreshed). SIGTERM stops
-the running sweep (its nodes are handed back), waits for it, and exits 0."""
+the running sweep (its nodes are handed back), waits for it, and exits 0.
+
+Bad data and load end no more than they must: any exception ends only the run it happened in;
+/healthz answers 503 when the queue thread is dead or no run has finished for longer than the
+schedules allow; the page on / is rendered by one request at a time and kept PAGE_TTL seconds;
+at most MAX_CONNECTIONS requests are served at once (more are answered 503 at once), each
+socket read or write times out after SOCKET_TIMEOUT seconds; it listens on 127.0.0.1 unless told
+otherwise."""
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
 from collections.abc import Callable
@@ -49,9 +57,67 @@ def trigger(cron: str) -> CronTrigger:
     raise ConfigError(f"schedule cron {cron!r}: five fields, or six with seconds first")
 
 
+PAGE_TTL = 30.0  # seconds a rendered / is served again (the page itself refreshes every 60)
+MAX_CONNECTIONS = 32  # requests served at once; more are answered 503 without a thread
+SOCKET_TIMEOUT = 10.0  # seconds one read or write of a request's socket may take
+CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'; "
+       "frame-ancestors 'none'")  # the report has no script: none may run, whatever the data holds
+BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n"
+        b"Connection: close\r\n\r\nbusy\n")
+
+
+def longest_gap(trig: CronTrigger, now: float, firings: int = 16) -> float:
+    """The longest wait between two of a trigger's next firings (a weekday cron waits over a weekend)."""
+    t = dt.datetime.fromtimestamp(now, dt.UTC)
+    prev = trig.get_next_fire_time(None, t)
+    gap = 0.0
+    for _ in range(firings):
+        if prev is None:
+            break
+        nxt = trig.get_next_fire_time(prev, prev + dt.timedelta(microseconds=1))
+        if nxt is None or nxt <= prev:
+            break
+        gap, prev = max(gap, (nxt - prev).total_seconds()), nxt
+    return gap
+
+
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """A thread per request up to MAX_CONNECTIONS; past that, 503 from the accepting thread."""
+
+    daemon_threads = True
+    request_queue_size = 128  # connections the kernel holds for accept(): a burst is answered, not dropped
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 limit: int = MAX_CONNECTIONS) -> None:
+        self.slots = threading.BoundedSemaphore(limit)
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):
+            try:
+                request.settimeout(1.0)
+                request.sendall(BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
 class Server:
-    def __init__(self, cfg: Config, kube: Any, history: Any, *, port: int = 8080, host: str = "0.0.0.0",
-                 log: Callable[[str], None] = print, misfire_grace: float = 300.0) -> None:
+    def __init__(self, cfg: Config, kube: Any, history: Any, *, port: int = 8080, host: str = "127.0.0.1",
+                 log: Callable[[str], None] = print, misfire_grace: float = 300.0,
+                 max_connections: int = MAX_CONNECTIONS, socket_timeout: float = SOCKET_TIMEOUT) -> None:
         if not cfg.schedules:
             raise ConfigError("no schedules in the config: add `schedules: [{name, cron, playbook}]`")
         preflight(cfg)  # at start-up: a provider that cannot act (asg without AWS credentials) exits 3
@@ -73,8 +139,19 @@ class Server:
             self.scheduler.add_job(self.fire, trigger(str(sch["cron"])), args=[str(sch["name"]), run_cfg],
                                    id=str(sch["name"]), name=str(sch["name"]))
         self.scheduler.add_listener(self._missed, EVENT_JOB_MISSED)
-        self.httpd = ThreadingHTTPServer((host, port), self._handler())
-        self.httpd.daemon_threads = True
+        now = time.time()
+        # /healthz fails when no run has finished for this long: the longest wait between two firings
+        # of a schedule, a whole run (run_deadline, and as long again for the nodes under test to
+        # finish), and the grace time of a missed firing.
+        gaps = [longest_gap(trigger(str(sch["cron"])), now) for sch in cfg.schedules]
+        run = 2 * cfg.run_deadline if cfg.run_deadline > 0 else 86400.0
+        self.stale_after = max(gaps, default=0.0) + run + misfire_grace + 60.0
+        self.last_done = now  # when the latest run ended (or the server started)
+        self._page: tuple[float, bytes] | None = None
+        self._page_lock = threading.Lock()  # one render at a time; the others wait for its page
+        self.socket_timeout = socket_timeout
+        self.httpd = BoundedHTTPServer((host, port), self._handler(), max_connections)
+        self._http: threading.Thread | None = None
 
     @property
     def port(self) -> int:
@@ -103,7 +180,39 @@ class Server:
                     continue
                 name = next(iter(self.waiting))
                 cfg = self.waiting.pop(name)
-            self.run_schedule(name, cfg)
+            try:
+                self.run_schedule(name, cfg)
+            except Exception as exc:  # noqa: BLE001 - a bug or bad data ends this run, never the queue
+                self.log(f"schedule {name}: run failed on an unexpected {type(exc).__name__}: {exc}")
+                self.metrics.runs.labels(f"schedule:{name}", "failed").inc()
+            finally:
+                self.last_done = time.time()
+
+    def healthy(self) -> tuple[bool, str]:
+        """Whether sweeps still happen: the scheduler and the queue thread alive, a recent run."""
+        if self.stopping.is_set():
+            return False, "stopping"
+        if not self.scheduler.running:
+            return False, "the scheduler is not running"
+        if not self._queue.is_alive():
+            return False, "the queue thread is dead: no sweep can run"
+        idle = time.time() - self.last_done
+        if idle > self.stale_after and not self.running:
+            return False, f"no run has ended for {idle:.0f}s (the schedules allow {self.stale_after:.0f}s)"
+        if idle > self.stale_after + self.cfg.run_deadline + 600:
+            return False, f"the running sweep has gone {idle:.0f}s without ending"
+        return True, "ok"
+
+    def page(self) -> bytes:
+        """The live report, rendered by one request at a time and kept PAGE_TTL seconds."""
+        with self._page_lock:
+            if self._page is not None and time.monotonic() - self._page[0] < PAGE_TTL:
+                return self._page[1]
+            now = time.time()
+            data = gather(self.history, self.policy, now - 30 * 86400, now, self.cfg.interval)
+            body = render(data, "Sweeper fleet report (live)", refresh=60).encode()
+            self._page = (time.monotonic(), body)
+            return body
 
     def run_schedule(self, name: str, cfg: Config) -> None:
         if self.stopping.is_set():
@@ -136,6 +245,8 @@ class Server:
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = server.socket_timeout  # each read and write of the socket; a silent client is dropped
+
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
                 return
 
@@ -143,21 +254,30 @@ class Server:
                 self.send_response(code)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
+                self.send_header("Content-Security-Policy", CSP)
+                self.send_header("X-Content-Type-Options", "nosniff")
+                self.send_header("Cache-Control", "no-store")
                 self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.wfile.write(body)
+                except OSError:  # a timed-out or closed client
+                    self.close_connection = True
 
             def do_GET(self) -> None:  # noqa: N802
                 path = self.path.split("?")[0]
                 if path == "/metrics":
                     self._send(200, server.metrics.exposition(), "text/plain; version=0.0.4; charset=utf-8")
                 elif path == "/healthz":
-                    ok = server.scheduler.running and not server.stopping.is_set()
-                    self._send(200 if ok else 503, b"ok\n" if ok else b"stopping\n", "text/plain")
+                    ok, why = server.healthy()
+                    self._send(200 if ok else 503, f"{why}\n".encode(), "text/plain; charset=utf-8")
                 elif path in ("/", "/index.html"):
-                    now = time.time()
-                    data = gather(server.history, server.policy, now - 30 * 86400, now, server.cfg.interval)
-                    self._send(200, render(data, "Sweeper fleet report (live)", refresh=60).encode(),
-                               "text/html; charset=utf-8")
+                    try:
+                        body = server.page()
+                    except Exception as exc:  # noqa: BLE001 - a history the report cannot draw: say so
+                        server.log(f"the report could not be drawn: {type(exc).__name__}: {exc}")
+                        self._send(500, b"the report could not be drawn; see the log\n", "text/plain")
+                        return
+                    self._send(200, body, "text/html; charset=utf-8")
                 else:
                     self._send(404, b"not found\n", "text/plain")
 
@@ -176,8 +296,9 @@ class Server:
             p = plan(self.kube.list_nodes(self.cfg.gpu_node_selector, page_size=self.cfg.page_size),
                      self.kube.active_pods(page_size=self.cfg.page_size), self.cfg, self.history.last_swept(),
                      time.time(), gates)
-        except SweeperError as exc:
-            self.log(f"could not read the cluster at start ({exc}); /metrics fills with the first run")
+        except Exception as exc:  # noqa: BLE001 - bad data in the cluster: the runs will say more
+            self.log(f"could not read the cluster at start ({type(exc).__name__}: {exc}); /metrics fills with "
+                     "the first run")
             return
         m = self.metrics
         m.gpu_nodes.set(p.gpu_nodes)
@@ -193,22 +314,30 @@ class Server:
         self.prime()
         self.scheduler.start()
         self._queue.start()
-        threading.Thread(target=self.httpd.serve_forever, name="serve-http", daemon=True).start()
+        self.start_http()
         jobs = ", ".join(f"{j.id} ({j.trigger})" for j in self.scheduler.get_jobs())
         self.log(f"serving on {self.httpd.server_address[0]!s}:{self.port}; schedules: {jobs}")
+
+    def start_http(self) -> None:
+        """Answer /metrics, /healthz and / (on a thread of its own)."""
+        self._http = threading.Thread(target=self.httpd.serve_forever, name="serve-http", daemon=True)
+        self._http.start()
 
     def stop(self) -> None:
         """Stop taking runs, stop the running sweeps (they hand their nodes back), wait for them."""
         self.stopping.set()
-        self.scheduler.pause()
+        if self.scheduler.running:
+            self.scheduler.pause()
         with self._lock:
             for sweep in self.running.values():
                 sweep.stop.set()
             self._wake.set()
-        self.scheduler.shutdown(wait=True)
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=True)
         if self._queue.is_alive():
             self._queue.join()
-        self.httpd.shutdown()
+        if self._http is not None:
+            self.httpd.shutdown()
         self.httpd.server_close()
 
 

@@ -20,7 +20,7 @@ from sweeper.actions import node as node_actions
 from sweeper.actions.decide import policy_for
 from sweeper.actions.jobs import gpu_stack_words
 from sweeper.actions.jobwatch import RunWatch
-from sweeper.clock import Clock, WallClock, iso, parse_iso
+from sweeper.clock import Clock, WallClock, iso, read_iso
 from sweeper.config import Config
 from sweeper.control import KEYS, Controls, dismissal_key
 from sweeper.errors import Conflict, KubeError, LockLost, NotFound, PlaybookError, Transient
@@ -118,6 +118,7 @@ class PairRun:
     suspects: tuple[tuple[NodeView, str], ...] = ()  # held, waiting for a re-pair: (node, its first partner)
     why: str = ""  # the suspects' failed pair, in words
     back: NodeView | None = None  # a re-pair abandoned before it ran: its suspect waits again
+    status: str = ""  # the pair's status (pairing.pair_status), when it ran
 
 
 @dataclass
@@ -143,6 +144,21 @@ class RunReport:
             "tool_errors": self.tool_errors, "tool_stop": self.tool_stop,
             "gpu_node_profiles": self.plan.profiles,
         }
+
+
+EVERY_PAIR_FAILED = "every pair of this run failed"
+
+
+def every_pair_failed(verdicts: dict[frozenset[str], str]) -> list[str]:
+    """The failed pairs ("a+b") when every pair of a run failed: at least two distinct pairs (two
+    sets of two nodes) failed and none passed, else []. Two nodes that each fail their pair are
+    possible; every pair failing is what a broken pair Job (image, transport, template) looks like,
+    and it says nothing of the nodes. One failed pair alone is a pair's business: re-pairing names
+    its culprit."""
+    failed = sorted("+".join(sorted(k)) for k, v in verdicts.items() if v == "fail")
+    if len(failed) < 2 or any(v in ("pass", "warn") for v in verdicts.values()):
+        return []
+    return failed
 
 
 def new_run_id(now: float) -> str:
@@ -217,6 +233,9 @@ class Sweep:
             if not self.dry_run:
                 nodes = self.mark_suspects(nodes, found)
         p = plan(nodes, pods, self.cfg, self.rec.last_swept(self.kind), self.clock.now(), gates)
+        for d in p.skip:
+            if d.warning:  # the node's own data is broken: that node is skipped, the run goes on
+                self.emit("log", {"node": d.node.name, "msg": f"warning: {d.warning}"})
         # Every GPU node this pass saw, with its profile: the report's coverage counts the never swept.
         p.profiles = {d.node.name: profiles.match(self.profiles, d.node.labels).name for d in p.take + p.skip}
         if settled is not None:
@@ -530,7 +549,8 @@ class Sweep:
         partner is found (this run's passes and the history's within pair_known_good_window), and
         are re-paired before any new pair is taken; one with no partner to come goes back
         `inconclusive`, as does each still waiting when the run ends. A node is taken once a run,
-        or again only as a re-pair's suspect or known-good partner."""
+        or again only as a re-pair's suspect or known-good partner. When every pair of the run
+        failed (every_pair_failed), no pair is taken and the suspects go back `error`."""
         deadline = start + self.cfg.run_deadline if self.cfg.run_deadline > 0 else math.inf
         p = report.plan
         since = self.clock.now() - self.cfg.pair_known_good_window
@@ -539,13 +559,15 @@ class Sweep:
         seen: set[str] = set()
         running: dict[Future[Any], tuple[str, tuple[str, ...], pairing.GroupKey | None]] = {}
         probe = self._probe_first()  # the last run stopped on a fault of the check: one pair first
+        verdicts: dict[frozenset[str], str] = {}  # this run's pairs (by their two nodes) -> their last status
         taken = refill = probe_failed = False
         last_plan = self.clock.now()
         workers = max(1, self.cfg.max_nodes + self.cfg.light_max)
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sweep") as pool:
             while True:
                 probing = probe and any(kind != "light" for kind, _, _ in running.values())
-                if not (self._closed(deadline, refill) or (self.cooling and taken) or probing):
+                doubt = bool(every_pair_failed(verdicts))  # no new pair until those running say otherwise
+                if not (self._closed(deadline, refill) or (self.cooling and taken) or probing or doubt):
                     taken = self._start_pairs(run_id, p, book, held, seen, running, pool, report, one=probe) or taken
                     lights = sum(1 for kind, _, _ in running.values() if kind == "light")
                     for v in [v for v in self.light_candidates(p) if v.name not in seen][
@@ -556,8 +578,10 @@ class Sweep:
                 if not running:
                     why = ("the run stopped taking nodes before its re-pair" if self._closed(deadline, True)
                            else "no known-good partner was free this run")
+                    every = self.tool_stop.startswith(EVERY_PAIR_FAILED)
                     for name in list(book.waiting):
-                        report.outcomes.append(self._let_suspect_go(run_id, book, name, why))
+                        report.outcomes.append(self._let_suspect_go(run_id, book, name, self.tool_stop if every
+                                                                    else why, "error" if every else "inconclusive"))
                     return probe_failed
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for f in done:
@@ -567,6 +591,8 @@ class Sweep:
                         continue
                     got: PairRun = f.result()
                     report.outcomes.extend(got.outcomes)
+                    if got.status:
+                        verdicts[frozenset(names)] = got.status
                     if probe:  # the probe pair ran: the rest if its check ran, else stop here
                         faults = [self.tool_errors[n] for n in names if n in self.tool_errors]
                         probe, probe_failed = False, bool(faults)
@@ -580,6 +606,10 @@ class Sweep:
                         held[got.back.name] = got.back
                     elif kind == "repair":
                         book.settled(names[0])
+                failed = every_pair_failed(verdicts)
+                if failed and not self.tool_stop and all(kind == "light" for kind, _, _ in running.values()):
+                    self.tool_stop = (f"{EVERY_PAIR_FAILED} ({len(failed)} distinct pairs: {', '.join(failed[:4])}; "
+                                      "none passed): a fault of the pair check, not of the nodes")
                 if self._closed(deadline, True) or (self.cooling and taken):
                     continue
                 p, last_plan = self._look_again(p, bool(running), last_plan)
@@ -651,17 +681,19 @@ class Sweep:
             started = True
         return started
 
-    def _let_suspect_go(self, run_id: str, book: pairing.Repairs, name: str, why: str) -> NodeOutcome:
-        """A suspect with no re-pair goes back `inconclusive`: a failed pair is no verdict on either node."""
+    def _let_suspect_go(self, run_id: str, book: pairing.Repairs, name: str, why: str,
+                        verdict: str = "inconclusive") -> NodeOutcome:
+        """A suspect with no re-pair goes back `inconclusive` (a failed pair is no verdict on either
+        node), or `error` when every pair of the run failed (a fault of the check)."""
         s = book.waiting.pop(name)
-        reason = f"pair with {s.first_partner} failed ({s.why}); {why}: handed back inconclusive"
+        reason = f"pair with {s.first_partner} failed ({s.why}); {why}: handed back {verdict}"
         try:
             self.release(run_id, name, reason, owner=run_id)
         except KubeError as exc:
             self.emit("log", {"node": name, "msg": f"could not hand the node back: {exc}; the next run's reconcile "
                                                    "will"})
-        self.emit("done", {"node": name, "verdict": "inconclusive", "reasons": [reason], "action": "released"})
-        return NodeOutcome(name, "inconclusive", [reason], "released")
+        self.emit("done", {"node": name, "verdict": verdict, "reasons": [reason], "action": "released"})
+        return NodeOutcome(name, verdict, [reason], "released")
 
     # -- crash recovery -------------------------------------------------------------------
     def reconcile(self, run_id: str) -> list[dict[str, str]]:
@@ -763,8 +795,8 @@ class Sweep:
                    if sweep and sweep["finished"] and not cut else f"run {old} stopped before its checks finished")
             self.release(run_id, name, f"reconcile: {why}", owner=old)
             return {"node": name, "action": "released", "why": why}
-        since = view.annotations.get(f"{self.cfg.prefix}/held-since")
-        age = now - parse_iso(since) if since else float("inf")
+        since = read_iso(view.annotations.get(f"{self.cfg.prefix}/held-since"))  # unreadable: as if absent
+        age = now - since if since is not None else float("inf")
         if age >= self.cfg.orphan_grace:
             why = f"Sweeper's taint from run {old or '?'} with no record in this history, {int(age)}s old"
             self.release(run_id, name, f"reconcile: {why}", owner=old)
@@ -796,6 +828,8 @@ class Sweep:
         return causes.pop()
 
     def _stop_reason(self, cause: str, probe: bool) -> str:
+        if cause.startswith(EVERY_PAIR_FAILED):
+            return f"run stopped: {cause}. Fix the pair check, then sweep again: the next run tries one pair first"
         if probe:
             return (f"run stopped: the last run stopped on a fault of the check and this run's first node ended "
                     f"with one too ({cause}); no more nodes were taken. Fix the check, then sweep again")
@@ -932,9 +966,10 @@ class Sweep:
 
     @staticmethod
     def _node_vars(node: NodeView, profile: profiles.Profile) -> dict[str, Any]:
-        """What playbooks and job templates see as `node`."""
+        """What playbooks and job templates see as `node`; its profile with the fabric the node advertises."""
         return {"name": node.name, "labels": node.labels, "annotations": node.annotations, "gpus": node.gpus,
-                "gpu_resources": node.gpu_vars(), "profile": profile.as_vars()}
+                "gpu_resources": node.gpu_vars(), "fabric": dict(node.fabric),
+                "profile": profile.on_node(node.fabric, node.labels, node.annotations).as_vars()}
 
     def _cap_replacements(self, verdict: str, reasons: list[str]) -> tuple[str, list[str]]:
         """Beyond max_replacements_per_hour, a node that should be replaced is held for a person."""
@@ -1180,6 +1215,7 @@ class Sweep:
                                                                               reasons))
             out.suspects = tuple((n, o.name) for c, n, o in zip(calls, nodes, nodes[::-1], strict=True) if c.suspect)
             out.why = f"{status}: {'; '.join(reasons)}"[:500]
+            out.status = status
             if status in ("pass", "warn"):
                 out.passed = (first.name, second.name)
             for call, view, prof, sweep_id in zip(calls, nodes, profs, ids, strict=True):

@@ -27,7 +27,7 @@ from functools import lru_cache, wraps
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateError, TemplateSyntaxError, Undefined, UndefinedError
+from jinja2 import StrictUndefined, TemplateError, TemplateSyntaxError, Undefined, UndefinedError, nodes
 from jinja2.compiler import CodeGenerator, Frame, optimizeconst
 from jinja2.nodes import Concat
 from jinja2.runtime import Context, Namespace, str_join
@@ -112,6 +112,8 @@ def _check_result(value: Any) -> Any:
         _limit("a string", len(value), LIMITS.string)
     elif isinstance(value, list | tuple | dict | set | frozenset | range):
         _limit("a sequence", len(value), LIMITS.items)
+        if not isinstance(value, range):  # its parts too: `a + a` of a shared list, a filter's result
+            _limit("a built value", value_size(value, LIMITS.output), LIMITS.output)
     return value
 
 
@@ -357,6 +359,27 @@ class _BoundedCodeGenerator(CodeGenerator):
         frame.buffer = self.temporary_identifier()
         self.writeline(f"{frame.buffer} = environment.output_buffer()")
 
+    # A list, tuple or dict written in a template is measured as it is built: `[a, a]` doubled
+    # forty times takes little memory but is 2**40 items to anything that walks it (==, sort,
+    # str), which C code does without a pause where the deadline could stop it.
+    def visit_List(self, node: nodes.List, frame: Frame) -> None:
+        self.write("environment.built(")
+        super().visit_List(node, frame)
+        self.write(")")
+
+    def visit_Tuple(self, node: nodes.Tuple, frame: Frame) -> None:
+        if node.ctx != "load":
+            super().visit_Tuple(node, frame)
+            return
+        self.write("environment.built(")
+        super().visit_Tuple(node, frame)
+        self.write(")")
+
+    def visit_Dict(self, node: nodes.Dict, frame: Frame) -> None:
+        self.write("environment.built(")
+        super().visit_Dict(node, frame)
+        self.write(")")
+
     @optimizeconst
     def visit_Concat(self, node: Concat, frame: Frame) -> None:
         self.write("environment.bounded_concat((")
@@ -425,6 +448,12 @@ class BoundedEnvironment(ImmutableSandboxedEnvironment):
     @staticmethod
     def output_buffer() -> list[str]:
         return _OutputBuffer()
+
+    @staticmethod
+    def built(value: Any) -> Any:
+        """A list, tuple or dict a template wrote: its whole size, shared parts counted each time."""
+        _limit("a built value", value_size(value, LIMITS.output), LIMITS.output)
+        return value
 
     def bounded_concat(self, values: tuple[Any, ...]) -> str:
         _limit("a string", _sum_sizes(values), LIMITS.string)

@@ -15,6 +15,7 @@ import yaml
 from sweeper.errors import ConfigError
 from sweeper.parsers.kernel_log import KernelLog, LostGpu, XidEvent, scan
 from sweeper.result import CheckResult, Metric
+from sweeper.schema import safe_load
 
 CATALOG_URL = "https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html"
 
@@ -88,7 +89,7 @@ def _parse(raw: object, origin: str) -> dict[int, XidInfo]:
 @lru_cache(maxsize=1)
 def catalog_document() -> dict[str, Any]:
     """sweeper/data/xid-catalog.yaml as it is: source, dates and the rows."""
-    doc = yaml.safe_load(resources.files("sweeper").joinpath("data/xid-catalog.yaml").read_text())
+    doc = safe_load(resources.files("sweeper").joinpath("data/xid-catalog.yaml").read_text())
     if not isinstance(doc, dict) or not isinstance(doc.get("codes"), dict):
         raise ConfigError("sweeper/data/xid-catalog.yaml: expected a mapping with `codes`")
     return doc
@@ -102,7 +103,11 @@ def default_catalogue() -> dict[int, XidInfo]:
 def load_catalogue(override: Path | None = None) -> dict[int, XidInfo]:
     cat = dict(default_catalogue())
     if override is not None:
-        cat.update(_parse(yaml.safe_load(override.read_text()), str(override)))
+        try:
+            raw = safe_load(override.read_text())
+        except (OSError, ValueError, yaml.YAMLError) as exc:
+            raise ConfigError(f"cannot read the XID catalogue {override}: {exc}") from exc
+        cat.update(_parse(raw, str(override)))
     return cat
 
 
@@ -125,7 +130,9 @@ NVLINK5 = frozenset(range(144, 151))
 # "NVSwitch SXid errors" table; leptonai/gpud#338 quotes the 12028 row).
 FATAL_SXIDS = frozenset({12028})
 _RANK = {"pass": 0, "warn": 1, "fail": 2}
-_PIDNAME = re.compile(r"pid=('[^']*'|\S+?),\s*name=(\S+?),\s*")
+# Bounded: a pid is a number or '<unknown>', a process name at most TASK_COMM_LEN (16) as the driver
+# prints it; unbounded, a line of "pid=" repeated is scanned to its end from each one.
+_PIDNAME = re.compile(r"pid=('[^'\n]{0,64}'|\S{1,64}?),\s*name=(\S{1,256}?),\s*")
 # XID 154's text -> (status, finding code): the catalogue's row 154 lists the values "None",
 # "Drain P2P", "Drain and Reset", "GPU Reset Required", "Node Reboot Required". The codes are those
 # of the NVML reading of the same verdict (sweeper/checks/gpu.py RECOVERY): a swept node is

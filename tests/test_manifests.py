@@ -46,7 +46,8 @@ def test_cronjob_manifest_validates_and_its_config_loads(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize("name", ["cronjob.yaml", "serve/serve.yaml", "rbac-evictions.yaml",
-                                  "rbac-karpenter.yaml", "rbac-device-plugin.yaml", "eks/storageclass-gp3.yaml",
+                                  "rbac-karpenter.yaml", "device-plugin/gpu-operator.yaml", "device-plugin/kube-system.yaml",
+                                  "device-plugin/nvidia-device-plugin.yaml", "eks/storageclass-gp3.yaml",
                                   "admission-policy.yaml"])
 def test_every_manifest_validates(name: str) -> None:
     docs = docs_of(name)
@@ -221,9 +222,16 @@ def test_job_templates_render_valid_jobs(template: str) -> None:
         "name": "ip-10-0-1-2.ec2.internal", "gpus": 8,
         "labels": {"kubernetes.io/hostname": "ip-10-0-1-2", "evil": "{{ 7*7 }}: [x]"},
         "annotations": {}, "profile": load_profile(ROOT / "profiles" / "p5.48xlarge.yaml").as_vars()}, run_id="sw-1")
-    job = render_job(ctx, template, 900, {}, remediation=template in PRIVILEGED)
+    job = render_job(ctx, template, 900, {}, remediation=template in PRIVILEGED,
+                     bound=template in BOUND)
     kubernetes_validate.validate(job, K8S, strict=True)
     pod = job["spec"]["template"]["spec"]
+    assert {"key": Config().taint_key, "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    if template in BOUND:
+        # The reset runs while the device plugin is paused (allocatable 0): bound by nodeName, no GPU asked.
+        assert pod["nodeName"] == "ip-10-0-1-2.ec2.internal" and "affinity" not in pod
+        assert "nvidia.com/gpu" not in pod["containers"][0]["resources"]["limits"]
+        return
     assert "nodeName" not in pod, "check Jobs go through the scheduler"
     term = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
     assert term["matchExpressions"][0]["values"] == ["ip-10-0-1-2"]
@@ -239,6 +247,7 @@ def test_job_templates_render_valid_jobs(template: str) -> None:
 
 
 PRIVILEGED = {"reboot.yaml.j2", "gpu-reset.yaml.j2"}  # the only Jobs that need the host itself
+BOUND = {"gpu-reset.yaml.j2"}  # bound to the held node by nodeName (sweeper/actions/jobs.py, _check_bound)
 
 
 @pytest.mark.parametrize("template", CHECK_TEMPLATES)
@@ -252,7 +261,8 @@ def test_job_templates_take_least_privilege(template: str) -> None:
     ctx = ActionContext(config=Config(), node={
         "name": "ip-10-0-1-2.ec2.internal", "gpus": 8, "labels": {"kubernetes.io/hostname": "ip-10-0-1-2"},
         "annotations": {}, "profile": load_profile(ROOT / "profiles" / "p5.48xlarge.yaml").as_vars()}, run_id="sw-1")
-    pod = render_job(ctx, template, 900, {}, remediation=template in PRIVILEGED)["spec"]["template"]["spec"]
+    pod = render_job(ctx, template, 900, {}, remediation=template in PRIVILEGED,
+                     bound=template in BOUND)["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False
     host_paths = {v["name"] for v in pod.get("volumes", []) if "hostPath" in v}
     for c in pod["containers"]:

@@ -28,7 +28,7 @@ def node(profile: str = "p5.48xlarge.yaml", **profile_keys: Any) -> dict[str, An
 
 def pod_of(template: str, cfg: Config, extra: dict[str, Any] | None = None, **profile_keys: Any) -> dict[str, Any]:
     job = render_job(ActionContext(config=cfg, node=node(**profile_keys), run_id="sw-1"), template, 900, extra or {},
-                     remediation=template == "gpu-reset.yaml.j2")  # as the remediation renders it
+                     remediation=template == "gpu-reset.yaml.j2", bound=template == "gpu-reset.yaml.j2")  # as the remediation renders it
     return job["spec"]["template"]["spec"]  # type: ignore[no-any-return]
 
 
@@ -57,11 +57,12 @@ def test_on_gke_the_jobs_find_the_driver_where_gke_puts_it(template: str) -> Non
     pod = pod_of(template, Config(platform="gke"))
     assert env_of(pod)["LD_LIBRARY_PATH"] == "/usr/local/nvidia/lib64"
     driver = [v for v in pod.get("volumes") or [] if (v.get("hostPath") or {}).get("path") == "/home/kubernetes/bin/nvidia"]
-    if template == "sweeper-light.yaml.j2":  # no GPU request: no device plugin to mount it
+    if template in ("sweeper-light.yaml.j2", "gpu-reset.yaml.j2"):  # no GPU request: no device plugin to mount it
         assert driver and {"name": driver[0]["name"], "mountPath": "/usr/local/nvidia", "readOnly": True,
                            "recursiveReadOnly": "Enabled"} in \
             pod["containers"][0]["volumeMounts"]
-        assert pod["containers"][0]["args"][pod["containers"][0]["args"].index("--gpu-request") + 1] == "none"
+        if template == "sweeper-light.yaml.j2":
+            assert pod["containers"][0]["args"][pod["containers"][0]["args"].index("--gpu-request") + 1] == "none"
     else:
         assert not driver, "a pod that requests GPUs gets the driver from GKE's device plugin"
     assert "LD_LIBRARY_PATH" not in env_of(pod_of(template, Config(platform="eks")))
@@ -166,3 +167,26 @@ def test_a_schedules_dcgm_level_is_the_level_of_its_runs(tmp_path: Path) -> None
     assert {k: cfg.dcgm_level for k, cfg in runs.items()} == {"deep": 3, "light": None}
     assert runs["deep"].dcgm_level_for(node(dcgm_level=2)) == 3, "over the profile's"
     assert runs["light"].dcgm_level_for(node(dcgm_level=2)) == 2
+
+
+def test_a_reset_template_that_asks_for_a_gpu_or_goes_through_the_scheduler_is_refused(tmp_path: Any) -> None:
+    """While the device plugin is paused the kubelet counts none of the node's GPUs allocatable
+    (kubernetes/kubernetes, pkg/kubelet/cm/devicemanager/manager.go, markResourceUnhealthy): a reset
+    pod that requests one never starts, and one sent through the scheduler never lands. Lint and
+    the remediation both refuse such a template."""
+    import shutil
+
+    from sweeper.errors import PlaybookError
+    from sweeper.lint import lint_template
+
+    shutil.copytree(ROOT / "job-templates", tmp_path / "t")
+    path = tmp_path / "t" / "gpu-reset.yaml.j2"
+    shipped = path.read_text()
+    cfg = Config(template_dir=str(tmp_path / "t"))
+    assert lint_template(ROOT / "job-templates" / "gpu-reset.yaml.j2", Config()) == []
+    path.write_text(shipped.replace("              cpu: 500m\n", "              cpu: 500m\n              nvidia.com/gpu: 8\n"))
+    with pytest.raises(PlaybookError, match="requests no GPU"):
+        render_job(ActionContext(config=cfg, node=node(), run_id="sw-1"), "gpu-reset.yaml.j2", 900, {}, bound=True)
+    assert any("requests no GPU" in p for p in lint_template(path, cfg))
+    path.write_text(shipped.replace("nodeName: {{ node.name | tojson }}", "affinity: {{ affinity | tojson }}"))
+    assert any("bound to its node" in p for p in lint_template(path, cfg))

@@ -83,7 +83,8 @@ def test_the_job_namespaces_are_at_the_lowest_level_their_jobs_need() -> None:
     checks = [render_job(ctx, t, 900, {})["spec"]["template"] for t in
               ("sweeper-check.yaml.j2", "sweeper-light.yaml.j2", "dcgm-diag.yaml.j2", "nccl-allreduce.yaml.j2")]
     remediation = [render_job(ctx, "reboot.yaml.j2", 600, {}, remediation=True)["spec"]["template"],
-                   render_job(ctx, "gpu-reset.yaml.j2", 600, {"gpu_ids": "0"}, remediation=True)["spec"]["template"]]
+                   render_job(ctx, "gpu-reset.yaml.j2", 600, {"gpu_ids": "0"}, remediation=True,
+                              bound=True)["spec"]["template"]]
     levels = {d["metadata"]["name"]: d["metadata"]["labels"]["pod-security.kubernetes.io/enforce"]
               for d in docs_of("cronjob.yaml") if d["kind"] == "Namespace"}
     assert levels[cfg.check_namespace] == lowest_level(checks)
@@ -228,8 +229,9 @@ def test_every_template_job_passes_the_policy(policies: Policies) -> None:
         for t, extra in (("reboot.yaml.j2", {}), ("gpu-reset.yaml.j2", {"gpu_ids": "0"})):
             assert review_job(policies, rem._remediation_job("sw-1", ctx.node or {}, t, extra)) == "", t
     check, remediation = shapes(ROOT, cfg)
-    # the check mounts the host's /sys alone, never its root (sweeper.actions.safety)
-    assert "/sys" in check.host_paths and "/" not in check.host_paths
+    # the check mounts the host's /sys and journald's two directories, never its root (sweeper.actions.safety)
+    assert {"/sys", "/var/log/journal", "/run/log/journal"} <= check.host_paths and "/" not in check.host_paths
+    assert not {p for p in check.host_paths if p.startswith("/run")} - {"/run/log/journal"}
     assert not check.privileged and remediation.privileged
 
 

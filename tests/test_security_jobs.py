@@ -114,6 +114,14 @@ def test_pair_vars_cannot_replace_sweepers_values(key: str) -> None:
     ("path: /sys", "path: /var/run", "container runtime"),
     ("path: /sys", "path: /sys/../run", "container runtime"),
     ("path: /sys", "path: /var/lib/containerd", "container runtime"),
+    ("path: /run/log/journal", "path: /run/log", "container runtime"),
+    ("path: /run/log/journal", "path: /run/log/journal/../../containerd", "container runtime"),
+    ("path: /run/log/journal", "path: /run/systemd/journal", "container runtime"),
+    ("path: /var/log/journal", "path: /var/log", "not one the checks read"),
+    ('path: /var/log/journal\n            type: ""', "path: /var/log/journal\n            type: DirectoryOrCreate",
+     "creates what is missing"),
+    ("              mountPropagation: None\n", "              mountPropagation: HostToContainer\n",
+     "must not propagate"),
     ("              recursiveReadOnly: Enabled\n", "", "recursiveReadOnly: Enabled"),
     ("              recursiveReadOnly: Enabled\n", "              recursiveReadOnly: IfPossible\n",
      "recursiveReadOnly: Enabled"),
@@ -146,6 +154,37 @@ def test_an_authors_check_template_is_held_to_the_rules(tmp_path: Path, old: str
     with pytest.raises(PlaybookError, match="unsafe Job") as err:
         render_job(ctx(cfg), "mine.yaml.j2", 900, {})
     assert why in str(err.value)
+
+
+@pytest.mark.parametrize("path", [*SOCKETS, "/run", "/run/log", "/run/log/journal/x", "/run/systemd/journal/socket",
+                                  "/run/systemd/journal/stdout", "/var/run/log/journal"])
+def test_under_run_only_the_journal_directory_itself_may_be_mounted(tmp_path: Path, path: str) -> None:
+    """The check reads journald's volatile files in /run/log/journal; journald's own sockets are in
+    /run/systemd/journal (https://www.freedesktop.org/software/systemd/man/latest/systemd-journald.service.html,
+    FILES), and the runtimes' in /run/containerd, /run/crio and /var/run. Exactly that one directory is
+    allowed under /run: nothing above, beside or below it (/var/run is a link to /run on the host, but
+    the rule reads the path as written, and refuses it)."""
+    cfg = shipped_with("sweeper-check.yaml.j2", "path: /run/log/journal", f"path: {path}", tmp_path)
+    with pytest.raises(PlaybookError, match="container runtime"):
+        render_job(ctx(cfg), "mine.yaml.j2", 900, {})
+
+
+def test_the_check_mounts_the_journal_directories_read_only_and_creates_nothing() -> None:
+    """The journal's two directories, each read-only all the way down and propagating no mount; their
+    hostPath type is the unchecked one, since `Directory` fails the pod where a host keeps no such
+    directory and the *OrCreate types make the kubelet create it
+    (https://kubernetes.io/docs/concepts/storage/volumes/#hostpath-volume-types)."""
+    (job,) = _rendered("sweeper-check.yaml.j2", "eks")
+    pod = job["spec"]["template"]["spec"]
+    vols = {v["hostPath"]["path"]: v for v in pod["volumes"] if "hostPath" in v}
+    assert {p: v["hostPath"].get("type") for p, v in vols.items()} == {
+        "/sys": "Directory", "/var/log/journal": "", "/run/log/journal": ""}
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    for path, where in (("/var/log/journal", "/host/var/log/journal"), ("/run/log/journal", "/host/run/log/journal")):
+        m = mounts[vols[path]["name"]]
+        assert (m["mountPath"], m["readOnly"], m["recursiveReadOnly"], m["mountPropagation"]) == (
+            where, True, "Enabled", "None")
+    assert "--host-root" in pod["containers"][0]["args"] and "/host" in pod["containers"][0]["args"]
 
 
 def test_a_misshapen_job_is_refused_not_crashed_on(tmp_path: Path) -> None:
@@ -254,7 +293,8 @@ def _rendered(template: str, platform: str) -> list[dict[str, Any]]:
     if "pair_affinity" in (ROOT / "job-templates" / template).read_text():
         service, job, _ = render_pair(c, template, 900, {})
         return [job] if service is None else [service, job]
-    return [render_job(c, template, 900, {}, remediation=template in REMEDIATION)]
+    return [render_job(c, template, 900, {}, remediation=template in REMEDIATION,
+                       bound=template == "gpu-reset.yaml.j2")]
 
 
 def _pods(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -274,7 +314,7 @@ def test_no_runtime_socket_is_reachable_from_any_shipped_job(template: str, plat
             paths = {v["name"]: posixpath.normpath(v["hostPath"]["path"]) for v in pod.get("volumes") or []
                      if "hostPath" in v}
             for path in paths.values():
-                assert path in ("/sys", "/home/kubernetes/bin/nvidia"), path
+                assert path in ("/sys", "/var/log/journal", "/run/log/journal", "/home/kubernetes/bin/nvidia"), path
                 reached = [s for s in SOCKETS if s == path or s.startswith(path.rstrip("/") + "/")]
                 assert not reached, f"{template}: host path {path} reaches {reached}"
             for c in pod["containers"] + pod.get("initContainers", []):

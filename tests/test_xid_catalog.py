@@ -64,7 +64,8 @@ def test_the_data_holds_every_published_row_exactly() -> None:
 @pytest.mark.parametrize(("code", "mnemonic", "applies", "immediate", "investigatory"), [
     (8, "ROBUST_CHANNEL_FIFO_ERROR_IDLE_TIMEOUT", GPUS, "RESTART_APP", "CONTACT_SUPPORT"),
     (13, "ROBUST_CHANNEL_GR_EXCEPTION / ROBUST_CHANNEL_GR_ERROR_SW_NOTIFY", GPUS, "RESTART_APP", "WORKFLOW_XID_13"),
-    (16, "ROBUST_CHANNEL_VBLANK_CALLBACK_TIMEOUT", (), "CONTACT_SUPPORT", "CONTACT_SUPPORT"),  # an extra cell
+    (1, "ROBUST_CHANNEL_FIFO_ERROR_FIFO_METHOD", (), "CONTACT_SUPPORT", ""),
+    (16, "ROBUST_CHANNEL_VBLANK_CALLBACK_TIMEOUT", (), "CONTACT_SUPPORT", "CONTACT_SUPPORT"),
     (32, "ROBUST_CHANNEL_PBDMA_ERROR", GPUS, "RESTART_APP", "CHECK_APP/CUDA"),
     (38, "ROBUST_CHANNEL_FECS_ERR_WATCHDOG_TIMEOUT", GPUS, "IGNORE", "CONTACT_SUPPORT"),
     (45, "ROBUST_CHANNEL_PREEMPTIVE_REMOVAL", GPUS, "WORKFLOW_XID_45",
@@ -77,6 +78,7 @@ def test_the_data_holds_every_published_row_exactly() -> None:
     (79, "ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS", GPUS, "RESTART_BM", "CONTACT_SUPPORT"),
     (93, "INFOROM_ERASE_LIMIT_EXCEEDED", ("A100",), "IGNORE", "CONTACT_SUPPORT"),
     (95, "ROBUST_CHANNEL_UNCONTAINED_ERROR", GPUS, "RESET_GPU", "IGNORE (sympathetic)"),
+    (108, "NVLINK_REMOTE_TRANSLATION_ERROR", GPUS, "IGNORE", "XID_137_FLOW"),
     (121, "C2C_ERROR", ("GB200",), "IGNORE", "CONTACT_SUPPORT"),
     (137, "NVLINK_PRIV_ERR", GPUS, "IGNORE", "XID_137_FLOW"),
     (142, "ROBUST_CHANNEL_NVENC3_ERROR", ("GB200",), "CONTACT_SUPPORT", ""),
@@ -93,6 +95,21 @@ def test_spot_rows_read_off_the_page(code: int, mnemonic: str, applies: tuple[st
     info = lookup(code)
     assert (info.mnemonic, info.applies_to, info.immediate, info.investigatory) == \
            (mnemonic, applies, immediate, investigatory)
+
+
+def test_n_a_unused_is_a_trigger_condition_never_a_bucket_or_a_linkage() -> None:
+    """The spreadsheet (docs.nvidia.com/Xid-Catalog.xlsx) puts an "Unused" row's "N/A; Unused" in
+    Trigger Conditions and leaves its Investigatory and Xid 154 linkage cells empty; row 16 alone of
+    them names an Investigatory bucket (CONTACT_SUPPORT), row 108 (Unused, yet YES on every GPU) has
+    XID_137_FLOW and no linkage. Tables generated from the spreadsheet agree: leptonai/gpud's
+    components/accelerator/nvidia/xid/catalog_generated.go has an empty Investigatory for each."""
+    codes = catalog_document()["codes"]
+    for code, row in codes.items():
+        assert "N/A; Unused" not in (row["immediate"], row["investigatory"], row.get("xid154_linkage", "")), code
+    unused = [c for c, row in codes.items() if row["description"] == "Unused" and not row["applies_to"]]
+    assert len(unused) == 61 and [c for c in unused if codes[c]["investigatory"]] == [16]
+    assert {codes[c]["immediate"] for c in unused} == {"CONTACT_SUPPORT"}
+    assert "xid154_linkage" not in codes[16] and "xid154_linkage" not in codes[108]
 
 
 def test_bucket_counts_of_the_catalogue() -> None:

@@ -81,6 +81,10 @@ def _held_back(ctx: ActionContext, node: str, unhealthy: list[dict[str, Any]], d
     if xids and not device_plugin.benign(xids) and device_plugin.benign(live):
         return device_plugin.finding(node, now, "warn", f"{what}: a symptom of findings a person dismissed "
                                      f"as false positives ({seen})")
+    earlier = sorted(k for k in dismissed if k.startswith("xid|"))
+    if not xids and earlier:  # the XID a person dismissed is older than the node's last pass: no longer read
+        return device_plugin.finding(node, now, "warn", f"{what}: a symptom of findings a person dismissed "
+                                     f"as false positives ({', '.join(earlier)})")
     if own in ("error", "inconclusive"):
         return device_plugin.finding(node, now, "fail", f"{what}; Sweeper's own check did not run to say why")
     if not device_plugin.benign(xids):

@@ -15,11 +15,12 @@ from sweeper.actions import ActionContext, Arg, action, ok
 from sweeper.actions.jobwatch import RunWatch
 from sweeper.actions.safety import REMEDIATION_TEMPLATES, Rules, problems, protected
 from sweeper.clock import parse_duration
-from sweeper.config import home
+from sweeper.config import Config, home
 from sweeper.errors import KubeError, NotFound, PlaybookError
 from sweeper.fleet import pending_gpu_pods
 from sweeper.parsers import dcgm, nccl, sweeper_result
 from sweeper.result import CheckResult, Result, error_result, tool_result
+from sweeper.schema import safe_load, safe_load_all
 from sweeper.templating import JobTemplate, render_template, resolve_template
 
 SCHEDULE_TIMEOUT = 300.0
@@ -97,13 +98,15 @@ def image_vars(ctx: ActionContext) -> dict[str, Any]:
 
 
 def job_rules(ctx: ActionContext, found: JobTemplate, affinities: tuple[dict[str, Any], ...],
-              remediation: bool) -> Rules:
+              remediation: bool, bound: bool = False) -> Rules:
     """What the rendered Job is held to: Sweeper's own values, not the template's variables."""
     key = REMEDIATION_TEMPLATES.get(found.name) if remediation and found.shipped else None
-    return Rules(namespace=job_namespace(ctx, remediation), affinities=affinities, tolerations=tuple(sweeper_tolerations(ctx)),
-                 taint_key=ctx.config.taint_key, images=ctx.config.job_images,
-                 runtime_class=ctx.config.runtime_class_name, priority_class=ctx.config.check_priority_class,
-                 privileged_image=getattr(ctx.config, key) if key else "", host_pid=found.name == "reboot.yaml.j2")
+    return Rules(namespace=job_namespace(ctx, remediation), affinities=affinities,
+                 tolerations=tuple(sweeper_tolerations(ctx)), taint_key=ctx.config.taint_key,
+                 images=ctx.config.job_images, runtime_class=ctx.config.runtime_class_name,
+                 priority_class=ctx.config.check_priority_class,
+                 privileged_image=getattr(ctx.config, key) if key else "", host_pid=found.name == "reboot.yaml.j2",
+                 bound_node=str((ctx.node or {}).get("name", "")) if bound else "")
 
 
 def job_namespace(ctx: ActionContext, remediation: bool = False) -> str:
@@ -120,10 +123,12 @@ def sweeper_tolerations(ctx: ActionContext) -> list[dict[str, Any]]:
 
 
 def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[str, Any],
-               remediation: bool = False) -> dict[str, Any]:
+               remediation: bool = False, bound: bool = False) -> dict[str, Any]:
     """The template rendered and checked. Sweeper's variables are set after the playbook's `vars`
     (which may not name them), and the Job is then held to Sweeper's own values (sweeper.actions.safety);
-    only a shipped remediation template rendered by the remediation (`remediation=True`) may be privileged."""
+    only a shipped remediation template rendered by the remediation (`remediation=True`) may be privileged.
+    `bound`: a remediation Job bound to the held node by `nodeName` that requests no GPU (see
+    _check_bound), not a Job that goes through the scheduler."""
     found = template_of(ctx, template)
     path = found.path
     node = ctx.node or {}
@@ -152,7 +157,9 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
     job = load_rendered(rendered, path)
     if not isinstance(job, dict) or job.get("kind") != "Job":
         raise PlaybookError(f"{path}: the template must render a batch/v1 Job")
-    refuse_unsafe([job], job_rules(ctx, found, (affinity,), remediation), path)
+    if bound:
+        _check_bound(job, str(node.get("name", "")), path, ctx.config)
+    refuse_unsafe([job], job_rules(ctx, found, (affinity,), remediation, bound), path)
     if remediation:  # its own account, which has no RBAC and mounts no token (docs/security.md)
         job["spec"]["template"]["spec"]["serviceAccountName"] = ctx.config.remediation_service_account
     _second_engine(ctx, job, node)
@@ -162,7 +169,7 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
 def load_rendered(rendered: str, path: Path, many: bool = False) -> Any:
     """The rendered YAML; an error names the line and column, never the text there."""
     try:
-        return [d for d in yaml.safe_load_all(rendered) if d is not None] if many else yaml.safe_load(rendered)
+        return [d for d in safe_load_all(rendered) if d is not None] if many else safe_load(rendered)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1} of the rendered text" if mark is not None else ""
@@ -188,6 +195,22 @@ def _second_engine(ctx: ActionContext, job: dict[str, Any], node: dict[str, Any]
            for c in pod.get("containers") or []):
         ctx.log(f"{node.get('name', '')}: {job['metadata']['name']} starts a second DCGM host engine beside "
                 "dcgm-exporter's on this node (set dcgm_hostengine: node to use the node's own)")
+
+
+def _check_bound(job: dict[str, Any], node: str, path: Path, cfg: Config) -> None:
+    """A GPU reset runs while the device plugin is paused, when the node's allocatable GPUs are 0
+    and a pod that requests one fits nowhere (the kubelet marks a stopped plugin's devices
+    unhealthy: kubernetes/kubernetes, pkg/kubelet/cm/devicemanager/manager.go). So it is bound to
+    the node by nodeName, on a node Sweeper holds, and requests no GPU."""
+    pod = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+    if pod.get("nodeName") != node:
+        raise PlaybookError(f"{path}: a remediation Job is bound to its node: nodeName: {{{{ node.name | tojson }}}}")
+    asked = sorted({k for c in pod.get("containers") or [] for part in ("requests", "limits")
+                    for k in ((c.get("resources") or {}).get(part) or {})
+                    if k in cfg.gpu_resources or k.startswith(tuple(cfg.gpu_resource_prefixes)) or "gpu" in k})
+    if asked:
+        raise PlaybookError(f"{path}: a remediation Job requests no GPU ({', '.join(asked)}): with the device plugin "
+                            "paused the node has none allocatable, and the pod would never start")
 
 
 def _condition(job: dict[str, Any]) -> dict[str, Any] | None:

@@ -67,6 +67,32 @@ def _hostname(node: dict[str, Any]) -> str:
     return str((node.get("labels") or {}).get("kubernetes.io/hostname", node.get("name", "")))
 
 
+def pair_fabric(node: dict[str, Any], partner: dict[str, Any]) -> dict[str, int]:
+    """The fabric devices each pod of a pair requests: those both nodes' profiles name, as many as
+    the one with fewer advertises (its profile is read against the node: profiles.Profile.on_node)."""
+    mine = dict((node.get("profile") or {}).get("fabric_resources") or {})
+    theirs = dict((partner.get("profile") or {}).get("fabric_resources") or {})
+    return {k: min(int(v), int(theirs[k])) for k, v in mine.items() if k in theirs and min(int(v), int(theirs[k])) > 0}
+
+
+def pair_floor(ctx: ActionContext, parser_args: dict[str, Any]) -> tuple[float | None, str]:
+    """The bus bandwidth floor of this pair, and why there is none: a floor is a figure of the
+    platform's fast transport (EFA, InfiniBand, GPUDirect-TCPX), which NCCL reaches only through the
+    fabric devices the pods request; a pair that requests none runs on the primary interface's TCP
+    (a few GB/s), and a floor would fail every such pair on nodes that are fine. An explicit
+    `parser_args.min_busbw` is taken as given."""
+    if parser_args.get("min_busbw") not in (None, ""):
+        return float(parser_args["min_busbw"]), ""
+    node = ctx.node or {}
+    floor = (node.get("profile") or {}).get("nccl_pair_busbw_min")
+    if floor in (None, ""):
+        return None, "no floor for this profile (nccl_pair_busbw_min)"
+    if not pair_fabric(node, ctx.partner or {}):
+        return None, ("no floor: the pair requests no fabric device (the profile names none, or a node advertises "
+                      "none), so NCCL cannot use the platform's fast transport")
+    return float(floor), ""
+
+
 def pair_variables(ctx: ActionContext, template: str, timeout: float, extra: dict[str, Any]) -> dict[str, Any]:
     """What a pair template sees: run_job's variables, plus `partner`, `service_name`,
     `pair_affinity` and `fabric_resources`."""
@@ -80,7 +106,6 @@ def pair_variables(ctx: ActionContext, template: str, timeout: float, extra: dic
     prefix = ctx.config.prefix
     labels = {"app.kubernetes.io/managed-by": "sweeper", "app.kubernetes.io/component": "pair",
               f"{prefix}/run-id": ctx.run_id, f"{prefix}/node": a, f"{prefix}/partner": b, f"{prefix}/pair": name}
-    profile = node.get("profile") or {}
     own = {
         "node": node, "partner": partner, "run_id": ctx.run_id, "job_name": name, "service_name": name,
         "namespace": ctx.config.check_namespace, "taint_key": ctx.config.taint_key,
@@ -97,7 +122,7 @@ def pair_variables(ctx: ActionContext, template: str, timeout: float, extra: dic
                  "topologyKey": "kubernetes.io/hostname"}]}},
         "tolerations": sweeper_tolerations(ctx),
         "all_gpus": {"nvidia.com/gpu": str(node.get("gpus", 0))},
-        "fabric_resources": dict(profile.get("fabric_resources") or {}),
+        "fabric_resources": pair_fabric(node, partner),
         "priority_class": ctx.config.check_priority_class,
         "platform": ctx.config.platform_name, "runtime_class": ctx.config.runtime_class_name,
         **image_vars(ctx)}
@@ -452,14 +477,14 @@ def read_pair(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]], a:
         return tool_result(a, now, "NoPods", "the pair Job finished but none of its pods is left to read")
     node = ctx.node or {}
     profile = node.get("profile") or {}
-    floor = parser_args.get("min_busbw", profile.get("nccl_pair_busbw_min"))
+    floor, no_floor = pair_floor(ctx, parser_args)
     mtu = parser_args.get("mtu", profile.get("mtu"))
     ifaces = parser_args.get("ifaces", profile.get("fabric_ifaces") or [])
     if isinstance(ifaces, str):
         ifaces = ifaces.split()
     if mtu in (None, ""):
         ifaces = []  # no MTU to probe for: pair-allreduce probes nothing, and nothing is expected
-    return pair_parser.parse(logs, a, now, partner=b, min_busbw=None if floor in (None, "") else float(floor),
+    return pair_parser.parse(logs, a, now, partner=b, min_busbw=floor, no_floor=no_floor,
                              mtu=None if mtu in (None, "") else int(mtu), ifaces=list(ifaces), exit_codes=codes)
 
 
@@ -582,8 +607,8 @@ def read_launcher(ctx: ActionContext, namespace: str, launchers: list[dict[str, 
         tail = (log.strip().splitlines() or [""])[-1]
         return tool_result(a, now, "StartError" if term.get("reason") == "StartError" else f"exit {code}",
                            f"{what} (image {image}, exit {code})", tail[:500])
-    floor = parser_args.get("min_busbw", ((ctx.node or {}).get("profile") or {}).get("nccl_pair_busbw_min"))
-    result = pair_parser.parse([log, ""], a, now, partner=b, min_busbw=None if floor in (None, "") else float(floor),
+    floor, no_floor = pair_floor(ctx, parser_args)
+    result = pair_parser.parse([log, ""], a, now, partner=b, min_busbw=floor, no_floor=no_floor,
                                mtu=None, ifaces=[], exit_codes=[code, None])
     skip = CheckResult("pair.mtu", "skip", "no path-MTU probe in the MPIJob form (nccl-pair.yaml.j2 runs them)")
     return dataclasses.replace(result, checks=(*result.checks, skip), status="")

@@ -8,7 +8,8 @@ node), never a template variable.
 - namespace: the one Sweeper chose;
 - images: pinned by digest and in the config's images or `allowed_images`;
 - host paths: only those the checks read, each mounted `readOnly` with `recursiveReadOnly:
-  Enabled`, so a submount under it (a runtime's socket under /run, say) is read-only too;
+  Enabled`, so a submount under it (a runtime's socket under /run, say) is read-only too, and
+  none of a type that creates what is missing (`DirectoryOrCreate`, `FileOrCreate`);
   https://kubernetes.io/docs/concepts/storage/volumes/#read-only-mounts
 - no privilege, host namespace, added capability beyond the checks' own, or service account
   token, except for the shipped remediation templates run by the remediation itself, and then
@@ -25,16 +26,23 @@ from typing import Any
 
 from sweeper.errors import PlaybookError
 
-# What the checks read from the host, one path each (the kernel log comes through syslog(2), with
-# CAP_SYSLOG, not through a mount):
+# What the checks read from the host, one path each (the kernel ring buffer comes through syslog(2),
+# with CAP_SYSLOG, not through a mount):
 #   /sys                         the fabric's sysfs (/sys/class/infiniband, /sys/class/net), the
 #                                GPUs' PCI devices (/sys/bus/pci), the loaded modules (/sys/module)
+#   /var/log/journal             journald's persistent and volatile journal files: the kernel's lines
+#   /run/log/journal             the ring buffer lost, read by the image's journalctl (--root)
 #   /home/kubernetes/bin/nvidia  GKE's driver libraries and nvidia-smi (the light check)
-HOST_PATHS = frozenset({"/sys", "/home/kubernetes/bin/nvidia"})
-# Where container runtimes keep their sockets and state: never reachable from a check pod.
+HOST_PATHS = frozenset({"/sys", "/var/log/journal", "/run/log/journal", "/home/kubernetes/bin/nvidia"})
+# Where container runtimes keep their sockets and state: never reachable from a check pod. The one
+# path under /run a check may mount is exactly /run/log/journal (journal files, no socket: journald's
+# sockets are under /run/systemd/journal); nothing above, beside or below it.
 # https://kubernetes.io/docs/concepts/storage/volumes/#hostpath (the warning on hostPath)
 RUNTIME_PATHS = ("/run", "/var/run", "/var/lib/containerd", "/var/lib/docker", "/var/lib/kubelet",
                  "/var/lib/crio", "/run/containerd", "/run/crio", "/var/run/docker.sock")
+# hostPath types that make the kubelet create what is missing on the host: a check creates nothing there.
+# https://kubernetes.io/docs/concepts/storage/volumes/#hostpath-volume-types
+CREATING_TYPES = frozenset({"DirectoryOrCreate", "FileOrCreate"})
 # Capabilities a check may add: SYSLOG (dmesg under kernel.dmesg_restrict) and SYS_ADMIN (DCGM's
 # diagnostics), the latter never beside a host path (it could remount it writable).
 CAPABILITIES = frozenset({"SYSLOG", "SYS_ADMIN"})
@@ -56,6 +64,7 @@ class Rules:
     priority_class: str = ""  # the config's check_priority_class (empty: none)
     privileged_image: str = ""  # a shipped remediation template run by the remediation: its image
     host_pid: bool = False  # the reboot Job enters PID 1's namespaces
+    bound_node: str = ""  # the GPU reset Job: bound to this node by nodeName (the plugin is paused)
 
 
 def problems(docs: list[dict[str, Any]], rules: Rules) -> list[str]:
@@ -166,11 +175,16 @@ def pod_problems(pod: dict[str, Any], rules: Rules, what: str) -> list[str]:
 
 
 def _placement(pod: dict[str, Any], rules: Rules) -> Iterator[str]:
-    if "nodeName" in pod:
+    if rules.bound_node:  # the GPU reset: on the held node by nodeName, no affinity to another
+        if pod.get("nodeName") != rules.bound_node:
+            yield f"the GPU reset is bound to the held node: nodeName: {rules.bound_node!r}"
+        if pod.get("affinity") not in (None, *rules.affinities):
+            yield "the pod must carry no affinity but Sweeper's to the held node"
+    elif "nodeName" in pod:
         yield "nodeName bypasses taints and GPU accounting; use affinity: {{ affinity | tojson }}"
     if pod.get("nodeSelector"):
         yield "nodeSelector is not allowed: Sweeper's affinity alone places the pod"
-    if pod.get("affinity") not in rules.affinities:
+    if not rules.bound_node and pod.get("affinity") not in rules.affinities:
         yield "the pod must carry Sweeper's node affinity to the held node(s), unchanged: affinity: {{ affinity | tojson }}"
     tolerations = pod.get("tolerations") or []
     if not any(isinstance(t, dict) and t.get("key") == rules.taint_key for t in tolerations):
@@ -203,11 +217,15 @@ def _host_path_volumes(pod: dict[str, Any], out: list[str], what: str) -> set[st
         names.add(str(v.get("name")))
         raw = str((v.get("hostPath") or {}).get("path", ""))
         path = posixpath.normpath(raw) if raw.startswith("/") else raw
-        if any(path == p or path.startswith(p.rstrip("/") + "/") for p in RUNTIME_PATHS):
+        exact = path in HOST_PATHS and raw.rstrip("/") == path
+        if not exact and any(path == p or path.startswith(p.rstrip("/") + "/") for p in RUNTIME_PATHS):
             out.append(f"{what}: volume {v.get('name')!r}: host path {raw!r} holds container runtime state or sockets")
-        elif path not in HOST_PATHS or raw.rstrip("/") != path:
+        elif not exact:
             out.append(f"{what}: volume {v.get('name')!r}: host path {raw!r} is not one the checks read "
                        f"({', '.join(sorted(HOST_PATHS))})")
+        if (v.get("hostPath") or {}).get("type") in CREATING_TYPES:
+            out.append(f"{what}: volume {v.get('name')!r}: hostPath type {v['hostPath']['type']} creates what is "
+                       "missing on the host; a check creates nothing there")
     return names
 
 

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.checks.collect import Collector
-from sweeper.checks.fabric import in_host_root, nic_checks
+from sweeper.checks.fabric import nic_checks
 from sweeper.checks.gpu import gpu_checks
-from sweeper.checks.host import Host
+from sweeper.checks.host import JOURNAL_DIRS, Host
 from sweeper.checks.options import CheckOptions
 from sweeper.checks.uccl import uccl_checks
 from sweeper.result import Result
@@ -42,25 +42,47 @@ def read_kernel_log(opts: CheckOptions) -> tuple[str | None, str]:
 
 
 _STAMP = re.compile(r"^\[\s*(\d+\.\d+)\]")
+JOURNAL_CHECK = "xid.journal"  # the journal could not be read (the ring buffer alone was judged)
 
 
 def read_journal(host: Host, window: float) -> tuple[str | None, str]:
-    """The kernel's lines of this boot from the node's journal (persistent /var/log/journal and
-    volatile /run/log/journal), as `dmesg` stamps them (seconds since boot), or None and why.
-    The ring buffer is a few MiB that a noisy driver overwrites within hours; journald keeps
-    what it read from /dev/kmsg for as long as its storage allows, so an XID the ring buffer lost
-    inside the window is still there. The host's own journalctl reads the host's journal files
-    (a newer file format is unreadable to an older journalctl), in the host's root.
+    """The kernel's lines of this boot from the host's journal, as `dmesg` stamps them (seconds since
+    boot), and why what was read is short ("" when nothing is missing). The ring buffer is a few MiB
+    that a noisy driver overwrites within hours; journald keeps what it read from /dev/kmsg, so an XID
+    the ring buffer lost inside the window is still there. The image's journalctl reads the journal
+    directories mounted under the host root (`--root`: /var/log/journal and /run/log/journal below
+    it), and `-b` takes the running kernel's boot ID, since the journal's last boot need not be this
+    one. A journal written by a newer systemd may be unreadable to the image's journalctl: journalctl
+    skips such a file with a warning, which is reported, never read as a clean journal.
     https://www.freedesktop.org/software/systemd/man/latest/journalctl.html"""
-    argv = in_host_root(host, ["journalctl", "-k", "-b", "0", "-o", "short-monotonic", "--no-pager", "-q",
-                               f"--since=-{max(1, int(window))}s"])
+    if not any(host.listdir(d) for d in JOURNAL_DIRS):
+        return None, f"the host keeps no journal files in {' or '.join(JOURNAL_DIRS)}"
+    boot = host.boot_id()
+    if boot is None:
+        return None, "the kernel's boot ID is unreadable"
+    argv = ["journalctl", f"--root={host.resolve('/')}", "-k", "-b", boot, "-o", "short-monotonic", "--no-pager", "-q",
+            f"--since=-{max(1, int(window))}s"]
     try:
         code, out, err = host.run(argv, timeout=60)
     except FileNotFoundError:
-        return None, "chroot is not in the check image"
+        return None, "journalctl is not in the check image"
+    problem = _journal_problem(err)
     if code != 0:
-        return None, f"journalctl exited {code}: {(err or out).strip()[:160]}"
-    return out, ""
+        return None, f"journalctl exited {code}: {problem or (err or out).strip()[:160]}"
+    return out, problem
+
+
+def _journal_problem(err: str) -> str:
+    """What journalctl said about files it could not read (a newer format, corruption), in a line."""
+    lines = [ln.strip() for ln in err.splitlines() if ln.strip()]
+    unsupported = [ln for ln in lines if "unsupported feature" in ln]
+    if unsupported:
+        return (f"{len(unsupported)} journal file(s) use a format newer than the image's journalctl reads "
+                f"({unsupported[0][:120]})")
+    skipped = [ln for ln in lines if "ignoring file" in ln]
+    if skipped:
+        return f"{len(skipped)} journal file(s) skipped ({skipped[0][:120]})"
+    return ""
 
 
 def merge_kernel_logs(ring: str, journal: str) -> str:
@@ -86,9 +108,12 @@ def run_node_checks(opts: CheckOptions, nvml: Any, kernel_log: str | None, *, no
     c = Collector()
     bus_to_gpu = gpu_checks(opts, nvml, c, uptime)
     if host is not None and kernel_log is not None and not opts.skip_kernel_log and not opts.kernel_log:
-        journal, _why = read_journal(host, opts.xid_window)  # unread: the ring buffer alone, as before
+        journal, why = read_journal(host, opts.xid_window)
         if journal:
             kernel_log = merge_kernel_logs(kernel_log, journal)
+        if why:  # the ring buffer is still judged; what it may have lost is said, never passed over
+            c.check(JOURNAL_CHECK, "skip", f"the journal's kernel lines {'partly ' if journal is not None else ''}"
+                    f"unread: {why}; an XID only the journal kept may be missed", "warning")
     _xid_checks(opts, kernel_log, kernel_log_error, uptime, bus_to_gpu, c, now)
     if host is not None:
         nic_checks(opts, host, c)

@@ -4,11 +4,14 @@ The simulated kubelet hands them to the real checks; the tests build them direct
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 import pynvml
+
+from sweeper.checks.host import JOURNAL_DIRS
 
 
 @dataclass
@@ -209,19 +212,30 @@ def sxid_line(uptime: float, switch: int, code: int, fatal: bool) -> str:
             f"{'Fatal' if fatal else 'Non-fatal'}, Link {10 + switch} simulated switch error")
 
 
+# The newest format of `journal_file` the check image's journalctl reads; a host's journald that
+# writes a newer one makes it skip the file with a warning, as systemd's journalctl does.
+JOURNALCTL_FORMAT = 1
+
+
+def journal_file(boot_id: str, node: str, kernel_lines: list[str], fmt: int = JOURNALCTL_FORMAT) -> str:
+    """A stand-in for a journal file: its boot ID, its format, and its kernel lines as
+    `journalctl -k -o short-monotonic` prints them."""
+    return f"#journal boot={boot_id} format={fmt}\n" + "".join(journal_line(node, ln) + "\n" for ln in kernel_lines)
+
+
 @dataclass
 class FakeHost:
     """A node's files and commands from a table: `files` maps absolute paths to contents (the
-    directories follow from them), `commands` maps a program of the check image to (exit code,
-    stdout, stderr) and `host_commands` one of the host's own, run through `chroot ROOT PROG` (by
-    its base name); a program not in its table is not installed."""
+    directories follow from them) and `commands` maps a program of the check image to (exit code,
+    stdout, stderr); a program not in its table is not installed. The image's journalctl, where
+    `commands` has it, reads the `journal_file`s under its `--root` as the real one reads journal files."""
 
     files: dict[str, str] = field(default_factory=dict)
     commands: dict[str, tuple[int, str, str]] = field(default_factory=dict)
-    host_commands: dict[str, tuple[int, str, str]] = field(default_factory=dict)
     ran: list[list[str]] = field(default_factory=list)  # every command line asked for, in order
     environ: dict[str, str] = field(default_factory=dict)
     arch: str = "x86_64"
+    boot: str = ""  # the kernel's boot ID; "" when it cannot be read
 
     def read(self, path: str) -> str | None:
         return self.files.get(path)
@@ -241,12 +255,34 @@ class FakeHost:
         self.ran.append(list(argv))
         if argv[0] not in self.commands:
             raise FileNotFoundError(argv[0])
-        if argv[0] == "chroot" and len(argv) > 2:
-            prog = argv[2].rsplit("/", 1)[-1]
-            # chroot(8) exits 127 when the program is not in the new root
-            return self.host_commands.get(prog, (127, "", f"chroot: failed to run command '{argv[2]}': "
-                                                            "No such file or directory\n"))
+        if argv[0] == "journalctl":
+            return self._journalctl(argv)
         return self.commands[argv[0]]
+
+    def _journalctl(self, argv: list[str]) -> tuple[int, str, str]:
+        """This boot's (`-b ID`) lines of the journal files under `--root`; a file of a newer format is
+        skipped with journalctl's warning, and a boot no readable file holds exits 1."""
+        root = next((a.split("=", 1)[1] for a in argv if a.startswith("--root=")), "/").rstrip("/")
+        boot = argv[argv.index("-b") + 1] if "-b" in argv else self.boot
+        found, out, err = False, [], []
+        for path in sorted(p for p in self.files if p.endswith(".journal")
+                           and any(p.startswith(f"{root}{d}/") for d in JOURNAL_DIRS)):
+            head, _, body = self.files[path].partition("\n")
+            m = re.fullmatch(r"#journal boot=(\w+) format=(\d+)", head)
+            if not m or int(m[2]) > JOURNALCTL_FORMAT:
+                err.append(f"Journal file {path} uses an unsupported feature, ignoring file.\n"
+                           f"Use SYSTEMD_LOG_LEVEL=debug journalctl --file={path} to see the details.\n")
+            elif m[1] == boot:
+                found = True
+                out.append(body)
+        if not found:
+            # systemd 252's words and exit status for a boot no readable file holds
+            err.append(f"Data from the specified boot ({boot}) is not available: No such boot ID in journal\n")
+            return 1, "", "".join(err)
+        return 0, "".join(out), "".join(err)
+
+    def boot_id(self) -> str | None:
+        return self.boot or None
 
     def env(self) -> dict[str, str]:
         return dict(self.environ)

@@ -3,9 +3,9 @@
 `RealHost` reads the machine the check runs on (under a root, so a check Job can mount the
 host's /sys elsewhere); `checks.fake.FakeHost` answers from a table for tests and the
 simulated kubelet. Missing is not the same as unreadable: `read` returns None for a file that
-does not exist and raises OSError for one that cannot be read. The host's own programs (the EFA
-installer's fi_info, journalctl over the host's journal) run as `chroot ROOT PROG ...` through
-`run`, with the host's libraries; FakeHost answers those from its `host_commands`."""
+does not exist and raises OSError for one that cannot be read. The check Job mounts no host root
+and has no CAP_SYS_CHROOT, so every program `run` starts is the check image's own (journalctl reads
+the host's journal files through `--root`); nothing runs with the host's libraries."""
 
 from __future__ import annotations
 
@@ -36,6 +36,17 @@ class Host(Protocol):
 
     def machine(self) -> str: ...
 
+    def boot_id(self) -> str | None:
+        """The running kernel's boot ID (32 hex digits), or None where it cannot be read."""
+        ...
+
+
+# The kernel's boot ID, not namespaced: a pod reads its host's (https://docs.kernel.org/admin-guide/sysctl/kernel.html#random).
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+# Where journald keeps its files, persistent then volatile; `journalctl --root=R` searches these under R.
+# https://www.freedesktop.org/software/systemd/man/latest/systemd-journald.service.html (FILES)
+JOURNAL_DIRS = ("/var/log/journal", "/run/log/journal")
+
 
 class RealHost:
     def __init__(self, root: str = "/") -> None:
@@ -63,8 +74,6 @@ class RealHost:
         return str(self._p(path))
 
     def run(self, argv: list[str], timeout: float = 60.0, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-        if argv[:2] == ["chroot", "/"] and len(argv) > 2:
-            argv = argv[2:]  # on the host itself: a chroot to / changes nothing and needs no CAP_SYS_CHROOT
         try:
             proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
                                   env={**os.environ, **env} if env else None)
@@ -77,3 +86,10 @@ class RealHost:
 
     def machine(self) -> str:
         return platform.machine()
+
+    def boot_id(self) -> str | None:
+        try:
+            raw = Path(BOOT_ID).read_text().strip().replace("-", "").lower()
+        except OSError:
+            return None
+        return raw if len(raw) == 32 and all(ch in "0123456789abcdef" for ch in raw) else None

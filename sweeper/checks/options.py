@@ -68,7 +68,7 @@ OPTIONS: list[tuple[str, type, object, str]] = [
     ("mtu_driver", str, "", "check the MTU only of interfaces with this driver (e.g. ena)"),
     ("nic_affinity", str, "", "farthest path from a GPU to its nearest NIC: PIX, PXB, PHB, NODE or SYS"),
     ("uccl", str, "", "comma list of UCCL APIs the node must be ready for"),
-    ("host_root", str, "/", "where the host's /sys and /opt are mounted in the check container"),
+    ("host_root", str, "/", "where the host's /sys and journal directories are mounted in the check container"),
     ("gpu_request", str, "all", "GPUs the check's pod requested: all, or none (a pod beside a workload: GPUs "
                                 "it cannot see are the runtime's doing, an error, not a lost GPU)"),
 ]

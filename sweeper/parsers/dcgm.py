@@ -275,15 +275,18 @@ _RESULT = re.compile(rf"^(?P<status>{_WORDS})\b(?:\s*-\s*(?P<who>All|GPUs?\s*:\s
 _PER_GPU = re.compile(rf"^GPU\s*(?P<gpu>\d+)\s*:\s*(?P<status>{_WORDS}|\S+)\s*$", re.I)
 _LABEL = re.compile(r"^(?P<kind>Warning|Warnings|Error|Info)\b(?:\s*:\s*GPU\s*(?P<gpu>\d+))?\s*$", re.I)
 _MSG_GPU = re.compile(r"^GPU\s*(\d+)\b")
-_ROW = re.compile(rf"^\s*\|?\s*[A-Za-z][\w /+().-]*?\s*\|\s*(?:{_WORDS})\b(?:\s*-\s*(?:All|GPUs?:))?", re.I | re.M)
-_BARE_ROW = re.compile(rf"^\s*[A-Za-z][\w /+().-]*?\s{{2,}}(?:{_WORDS})\s+-\s+(?:All|GPUs?:)", re.I | re.M)
+# Linear in a line, however long: no two pieces can match the same blank, so nothing backtracks
+# over a run of them ([^\S\n] is a blank within the line; a name holds no two blanks in a row).
+_ROW = re.compile(rf"^[^\S\n]*(?:\|[^\S\n]*)?[A-Za-z][\w /+().\t-]*\|\s*(?:{_WORDS})\b(?:\s*-\s*(?:All|GPUs?:))?",
+                  re.I | re.M)
+_BARE_ROW = re.compile(rf"^[^\S\n]*[A-Za-z](?:[\w/+().-]| (?! ))*\s{{2,}}(?:{_WORDS})\s+-\s+(?:All|GPUs?:)", re.I | re.M)
 _META_SECTIONS = {"metadata"}
 
 
 def looks_like_table(head: str) -> bool:
     """Whether the text is dcgmi's diag table, whole or a part of it (for `--format auto`)."""
     if "Successfully ran diagnostic" in head or re.search(
-            r"-{3,}\s+(?:Metadata|Deployment|Integration|Hardware|Stress)\s+-{3,}", head):
+            r"(?<!-)-{3,}\s+(?:Metadata|Deployment|Integration|Hardware|Stress)\s+-{3,}", head):
         return True
     return bool(re.search(r"\|\s*GPU\d+:\s*(?:Pass|Fail|Warn|Skip)\b", head) or _ROW.search(head)
                 or _BARE_ROW.search(head))

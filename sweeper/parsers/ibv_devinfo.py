@@ -201,7 +201,13 @@ def parse(text: str, node: str, now: float, expect: int | None = None, kind: str
     for d in mine:
         if not d.ports:
             checks.append(CheckResult("rdma.port", "error", f"{d.name}: no port listed", "warning"))
-        checks.extend(_port_check(d, p) for p in d.ports)
+        elif d.kind == "efa":
+            # The EFA driver reports every port PORT_ACTIVE / LINK_UP, whatever the link does
+            # (amzn-drivers, kernel/linux/efa/src/efa_verbs.c, efa_query_port): not a finding.
+            checks.append(CheckResult("rdma.port", "skip", f"{d.name}: EFA port state not judged (the EFA driver "
+                                      "reports it ACTIVE always)"))
+        else:
+            checks.extend(_port_check(d, p) for p in d.ports)
     active = sum(1 for d in mine for p in d.ports if p.state == "PORT_ACTIVE")
     return Result(node=node, source=SOURCE, started=now, finished=now, checks=tuple(checks),
                   metrics=(Metric("rdma.active_ports", active, "ports"),))

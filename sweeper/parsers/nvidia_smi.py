@@ -324,9 +324,18 @@ _HEALTH_PREFIXES = ("ecc.", "remapped_rows.", "retired_pages.", "pcie.", "temper
 _IDENT = ("pci.bus_id", "uuid", "index", "serial", "name")
 
 
+def _no_unit(cell: str) -> str:
+    """A header cell without its trailing `[unit]` (`memory.used [MiB]`): from the first `[`
+    after the one `]` before the last; no regular expression, so no backtracking."""
+    if not cell.endswith("]"):
+        return cell
+    start = cell.find("[", cell.rfind("]", 0, len(cell) - 1) + 1, len(cell) - 1)
+    return cell if start < 0 else cell[:start].rstrip()
+
+
 def _header(line: str) -> list[str] | None:
     """The field names of a `--format=csv` header line, or None when it is not one."""
-    cells = [re.sub(r"\s*\[[^\]]*\]\s*$", "", c.strip()).lower() for c in line.split(",")]
+    cells = [_no_unit(c.strip()).lower() for c in line.split(",")]
     if not cells or not all(_FIELD.match(c) for c in cells):
         return None
     cells = [_ALIASES.get(c, c) for c in cells]

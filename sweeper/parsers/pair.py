@@ -66,8 +66,10 @@ def _abort_line(log: str) -> str:
 
 
 def parse(logs: Sequence[str], node: str, now: float, *, partner: str = "", min_busbw: float | None = None,
-          mtu: int | None = None, ifaces: Sequence[str] = (), exit_codes: Sequence[int | None] = ()) -> Result:
-    """Rank 0's and rank 1's logs (in that order; rank 0 ran on `node`, rank 1 on `partner`)."""
+          mtu: int | None = None, ifaces: Sequence[str] = (), exit_codes: Sequence[int | None] = (),
+          no_floor: str = "") -> Result:
+    """Rank 0's and rank 1's logs (in that order; rank 0 ran on `node`, rank 1 on `partner`);
+    `no_floor`: why there is no bandwidth floor, when `min_busbw` is None."""
     logs = list(logs) + [""] * (2 - len(logs))
     codes = list(exit_codes) + [None] * (2 - len(exit_codes))
     hosts = (node, partner or "the partner")
@@ -118,7 +120,7 @@ def parse(logs: Sequence[str], node: str, now: float, *, partner: str = "", min_
     largest = next((int(m.value) for m in table.metrics if m.name == "nccl.largest_bytes"), 0)
     if min_busbw is None:
         checks.append(CheckResult("pair.nccl", "skip", f"bus bandwidth {busbw:g} GB/s at {largest} B; "
-                                  "no floor for this profile (nccl_pair_busbw_min)"))
+                                  + (no_floor or "no floor for this profile (nccl_pair_busbw_min)")))
     else:
         good = busbw >= min_busbw
         checks.append(CheckResult("pair.nccl", "pass" if good else "fail",

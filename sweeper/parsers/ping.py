@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from sweeper.result import CheckResult, Metric, Result, error_result
 
 _HEADER = re.compile(r"^PING (?P<host>\S+) \((?P<addr>[^)]*)\) (?P<size>\d+)\((?P<wire>\d+)\) bytes of data")
-_STATS = re.compile(r"(?P<tx>\d+) packets transmitted, (?P<rx>\d+) (?:packets )?received"
+_STATS = re.compile(r"(?<!\d)(?P<tx>\d+) packets transmitted, (?P<rx>\d+) (?:packets )?received"
                     r"(?:, \+(?P<dup>\d+) duplicates)?(?:, \+(?P<corrupt>\d+) corrupted)?"
                     r"(?:, \+(?P<errors>\d+) errors)?, (?P<loss>[\d.]+)% packet loss")
 _LOCAL = re.compile(r"local error: [Mm]essage too long, mtu=(?P<mtu>\d+)")

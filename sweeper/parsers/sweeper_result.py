@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from sweeper.clock import parse_iso
-from sweeper.result import SCHEMA, STATUSES, CheckResult, Metric, Result, error_result
+from sweeper.result import SCHEMA, SEVERITIES, STATUSES, CheckResult, Metric, Result, error_result
 
 MAX_BYTES = 8 * 1024 * 1024
 
@@ -37,25 +38,67 @@ def from_dict(doc: Any, node: str) -> Result:
         raise ValueError(f"schema {doc.get('schema')!r} is not {SCHEMA!r}")
     if doc.get("node") not in (node, None, ""):
         raise ValueError(f"document is for node {doc.get('node')!r}, expected {node!r}")
-    checks = []
-    for c in doc["checks"]:
-        if c["status"] not in STATUSES:
-            raise ValueError(f"check {c.get('name')!r} has status {c['status']!r}")
-        checks.append(CheckResult(name=str(c["name"]), status=c["status"], message=str(c.get("message", "")),
-                                  severity=str(c.get("severity", "info")), gpu=c.get("gpu"),
-                                  code=None if c.get("code") is None else str(c["code"])))
-    metrics = [Metric(name=str(m["name"]), value=float(m["value"]), unit=str(m.get("unit", "")),
-                      gpu=m.get("gpu")) for m in doc.get("metrics", [])]
+    checks = [_check(c) for c in _list(doc, "checks")]
+    metrics = [_metric(m) for m in _list(doc, "metrics", required=False)]
     if not checks:
         raise ValueError("the document has no checks")
     status = doc["status"]
     if status not in STATUSES:
         raise ValueError(f"overall status {status!r}")
-    result = Result(node=node, source=str(doc.get("source", "sweeper")), started=parse_iso(doc["started"]),
+    result = Result(node=node, source=_text(doc, "source", "sweeper"), started=parse_iso(doc["started"]),
                     finished=parse_iso(doc["finished"]), checks=tuple(checks), metrics=tuple(metrics))
     if result.status != status:
         raise ValueError(f"overall status {status!r} disagrees with its checks ({result.status!r})")
     return result
+
+
+MAX_GPU = 1024  # far above any node's GPU count: a larger index is not a GPU
+
+
+def _list(doc: dict[str, Any], key: str, required: bool = True) -> list[Any]:
+    value = doc[key] if required else doc.get(key, [])
+    if not isinstance(value, list):
+        raise TypeError(f"{key!r} is {type(value).__name__}, not a list")
+    return value
+
+
+def _text(item: dict[str, Any], key: str, default: str | None = None) -> str:
+    """A string field; a number (an XID code written as 79) is taken as its text."""
+    value = item.get(key, default) if default is not None else item[key]
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise TypeError(f"{key!r} is {type(value).__name__}, not a string")
+    return str(value)
+
+
+def _gpu(item: dict[str, Any]) -> int | None:
+    """A GPU index: an integer from 0 (absent or null: the node as a whole)."""
+    gpu = item.get("gpu")
+    if gpu is None:
+        return None
+    if isinstance(gpu, bool) or not isinstance(gpu, int) or not 0 <= gpu < MAX_GPU:
+        raise TypeError(f"gpu {str(gpu)[:40]!r} is not a GPU index (an integer from 0)")
+    return gpu
+
+
+def _check(c: Any) -> CheckResult:
+    if not isinstance(c, dict):
+        raise TypeError("a check is not an object")
+    if c.get("status") not in STATUSES:
+        raise ValueError(f"check {str(c.get('name'))[:80]!r} has status {str(c.get('status'))[:40]!r}")
+    severity = _text(c, "severity", "info")
+    if severity not in SEVERITIES:
+        raise ValueError(f"check {str(c.get('name'))[:80]!r} has severity {severity[:40]!r}")
+    return CheckResult(name=_text(c, "name"), status=c["status"], message=_text(c, "message", ""),
+                       severity=severity, gpu=_gpu(c), code=None if c.get("code") is None else _text(c, "code"))
+
+
+def _metric(m: Any) -> Metric:
+    if not isinstance(m, dict):
+        raise TypeError("a metric is not an object")
+    value = m.get("value")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TypeError(f"metric {str(m.get('name'))[:80]!r} has value {str(value)[:40]!r}, not a finite number")
+    return Metric(name=_text(m, "name"), value=float(value), unit=_text(m, "unit", ""), gpu=_gpu(m))
 
 
 def _snippet(text: str, n: int = 120) -> str:
@@ -69,10 +112,7 @@ def parse_summary(text: str, node: str, now: float) -> Result:
         doc = json.loads(text)
         if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or doc.get("status") not in STATUSES:
             raise ValueError("not a Sweeper summary")
-        checks = [CheckResult(name=str(p["name"]), status=p["status"], message=str(p.get("message", "")),
-                              severity=str(p.get("severity", "info")), gpu=p.get("gpu"),
-                              code=None if p.get("code") is None else str(p["code"]))
-                  for p in doc.get("problems") or []]
+        checks = [_check(p) for p in doc.get("problems") or []]
         if doc["status"] == "pass" and not checks:
             checks = [CheckResult("summary", "pass", f"{doc.get('checks', 0)} checks passed")]
         result = Result(node=node, source="sweeper", started=now, finished=now, checks=tuple(checks))

@@ -8,6 +8,7 @@ from typing import Any
 import yaml
 
 from sweeper.errors import PlaybookError
+from sweeper.schema import NoAliasLoader
 
 
 class Located(dict):  # type: ignore[type-arg]
@@ -24,7 +25,7 @@ class Located(dict):  # type: ignore[type-arg]
 
 
 def _loader(origin: str) -> type[yaml.SafeLoader]:
-    class Loader(yaml.SafeLoader):
+    class Loader(NoAliasLoader):  # a playbook's aliases could expand its vars to gigabytes
         pass
 
     def construct_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Located:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import copy
 import hashlib
+import json
 import math
 import random
 import re
@@ -16,15 +17,15 @@ from typing import Any
 
 from sweeper.checks import run_node_checks
 from sweeper.checks.fake import (
+    JOURNALCTL_FORMAT,
     FakeGpu,
     FakeHost,
     FakeNvml,
     bus_id,
     efa_sysfs,
-    fi_info_output,
     gpu_pci,
     ib_sysfs,
-    journal_line,
+    journal_file,
     netdev,
     peermem,
     sxid_line,
@@ -70,6 +71,10 @@ HOOK_FAILED = ("failed to create containerd task: failed to create shim task: OC
                "failed: unable to start container process: error during container init: error running prestart "
                "hook #0: exit status 1, stdout: , stderr: Auto-detected mode as 'legacy'\n")
 SHELLS = ("sh", "bash", "ash", "dash")
+# A two-node all-reduce that NCCL runs over TCP sockets for want of its fabric: about 4 GB/s where an
+# H100 pair on its fabric shows about 340 (NVIDIA AI Cluster Runtime, GKE TCPXO networking prerequisites:
+# https://docs.nvidia.com/aicr/latest/integrator-guide/gke-tcpxo-networking.md).
+TCP_PAIR_BUSBW = 4.0
 # A reference's repository path: lowercase components (the registry host may differ), then a tag or digest.
 # https://github.com/distribution/reference/blob/main/regexp.go
 _PATH_PART = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")
@@ -367,6 +372,7 @@ class SimCluster:
         self._with_operands: set[str] = set()  # nodes where the GPU Operator runs its operand pods
         self._with_plugin: set[str] = set()  # nodes where the standalone device plugin's pod runs
         self._plugin_started: dict[str, float] = {}  # node -> when its device plugin last restarted
+        self._plugin_paused: set[str] = set()  # operand nodes whose device plugin pod is gone: GPUs allocatable 0
         self._thread: threading.Thread | None = None
         # Pair runs: each gang's outcome per index (when it ends, exit code, log), and how many runs
         # each pair of nodes has had (the seed of the next one's noise).
@@ -421,9 +427,16 @@ class SimCluster:
             resources[GPU] = str(gpus)
         for res, count in hw["fabric_resources"].items():  # the fabric's device plugin: one per device found
             resources[res] = str(max(0, count - spec.faults.nics_missing))
+        annotations: dict[str, str] = {}
+        if hw["nic"] == "gve" and spec.multi_network:
+            # GKE lists a node's additional networks (multi-networking) in this annotation; an A3's GPU
+            # gVNICs are those networks' interfaces (https://cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx)
+            annotations["networking.gke.io/north-interfaces"] = json.dumps(
+                [{"network": f"vpc{k}", "ipAddress": f"192.168.{k}.{len(self.specs) % 250 + 2}"}
+                 for k in range(1, hw["nics"])])
         now = self.clock.now()
         node = {
-            "metadata": {"name": spec.name, "labels": labels, "annotations": {},
+            "metadata": {"name": spec.name, "labels": labels, "annotations": annotations,
                          "creationTimestamp": iso(now - spec.age)},
             "spec": {"providerID": self.provider_id(spec, iid)},
             "status": {
@@ -557,7 +570,8 @@ class SimCluster:
     def _allocatable(self, spec: NodeSpec, capacity: dict[str, str], now: float) -> dict[str, str]:
         alloc = dict(capacity)
         if GPU in alloc:
-            alloc[GPU] = str(max(0, int(capacity[GPU]) - len(self._unhealthy(spec, now))))
+            alloc[GPU] = "0" if spec.name in self._plugin_paused else \
+                str(max(0, int(capacity[GPU]) - len(self._unhealthy(spec, now))))
         return alloc
 
     def _device_plugin(self, now: float) -> None:
@@ -588,6 +602,7 @@ class SimCluster:
                 self._with_operands.discard(name)
                 continue
             labels = node["metadata"].get("labels") or {}
+            self._pause_plugin(name, labels.get("nvidia.com/gpu.deploy.device-plugin") == "false", now)
             for op, app in OPERANDS.items():
                 pod_name = f"{app}-{hashlib.sha1(name.encode()).hexdigest()[:5]}"
                 pod = self.store.peek("pods", OPERATOR_NS, pod_name)
@@ -627,6 +642,27 @@ class SimCluster:
     def is_plugin_pod(pod: dict[str, Any]) -> bool:
         labels = pod["metadata"].get("labels") or {}
         return labels.get("app") == OPERANDS["device-plugin"] or labels.get("app.kubernetes.io/name") == PLUGIN_APP
+
+    def _pause_plugin(self, name: str, paused: bool, now: float) -> None:
+        """The device plugin paused (its pod gone) or back. When a plugin's endpoint stops, the kubelet
+        marks every device of its resource unhealthy: allocatable drops to 0 and capacity stays
+        (kubernetes/kubernetes, pkg/kubelet/cm/devicemanager/manager.go, markResourceUnhealthy), so a
+        pod that requests a GPU then fits nowhere on the node; when the plugin registers again its
+        devices are allocatable again."""
+        if paused == (name in self._plugin_paused):
+            return
+        (self._plugin_paused.add if paused else self._plugin_paused.discard)(name)
+        spec, node = self.specs.get(name), self.store.peek("nodes", None, name)
+        if spec is None or node is None or GPU not in node["status"].get("capacity", {}):
+            return
+        want = self._allocatable(spec, node["status"]["capacity"], now)[GPU]
+
+        def report(n: dict[str, Any]) -> None:
+            n["status"]["allocatable"][GPU] = want
+        self.store.mutate("nodes", None, name, report)
+
+    def plugin_paused(self, node_name: str) -> bool:
+        return node_name in self._plugin_paused
 
     def operand_pods(self, node_name: str) -> list[str]:
         """The GPU Operator's operand pods running on the node (they hold its GPUs open)."""
@@ -1010,6 +1046,8 @@ class SimCluster:
             if spec and spec.faults.hung_check:
                 return None
             return now + self.fleet.check_seconds
+        if self._is_gpu_reset(self._argv(pod)):
+            return now + 20.0
         argv = self._last_command(self._argv(pod))
         prog = argv[0].rsplit("/", 1)[-1] if argv else ""
         if prog == "dcgmi":
@@ -1161,7 +1199,7 @@ class SimCluster:
         env = self._env(pods[0])
         hosts = [p["spec"].get("hostname") or p["metadata"]["name"] for p in pods]
         rng, hws, aborted, table = self._fabric_run(nodes, (hosts[0], hosts[1]), env.get("PAIR_GPUS") or "",
-                                                    env.get("PAIR_MAX_BYTES"))
+                                                    env.get("PAIR_MAX_BYTES"), self._on_fabric(pods[:2]))
         finish = self._started_at(max(pods, key=self._started_at)) + tools.NCCL_PAIR_SECONDS * (
             rng.uniform(0.3, 0.8) if aborted else 1.0)
         finish = max(finish, now)
@@ -1177,8 +1215,19 @@ class SimCluster:
             out[i] = (finish, 1 if aborted else 0, log)
         return out
 
-    def _fabric_run(self, nodes: list[str], hosts: tuple[str, str], gpus_text: str,
-                    max_bytes_text: str | None) -> tuple[random.Random, list[dict[str, Any]], bool, str]:
+    def _on_fabric(self, pods: list[dict[str, Any]]) -> bool:
+        """Whether every pod of a pair holds its node's fabric devices: NCCL reaches EFA or InfiniBand
+        only through the devices its pod was given; without them it falls back to TCP sockets."""
+        for p in pods:
+            spec = self.specs.get(p["spec"].get("nodeName", ""))
+            wanted = HARDWARE[spec.instance_type]["fabric_resources"] if spec else {}
+            got = extended_requests(p)
+            if any(got.get(res, 0) < 1 for res in wanted):
+                return False
+        return True
+
+    def _fabric_run(self, nodes: list[str], hosts: tuple[str, str], gpus_text: str, max_bytes_text: str | None,
+                    on_fabric: bool = True) -> tuple[random.Random, list[dict[str, Any]], bool, str]:
         """One two-node all-reduce between `nodes` (the pair-allreduce gang's, or an MPIJob's two
         workers'): its noise stream, the nodes' hardware, whether a flapping port aborted it, and
         rank 0's table. The bus bandwidth at the largest size is the healthy pair peak times the
@@ -1194,7 +1243,10 @@ class SimCluster:
         if any(s.faults.port_flapping for s in specs):
             factor *= rng.uniform(0.15, 0.9)
             aborted = rng.random() < 0.35
-        busbw = min(hw["nccl_pair_peak"] for hw in hws) * factor * rng.uniform(0.97, 1.03)
+        peak = min(hw["nccl_pair_peak"] for hw in hws)
+        if not on_fabric:  # NCCL's TCP sockets on the primary interface: a few GB/s, whatever the fabric
+            peak, factor = TCP_PAIR_BUSBW, 1.0
+        busbw = peak * factor * rng.uniform(0.97, 1.03)
         max_bytes = tools.parse_bytes(max_bytes_text)
         gpus = int(gpus_text) if gpus_text.isdigit() else hws[0]["gpus"] - specs[0].faults.missing_gpus
         stop_at = 2 ** rng.randint(20, max(20, max_bytes.bit_length() - 1)) if aborted else None
@@ -1381,7 +1433,7 @@ class SimCluster:
             max_bytes = argv[argv.index("-e") + 1]
         nodes = [w["spec"]["nodeName"] for w in workers[:2]]
         hosts = (workers[0]["spec"].get("hostname") or "", workers[1]["spec"].get("hostname") or "")
-        rng, hws, aborted, table = self._fabric_run(nodes, hosts, gpus, max_bytes)
+        rng, hws, aborted, table = self._fabric_run(nodes, hosts, gpus, max_bytes, self._on_fabric(workers[:2]))
         if aborted:
             return 1, table + tools.net_error(hws[0]["nic"], nodes[0], rng.randrange(8),
                                               workers[1]["status"].get("podIP", "")), ""
@@ -1428,6 +1480,10 @@ class SimCluster:
         missing = self._shell_missing(pod)
         if missing:
             return 127, f"sh: 1: {missing}: not found\n", ""  # the shell's "command not found"
+        if not self._is_check(pod) and self._is_gpu_reset(self._argv(pod)):
+            if not self._sees_gpus(pod):
+                return 127, "sh: 1: nvidia-smi: not found\n", ""  # no NVIDIA runtime put it in the container
+            return self._gpu_reset(node_name, self._argv(pod), self._env(pod))
         if not self._is_check(pod):
             argv = self._last_command(self._argv(pod))
             prog = argv[0].rsplit("/", 1)[-1] if argv else ""
@@ -1447,8 +1503,6 @@ class SimCluster:
             if prog == "nsenter" and "reboot" in argv:
                 self._reboot_node(node_name, now)
                 return 137, "", "the node rebooted"
-            if prog == "nvidia-smi" and "--gpu-reset" in argv:
-                return self._gpu_reset(node_name, argv)
             if prog == "echo":
                 return 0, " ".join(argv[1:]) + "\n", ""
             return 0, "" if prog in ("true", "sleep") else "training finished\n", ""
@@ -1468,7 +1522,7 @@ class SimCluster:
         boot = self._boot(node_name)
         nvml = self.fake_nvml(node_name, now) if self._sees_gpus(pod) else FakeNvml(library_present=False)
         result = run_node_checks(opts, nvml, self.kernel_log(node_name, now),
-                                 now=now, uptime=now - boot, host=self.fake_host(node_name, now))
+                                 now=now, uptime=now - boot, host=self.fake_host(node_name, now, self._host_paths(pod)))
         exit_code = 0 if result.status in ("pass", "warn", "skip") else 1
         return exit_code, result.to_json() + "\n", result.summary()
 
@@ -1489,10 +1543,24 @@ class SimCluster:
             return handler == "nvidia" or "/usr/local/nvidia" in str(env.get("LD_LIBRARY_PATH") or "")
         return handler == "nvidia" and env.get("NVIDIA_VISIBLE_DEVICES") == "all"
 
-    def _gpu_reset(self, node_name: str, argv: list[str]) -> tuple[int, str, str]:
+    @staticmethod
+    def _is_gpu_reset(argv: list[str]) -> bool:
+        """nvidia-smi -r / --gpu-reset, alone or in a shell script."""
+        return re.search(r"nvidia-smi\b[^;&|\n]*\s(?:-r|--gpu-reset)\b", " ".join(argv)) is not None
+
+    def _gpu_reset(self, node_name: str, argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str, str]:
+        """nvidia-smi's reset, as a script runs it: `-pm 0` on the GPUs first (a GPU in persistence
+        mode is held by nvidia-persistenced, and the reset refuses it: NVIDIA/gpu-operator#118,
+        NVIDIA/NVSentinel#1690), then `-r -i IDS`, its ids from the script or its GPU_IDS variable."""
         f = self.specs[node_name].faults
-        ids = argv[argv.index("-i") + 1] if "-i" in argv else ""
+        text = " ".join(argv)
+        reset = re.search(r"nvidia-smi\b[^;&|\n]*\s(?:-r|--gpu-reset)\b[^;&|\n]*", text)
+        words = (reset.group(0) if reset else text).replace('"', " ").split()
+        ids = words[words.index("-i") + 1] if "-i" in words[:-1] else ""
+        if ids.startswith("$"):
+            ids = (env or {}).get(ids.strip("${}"), "")
         gpus = {int(g) for g in ids.split(",") if g.strip().isdigit()} if ids else set(range(64))
+        pm_off = reset is not None and re.search(r"-pm\s+0\b", text[:reset.start()]) is not None
         if gpus & set(f.gpu_lost):
             return 3, "", "GPU is lost: a reset cannot reach it; reboot the node\n"
         holders = self.operand_pods(node_name) if node_name in self._with_operands else []
@@ -1505,11 +1573,21 @@ class SimCluster:
                              "CUDA application, graphics application such as an X server, or a monitoring "
                              "application such as another instance of nvidia-smi). Please first kill all processes "
                              "using this device and all compute applications running in the system.\n")
+        if not f.persistence_off and not pm_off:
+            g = min(gpus)
+            return 255, "", (f"The following GPUs could not be reset:\n  GPU 00000000:{bus_id(g).split(':')[1]}:00.0: "
+                             "In use by another client\n\n1 device is currently being used by one or more other "
+                             "processes (e.g., Fabric Manager, CUDA application, graphics application such as an X "
+                             "server, or a monitoring application such as another instance of nvidia-smi). Please "
+                             "first kill all processes using this device and all compute applications running in "
+                             "the system.\n")
         f.remap_pending = [g for g in f.remap_pending if g not in gpus]
         f.recovery_action = {g: a for g, a in f.recovery_action.items() if g not in gpus}
         f.ecc_dbe = {g: n for g, n in f.ecc_dbe.items() if g not in gpus}
-        return 0, "".join(f"GPU 00000000:{bus_id(g).split(':')[1]}:00.0 was successfully reset.\n"
-                          for g in sorted(gpus) if g < 8), ""
+        pm = "".join(f"Disabled persistence mode for GPU 00000000:{bus_id(g).split(':')[1]}:00.0.\n"
+                     for g in sorted(gpus) if g < 8 and pm_off and not f.persistence_off)
+        return 0, pm + "".join(f"GPU 00000000:{bus_id(g).split(':')[1]}:00.0 was successfully reset.\n"
+                               for g in sorted(gpus) if g < 8), ""
 
     def reboot(self, node_name: str, now: float) -> None:
         """The node restarts: its kernel log starts again, and what a reboot clears is cleared
@@ -1555,23 +1633,31 @@ class SimCluster:
                 fabric_state=(1 if f.fabric_manager_down else 3) if hw.get("nvswitch_fabric") else None))
         return FakeNvml(gpus=gpus, driver=spec.driver)
 
-    def fake_host(self, node_name: str, now: float | None = None) -> FakeHost:
-        """The node's sysfs and tools, as its hardware and faults make them."""
+    @staticmethod
+    def _host_paths(pod: dict[str, Any]) -> frozenset[str]:
+        """The host paths a pod mounts (hostPath volumes)."""
+        return frozenset(str(v["hostPath"].get("path", "")) for v in pod["spec"].get("volumes") or []
+                         if isinstance(v, dict) and isinstance(v.get("hostPath"), dict))
+
+    def fake_host(self, node_name: str, now: float | None = None, mounts: frozenset[str] | None = None) -> FakeHost:
+        """The node's sysfs and tools, as its hardware and faults make them; the journal only where
+        the pod mounts journald's persistent directory (`mounts`; None: a test's direct call, all)."""
         spec = self.specs[node_name]
         hw = HARDWARE[spec.instance_type]
         f = spec.faults
         count = max(0, hw["nics"] - f.nics_missing)
         files: dict[str, str] = {}
-        nic_names: list[str] = []
         if hw["nic"] == "efa":
-            files.update(efa_sysfs(count, down=tuple(f.nic_port_down), rate=hw["nic_rate"]))
-            nic_names = sorted({p.split("/")[4] for p in files if p.startswith("/sys/class/infiniband/")})
+            # The EFA driver reports every port ACTIVE at the device's maximum rate, whatever the link
+            # does (amzn-drivers, efa_verbs.c, efa_query_port): a down EFA link shows only between two
+            # nodes (_fabric_factor), never in this node's sysfs.
+            files.update(efa_sysfs(count, rate=hw["nic_rate"]))
             files.update(netdev("ens32", "ena", f.mtu or 9001))
         elif hw["nic"] == "ib":
             files.update(ib_sysfs(count, down=tuple(f.nic_port_down), rate=hw["nic_rate"]))
             files.update(netdev("eth0", "hv_netvsc", f.mtu or 1500))
         elif hw["nic"] in ("gve", "ena"):
-            for k in range(count):
+            for k in range(count if spec.multi_network or hw["nic"] != "gve" else 1):
                 files.update(netdev(f"eth{k}", hw["nic"], f.mtu or 8244, up=k not in f.nic_port_down))
         files.update(netdev("lo", "", 65536))
         del files["/sys/class/net/lo/device/uevent"]  # a loopback has no device behind it
@@ -1580,19 +1666,21 @@ class SimCluster:
         if hw["nic"] in ("efa", "ib") and not f.no_peermem:
             files.update(peermem("efa_nv_peermem" if hw["nic"] == "efa" else "nvidia_peermem"))
         topo_nics = count if hw["nic"] == "ib" else 0  # EFA devices are not listed by topo -m on p5
-        # The check image carries nvidia-smi and chroot; the host's own tools (the EFA installer's
-        # fi_info, journalctl) run in the host's root through chroot.
+        # The check image carries nvidia-smi and journalctl, and no fi_info (the host's is not run from
+        # a check Job); the Job mounts journald's directories, where the journal of this boot lies.
         commands = {"nvidia-smi": (0, topo_output(gpus, hw["nvlinks"], topo_nics, "PXB", far=f.poor_affinity), ""),
-                    "chroot": (0, "", "")}
-        host_commands: dict[str, tuple[int, str, str]] = {}
-        if hw["nic"] == "efa":
-            files["/opt/amazon/efa/bin/fi_info"] = "ELF"
-            host_commands["fi_info"] = (0 if nic_names else 1, fi_info_output(nic_names), "")
-        if not f.no_journal:
+                    "journalctl": (0, "", "")}
+        boot = self.boot_id(node_name)
+        if not f.no_journal and (mounts is None or "/var/log/journal" in mounts):
             lines = self._kernel_lines(node_name, self.clock.now() if now is None else now)
-            host_commands["journalctl"] = (0, "".join(journal_line(node_name, ln) + "\n" for ln in lines), "")
-        return FakeHost(files=files, commands=commands, host_commands=host_commands, arch=hw["arch"],
-                        environ={"NODE_NAME": node_name})
+            machine = uuid.uuid5(uuid.NAMESPACE_DNS, f"{node_name}.machine-id").hex
+            files[f"/var/log/journal/{machine}/system.journal"] = journal_file(
+                boot, node_name, lines, JOURNALCTL_FORMAT + 1 if f.journal_newer else JOURNALCTL_FORMAT)
+        return FakeHost(files=files, commands=commands, arch=hw["arch"], environ={"NODE_NAME": node_name}, boot=boot)
+
+    def boot_id(self, node_name: str) -> str:
+        """The node's kernel boot ID: new at each boot, as the kernel makes it."""
+        return uuid.uuid5(uuid.NAMESPACE_DNS, f"{node_name}.boot.{self._boot(node_name):.6f}").hex
 
     def kernel_log(self, node_name: str, now: float) -> str:
         """What `dmesg` prints: the ring buffer, which on a node with `ring_buffer_span` has lost

@@ -147,7 +147,9 @@ class Faults:
                                              duration=True, gt=0)
     no_peermem: bool = setting(False, "no GPUDirect RDMA peer-memory module is loaded")
     fabric_manager_down: bool = setting(False, "Fabric Manager is not running: NVSwitch GPUs never join the fabric")
-    no_journal: bool = setting(False, "the host keeps no journal (journalctl finds none)")
+    no_journal: bool = setting(False, "the host keeps no journal files (journald's Storage=none)")
+    journal_newer: bool = setting(False, "the host's journald writes a journal format newer than the check "
+                                  "image's journalctl reads")
     link_degraded: float = setting(1.0, "share of the node's fabric rate left (a pair runs at the slower node's)",
                                    ge=0, le=1)
     port_flapping: bool = setting(False, "a fabric port drops now and then: pair bandwidth varies widely and some "
@@ -182,6 +184,8 @@ class _NodeGroup(_Strict):
     # The NVIDIA driver these nodes run, as NVML prints it: its branch (the major) sets the CUDA major
     # it runs (sweeper.drivers), which GPU feature discovery labels and DCGM loads the build of.
     driver: Annotated[str, Strict(), Field(pattern=r"^\d{3,4}\.\d+(\.\d+)?$")] = DEFAULT_DRIVER
+    # GKE: the node pool's additional networks (multi-networking); without them an A3 has its primary gVNIC only
+    multi_network: Annotated[bool, Strict()] = True
 
 
 class _Workload(_Strict):
@@ -256,6 +260,7 @@ class NodeSpec:
     operands: bool = False  # the GPU Operator's device plugin, GFD, DCGM and dcgm-exporter pods run here
     device_plugin_pod: bool = False  # the standalone device plugin's pod runs here
     driver: str = DEFAULT_DRIVER  # the NVIDIA driver version (node group key `driver`)
+    multi_network: bool = True  # GKE: attached to its pool's additional networks (an A3's GPU gVNICs)
 
 
 @dataclass
@@ -328,7 +333,8 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
                                         instance_type=group.instance_type, zone=group.zone,
                                         labels=dict(labels), age=group.age, faults=Faults(),
                                         gpu_operator=operator, operands=group.operands,
-                                        device_plugin_pod=group.device_plugin_pod, driver=group.driver))
+                                        device_plugin_pod=group.device_plugin_pod, driver=group.driver,
+                                        multi_network=group.multi_network))
     fleet.platform = spec.platform
     registry = spec.registry or _Registry()
     fleet.missing_images = list(registry.missing)

@@ -82,7 +82,7 @@ def test_two_contained_xid_94s_on_different_gpus_days_apart_replace_nothing(make
     notes = [r["message"] for r in history.db.query(
         "select message from checks where node = 'gpu-01' and name = 'gpu.allocatable' order by id")]
     assert len(notes) == 2 and all("restarted: allocatable 8 of 8 nvidia.com/gpu again" in m for m in notes), notes
-    assert "XID 94 (contained ECC error, restart_app) on GPU 1" in notes[0]
+    assert f"XID 94 ({lookup(94).meaning}, restart_app) on GPU 1" in notes[0]
     assert "on GPU 5" in notes[1]
 
 

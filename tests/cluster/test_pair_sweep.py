@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from sweeper.config import Config
 from sweeper.history import History
 from sweeper.sim.server import running_pods_on
 from tests.cluster.test_safety import _sweep_cmd, kill_sweep_at
@@ -400,7 +401,7 @@ def test_after_a_fault_of_the_check_the_next_pair_run_tries_one_pair_first(make_
 
     from sweeper.cli import main
 
-    image = "ghcr.io/sweeper-dev/nccl-pair:25.01-py3"
+    image = Config().pair_image
     sim: Sim = make_sim(nodes=8, registry={"missing": [image]})
     cfg = tmp_path / "config.yaml"
     cfg.write_text(yaml.safe_dump({"playbook": "pair-fabric.yaml", "max_nodes": 8, "max_percent": 100,
@@ -432,3 +433,44 @@ def test_a_fleet_with_two_degraded_links_names_both_within_the_bound(seed: int) 
     got = one(seed, nodes=32, degraded=2, factor=0.4, max_nodes=8, speed=600.0)
     assert sorted(got.culprits) == got.degraded and got.healthy_held == [] and got.missed == []
     assert got.pair_runs <= got.bound == 20
+
+
+def test_a_pair_that_cannot_use_the_fabric_has_no_bandwidth_floor(make_sim, history: History) -> None:
+    """Karpenter gives a p5 EFA interfaces only when a pod that requests `vpc.amazonaws.com/efa`
+    made it launch (https://docs.aws.amazon.com/eks/latest/userguide/device-management-efa.html).
+    A pair with such a node requests no EFA device (each pod asks for what both nodes advertise), so
+    NCCL runs on TCP sockets, a few GB/s where EFA gives hundreds: the profile's floor, a figure of
+    the fabric, is not applied, and both nodes go back as they came, not as suspects."""
+    spec = {"name": "test", "seed": 3, "speed": 600, "faults": {"gpu-01": {"nics_missing": 32}},
+            "node_groups": [{"name_prefix": "gpu-", "count": 2, "instance_type": "p5.48xlarge", "age": "2d",
+                             "labels": {"karpenter.sh/nodepool": "gpu"}}]}
+    sim: Sim = make_sim(spec)
+    report = run_sweep(sim, history, fabric())
+    assert actions_of(report) == {"gpu-00": [("pass", "released")], "gpu-01": [("pass", "released")]}, \
+        report.outcomes
+    (row,) = history.db.query("select * from pairs")
+    assert row["status"] == "pass" and row["busbw"] < 10, "TCP sockets, not EFA"
+    (nccl,) = [r for r in history.db.query("select status, message from checks where name = 'pair.nccl' and "
+                                           "sweep_id = ? and status = 'skip'", [row["node_sweep_id"]])]
+    assert "requests no fabric device" in nccl["message"]
+
+
+def test_a_run_whose_every_pair_fails_is_a_fault_of_the_check(make_sim, history: History) -> None:
+    """Every pair of the run failing (two or more distinct pairs, none passing) is what a broken
+    pair Job looks like (a transport NCCL cannot use, a wrong image or template), and says nothing
+    of the nodes: no new pair is taken, the suspects go back `error` instead of being re-paired and
+    condemned, the run says why, and the next run tries one pair first. Here every node's fabric is
+    slow, as a transport misconfigured for the whole fleet makes it; a single failed pair stays a
+    pair's business (test_no_known_good_partner_sends_both_back_inconclusive)."""
+    slow = {"link_degraded": 0.4}
+    sim: Sim = make_sim(nodes=6, faults={f"gpu-0{i}": slow for i in range(6)})
+    report = run_sweep(sim, history, fabric(max_nodes=4))
+    assert report.tool_stop.startswith("run stopped: every pair of this run failed"), report.tool_stop
+    got = actions_of(report)
+    swept = [n for n in got if got[n][0] == ("inconclusive", "suspect")]
+    assert len(swept) == 4, got
+    for node in swept:
+        assert got[node][-1] == ("error", "released"), got[node]
+    assert {s for _, _, s, _ in pairs(history)} == {"fail"} and len(pairs(history)) == 2, "no re-pair, no third pair"
+    assert tainted(sim) == set()
+    assert not [o for o in report.outcomes if o.verdict in ("reboot", "replace", "quarantine")]

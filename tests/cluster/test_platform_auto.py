@@ -61,7 +61,7 @@ def check_pods(sim: Sim) -> list[dict]:
     """Every check pod the run made, as it was when its Job was cleaned up."""
     pods: list[dict] = []
     sim.cluster.store.on_delete.append(
-        lambda plural, obj: pods.append(obj) if plural == "pods" and obj["metadata"].get("namespace") == "sweeper"
+        lambda plural, obj: pods.append(obj) if plural == "pods" and obj["metadata"].get("namespace") == "sweeper-checks"
         else None)
     return pods
 

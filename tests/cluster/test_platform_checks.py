@@ -1,5 +1,6 @@
 """Node-local checks that read what the platform keeps on the node: the kernel's journal beside the
-ring buffer, and the host's own EFA tools, through the simulated kubelet."""
+ring buffer (journald's directories, mounted read-only), and EFA from sysfs, through the simulated
+kubelet."""
 
 from __future__ import annotations
 
@@ -17,20 +18,54 @@ def test_an_xid_the_ring_buffer_lost_is_found_in_the_journal(make_sim, history: 
     (https://www.freedesktop.org/software/systemd/man/latest/systemd-journald.service.html). The
     check reads both, so the XID is judged within its window; a node whose host keeps no journal is
     judged on the ring buffer alone, as before."""
-    sim: Sim = make_sim(nodes=2, faults={"gpu-00": XID_109, "gpu-01": {**XID_109, "no_journal": True}})
+    sim: Sim = make_sim(nodes=3, faults={"gpu-00": XID_109, "gpu-01": {**XID_109, "no_journal": True},
+                                         "gpu-02": {**XID_109, "journal_newer": True}})
     sim.cluster.clock.advance(3600)  # the XID is an hour old: past the ring buffer's 10 minutes
     assert "Xid" not in sim.cluster.kernel_log("gpu-00", sim.cluster.clock.now())
     report = run_sweep(sim, history, TEST_CONFIG)
     got = {o.node: o.verdict for o in report.outcomes}
-    assert got["gpu-01"] == "pass", report.outcomes
+    assert got["gpu-01"] == "pass" and got["gpu-02"] == "pass", report.outcomes
     assert got["gpu-00"] not in ("pass", "warn", "error", "inconclusive"), report.outcomes
     reasons = next(o.reasons for o in report.outcomes if o.node == "gpu-00")
     assert any("XID 109" in r for r in reasons), reasons
+    # What the journal could not give is said on the node, never taken for a clean journal.
+    unread = {r["node"]: r["message"] for r in history.db.query(
+        "select node, message from checks where name = 'xid.journal' and status = 'skip'")}
+    assert set(unread) == {"gpu-01", "gpu-02"}, unread
+    assert "no journal files" in unread["gpu-01"] and "format newer" in unread["gpu-02"], unread
 
 
-def test_a_p5_sweep_reads_efa_through_the_hosts_own_fi_info(make_sim, history: History) -> None:
-    """The EFA installer's fi_info, run in the host's root, sees the node's 32 EFA devices; the
-    sweep passes on it, and a host without it is a `check.tool` finding, not a failing node."""
+def test_a_check_template_that_mounts_no_journal_reads_none(make_sim, history: History, tmp_path) -> None:
+    """The simulated kubelet gives the check the journal only through the pod's own hostPath mount
+    of /var/log/journal, as a node does: an author's check template without it finds no journal
+    files, says so (`xid.journal` skip), and judges the ring buffer alone."""
+    import shutil
+    from dataclasses import replace
+
+    shutil.copytree(TEST_CONFIG.path("job-templates"), tmp_path, dirs_exist_ok=True)
+    text = (tmp_path / "sweeper-check.yaml.j2").read_text()
+    for d in ("var", "run"):
+        name = "host-journal" if d == "var" else "host-run-journal"
+        mount = (f"            - name: {name}\n              mountPath: /host/{d}/log/journal\n"
+                 "              readOnly: true\n              recursiveReadOnly: Enabled\n"
+                 "              mountPropagation: None\n")
+        volume = f'        - name: {name}\n          hostPath:\n            path: /{d}/log/journal\n            type: ""\n'
+        assert mount in text and volume in text
+        text = text.replace(mount, "").replace(volume, "")
+    (tmp_path / "sweeper-check.yaml.j2").write_text(text)
+    sim: Sim = make_sim(nodes=1, faults={"gpu-00": XID_109})
+    sim.cluster.clock.advance(3600)
+    report = run_sweep(sim, history, replace(TEST_CONFIG, template_dir=str(tmp_path)))
+    assert [o.verdict for o in report.outcomes] == ["pass"], report.outcomes
+    (msg,) = [r["message"] for r in history.db.query("select message from checks where name = 'xid.journal'")]
+    assert "no journal files" in msg
+
+
+def test_a_p5_sweep_judges_efa_from_sysfs_and_says_fi_info_was_not_run(make_sim, history: History) -> None:
+    """The EFA installer's fi_info needs the host's libfabric and rdma-core and /dev/infiniband, which
+    the check Job does not mount (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start.html):
+    `efa.fi_info` is skip with that reason, the node's 32 EFA devices are read from sysfs, and the
+    sweep passes on them (fewer in sysfs than expected fails nic.devices: tests/test_checks.py)."""
     from dataclasses import replace
 
     from sweeper.profiles import load_profile
@@ -38,9 +73,12 @@ def test_a_p5_sweep_reads_efa_through_the_hosts_own_fi_info(make_sim, history: H
     sim: Sim = make_sim(nodes=1)
     assert load_profile(TEST_CONFIG.path("profiles") / "p5.48xlarge.yaml").nic == "efa"
     report = run_sweep(sim, history, replace(TEST_CONFIG, interval=0))
-    assert [(o.node, o.verdict) for o in report.outcomes] == [("gpu-00", "pass")]
-    checks = {c["name"]: c for c in history.db.query("select name, status, message from checks")}
-    assert checks["efa.fi_info"]["status"] == "pass" and "32 EFA devices" in checks["efa.fi_info"]["message"]
+    assert [(o.node, o.verdict) for o in report.outcomes] == [("gpu-00", "pass")], report.outcomes
+    checks = {(r["node"], r["name"]): r for r in history.db.query(
+        "select node, name, status, message from checks")}
+    fi = checks[("gpu-00", "efa.fi_info")]
+    assert fi["status"] == "skip" and "/opt/amazon/efa" in fi["message"], fi
+    assert checks[("gpu-00", "nic.devices")]["status"] == "pass" and "32" in checks[("gpu-00", "nic.devices")]["message"]
 
 
 def light_on_a_busy_node(make_sim, history: History, cfg_changes: dict, **fleet: object) -> tuple[Sim, object]:
@@ -110,3 +148,47 @@ def test_dcgm_through_the_nodes_own_host_engine_starts_no_second_one(make_sim, h
     assert any("nvidia-dcgm runs on every GPU node" in n for n in report.plan.notes), report.plan.notes
     checks = [c["name"] for c in history.db.query("select name from checks")]
     assert any(name.startswith("dcgm.") for name in checks), "the diagnostic ran and was read"
+
+
+# -- what a node has is read from the node ------------------------------------------------------
+
+def test_a_karpenter_node_launched_without_efa_is_not_short_of_efa(make_sim, history: History) -> None:
+    """Karpenter (and EKS Auto Mode) gives an instance EFA interfaces only when a pod that requests
+    `vpc.amazonaws.com/efa` made it launch; otherwise it has none
+    (https://docs.aws.amazon.com/eks/latest/userguide/device-management-efa.html). The number of EFA
+    devices expected is what the node advertises before the instance type's 32: a p5 that
+    advertises none is swept without an EFA count, one that advertises 32 is held to 32."""
+    from dataclasses import replace
+
+    spec = fleet_spec(nodes=2, faults={"gpu-01": {"nics_missing": 32}})
+    spec["node_groups"][0]["labels"] = {"karpenter.sh/nodepool": "gpu"}
+    sim: Sim = make_sim(spec)
+    assert sim.core.read_node("gpu-01").status.capacity["vpc.amazonaws.com/efa"] == "0"
+    report = run_sweep(sim, history, replace(TEST_CONFIG, interval=0))
+    assert {o.node: o.verdict for o in report.outcomes} == {"gpu-00": "pass", "gpu-01": "pass"}, report.outcomes
+    rows = history.db.query("select node, name, status from checks where name in ('nic.devices', 'efa.fi_info')")
+    got = {(r["node"], r["name"]): r["status"] for r in rows}
+    assert got[("gpu-01", "nic.devices")] == "skip" and ("gpu-01", "efa.fi_info") not in got
+    assert got[("gpu-00", "nic.devices")] == "pass" and got[("gpu-00", "efa.fi_info")] == "skip"  # not run: see above
+
+
+def test_a_gke_a3_without_multi_networking_is_not_short_of_gvnics(make_sim, history: History) -> None:
+    """An A3's GPU gVNICs are the interfaces of its node pool's additional networks: with no
+    multi-networking it has its primary gVNIC only
+    (https://cloud.google.com/kubernetes-engine/docs/how-to/gpu-bandwidth-gpudirect-tcpx; without
+    multi-networking a node has its one primary interface:
+    https://cloud.google.com/kubernetes-engine/docs/how-to/setup-multinetwork-support-for-pods). GKE lists
+    a node's additional networks in its networking.gke.io/north-interfaces annotation; the count the
+    check expects is theirs, not the instance type's 4."""
+    from dataclasses import replace
+
+    spec = fleet_spec(nodes=0)
+    spec["node_groups"] = [{"name_prefix": "a3-", "count": 1, "instance_type": "a3-highgpu-8g"},
+                           {"name_prefix": "solo-", "count": 1, "instance_type": "a3-highgpu-8g",
+                            "multi_network": False}]
+    sim: Sim = make_sim(spec)
+    assert "networking.gke.io/north-interfaces" not in (sim.core.read_node("solo-00").metadata.annotations or {})
+    report = run_sweep(sim, history, replace(TEST_CONFIG, interval=0))
+    assert {o.node: o.verdict for o in report.outcomes} == {"a3-00": "pass", "solo-00": "pass"}, report.outcomes
+    rows = history.db.query("select node, status from checks where name = 'nic.devices'")
+    assert {r["node"]: r["status"] for r in rows} == {"a3-00": "pass", "solo-00": "pass"}

@@ -38,11 +38,15 @@ P5 = load_profile(ROOT / "profiles" / "p5.48xlarge.yaml").as_vars()
 
 
 def manifest(name: str = "cronjob.yaml") -> list[dict]:
-    return [d for d in yaml.safe_load_all((ROOT / "deploy" / name).read_text()) if d]
+    """The documents of a file of deploy/, or of every file of a folder of it (device-plugin/: one
+    file per namespace the plugin may run in, so that each applies where its namespace exists)."""
+    path = ROOT / "deploy" / name
+    files = sorted(path.glob("*.yaml")) if path.is_dir() else [path]
+    return [d for f in files for d in yaml.safe_load_all(f.read_text()) if d]
 
 
 # applied only with the feature that needs them
-OPTIONAL = ("rbac-karpenter.yaml", "rbac-evictions.yaml", "rbac-device-plugin.yaml")
+OPTIONAL = ("rbac-karpenter.yaml", "rbac-evictions.yaml", "device-plugin")
 
 
 def _unused(rules: list, calls: set) -> list:
@@ -121,14 +125,14 @@ def test_the_cluster_role_is_exactly_what_sweeper_uses(make_sim, history: Histor
         "RBAC that no call needs"
     # each optional document is needed by its own feature, and the default manifest lacks it
     feature = {"rbac-karpenter.yaml": _calls(sim, start, swept), "rbac-evictions.yaml": _calls(sim, swept),
-               "rbac-device-plugin.yaml": _calls(sim, start, swept)}
+               "device-plugin": _calls(sim, start, swept)}
     # The device plugin's document has one Role per namespace the plugin may run in: each grants
     # exactly the delete of pods; this fleet's plugin runs in kube-system.
-    assert {(ns, tuple(r["resources"]), tuple(r["verbs"])) for ns, r in optional["rbac-device-plugin.yaml"]} == {
+    assert {(ns, tuple(r["resources"]), tuple(r["verbs"])) for ns, r in optional["device-plugin"]} == {
         (ns, ("pods",), ("delete",)) for ns in ("gpu-operator", "kube-system", "nvidia-device-plugin")}
     for name in OPTIONAL:
         unused = _unused(optional[name], feature[name])
-        if name == "rbac-device-plugin.yaml":
+        if name == "device-plugin":
             unused = [u for u in unused if u[0] == "kube-system"]
         assert optional[name] and unused == [], name
         needs = [c for c in feature[name] if allowed(optional[name], *c) is not None]

@@ -439,3 +439,92 @@ def test_no_gpu_reset_while_fabric_manager_is_down(make_sim, history: History) -
     reasons = next(o.reasons for o in report.outcomes if o.node == "gpu-00")
     assert any("FABRIC_NOT_READY" in r or "Fabric Manager" in r for r in reasons), reasons
     assert sim.core.read_node("gpu-00").metadata.annotations["sweeper.dev/remediation"] == "reboot"
+
+
+# -- a GPU reset that can run ----------------------------------------------------------------------
+
+def test_a_paused_device_plugin_leaves_no_gpu_allocatable(make_sim) -> None:
+    """When a device plugin's endpoint stops, the kubelet marks every device of its resource
+    unhealthy: allocatable drops to 0 while capacity stays (kubernetes/kubernetes,
+    pkg/kubelet/cm/devicemanager/manager.go, runEndpoint and markResourceUnhealthy). While the GPU
+    Operator's device plugin is paused (nvidia.com/gpu.deploy.device-plugin=false) a pod that
+    requests a GPU fits nowhere on the node: the scheduler leaves it Pending, and the kubelet
+    refuses one bound by nodeName."""
+    from kubernetes import client
+
+    sim: Sim = make_sim(operator_fleet({}))
+    sim.kube.patch_node("gpu-00", [{"op": "add", "path": "/metadata/labels/nvidia.com~1gpu.deploy.device-plugin",
+                                    "value": "false"}])
+    sim.wait_for(lambda: sim.core.read_node("gpu-00").status.allocatable["nvidia.com/gpu"] == "0", what="paused")
+    assert sim.core.read_node("gpu-00").status.capacity["nvidia.com/gpu"] == "8"
+    assert sim.cluster.plugin_paused("gpu-00")
+    pod = client.V1Pod(metadata=client.V1ObjectMeta(name="bound"), spec=client.V1PodSpec(
+        restart_policy="Never", node_name="gpu-00", containers=[client.V1Container(
+            name="c", image="busybox", command=["true"],
+            resources=client.V1ResourceRequirements(limits={"nvidia.com/gpu": "1"}))]))
+    sim.core.create_namespaced_pod("default", pod)
+    got = sim.wait_for(lambda: (p := sim.core.read_namespaced_pod("bound", "default")).status.phase == "Failed" and p,
+                       what="refused")
+    assert got.status.reason == "UnexpectedAdmissionError"
+    sim.kube.patch_node("gpu-00", [{"op": "replace", "path": "/metadata/labels/nvidia.com~1gpu.deploy.device-plugin",
+                                    "value": "true"}])
+    sim.wait_for(lambda: sim.core.read_node("gpu-00").status.allocatable["nvidia.com/gpu"] == "8", what="back")
+
+
+def test_the_reset_job_is_bound_by_node_name_requests_no_gpu_and_turns_persistence_off_first(make_sim) -> None:
+    """The shipped reset Job: nodeName (the scheduler has no GPU to give it while the plugin is
+    paused), no GPU request, NVIDIA's runtime for nvidia-smi, and `nvidia-smi -pm 0` before
+    `nvidia-smi -r`: nvidia-persistenced holds a GPU in persistence mode and the reset refuses it
+    (NVIDIA/gpu-operator#118; NVIDIA/NVSentinel#1690, where `-pm 0` then `-r` succeeds)."""
+    from sweeper.actions.jobs import render_job
+    from sweeper.remedy import Remediator
+    from sweeper.runner import node_vars
+
+    sim: Sim = make_sim(nodes=2)
+    view = NodeView.from_obj(sim.kube.get_node("gpu-00"))
+    r = Remediator(sim.kube, TEST_CONFIG, sim.cluster.clock)
+    job = render_job(r._context("run-1", node_vars(view, TEST_CONFIG)), TEST_CONFIG.gpu_reset_template, 600,
+                     {"gpu_ids": "2,5"}, remediation=True, bound=True)
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeName"] == "gpu-00" and "affinity" not in pod
+    (c,) = pod["containers"]
+    assert not [k for part in c["resources"].values() for k in part if "gpu" in k]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["GPU_IDS"] == "2,5" and env["NVIDIA_VISIBLE_DEVICES"] == "all"
+    script = c["command"][-1]
+    assert script.index("-pm 0") < script.index("nvidia-smi -r") < script.index("-pm 1")
+    # The simulated nvidia-smi refuses a reset of a GPU still in persistence mode, as the real one does.
+    code, _out, err = sim.cluster._gpu_reset("gpu-01", ["nvidia-smi", "-r", "-i", "2"])
+    assert code == 255 and "In use by another client" in err
+    code, out, _err = sim.cluster._gpu_reset("gpu-01", ["sh", "-c", c["command"][-1]], env)
+    assert code == 0 and out.count("was successfully reset.") == 2
+
+
+def test_a_reset_that_does_not_say_it_reset_is_not_taken_for_one(make_sim, tmp_path) -> None:
+    """An exit status of 0 is no proof: the reset is confirmed from nvidia-smi's own line, "GPU
+    <bus id> was successfully reset.", one per GPU (the line NVIDIA/NVSentinel#1690 shows); without
+    them the node is rebooted instead."""
+    import re
+    import shutil
+
+    from sweeper.remedy import Remediator
+    from sweeper.runner import node_vars
+
+    sim: Sim = make_sim(nodes=2, faults={"gpu-00": {"remap_pending": [5]}})
+    tdir = tmp_path / "templates"
+    shutil.copytree(TEST_CONFIG.path("job-templates"), tdir)
+    text = (tdir / "gpu-reset.yaml.j2").read_text()
+    # A command that exits 0 without nvidia-smi's word that any GPU was reset.
+    text = re.sub(r"(?s)          command:.*?(?=          env:)", '          command: ["echo", "All done."]\n', text)
+    # An author's copy is never privileged (only the shipped reset is: sweeper.actions.safety).
+    text = re.sub(r"(?s)          securityContext:\n.*?(?=\n\S|\n {0,10}\S|\Z)",
+                  "          securityContext: {allowPrivilegeEscalation: false, capabilities: {drop: [ALL]}}", text)
+    (tdir / "gpu-reset.yaml.j2").write_text(text)
+    (tdir / "reboot.yaml.j2").unlink()  # the reboot it falls back to is the shipped one
+    cfg = replace(TEST_CONFIG, remediate_reboots=True, template_dir=str(tdir))
+    logs: list[str] = []
+    view = NodeView.from_obj(sim.kube.get_node("gpu-00"))
+    remedy = Remediator(sim.kube, cfg, sim.cluster.clock, log=logs.append).gpu_reset(
+        "run-1", view, node_vars(view, cfg), [5])
+    assert remedy.provider == "reboot", remedy
+    assert any("unconfirmed" in m for m in logs), logs
