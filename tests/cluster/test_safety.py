@@ -229,6 +229,30 @@ def test_sigkill_at_every_step_then_run_again(make_sim, tmp_path: Path, stage: s
     h.close()
 
 
+def _wait_stopped(pid: int) -> None:
+    """Until the kernel shows the process stopped (state T in /proc/PID/stat): kill() only sends."""
+    for _ in range(1000):
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] == "T":
+                return
+        time.sleep(0.001)
+
+
+def _write_locked(state: Path) -> bool:
+    """Whether some process holds the history's write lock now (BEGIN IMMEDIATE cannot start)."""
+    import sqlite3
+
+    conn = sqlite3.connect(str(state), timeout=0, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("ROLLBACK")
+        return False
+    except sqlite3.OperationalError:
+        return True
+    finally:
+        conn.close()
+
+
 def test_a_stalled_sweeper_does_not_hand_back_a_node_another_run_holds(make_sim, tmp_path: Path) -> None:
     """Sweeper A holds a failing node and is stopped (SIGSTOP: in production a frozen VM, a long
     pause or a partition) past its lock's TTL; B takes the expired Lease, reconciles A as dead and
@@ -256,6 +280,18 @@ def test_a_stalled_sweeper_does_not_hand_back_a_node_another_run_holds(make_sim,
     try:
         assert stopped.wait(60), "sweeper A never created its check Job"
         sim.server.hooks.clear()
+        # A is frozen inside its HTTP call, but another of its threads may be inside a history write
+        # (more likely the busier the machine): B would then wait out SQLite's busy timeout, which
+        # is not what this test is about. Let A run a moment until it is frozen with no write open.
+        for _ in range(200):
+            _wait_stopped(a.pid)
+            if not _write_locked(state):
+                break
+            os.kill(a.pid, signal.SIGCONT)
+            time.sleep(0.005)
+            os.kill(a.pid, signal.SIGSTOP)
+        else:
+            raise AssertionError("sweeper A kept the history locked")
         # A's last renewal came before the stop: past lock_ttl (1s) the Lease has expired for B, and A,
         # once resumed, can no longer vouch for it without renewing.
         time.sleep(1.5)
