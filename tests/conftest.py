@@ -87,8 +87,11 @@ def sim(make_sim: Callable[..., Sim]) -> Sim:
     return make_sim()
 
 
+# check_timeout: 1800 simulated seconds are 3 s of real time at the fleets' 600x, so that a check on
+# a loaded machine ends by its result, never by its deadline (at 300, half a second, a busy CI
+# machine once turned a live sweep's XID 79 into a hung check).
 TEST_CONFIG = Config(max_nodes=8, max_percent=100, min_node_age=600, interval=86400, poll_interval=5,
-                     check_timeout=300, run_deadline=0)
+                     check_timeout=1800, run_deadline=0)
 
 
 @pytest.fixture

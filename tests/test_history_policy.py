@@ -133,7 +133,7 @@ def test_a_live_sweep_decides_with_the_history(make_sim, history: History) -> No
                             "policy": "default"})
     report = run_sweep(sim, history, replace(TEST_CONFIG, max_nodes=2))
     got = {o.node: o.verdict for o in report.outcomes}
-    assert got == {"gpu-00": "pass", "gpu-01": "replace"}
+    assert got == {"gpu-00": "pass", "gpu-01": "replace"}, report.outcomes
     row = next(history.db.query("select * from node_sweeps where node = 'gpu-01' and run_id != 'sw-old'"))
     # XID 79 also makes the device plugin hold the GPU back from allocatable: its symptom, never a cause
     assert json.loads(row["rules"]) == ["second-reboot-same-cause"]
