@@ -27,7 +27,7 @@ from functools import lru_cache, wraps
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateError, TemplateSyntaxError, Undefined, UndefinedError, nodes
+from jinja2 import StrictUndefined, TemplateError, TemplateSyntaxError, Undefined, UndefinedError, meta, nodes
 from jinja2.compiler import CodeGenerator, Frame, optimizeconst
 from jinja2.nodes import Concat
 from jinja2.runtime import Context, Namespace, str_join
@@ -568,15 +568,25 @@ def render_deadline(seconds: float | None) -> Iterator[None]:
         _local.cap = before
 
 
-def _guarded(where: str, source: str, fn: Callable[[], Any]) -> Any:
-    """Run one render under its deadline, and turn whatever goes wrong into a PlaybookError
-    that names the task's file:line and the expression."""
-    snippet = source if len(source) <= 120 else source[:117] + "..."
-    if getattr(_local, "rendering", False):  # a render inside a render: the outer deadline holds
-        return fn()
+def _deadline() -> tuple[float, str, float | None]:
+    """This render's deadline in seconds, how an error names it, and the task's cap (if any)."""
     cap = getattr(_local, "cap", None)
     seconds = LIMITS.seconds if cap is None else min(cap, LIMITS.seconds)
     whose = "the task's timeout" if cap is not None and cap < LIMITS.seconds else "the render deadline"
+    return seconds, whose, cap
+
+
+def _snippet(source: str) -> str:
+    return source if len(source) <= 120 else source[:117] + "..."
+
+
+def _guarded(where: str, source: str, fn: Callable[[], Any]) -> Any:
+    """Run one render under its deadline, and turn whatever goes wrong into a PlaybookError
+    that names the task's file:line and the expression."""
+    snippet = _snippet(source)
+    if getattr(_local, "rendering", False):  # a render inside a render: the outer deadline holds
+        return fn()
+    seconds, whose, _ = _deadline()
     _local.rendering = True
     try:
         token = _WATCHDOG.arm(seconds)
@@ -591,10 +601,59 @@ def _guarded(where: str, source: str, fn: Callable[[], Any]) -> Any:
         raise  # render() and condition() word these as before
     except LimitExceeded as exc:
         raise PlaybookError(f"{where}: template limit: {exc} in {snippet!r}") from None
-    except (ArithmeticError, AttributeError, LookupError, MemoryError, RecursionError, TypeError, ValueError) as exc:
+    except MemoryError as exc:
+        if _IN_WORKER:
+            from sweeper.render_worker import MEMORY_LIMIT
+            raise PlaybookError(f"{where}: rendering {snippet!r} ran past the render memory limit "
+                                f"({MEMORY_LIMIT >> 20} MiB)") from exc
+        raise PlaybookError(f"{where}: cannot render {snippet!r}: MemoryError: {str(exc)[:300]}") from None
+    except (ArithmeticError, AttributeError, LookupError, RecursionError, TypeError, ValueError) as exc:
         raise PlaybookError(f"{where}: cannot render {snippet!r}: {type(exc).__name__}: {str(exc)[:300]}") from None
     finally:
         _local.rendering = False
+
+
+# -- the render worker ---------------------------------------------------------------------------
+# Every render of a playbook's text (render, condition, render_template) runs in the render
+# worker (sweeper.render_worker: a child process under RLIMIT_AS, killed at the deadline)
+# unless SWEEPER_RENDER_ISOLATION=thread. Inside the worker, _IN_WORKER is set and the same
+# functions render in-process. A request whose variables hold a value pickle cannot carry (a
+# callable, an open client) renders in-process as before; the executor's variables are plain
+# data (results, facts, node dicts), so that path is not taken by playbooks.
+_IN_WORKER = False
+
+
+def _to_worker() -> bool:
+    if _IN_WORKER or getattr(_local, "rendering", False):
+        return False
+    from sweeper.render_worker import isolated
+    return isolated()
+
+
+@lru_cache(maxsize=4096)
+def _names(source: str) -> frozenset[str] | None:
+    """The variables a template reads; None when it does not parse (the worker says why)."""
+    try:
+        return frozenset(meta.find_undeclared_variables(ENV.parse(source)))
+    except Exception:  # noqa: BLE001 - a syntax error, or nesting too deep for the parser
+        return None
+
+
+def _needed(source: str, variables: dict[str, Any]) -> dict[str, Any]:
+    """Only the variables the template reads cross to the worker: the scope can hold large
+    results that this render never looks at."""
+    names = _names(source)
+    return {} if names is None else {k: variables[k] for k in names if k in variables}
+
+
+def _in_worker(op: str, args: tuple[Any, ...], where: str, source: str) -> tuple[bool, Any]:
+    """(True, value) from the worker, or (False, None) when the request cannot cross."""
+    from sweeper import render_worker
+    seconds, whose, cap = _deadline()
+    try:
+        return True, render_worker.run(op, args, where, _snippet(source), seconds, whose, cap, LIMITS)
+    except render_worker.Unpicklable:
+        return False, None
 
 
 @lru_cache(maxsize=4096)
@@ -632,6 +691,10 @@ def render(value: Any, variables: dict[str, Any], where: str = "") -> Any:
     if isinstance(value, str):
         if "{{" not in value and "{%" not in value:
             return value
+        if _to_worker():
+            done, out = _in_worker("render", (value, _needed(value, variables), where), where, value)
+            if done:
+                return out
         try:
             m = _WHOLE.match(value)
             if m and "{{" not in m.group("expr") and "}}" not in m.group("expr"):
@@ -675,6 +738,11 @@ def condition(expr: str | bool, variables: dict[str, Any], where: str = "") -> b
     """A bare `when` expression (no braces); it must yield a real boolean."""
     if isinstance(expr, bool):
         return expr
+    if _to_worker():
+        source = "{{ " + str(expr) + " }}"
+        done, out = _in_worker("condition", (expr, _needed(source, variables), where), where, str(expr))
+        if done:
+            return bool(out)
     try:
         value = _guarded(where, str(expr), lambda: _defined(_expression(str(expr))(**variables)))
     except UndefinedError as exc:
@@ -745,6 +813,11 @@ def render_template(template: JobTemplate, variables: dict[str, Any]) -> str:
     """A job template rendered whole. Errors name the file and line, never its text: a file that is
     not a template (or holds a secret) is not echoed back."""
     where = str(template.path)
+    if _to_worker():
+        done, out = _in_worker("template", (template, _needed(template.text, variables)), where,
+                               f"<the template {template.name}>")
+        if done:
+            return str(out)
     try:
         compiled = ENV.from_string(template.text)
     except TemplateSyntaxError as exc:
