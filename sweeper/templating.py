@@ -27,7 +27,7 @@ from functools import lru_cache, wraps
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from jinja2 import StrictUndefined, TemplateError, TemplateSyntaxError, Undefined, UndefinedError, meta, nodes
+from jinja2 import StrictUndefined, TemplateError, TemplateSyntaxError, Undefined, UndefinedError, nodes
 from jinja2.compiler import CodeGenerator, Frame, optimizeconst
 from jinja2.nodes import Concat
 from jinja2.runtime import Context, Namespace, str_join
@@ -634,7 +634,9 @@ def _to_worker() -> bool:
 def _names(source: str) -> frozenset[str] | None:
     """The variables a template reads; None when it does not parse (the worker says why)."""
     try:
-        return frozenset(meta.find_undeclared_variables(ENV.parse(source)))
+        # every name read anywhere: a superset of what the context supplies (meta's
+        # find_undeclared_variables leaves out names that are also globals, such as `namespace`)
+        return frozenset(n.name for n in ENV.parse(source).find_all(nodes.Name) if n.ctx == "load")
     except Exception:  # noqa: BLE001 - a syntax error, or nesting too deep for the parser
         return None
 
