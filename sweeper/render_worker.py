@@ -38,7 +38,7 @@ from typing import Any
 
 from sweeper.errors import PlaybookError
 
-MEMORY_LIMIT = 1 << 30  # bytes of address space a worker may map; it idles at about 40 MiB
+MEMORY_LIMIT = 1 << 30  # bytes of address space; a worker maps ~100 MiB (23 MiB resident) once it has rendered
 GRACE = 0.25  # seconds past the deadline before the kill, so the worker's own deadline answers first
 CPU_MARGIN = 2  # CPU seconds past a request's deadline before RLIMIT_CPU ends an orphaned worker
 ENV_SWITCH = "SWEEPER_RENDER_ISOLATION"  # "thread": render in-process (the simulator and tests may)
@@ -62,6 +62,7 @@ class Worker:
         self._send: Connection | None = None
         self._recv: Connection | None = None
         self.started = 0  # workers started so far (tests and the benchmark read it)
+        self.requests = 0  # renders sent to a worker
         self.fallbacks = 0  # requests that held a value that cannot cross, rendered in-process
 
     @property
@@ -99,6 +100,7 @@ class Worker:
         except (pickle.PicklingError, TypeError, AttributeError) as exc:
             raise Unpicklable(str(exc)) from None
         with self._lock:
+            self.requests += 1
             if self._proc is None or self._proc.poll() is not None:
                 self.stop()
                 self._start()
