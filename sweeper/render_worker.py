@@ -25,6 +25,7 @@ margin (the soft limit counts the process's whole CPU time, so it moves with eve
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import pickle
 import resource
@@ -32,7 +33,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -110,14 +111,32 @@ class Worker:
                 if not self._recv.poll(seconds + GRACE):
                     self.stop()
                     return ("timeout",)
-                answer: tuple[Any, ...] = pickle.loads(self._recv.recv_bytes())
+                raw = self._recv.recv_bytes()
             except (EOFError, OSError):
                 proc = self._proc
                 self.stop()
                 return ("died", _how(proc.returncode))
+            try:
+                answer: tuple[Any, ...] = _PlainUnpickler(io.BytesIO(raw)).load()
+            except (pickle.UnpicklingError, EOFError, ValueError, TypeError) as exc:
+                self.stop()  # it sent something no render makes: not trusted again
+                return ("error", "TypeError", f"the render worker's answer cannot be read: {str(exc)[:200]}")
             if answer[0] == "memory":  # the worker leaves after a MemoryError: start afresh
                 self.stop()
             return answer
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """An answer holds plain data only: no class outside this list is looked up, so a worker
+    that a sandbox escape took over cannot run code in the parent through its answer."""
+
+    ALLOWED = frozenset({("builtins", "range"), ("builtins", "complex"), ("builtins", "set"),
+                         ("builtins", "frozenset"), ("markupsafe", "Markup")})
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in self.ALLOWED:
+            raise pickle.UnpicklingError(f"a value of type {module}.{name}")
+        return super().find_class(module, name)
 
 
 def _how(code: int | None) -> str:
@@ -170,8 +189,9 @@ def _handle(request: tuple[Any, ...]) -> tuple[Any, ...]:
     templating.LIMITS = limits
     seconds = limits.seconds if cap is None else min(cap, limits.seconds)
     _cpu_backstop(seconds)
-    fn = {"render": templating.render, "condition": templating.condition,
-          "template": templating.render_template}[op]
+    ops: dict[str, Callable[..., Any]] = {"render": templating.render, "condition": templating.condition,
+                                          "template": templating.render_template}
+    fn = ops[op]
     try:
         with templating.render_deadline(cap):
             value = fn(*args)

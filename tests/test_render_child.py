@@ -162,3 +162,23 @@ def test_sigterm_of_the_parent_leaves_no_worker(while_: str) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_an_answer_that_is_not_plain_data_is_refused() -> None:
+    """The parent reads answers with an unpickler that looks up no class outside a short list:
+    a worker taken over by a sandbox escape cannot have the parent call os.system."""
+    class Evil:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.system, ("true",))
+
+    import io
+    import pickle
+    raw = pickle.dumps(("ok", Evil()))
+    with pytest.raises(pickle.UnpicklingError, match="posix.system"):
+        render_worker._PlainUnpickler(io.BytesIO(raw)).load()
+    plain = ("ok", [1, "a", {"b": (2.5, None)}, {3}, frozenset({4}), range(3)])
+    assert render_worker._PlainUnpickler(io.BytesIO(pickle.dumps(plain, protocol=5))).load() == plain
+    assert render("{{ range(3) }}", {}, "pb") == range(3)
+    assert render("{{ 'a' | safe }}", {}, "pb") == "a"  # a markupsafe.Markup
+    with pytest.raises(PlaybookError, match=r"^pb: cannot render .*: TypeError: a rendered Namespace cannot be returned"):
+        render("{{ namespace(a=1) }}", {}, "pb")
