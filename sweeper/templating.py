@@ -821,7 +821,7 @@ def render_template(template: JobTemplate, variables: dict[str, Any]) -> str:
         if done:
             return str(out)
     try:
-        compiled = ENV.from_string(template.text)
+        compiled = _template(template.text)  # compiled once per text: the worker lives long
     except TemplateSyntaxError as exc:
         raise PlaybookError(f"{where}:{exc.lineno}: template syntax error: {exc.message}") from None
     try:
