@@ -24,6 +24,7 @@ margin (the soft limit counts the process's whole CPU time, so it moves with eve
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import io
 import os
@@ -62,6 +63,7 @@ class Worker:
         self._proc: subprocess.Popen[bytes] | None = None
         self._send: Connection | None = None
         self._recv: Connection | None = None
+        self._owner = 0  # the pid that started the worker: a forked copy of this process starts its own
         self.started = 0  # workers started so far (tests and the benchmark read it)
         self.requests = 0  # renders sent to a worker
         self.fallbacks = 0  # requests that held a value that cannot cross, rendered in-process
@@ -78,6 +80,7 @@ class Worker:
         self._recv = Connection(os.dup(self._proc.stdout.fileno()), writable=False)
         self._proc.stdin.close()
         self._proc.stdout.close()
+        self._owner = os.getpid()
         self.started += 1
 
     def stop(self) -> None:
@@ -102,6 +105,8 @@ class Worker:
             raise Unpicklable(str(exc)) from None
         with self._lock:
             self.requests += 1
+            if self._owner != os.getpid():
+                self._proc = self._send = self._recv = None  # the worker and its pipes are the parent's
             if self._proc is None or self._proc.poll() is not None:
                 self.stop()
                 self._start()
@@ -147,6 +152,7 @@ def _how(code: int | None) -> str:
 
 
 WORKER = Worker()
+atexit.register(WORKER.stop)
 
 
 def run(op: str, args: tuple[Any, ...], where: str, snippet: str, seconds: float, whose: str,

@@ -182,3 +182,12 @@ def test_an_answer_that_is_not_plain_data_is_refused() -> None:
     assert render("{{ 'a' | safe }}", {}, "pb") == "a"  # a markupsafe.Markup
     with pytest.raises(PlaybookError, match=r"^pb: cannot render .*: TypeError: a rendered Namespace cannot be returned"):
         render("{{ namespace(a=1) }}", {}, "pb")
+
+
+def test_variables_that_cannot_cross_render_in_process() -> None:
+    """The documented exception: a callable in the variables stays in this process."""
+    fallbacks = WORKER.fallbacks
+    assert render("{{ n + 1 }}", {"n": 1, "f": lambda: 0}, "pb") == 2  # `f` is not read: only `n` crosses
+    assert WORKER.fallbacks == fallbacks
+    assert render("{{ f is defined and n }}", {"n": 1, "f": lambda: 0}, "pb") == 1
+    assert WORKER.fallbacks == fallbacks + 1
