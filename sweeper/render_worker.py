@@ -43,6 +43,7 @@ from sweeper.errors import PlaybookError
 MEMORY_LIMIT = 1 << 30  # bytes of address space; a worker maps ~100 MiB (23 MiB resident) once it has rendered
 GRACE = 0.25  # seconds past the deadline before the kill, so the worker's own deadline answers first
 CPU_MARGIN = 2  # CPU seconds past a request's deadline before RLIMIT_CPU ends an orphaned worker
+ANSWER_LIMIT = 64 << 20  # bytes of one pickled answer (a render's value is at most LIMITS.output characters)
 ENV_SWITCH = "SWEEPER_RENDER_ISOLATION"  # "thread": render in-process (the simulator and tests may)
 
 
@@ -101,7 +102,7 @@ class Worker:
         worker's answer, ("timeout",) after a kill, or ("died", how) when the worker ended."""
         try:
             data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
-        except (pickle.PicklingError, TypeError, AttributeError) as exc:
+        except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as exc:
             raise Unpicklable(str(exc)) from None
         with self._lock:
             self.requests += 1
@@ -116,7 +117,7 @@ class Worker:
                 if not self._recv.poll(seconds + GRACE):
                     self.stop()
                     return ("timeout",)
-                raw = self._recv.recv_bytes()
+                raw = self._recv.recv_bytes(ANSWER_LIMIT)  # OSError past it
             except (EOFError, OSError):
                 proc = self._proc
                 self.stop()
