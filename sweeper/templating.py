@@ -6,6 +6,8 @@ variables and never rendered themselves, so `{{ ... }}` inside a label stays lit
 A render may not build more than `LIMITS` allows (output, string and list sizes, integer
 sizes, formatting widths) nor run longer than its deadline: past a bound the playbook is broken
 (PlaybookError with the expression and the task's file:line), found before the memory is spent.
+Renders run in the render worker (sweeper.render_worker), a child process under RLIMIT_AS that
+is killed at the deadline, so what these bounds miss still cannot reach the controller.
 The bounds follow Jinja2's own advice for untrusted templates, which points at
 `intercepted_binops`, `call` and `MAX_RANGE` as the places to do it:
 https://jinja.palletsprojects.com/en/stable/sandbox/
