@@ -34,7 +34,7 @@ from sweeper import profiles as prof
 from sweeper.actions import ActionContext
 from sweeper.actions.jobs import render_job
 from sweeper.actions.pair import render_pair
-from sweeper.config import PLATFORMS, Config, home, load_config
+from sweeper.config import PLATFORMS, Config, home, manifest_config
 from sweeper.drivers import CUDA_LABELS
 
 ACCOUNT = "system:serviceaccount:sweeper:sweeper"
@@ -243,15 +243,7 @@ def nodeclaim_policy(config: Config) -> list[Any]:
 
 def deployed_config(root: Path) -> Config:
     """The configuration deploy/base.yaml's ConfigMap holds."""
-    import tempfile
-
-    base = (root / "deploy" / "base.yaml").read_text()
-    cm = next(d for d in yaml.safe_load_all(base) if d and d.get("kind") == "ConfigMap"
-              and d["metadata"]["name"] == "sweeper-config")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "config.yaml"
-        path.write_text(cm["data"]["config.yaml"])
-        return load_config(path)
+    return manifest_config((root / "deploy" / "base.yaml").read_text())
 
 
 def render_policies(root: Path | None = None, config: Config | None = None) -> str:

@@ -334,6 +334,20 @@ def load_config(path: str | Path | None) -> Config:
     return Config(**runtime_values(Config, model))
 
 
+def manifest_config(manifest: str, name: str = "sweeper-config") -> Config:
+    """The config that a manifest's ConfigMap `name` holds (deploy/base.yaml's), checked as a file is."""
+    import tempfile
+
+    from sweeper.schema import safe_load_all
+
+    cm = next(d for d in safe_load_all(manifest) if isinstance(d, dict) and d.get("kind") == "ConfigMap"
+              and d["metadata"]["name"] == name)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "config.yaml"
+        path.write_text(cm["data"]["config.yaml"])
+        return load_config(path)
+
+
 def config_table() -> str:
     """The README's table of config keys."""
     return reference_table(Config)

@@ -23,7 +23,6 @@ import argparse
 import math
 import re
 import sys
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 import yaml
 
 from sweeper.clock import parse_duration
-from sweeper.config import Config, home, load_config
+from sweeper.config import Config, home, manifest_config
 from sweeper.errors import ConfigError, SweeperError
 from sweeper.playbook.model import Playbook, Task
 from sweeper.templating import render as render_template
@@ -277,12 +276,7 @@ def network_policy(opts: Options) -> dict[str, Any]:
 
 def _config_of(base: str) -> Config:
     """The configuration the base's ConfigMap holds, with the repository's playbooks."""
-    cm = next(d for d in yaml.safe_load_all(base) if d and d.get("kind") == "ConfigMap"
-              and d["metadata"]["name"] == "sweeper-config")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "config.yaml"
-        path.write_text(cm["data"]["config.yaml"])
-        return load_config(path)
+    return manifest_config(base)
 
 
 def _dump(comment: str, doc: dict[str, Any]) -> str:

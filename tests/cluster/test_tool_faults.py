@@ -102,7 +102,7 @@ def test_pod_security_admission_refusal_ends_error_with_the_apiserver_words(make
     sim.core.patch_namespace("sweeper-checks", {"metadata": {"labels": {
         "pod-security.kubernetes.io/enforce": "baseline"}}})
     report = run_sweep(sim, history, CFG)
-    words = 'violates PodSecurity "baseline:latest": hostPath volumes (volume "host-sys")'
+    words = 'violates PodSecurity "baseline:latest": hostPath volumes (volumes "host-sys", "host-journal"'
     for node in ("gpu-00", "gpu-01"):
         check = assert_tool_error(sim, history, report, node, "refused at creation", words)
         assert check["code"] == "FailedCreate"
