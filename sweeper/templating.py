@@ -6,6 +6,8 @@ variables and never rendered themselves, so `{{ ... }}` inside a label stays lit
 A render may not build more than `LIMITS` allows (output, string and list sizes, integer
 sizes, formatting widths) nor run longer than its deadline: past a bound the playbook is broken
 (PlaybookError with the expression and the task's file:line), found before the memory is spent.
+Renders run in the render worker (sweeper.render_worker), a child process under RLIMIT_AS that
+is killed at the deadline, so what these bounds miss still cannot reach the controller.
 The bounds follow Jinja2's own advice for untrusted templates, which points at
 `intercepted_binops`, `call` and `MAX_RANGE` as the places to do it:
 https://jinja.palletsprojects.com/en/stable/sandbox/
@@ -568,15 +570,25 @@ def render_deadline(seconds: float | None) -> Iterator[None]:
         _local.cap = before
 
 
-def _guarded(where: str, source: str, fn: Callable[[], Any]) -> Any:
-    """Run one render under its deadline, and turn whatever goes wrong into a PlaybookError
-    that names the task's file:line and the expression."""
-    snippet = source if len(source) <= 120 else source[:117] + "..."
-    if getattr(_local, "rendering", False):  # a render inside a render: the outer deadline holds
-        return fn()
+def _deadline() -> tuple[float, str, float | None]:
+    """This render's deadline in seconds, how an error names it, and the task's cap (if any)."""
     cap = getattr(_local, "cap", None)
     seconds = LIMITS.seconds if cap is None else min(cap, LIMITS.seconds)
     whose = "the task's timeout" if cap is not None and cap < LIMITS.seconds else "the render deadline"
+    return seconds, whose, cap
+
+
+def _snippet(source: str) -> str:
+    return source if len(source) <= 120 else source[:117] + "..."
+
+
+def _guarded(where: str, source: str, fn: Callable[[], Any]) -> Any:
+    """Run one render under its deadline, and turn whatever goes wrong into a PlaybookError
+    that names the task's file:line and the expression."""
+    snippet = _snippet(source)
+    if getattr(_local, "rendering", False):  # a render inside a render: the outer deadline holds
+        return fn()
+    seconds, whose, _ = _deadline()
     _local.rendering = True
     try:
         token = _WATCHDOG.arm(seconds)
@@ -591,10 +603,61 @@ def _guarded(where: str, source: str, fn: Callable[[], Any]) -> Any:
         raise  # render() and condition() word these as before
     except LimitExceeded as exc:
         raise PlaybookError(f"{where}: template limit: {exc} in {snippet!r}") from None
-    except (ArithmeticError, AttributeError, LookupError, MemoryError, RecursionError, TypeError, ValueError) as exc:
+    except MemoryError as exc:
+        if _IN_WORKER:
+            from sweeper.render_worker import MEMORY_LIMIT
+            raise PlaybookError(f"{where}: rendering {snippet!r} ran past the render memory limit "
+                                f"({MEMORY_LIMIT >> 20} MiB)") from exc
+        raise PlaybookError(f"{where}: cannot render {snippet!r}: MemoryError: {str(exc)[:300]}") from None
+    except (ArithmeticError, AttributeError, LookupError, RecursionError, TypeError, ValueError) as exc:
         raise PlaybookError(f"{where}: cannot render {snippet!r}: {type(exc).__name__}: {str(exc)[:300]}") from None
     finally:
         _local.rendering = False
+
+
+# -- the render worker ---------------------------------------------------------------------------
+# Every render of a playbook's text (render, condition, render_template) runs in the render
+# worker (sweeper.render_worker: a child process under RLIMIT_AS, killed at the deadline)
+# unless SWEEPER_RENDER_ISOLATION=thread. Inside the worker, _IN_WORKER is set and the same
+# functions render in-process. A request whose variables hold a value pickle cannot carry (a
+# callable, an open client) renders in-process as before; the executor's variables are plain
+# data (results, facts, node dicts), so that path is not taken by playbooks.
+_IN_WORKER = False
+
+
+def _to_worker() -> bool:
+    if _IN_WORKER or getattr(_local, "rendering", False):
+        return False
+    from sweeper.render_worker import isolated
+    return isolated()
+
+
+@lru_cache(maxsize=4096)
+def _names(source: str) -> frozenset[str] | None:
+    """The variables a template reads; None when it does not parse (the worker says why)."""
+    try:
+        # every name read anywhere: a superset of what the context supplies (meta's
+        # find_undeclared_variables leaves out names that are also globals, such as `namespace`)
+        return frozenset(n.name for n in ENV.parse(source).find_all(nodes.Name) if n.ctx == "load")
+    except Exception:  # noqa: BLE001 - a syntax error, or nesting too deep for the parser
+        return None
+
+
+def _needed(source: str, variables: dict[str, Any]) -> dict[str, Any]:
+    """Only the variables the template reads cross to the worker: the scope can hold large
+    results that this render never looks at."""
+    names = _names(source)
+    return {} if names is None else {k: variables[k] for k in names if k in variables}
+
+
+def _in_worker(op: str, args: tuple[Any, ...], where: str, source: str) -> tuple[bool, Any]:
+    """(True, value) from the worker, or (False, None) when the request cannot cross."""
+    from sweeper import render_worker
+    seconds, whose, cap = _deadline()
+    try:
+        return True, render_worker.run(op, args, where, _snippet(source), seconds, whose, cap, LIMITS)
+    except render_worker.Unpicklable:
+        return False, None
 
 
 @lru_cache(maxsize=4096)
@@ -632,6 +695,10 @@ def render(value: Any, variables: dict[str, Any], where: str = "") -> Any:
     if isinstance(value, str):
         if "{{" not in value and "{%" not in value:
             return value
+        if _to_worker():
+            done, out = _in_worker("render", (value, _needed(value, variables), where), where, value)
+            if done:
+                return out
         try:
             m = _WHOLE.match(value)
             if m and "{{" not in m.group("expr") and "}}" not in m.group("expr"):
@@ -675,6 +742,11 @@ def condition(expr: str | bool, variables: dict[str, Any], where: str = "") -> b
     """A bare `when` expression (no braces); it must yield a real boolean."""
     if isinstance(expr, bool):
         return expr
+    if _to_worker():
+        source = "{{ " + str(expr) + " }}"
+        done, out = _in_worker("condition", (expr, _needed(source, variables), where), where, str(expr))
+        if done:
+            return bool(out)
     try:
         value = _guarded(where, str(expr), lambda: _defined(_expression(str(expr))(**variables)))
     except UndefinedError as exc:
@@ -745,8 +817,13 @@ def render_template(template: JobTemplate, variables: dict[str, Any]) -> str:
     """A job template rendered whole. Errors name the file and line, never its text: a file that is
     not a template (or holds a secret) is not echoed back."""
     where = str(template.path)
+    if _to_worker():
+        done, out = _in_worker("template", (template, _needed(template.text, variables)), where,
+                               f"<the template {template.name}>")
+        if done:
+            return str(out)
     try:
-        compiled = ENV.from_string(template.text)
+        compiled = _template(template.text)  # compiled once per text: the worker lives long
     except TemplateSyntaxError as exc:
         raise PlaybookError(f"{where}:{exc.lineno}: template syntax error: {exc.message}") from None
     try:
