@@ -570,3 +570,39 @@ def test_sweeper_config_in_the_environment_is_the_config(make_sim, tmp_path: Pat
     res = CliRunner(env=env).invoke(main, ["plan", *base, "--json"])
     assert res.exit_code == 0, res.output
     assert len([n for n in json.loads(res.stdout)["nodes"] if n["reason"] == "over-budget"]) == 2
+
+
+def test_without_state_each_kubeconfig_context_gets_its_own_history(make_sim, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24, point 4: without --state or SWEEPER_STATE the history is state/<context>.db, so two
+    clusters never mix their nodes in one history; `history` and `report` find the same file from the
+    same kubeconfig (its current-context, as kubectl reads it:
+    https://kubernetes.io/docs/concepts/configuration/organize-cluster-access-kubeconfig/)."""
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"missing_gpus": 2}})
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner(env={"SWEEPER_STATE": None})
+    cfg = write_config(tmp_path)
+    res = runner.invoke(main, ["sweep", "--kubeconfig", str(sim.kubeconfig), "--config", str(cfg), "-o", "json"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "state" / "sim.db").is_file() and not (tmp_path / "state" / "sweeper.db").exists()
+    res = runner.invoke(main, ["history", "gpu-01", "--kubeconfig", str(sim.kubeconfig), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["sweeps"][0]["verdict"] == "reboot"
+    assert "state/sim.db: named for the kubeconfig context sim" in res.stderr
+    # another cluster's kubeconfig (an EKS context name, made a file name) reads a history of its own
+    other = yaml.safe_load(sim.kubeconfig.read_text())
+    name = "arn:aws:eks:us-west-2:111122223333:cluster/prod"
+    other["contexts"][0]["name"] = other["current-context"] = name
+    (tmp_path / "prod.kubeconfig").write_text(yaml.safe_dump(other))
+    res = runner.invoke(main, ["history", "gpu-01", "--kubeconfig", str(tmp_path / "prod.kubeconfig")])
+    assert res.exit_code == 2 and "no history at state/arn_aws_eks_us-west-2_111122223333_cluster_prod.db" in res.stderr
+    res = runner.invoke(main, ["history", "gpu-01", "--context", "sim", "--kubeconfig",
+                               str(tmp_path / "prod.kubeconfig"), "--json"])
+    assert res.exit_code == 0, res.output  # --context names the file as it names the cluster
+    res = runner.invoke(main, ["report", "--kubeconfig", str(sim.kubeconfig), "--config", str(cfg), "-o", "r.html"])
+    assert res.exit_code == 0 and "gpu-01" in (tmp_path / "r.html").read_text(), res.output
+    # SWEEPER_STATE and --state still win
+    res = CliRunner(env={"SWEEPER_STATE": str(tmp_path / "state" / "sim.db")}).invoke(
+        main, ["history", "gpu-01", "--kubeconfig", str(tmp_path / "prod.kubeconfig"), "--json"])
+    assert res.exit_code == 0 and "named for" not in res.stderr, res.output
+
