@@ -342,7 +342,7 @@ def _printer(console: Any) -> Callable[[str, dict[str, Any]], None]:
     def emit(event: str, d: dict[str, Any]) -> None:
         if event == "plan":
             say(f"run {d['run_id']}: {d['gpu_nodes']} GPU nodes, {d['held']} already held, "
-                f"budget {d['budget']}; taking {', '.join(d['take']) or 'none'}")
+                f"budget {d['budget']}; taking {_taking(d['take'], d.get('recheck', ()))}")
         elif event == "hold":
             say(f"  {d['node']}: held (tainted), running checks")
         elif event == "pair":
@@ -368,6 +368,18 @@ def _printer(console: Any) -> Callable[[str, dict[str, Any]], None]:
         elif event == "remedy":
             say(f"  {d['node']}: {d['provider']}: {d['action']} ({d['detail']})")
     return emit
+
+
+def _taking(take: list[str], recheck: Any) -> str:
+    """The nodes a run takes, its re-checks of nodes it holds (back from a reboot or GPU reset, taken
+    within the budget of held nodes) said as such."""
+    again = [n for n in take if n in set(recheck)]
+    fresh = [n for n in take if n not in again]
+    parts = [", ".join(fresh)] if fresh else []
+    if again:
+        parts.append(", ".join(again) + (" (re-checks of nodes it holds)" if len(again) > 1
+                                         else " (a re-check of a node it holds)"))
+    return "; ".join(parts) or "none"
 
 
 _OUTCOME_COLS = (Col("node"), Col("verdict"), Col("action"), Col("seconds", wide=True), Col("reasons", cut=True))

@@ -606,3 +606,24 @@ def test_without_state_each_kubeconfig_context_gets_its_own_history(make_sim, tm
         main, ["history", "gpu-01", "--kubeconfig", str(tmp_path / "prod.kubeconfig"), "--json"])
     assert res.exit_code == 0 and "named for" not in res.stderr, res.output
 
+
+def test_the_plan_line_says_which_taken_nodes_are_re_checks() -> None:
+    """Issue 24, point 7: "4 already held, budget 0; taking ..." read as taking nodes beyond the
+    budget; the nodes it holds, back from a reboot, are re-checks within it (sweeper.fleet's
+    `recheck` decision)."""
+    import io
+
+    from sweeper.cli import _printer
+    from sweeper.output import Out
+
+    buf = io.StringIO()
+    emit = _printer(Out(stream=buf))
+    emit("plan", {"run_id": "r1", "gpu_nodes": 16, "held": 4, "budget": 0, "take": ["gpu-p5-04", "gpu-p5-09"],
+                  "recheck": ["gpu-p5-04", "gpu-p5-09"]})
+    emit("plan", {"run_id": "r2", "gpu_nodes": 16, "held": 1, "budget": 2, "take": ["gpu-p5-01", "gpu-p5-04"],
+                  "recheck": ["gpu-p5-04"]})
+    emit("plan", {"run_id": "r3", "gpu_nodes": 16, "held": 0, "budget": 2, "take": [], "recheck": []})
+    lines = buf.getvalue().splitlines()
+    assert lines[0].endswith("budget 0; taking gpu-p5-04, gpu-p5-09 (re-checks of nodes it holds)"), lines
+    assert lines[1].endswith("taking gpu-p5-01; gpu-p5-04 (a re-check of a node it holds)"), lines
+    assert lines[2].endswith("taking none"), lines
