@@ -1205,7 +1205,8 @@ def print_history(console: Any, h: dict[str, Any]) -> None:
                                 a["detail"]] for a in h["actions"][:20]))
     if h["metrics"]:
         o.title("")
-        o.title("metric trends (counters summed over GPUs, temperatures the hottest)")
+        o.title("metric trends (counts summed over GPUs, temperatures the hottest GPU's, thermal margins the "
+                "nearest its limit; settings such as the PCIe link and the power limit have none)")
         rows = []
         for name, series in sorted(h["metrics"].items()):
             vals = [v for _, v in series][-30:]

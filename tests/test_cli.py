@@ -627,3 +627,33 @@ def test_the_plan_line_says_which_taken_nodes_are_re_checks() -> None:
     assert lines[0].endswith("budget 0; taking gpu-p5-04, gpu-p5-09 (re-checks of nodes it holds)"), lines
     assert lines[1].endswith("taking gpu-p5-01; gpu-p5-04 (a re-check of a node it holds)"), lines
     assert lines[2].endswith("taking none"), lines
+
+
+def test_metric_trends_leave_out_settings_and_take_the_lowest_thermal_margin(tmp_path: Path) -> None:
+    """Issue 24, point 7: a node's trend sums its GPUs' counts, but the PCIe link's generation and width
+    (NVML nvmlDeviceGetCurrPcieLinkGeneration/Width) and the enforced power limit are settings: summed
+    over 8 GPUs (gen 40, x128, 5600 W) they mean nothing. The thermal margin is degrees left to the
+    slowdown (nvmlDeviceGetMarginTemperature), so the node's is its nearest GPU's, not its largest.
+    https://docs.nvidia.com/deploy/nvml-api/group__nvmlDeviceQueries.html"""
+    from sweeper.history import History
+    from sweeper.result import Metric, Result
+
+    state = tmp_path / "h.db"
+    h = History(state)
+    h.run_started("r1", 1e9, "sweep")
+    for i, t in enumerate((1e9, 1e9 + 3600)):
+        sid = h.sweep_started("r1", "gpu-00", t, "sweep-dcgm.yaml", "p5.48xlarge")
+        h.result(sid, Result("gpu-00", "sweeper", t, t, metrics=tuple(
+            m for g in range(8) for m in (Metric("pcie.gen", 5, "", g), Metric("pcie.width", 16, "lanes", g),
+                                          Metric("gpu.power_limit", 700, "W", g), Metric("gpu.power", 100, "W", g),
+                                          Metric("gpu.thermal_margin", 30 - g - i, "C", g),
+                                          Metric("ecc.aggregate_corrected", g + i, "count", g)))))
+        h.sweep_finished(sid, t + 60, "pass", [])
+    h.close()
+    res = CliRunner().invoke(main, ["history", "gpu-00", "--state", str(state), "--json"])
+    assert res.exit_code == 0, res.output
+    series = {k: [v for _, v in pts] for k, pts in json.loads(res.stdout)["metrics"].items()}
+    assert series == {"gpu.power": [800, 800], "gpu.thermal_margin": [23, 22],
+                      "ecc.aggregate_corrected": [28, 36]}, series
+    res = CliRunner().invoke(main, ["history", "gpu-00", "--state", str(state)])
+    assert "pcie" not in res.stdout and "power_limit" not in res.stdout and "gpu.thermal_margin" in res.stdout
