@@ -131,6 +131,12 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
                       r"\(pair with (gpu-p5-\w+) failed", out)
     pairs = out[out.index("pair sweeps over the fabric"):]
     assert first and re.search(rf"{first.group(1)}: pass -> released", pairs), "its first partner goes back"
+    # issue 24, point 7: in a pipe the fleet table is never cut nor wrapped (rich folds a cell to its
+    # console's 80 columns), each row whole on one line; a heading keeps its whole title
+    assert re.search(r"│ gpu-p5-08 .*│ held .*│ pair\.nccl: bus bandwidth [^\n]* failed again with known-good "
+                     r"partner gpu-p5-\d\d +│\n", out), "the held node's reason whole, on its row"
+    assert "── sweeper history gpu-p5-06 --check ecc: replaced on its trend, before it failed ──" in out
+    assert "(re-checks of nodes it holds)" in out or "(a re-check of a node it holds)" in out
 
 
 def test_the_demo_s_fleet_table_prints_a_held_node_s_reason_as_text(make_sim, tmp_path: Path) -> None:
