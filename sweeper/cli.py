@@ -54,8 +54,52 @@ def _examples(*lines: str) -> str:
     return "Examples:\n\n\b\n" + "\n".join("  " + line for line in lines)
 
 
-def default_state() -> str:
-    return os.environ.get("SWEEPER_STATE") or str(Path("state") / "sweeper.db")
+STATE_HELP = ("SQLite history file (default: $SWEEPER_STATE, else state/<kubeconfig context>.db, "
+              "in a pod without a kubeconfig state/sweeper.db).")
+
+
+def state_option() -> Callable[..., Any]:
+    return click.option("--state", default=None, help=STATE_HELP)
+
+
+def with_state(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Fill in `state` when --state is not given: named for the kubeconfig context (sweeper.kubeconfig),
+    so two clusters never share a history; say so on stderr. Drops --kubeconfig and --context for a
+    command that only reads the history."""
+    import inspect
+
+    takes = set(inspect.signature(fn).parameters)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("state") is None:
+            from sweeper.kubeconfig import default_state
+
+            kwargs["state"], context = default_state(kwargs.get("kubeconfig"), kwargs.get("context"))
+            ctx = click.get_current_context(silent=True)
+            if ctx is not None:
+                ctx.params["state"] = kwargs["state"]
+            if context:
+                click.echo(clean_lines(f"history {kwargs['state']}: named for the kubeconfig context {context} "
+                                       "(--state or SWEEPER_STATE to choose another)"), err=True)
+        for name in ("kubeconfig", "context"):
+            if name not in takes:
+                kwargs.pop(name, None)
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+def state_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--state, and the --kubeconfig and --context that name it, for a command that reads the history
+    without asking the cluster."""
+    fn = with_state(fn)
+    for opt in reversed([
+            click.option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig whose current context names the "
+                         "history file (default: ~/.kube/config)."),
+            click.option("--context", help="kubeconfig context whose history to read (state/<context>.db)."),
+            state_option()]):
+        fn = opt(fn)
+    return fn
 
 
 EXIT_BUG = 70  # EX_SOFTWARE of BSD's sysexits.h: an internal error, never confused with 1 (findings)
@@ -235,12 +279,12 @@ common_cluster = [
                  help="Sweeper config YAML (default: $SWEEPER_CONFIG)."),
     click.option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig file (default: in-cluster or ~/.kube/config)."),
     click.option("--context", help="kubeconfig context."),
-    click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
-                 help="SQLite history file."),
+    state_option(),
 ]
 
 
 def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = with_state(fn)
     for opt in reversed(common_cluster):
         fn = opt(fn)
     return fn
@@ -298,7 +342,7 @@ def _printer(console: Any) -> Callable[[str, dict[str, Any]], None]:
     def emit(event: str, d: dict[str, Any]) -> None:
         if event == "plan":
             say(f"run {d['run_id']}: {d['gpu_nodes']} GPU nodes, {d['held']} already held, "
-                f"budget {d['budget']}; taking {', '.join(d['take']) or 'none'}")
+                f"budget {d['budget']}; taking {_taking(d['take'], d.get('recheck', ()))}")
         elif event == "hold":
             say(f"  {d['node']}: held (tainted), running checks")
         elif event == "pair":
@@ -324,6 +368,18 @@ def _printer(console: Any) -> Callable[[str, dict[str, Any]], None]:
         elif event == "remedy":
             say(f"  {d['node']}: {d['provider']}: {d['action']} ({d['detail']})")
     return emit
+
+
+def _taking(take: list[str], recheck: Any) -> str:
+    """The nodes a run takes, its re-checks of nodes it holds (back from a reboot or GPU reset, taken
+    within the budget of held nodes) said as such."""
+    again = [n for n in take if n in set(recheck)]
+    fresh = [n for n in take if n not in again]
+    parts = [", ".join(fresh)] if fresh else []
+    if again:
+        parts.append(", ".join(again) + (" (re-checks of nodes it holds)" if len(again) > 1
+                                         else " (a re-check of a node it holds)"))
+    return "; ".join(parts) or "none"
 
 
 _OUTCOME_COLS = (Col("node"), Col("verdict"), Col("action"), Col("seconds", wide=True), Col("reasons", cut=True))
@@ -496,8 +552,7 @@ def lint_cmd(paths: tuple[str, ...], config_path: str | None, strict: bool, as_j
 @click.option("--min-busbw", type=float, help="Bus bandwidth floor in GB/s at the largest size (nccl).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="SWEEPER_CONFIG",
               help="Config file (for --profile; default: $SWEEPER_CONFIG).")
-@click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
-              help="SQLite history file.")
+@state_options
 @click.option("--no-record", is_flag=True, help="Parse and print only.")
 @output_options
 @run_cli
@@ -819,8 +874,7 @@ def sparkline(values: list[float]) -> str:
 @main.command(epilog=_examples("sweeper history gpu-p5-04", "sweeper history gpu-p5-04 --since 7d --check ecc -o wide",
                                "sweeper history gpu-p5-04 -o json | jq '.sweeps[0]'"))
 @click.argument("node")
-@click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
-              help="SQLite history file.")
+@state_options
 @click.option("--since", help="Only what happened within this long (e.g. 7d, 12h).")
 @click.option("--check", "check", default="", help="Only findings and metrics whose name starts with this "
               "(e.g. ecc, nvlink, xid, nccl).")
@@ -1032,8 +1086,7 @@ def report_cmd(config_path: str | None, kubeconfig: str | None, context: str | N
                                            "sweeper backtest --policy ./my-policy.yaml --since 30d -o json"))
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="SWEEPER_CONFIG",
               help="Sweeper config YAML (default: $SWEEPER_CONFIG).")
-@click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
-              help="SQLite history file.")
+@state_options
 @click.option("--policy", "policy_name", required=True, help="The policy to try: a file, or a name in policies/.")
 @click.option("--since", default="90d", show_default=True, help="How much history to replay.")
 @output_options
@@ -1080,8 +1133,7 @@ def state_group() -> None:
 
 @state_group.command("prune", epilog=_examples("sweeper state prune --older-than 180d --dry-run",
                                                "sweeper state prune --older-than 180d"))
-@click.option("--state", default=default_state, show_default="$SWEEPER_STATE or state/sweeper.db",
-              help="SQLite history file.")
+@state_options
 @click.option("--older-than", required=True, help="Delete sweeps older than this (e.g. 180d); a daily summary "
               "per node is kept.")
 @click.option("--dry-run", is_flag=True, help="Count what would go, delete nothing.")
@@ -1153,7 +1205,8 @@ def print_history(console: Any, h: dict[str, Any]) -> None:
                                 a["detail"]] for a in h["actions"][:20]))
     if h["metrics"]:
         o.title("")
-        o.title("metric trends (counters summed over GPUs, temperatures the hottest)")
+        o.title("metric trends (counts summed over GPUs, temperatures the hottest GPU's, thermal margins the "
+                "nearest its limit; settings such as the PCIe link and the power limit have none)")
         rows = []
         for name, series in sorted(h["metrics"].items()):
             vals = [v for _, v in series][-30:]

@@ -36,17 +36,17 @@ def run_demo(console: Console, state: Path, *, cycles: int, hours_between: float
     fleet = parse_fleet(fleet_spec or DEMO_FLEET, "demo fleet")
     cluster = SimCluster(fleet)
     faults = {n.name: n.faults for n in fleet.nodes}
-    console.rule("[bold]Sweeper demo")
+    _rule(console, "[bold]Sweeper demo")
     console.print(f"simulated cluster: {len(fleet.nodes)} x p5.48xlarge, clock at {fleet.speed:g}x real time")
     console.print("injected faults: " + ", ".join(
-        f"{name} ({_describe(f)})" for name, f in faults.items() if _describe(f)))
+        f"{name} ({_describe(f)})" for name, f in faults.items() if _describe(f)), soft_wrap=True)
     with ApiServer(cluster) as server, tempfile.TemporaryDirectory() as tmp:
         kc = server.write_kubeconfig(Path(tmp) / "kubeconfig")
         kube = Kube.from_config(str(kc), clock=cluster.clock)
         kube.retry = RetryPolicy(attempts=6, base=1.0)
         hist = History(state)
         for cycle in range(1, cycles + 1):
-            console.rule(f"cycle {cycle} of {cycles}  (simulated {time.strftime('%a %H:%M', time.gmtime(cluster.clock.now()))})")
+            _rule(console, f"cycle {cycle} of {cycles}  (simulated {time.strftime('%a %H:%M', time.gmtime(cluster.clock.now()))})")
             sweep = Sweep(kube, DEMO_CONFIG, hist, clock=cluster.clock, emit=printer)
             report = sweep.run()
             console.print(f"  {len(report.outcomes)} node(s) swept with {report.api_requests} API requests")
@@ -54,11 +54,11 @@ def run_demo(console: Console, state: Path, *, cycles: int, hours_between: float
                 cluster.clock.advance(hours_between * 3600)
                 time.sleep(0.05)
         culprits = pair_sweep(console, kube, hist, cluster, printer, print_history)
-        console.rule("the fleet")
+        _rule(console, "the fleet")
         summary = fleet_table(console, kube, hist, DEMO_CONFIG)
         failing = next((n for n, s in summary.items() if s["state"] == "held" and n not in culprits), None)
         if failing:
-            console.rule(f"why {failing} is held: sweeper history {failing}")
+            _rule(console, f"why {failing} is held: sweeper history {failing}")
             print_history(console, hist.node_history(failing))
         cfg = DEMO_CONFIG
         policy = load_policy(cfg.path("policies") / cfg.policy)
@@ -67,7 +67,7 @@ def run_demo(console: Console, state: Path, *, cycles: int, hours_between: float
         if trended:
             node, rule = trended["node"], next(r for r in trended["rules"] if r in trends)
             metric = next(t.metric for t in policy.trends if t.name == rule)
-            console.rule(f"sweeper history {node} --check {metric.split('.')[0]}: replaced on its trend, "
+            _rule(console, f"sweeper history {node} --check {metric.split('.')[0]}: replaced on its trend, "
                          "before it failed")
             print_history(console, hist.node_history(node, check=metric.split(".")[0]))
         page = Path(state).with_name("report.html")
@@ -88,19 +88,33 @@ def run_demo(console: Console, state: Path, *, cycles: int, hours_between: float
     return summary
 
 
+WHOLE = 1 << 16  # a width no row reaches: rich neither wraps nor crops a table printed to a pipe
+
+
+def _rule(console: Console, title: str) -> None:
+    """A heading: rich's rule on a terminal; in a pipe a plain line with the title whole (rich would cut a
+    title longer than the width with an ellipsis)."""
+    if console.is_terminal:
+        console.rule(title)
+        return
+    plain = Text.from_markup(title).plain
+    console.print(f"── {plain} " + "─" * max(3, console.width - len(plain) - 4), markup=False, soft_wrap=True,
+                  highlight=False)
+
+
 def pair_sweep(console: Console, kube: Kube, hist: History, cluster: SimCluster,
                printer: Callable[[str, dict[str, Any]], None],
                print_history: Callable[[Console, dict[str, Any]], None]) -> list[str]:
     """One run of the pair playbook: idle nodes two at a time across the fabric; a failed pair
     blames neither node until each is re-paired with a known-good partner."""
-    console.rule("pair sweeps over the fabric (playbook pair-fabric.yaml, two nodes at a time)")
+    _rule(console, "pair sweeps over the fabric (playbook pair-fabric.yaml, two nodes at a time)")
     cfg = replace(DEMO_CONFIG, playbook="pair-fabric.yaml", max_nodes=8, max_percent=50)
     report = Sweep(kube, cfg, hist, clock=cluster.clock, emit=printer).run()
     console.print(f"  {sum(1 for o in report.outcomes if o.action in ('released', 'held'))} node hand-back(s) "
                   f"with {report.api_requests} API requests")
     culprits = sorted({o.node for o in report.outcomes if o.action == "held"})
     for node in culprits:
-        console.rule(f"why {node} is held: sweeper history {node} (its pair runs)")
+        _rule(console, f"why {node} is held: sweeper history {node} (its pair runs)")
         print_history(console, hist.node_history(node))
     return culprits
 
@@ -145,7 +159,15 @@ def fleet_table(console: Console, kube: Kube, hist: History, cfg: Config) -> dic
         reason = v.annotations.get(f"{cfg.prefix}/reason", "") if state == "held" else ""
         style = {"held": "red", "busy": "cyan"}.get(state, "green")
         # the reason is a node's annotation: text (Text, never markup), control characters escaped
-        t.add_row(Text(v.name), Text(state, style=style), Text(verdict), str(len(h["sweeps"])), Text(clean(reason)[:90]))
+        t.add_row(Text(v.name), Text(state, style=style), Text(verdict), str(len(h["sweeps"])),
+                  Text(clean(reason)[:90] if console.is_terminal else clean(reason)))
         summary[v.name] = {"state": state, "verdict": verdict, "sweeps": len(h["sweeps"])}
-    console.print(t)
+    if console.is_terminal:
+        console.print(t)
+        return summary
+    width, console.width = console.width, WHOLE  # in a pipe, each row whole on one line (print's own
+    try:                                         # width= is capped at the console's)
+        console.print(t)
+    finally:
+        console.width = width
     return summary

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sweeper.errors import StateError
+from sweeper.result import NODE_LOWEST, NODE_SETTINGS
 
 if TYPE_CHECKING:
     from sqlite_utils import Database
@@ -483,9 +484,12 @@ class History:
         actions = list(self._query("select run_id, ts, action, detail, dry_run from actions "
                                      "where node = ? and ts >= ? order by ts desc limit ?", [node, since, limit]))
         metrics: dict[str, list[tuple[float, float]]] = {}
-        for r in self._query("select name, ts, case when unit = 'C' then max(value) else sum(value) end as value "
-                               "from metrics where node = ? and ts >= ? and name like ? group by name, ts order by ts",
-                               [node, since, check + "%"]):
+        settings, lowest = sorted(NODE_SETTINGS), sorted(NODE_LOWEST)
+        for r in self._query(
+                "select name, ts, case when name in (" + ", ".join("?" * len(lowest)) + ") then min(value) "
+                "when unit = 'C' then max(value) else sum(value) end as value from metrics where node = ? "
+                "and ts >= ? and name like ? and name not in (" + ", ".join("?" * len(settings)) + ") "
+                "group by name, ts order by ts", [*lowest, node, since, check + "%", *settings]):
             metrics.setdefault(r["name"], []).append((r["ts"], r["value"]))
         summaries = list(self._query("select day, sweeps, verdicts from summaries where node = ? order by day",
                                        [node]))

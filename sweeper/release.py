@@ -8,7 +8,7 @@ from typing import Any
 from sweeper.actions import node as node_actions
 from sweeper.clock import Clock
 from sweeper.config import Config
-from sweeper.errors import ConfigError
+from sweeper.errors import ConfigError, KubeError
 from sweeper.fleet import NodeView
 
 
@@ -26,6 +26,17 @@ def _scan(kube: Any, cfg: Config) -> tuple[list[NodeView], set[str]]:
         if v.sweep_taint(cfg.taint_key) or f"{cfg.prefix}/cordoned-by" in v.annotations:
             out.append(v)
     return out, names
+
+
+def _event(kube: Any, cfg: Config, v: NodeView, message: str, clock: Clock) -> str:
+    """A `SweepReleased` Event on the node, as a sweep leaves one for each hold and verdict
+    (`kubectl describe node` shows who let it go and why); '' or why it could not be written."""
+    try:
+        node_actions.node_event(kube, v.name, v.uid or v.name, "SweepReleased", message, "Normal", cfg.lock_name,
+                                clock.now())
+    except KubeError as exc:  # the node is released; a lost Event is said, not fatal
+        return f"; could not record an Event: {exc}"
+    return ""
 
 
 def release(kube: Any, cfg: Config, names: list[str], everything: bool, reason: str, clock: Clock,
@@ -56,6 +67,7 @@ def release(kube: Any, cfg: Config, names: list[str], everything: bool, reason: 
                 continue
             if recorder is not None:
                 recorder.action("manual", name, clock.now(), "release", f"sweeper release: {reason} ({detail})")
+            detail += _event(kube, cfg, v, f"released by hand: {reason} ({detail})", clock)
         rows.append({"node": name, "action": "would release" if dry_run else "released", "detail": detail})
     wanted = set(targets)
     for ns in dict.fromkeys((cfg.check_namespace, cfg.remediation_namespace)):

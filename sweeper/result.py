@@ -38,6 +38,14 @@ class CheckResult:
         return d
 
 
+# How a node's trend reads a metric of its many GPUs (`sweeper history`): a count adds up, a temperature
+# is the hottest GPU's, a thermal margin (degrees to the slowdown, NVML's nvmlDeviceGetMarginTemperature)
+# the GPU nearest its limit. A setting of the hardware (the PCIe link's generation and width, the
+# enforced power limit) is configuration, not a count: summed over GPUs it means nothing, and it has no trend.
+NODE_SETTINGS = frozenset({"pcie.gen", "pcie.width", "gpu.power_limit"})
+NODE_LOWEST = frozenset({"gpu.thermal_margin"})
+
+
 @dataclass(frozen=True)
 class Metric:
     name: str

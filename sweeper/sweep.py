@@ -417,7 +417,8 @@ class Sweep:
                 report.reconciled = self.reconcile(run_id)
             p = report.plan = self.discover()
             self.emit("plan", {"run_id": run_id, "take": [d.node.name for d in p.take], "gpu_nodes": p.gpu_nodes,
-                               "held": p.held, "budget": p.budget})
+                               "held": p.held, "budget": p.budget,
+                               "recheck": [d.node.name for d in p.take if d.reason == "recheck"]})
             if self.dry_run:
                 for d in p.take:
                     self.rec.action(run_id, d.node.name, self.clock.now(), "would-sweep", d.detail, dry_run=True)

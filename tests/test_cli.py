@@ -131,6 +131,12 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
                       r"\(pair with (gpu-p5-\w+) failed", out)
     pairs = out[out.index("pair sweeps over the fabric"):]
     assert first and re.search(rf"{first.group(1)}: pass -> released", pairs), "its first partner goes back"
+    # issue 24, point 7: in a pipe the fleet table is never cut nor wrapped (rich folds a cell to its
+    # console's 80 columns), each row whole on one line; a heading keeps its whole title
+    assert re.search(r"│ gpu-p5-08 .*│ held .*│ pair\.nccl: bus bandwidth [^\n]* failed again with known-good "
+                     r"partner gpu-p5-\d\d +│\n", out), "the held node's reason whole, on its row"
+    assert "── sweeper history gpu-p5-06 --check ecc: replaced on its trend, before it failed ──" in out
+    assert "(re-checks of nodes it holds)" in out or "(a re-check of a node it holds)" in out
 
 
 def test_the_demo_s_fleet_table_prints_a_held_node_s_reason_as_text(make_sim, tmp_path: Path) -> None:
@@ -570,3 +576,90 @@ def test_sweeper_config_in_the_environment_is_the_config(make_sim, tmp_path: Pat
     res = CliRunner(env=env).invoke(main, ["plan", *base, "--json"])
     assert res.exit_code == 0, res.output
     assert len([n for n in json.loads(res.stdout)["nodes"] if n["reason"] == "over-budget"]) == 2
+
+
+def test_without_state_each_kubeconfig_context_gets_its_own_history(make_sim, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 24, point 4: without --state or SWEEPER_STATE the history is state/<context>.db, so two
+    clusters never mix their nodes in one history; `history` and `report` find the same file from the
+    same kubeconfig (its current-context, as kubectl reads it:
+    https://kubernetes.io/docs/concepts/configuration/organize-cluster-access-kubeconfig/)."""
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"missing_gpus": 2}})
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner(env={"SWEEPER_STATE": None})
+    cfg = write_config(tmp_path)
+    res = runner.invoke(main, ["sweep", "--kubeconfig", str(sim.kubeconfig), "--config", str(cfg), "-o", "json"])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "state" / "sim.db").is_file() and not (tmp_path / "state" / "sweeper.db").exists()
+    res = runner.invoke(main, ["history", "gpu-01", "--kubeconfig", str(sim.kubeconfig), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["sweeps"][0]["verdict"] == "reboot"
+    assert "state/sim.db: named for the kubeconfig context sim" in res.stderr
+    # another cluster's kubeconfig (an EKS context name, made a file name) reads a history of its own
+    other = yaml.safe_load(sim.kubeconfig.read_text())
+    name = "arn:aws:eks:us-west-2:111122223333:cluster/prod"
+    other["contexts"][0]["name"] = other["current-context"] = name
+    (tmp_path / "prod.kubeconfig").write_text(yaml.safe_dump(other))
+    res = runner.invoke(main, ["history", "gpu-01", "--kubeconfig", str(tmp_path / "prod.kubeconfig")])
+    assert res.exit_code == 2 and "no history at state/arn_aws_eks_us-west-2_111122223333_cluster_prod.db" in res.stderr
+    res = runner.invoke(main, ["history", "gpu-01", "--context", "sim", "--kubeconfig",
+                               str(tmp_path / "prod.kubeconfig"), "--json"])
+    assert res.exit_code == 0, res.output  # --context names the file as it names the cluster
+    res = runner.invoke(main, ["report", "--kubeconfig", str(sim.kubeconfig), "--config", str(cfg), "-o", "r.html"])
+    assert res.exit_code == 0 and "gpu-01" in (tmp_path / "r.html").read_text(), res.output
+    # SWEEPER_STATE and --state still win
+    res = CliRunner(env={"SWEEPER_STATE": str(tmp_path / "state" / "sim.db")}).invoke(
+        main, ["history", "gpu-01", "--kubeconfig", str(tmp_path / "prod.kubeconfig"), "--json"])
+    assert res.exit_code == 0 and "named for" not in res.stderr, res.output
+
+
+def test_the_plan_line_says_which_taken_nodes_are_re_checks() -> None:
+    """Issue 24, point 7: "4 already held, budget 0; taking ..." read as taking nodes beyond the
+    budget; the nodes it holds, back from a reboot, are re-checks within it (sweeper.fleet's
+    `recheck` decision)."""
+    import io
+
+    from sweeper.cli import _printer
+    from sweeper.output import Out
+
+    buf = io.StringIO()
+    emit = _printer(Out(stream=buf))
+    emit("plan", {"run_id": "r1", "gpu_nodes": 16, "held": 4, "budget": 0, "take": ["gpu-p5-04", "gpu-p5-09"],
+                  "recheck": ["gpu-p5-04", "gpu-p5-09"]})
+    emit("plan", {"run_id": "r2", "gpu_nodes": 16, "held": 1, "budget": 2, "take": ["gpu-p5-01", "gpu-p5-04"],
+                  "recheck": ["gpu-p5-04"]})
+    emit("plan", {"run_id": "r3", "gpu_nodes": 16, "held": 0, "budget": 2, "take": [], "recheck": []})
+    lines = buf.getvalue().splitlines()
+    assert lines[0].endswith("budget 0; taking gpu-p5-04, gpu-p5-09 (re-checks of nodes it holds)"), lines
+    assert lines[1].endswith("taking gpu-p5-01; gpu-p5-04 (a re-check of a node it holds)"), lines
+    assert lines[2].endswith("taking none"), lines
+
+
+def test_metric_trends_leave_out_settings_and_take_the_lowest_thermal_margin(tmp_path: Path) -> None:
+    """Issue 24, point 7: a node's trend sums its GPUs' counts, but the PCIe link's generation and width
+    (NVML nvmlDeviceGetCurrPcieLinkGeneration/Width) and the enforced power limit are settings: summed
+    over 8 GPUs (gen 40, x128, 5600 W) they mean nothing. The thermal margin is degrees left to the
+    slowdown (nvmlDeviceGetMarginTemperature), so the node's is its nearest GPU's, not its largest.
+    https://docs.nvidia.com/deploy/nvml-api/group__nvmlDeviceQueries.html"""
+    from sweeper.history import History
+    from sweeper.result import Metric, Result
+
+    state = tmp_path / "h.db"
+    h = History(state)
+    h.run_started("r1", 1e9, "sweep")
+    for i, t in enumerate((1e9, 1e9 + 3600)):
+        sid = h.sweep_started("r1", "gpu-00", t, "sweep-dcgm.yaml", "p5.48xlarge")
+        h.result(sid, Result("gpu-00", "sweeper", t, t, metrics=tuple(
+            m for g in range(8) for m in (Metric("pcie.gen", 5, "", g), Metric("pcie.width", 16, "lanes", g),
+                                          Metric("gpu.power_limit", 700, "W", g), Metric("gpu.power", 100, "W", g),
+                                          Metric("gpu.thermal_margin", 30 - g - i, "C", g),
+                                          Metric("ecc.aggregate_corrected", g + i, "count", g)))))
+        h.sweep_finished(sid, t + 60, "pass", [])
+    h.close()
+    res = CliRunner().invoke(main, ["history", "gpu-00", "--state", str(state), "--json"])
+    assert res.exit_code == 0, res.output
+    series = {k: [v for _, v in pts] for k, pts in json.loads(res.stdout)["metrics"].items()}
+    assert series == {"gpu.power": [800, 800], "gpu.thermal_margin": [23, 22],
+                      "ecc.aggregate_corrected": [28, 36]}, series
+    res = CliRunner().invoke(main, ["history", "gpu-00", "--state", str(state)])
+    assert "pcie" not in res.stdout and "power_limit" not in res.stdout and "gpu.thermal_margin" in res.stdout

@@ -286,6 +286,8 @@ def test_a_reboot_then_a_recheck_when_the_node_is_back(make_sim, history: Histor
     clock.thaw()
     again = run_sweep(sim, history, cfg)
     assert [(d.node.name, d.reason) for d in again.plan.take] == [("gpu-00", "recheck")]
+    plan = next(d for e, d in again.events if e == "plan")  # the progress line says it is a re-check
+    assert plan["take"] == ["gpu-00"] and plan["recheck"] == ["gpu-00"]
     assert {o.node: (o.verdict, o.action) for o in again.outcomes} == {"gpu-00": ("pass", "released")}
     node = sim.core.read_node("gpu-00")
     assert not node.spec.taints and "sweeper.dev/remediation" not in (node.metadata.annotations or {})

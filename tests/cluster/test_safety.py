@@ -565,6 +565,12 @@ def test_release_is_a_panic_button_that_needs_no_history(make_sim, history: Hist
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)[0]["action"] == "released"
     assert set(sweep_taints(sim)) == {"gpu-02"}
+    # issue 24, point 7: the release leaves an Event on the node, as a sweep's hold and verdict do (an Event
+    # names its node in involvedObject: https://kubernetes.io/docs/reference/kubernetes-api/cluster-resources/event-v1/)
+    events = [e for e in sim.core.list_namespaced_event("default", field_selector="involvedObject.name=gpu-01").items
+              if e.reason == "SweepReleased"]
+    assert len(events) == 1 and "released by hand: incident 42" in events[0].message, events
+    assert events[0].involved_object.kind == "Node" and events[0].type == "Normal"
     res = CliRunner().invoke(main, ["release", "--all", "--dry-run", "--state", str(history.path), *base])
     assert [r["action"] for r in json.loads(res.stdout)] == ["would release"]
     assert set(sweep_taints(sim)) == {"gpu-02"}
