@@ -18,6 +18,7 @@ import click
 from sweeper import __version__
 from sweeper.clock import iso, parse_duration
 from sweeper.errors import ConfigError, SweeperError
+from sweeper.formats import FORMATS as READ_FORMATS
 from sweeper.output import FORMATS, Col, Out, clean, clean_lines
 
 if TYPE_CHECKING:
@@ -485,8 +486,7 @@ def lint_cmd(paths: tuple[str, ...], config_path: str | None, strict: bool, as_j
 @click.argument("node")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--format", "fmt", default="auto", show_default=True,
-              type=click.Choice(["auto", "dcgm", "nccl", "kernel-log", "sweeper", "nvidia-smi", "ibv-devinfo", "topo",
-                                 "fi-info", "ping"]),
+              type=click.Choice(READ_FORMATS),
               help="What the file holds; auto detects it. nvidia-smi takes both -q and --query-gpu CSV.")
 @click.option("--profile", "profile_name", help="Judge against this hardware profile (GPU count and model, "
               "NVLinks, NICs, NCCL floor); the flags below override it.")

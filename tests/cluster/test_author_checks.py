@@ -1,0 +1,70 @@
+"""Checks people write (issue 24, point 5): `run_job` reads every format `sweeper ingest` reads,
+a play with no `decide` records the findings' verdict, and the node-command template runs an
+author's own tool on the held node."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+from click.testing import CliRunner
+
+from sweeper.actions import load_all
+from sweeper.actions.jobs import _read_other
+from sweeper.cli import main
+from sweeper.formats import FORMATS
+from tests.conftest import Sim
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+FIXTURES = ROOT / "tests" / "parsers" / "fixtures"
+
+
+def run(sim: Sim, tmp_path: Path, text: str, *extra: str) -> tuple[int, dict]:
+    pb = tmp_path / "play.yaml"
+    pb.write_text(text)
+    res = CliRunner().invoke(main, ["run", str(pb), "--kubeconfig", str(sim.kubeconfig), "--state",
+                                    str(tmp_path / "h.db"), "--json", *extra])
+    assert res.exit_code in (0, 1), res.output
+    return res.exit_code, json.loads(res.stdout)
+
+
+def test_run_job_takes_every_format_ingest_reads() -> None:
+    """One list of formats, used by `run_job`'s `parser` and by `sweeper ingest --format`."""
+    parser = next(a for a in load_all()["run_job"].args if a.name == "parser")
+    assert tuple(parser.choices) == FORMATS
+    ingest = next(p for p in main.commands["ingest"].params if p.name == "fmt")
+    assert isinstance(ingest.type, click.Choice) and tuple(ingest.type.choices) == FORMATS
+    assert {"auto", "nvidia-smi", "kernel-log", "ibv-devinfo", "topo", "fi-info", "ping"} <= set(FORMATS)
+
+
+def test_a_command_output_is_read_as_ingest_reads_it() -> None:
+    """nvidia-smi -q output with a double-bit (volatile uncorrectable) ECC count fails the node; a
+    command that exited non-zero but whose output reads healthy is an error, never a pass."""
+    faulty = (FIXTURES / "nvidia-smi-q-h100-faulty.txt").read_text()
+    healthy = (FIXTURES / "nvidia-smi-q-h100-healthy.txt").read_text()
+    assert _read_other(faulty, "gpu-00", 0.0, "nvidia-smi", 0, {}).status == "fail"
+    assert _read_other(healthy, "gpu-00", 0.0, "nvidia-smi", 0, {"expect_gpus": "2"}).status in ("pass", "warn")
+    assert _read_other(healthy, "gpu-00", 0.0, "nvidia-smi", 0, {"expect_gpus": "8"}).status == "fail"  # passed through
+    crashed = _read_other(healthy, "gpu-00", 0.0, "nvidia-smi", 2, {})
+    assert crashed.status == "error" and "exited 2" in crashed.checks[0].message
+
+
+AUTO_DCGM = """
+name: dcgm read by detection
+tasks:
+  - run_job: {template: dcgm-diag.yaml.j2, parser: auto, vars: {level: 2}, timeout: 10m}
+    register: diag
+    ignore_errors: true
+  - decide: {results: ["{{ diag }}"]}
+"""
+
+
+def test_parser_auto_detects_the_output(make_sim, tmp_path: Path) -> None:
+    """`parser: auto` reads dcgmi's JSON as dcgm: a double-bit ECC error fails the node."""
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"ecc_dbe": {3: 2}}})
+    code, out = run(sim, tmp_path, AUTO_DCGM, "--node", "gpu-00")
+    assert code == 0 and out["tasks"][0]["msg"].startswith("pass"), out
+    code, out = run(sim, tmp_path, AUTO_DCGM, "--node", "gpu-01")
+    assert out["tasks"][0]["msg"].startswith("fail") and "ECC" in out["tasks"][0]["msg"], out
+    assert not out["tasks"][1]["msg"].startswith("verdict pass"), out
