@@ -68,3 +68,56 @@ def test_parser_auto_detects_the_output(make_sim, tmp_path: Path) -> None:
     code, out = run(sim, tmp_path, AUTO_DCGM, "--node", "gpu-01")
     assert out["tasks"][0]["msg"].startswith("fail") and "ECC" in out["tasks"][0]["msg"], out
     assert not out["tasks"][1]["msg"].startswith("verdict pass"), out
+
+
+NO_DECIDE = """
+name: dcgm without decide
+tasks:
+  - run_job: {template: dcgm-diag.yaml.j2, parser: dcgm, vars: {level: 2}, timeout: 10m}
+"""
+
+
+def _last_sweep(tmp_path: Path, node: str) -> dict:
+    from sweeper.history import History
+
+    h = History(str(tmp_path / "h.db"))
+    try:
+        return h.node_history(node)["sweeps"][0]
+    finally:
+        h.close()
+
+
+def test_a_play_with_no_decide_records_the_findings_verdict(make_sim, tmp_path: Path) -> None:
+    """A double-bit ECC error found by a play without `decide` is the policy's verdict of what the
+    check registered, with its reasons, not `error` with no reason; a clean node passes."""
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"ecc_dbe": {3: 2}}})
+    run(sim, tmp_path, NO_DECIDE, "--node", "gpu-01")
+    bad = _last_sweep(tmp_path, "gpu-01")
+    # A volatile double-bit ECC error: the built-in policy's verdict is reboot (the policy's
+    # findings table), recorded with the policy's reasons, not `error` with an empty WHY.
+    assert bad["verdict"] == "reboot", bad
+    assert bad["reasons"][0].startswith("no decide task") and any("ECC" in r for r in bad["reasons"]), bad
+    run(sim, tmp_path, NO_DECIDE, "--node", "gpu-00")
+    good = _last_sweep(tmp_path, "gpu-00")
+    assert good["verdict"] == "pass", good
+
+
+def test_a_sweep_whose_playbook_has_no_decide_records_the_findings_verdict(make_sim, tmp_path: Path) -> None:
+    """The sweep, too: a playbook with no `decide` gives the policy's verdict of its results."""
+    from dataclasses import replace
+
+    from sweeper.history import History
+    from tests.conftest import TEST_CONFIG, run_sweep
+
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"ecc_dbe": {3: 2}}})
+    own = tmp_path / "mine"
+    own.mkdir()
+    (own / "no-decide.yaml").write_text(NO_DECIDE)
+    cfg = replace(TEST_CONFIG, playbook_dir=str(own), playbook="no-decide.yaml", light_playbook="")
+    h = History(tmp_path / "sweep.db")
+    try:
+        report = run_sweep(sim, h, cfg)
+        verdicts = {o.node: o.verdict for o in report.outcomes}
+        assert verdicts == {"gpu-00": "pass", "gpu-01": "reboot"}, report.outcomes
+    finally:
+        h.close()
