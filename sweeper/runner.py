@@ -147,10 +147,10 @@ def run_playbook(path: Path, cfg: Config, *, kube: Any = None, node_name: str | 
             if partner is not None:
                 hist.result(partner_sweep, replace(r, node=partner["name"]))  # type: ignore[union-attr]
         ctx.on_result = on_result
-    else:
-        ctx.on_result = registered.append
         ctx.intent = lambda op, phase, detail: hist.intent(run_id, node["name"], clock.now(), op, phase, detail)  # type: ignore[union-attr,index]
         ctx.past = hist
+    else:
+        ctx.on_result = registered.append
     extra = {"run_id": run_id, "taint_key": cfg.taint_key, "default_dcgm_level": cfg.dcgm_level_for(node),
              **({"node": node} if node else {}), **({"partner": partner, "pair_mode": "sweep"} if partner else {}),
              **(extra_vars or {})}

@@ -121,3 +121,54 @@ def test_a_sweep_whose_playbook_has_no_decide_records_the_findings_verdict(make_
         assert verdicts == {"gpu-00": "pass", "gpu-01": "reboot"}, report.outcomes
     finally:
         h.close()
+
+
+ECC_GATE = """
+name: ecc gate
+tasks:
+  - name: ECC counters
+    run_job:
+      template: node-command.yaml.j2
+      vars: {command: [nvidia-smi, -q, -d, ECC]}
+      parser: nvidia-smi
+      parser_args: {expect_gpus: "{{ node.profile.gpus }}"}
+      timeout: 5m
+    register: ecc
+    ignore_errors: true
+  - name: verdict
+    decide: {results: ["{{ ecc }}"]}
+"""
+
+
+def test_node_command_runs_nvidia_smi_on_the_held_node(make_sim, tmp_path: Path) -> None:
+    """The shipped node-command template runs `nvidia-smi -q -d ECC` with every GPU requested; its
+    output is read as nvidia-smi's: a volatile double-bit ECC error fails the node."""
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"ecc_dbe": {3: 2}}})
+    code, out = run(sim, tmp_path, ECC_GATE, "--node", "gpu-00")
+    assert code == 0 and out["tasks"][0]["msg"].startswith("pass"), out
+    code, out = run(sim, tmp_path, ECC_GATE, "--node", "gpu-01")
+    assert out["tasks"][0]["msg"].startswith("fail") and "ECC" in out["tasks"][0]["msg"], out
+    assert out["tasks"][1]["msg"].startswith("verdict quarantine"), out  # the default policy: a critical finding
+
+
+def test_node_command_takes_only_a_list_of_strings() -> None:
+    """A command given as one string is refused when rendered (it would be one program's name);
+    a list is the program and its arguments, with no shell, in the least-privilege pod."""
+    import pytest
+
+    from sweeper.actions import ActionContext
+    from sweeper.actions.jobs import render_job
+    from sweeper.config import Config
+    from sweeper.errors import PlaybookError
+    from sweeper.lint import SAMPLE_NODE
+
+    ctx = ActionContext(config=Config(), node=SAMPLE_NODE, run_id="sw-test-0000")
+    with pytest.raises(PlaybookError, match="command_must_be_a_list_of_strings"):
+        render_job(ctx, "node-command.yaml.j2", 300, {"command": "nvidia-smi -q"})
+    job = render_job(ctx, "node-command.yaml.j2", 300, {"command": ["nvidia-smi", "-q", "-d", "ECC"]})
+    pod = job["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["command"] == ["nvidia-smi", "-q", "-d", "ECC"] and "args" not in c
+    assert pod["securityContext"]["runAsNonRoot"] is True and not pod.get("volumes")
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == c["resources"]["requests"]["nvidia.com/gpu"] == "8"
