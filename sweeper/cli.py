@@ -390,10 +390,12 @@ def _extra_vars(pairs: tuple[str, ...]) -> dict[str, Any]:
               help="Leave what the play tainted or cordoned on the node even without a holding verdict "
                    "(a maintenance playbook that means to keep the node out).")
 @click.option("--json", "as_json", is_flag=True, help="Print the per-task outcomes as JSON on stdout.")
+@click.option("--playbook-dir", type=click.Path(file_okay=False),
+              help="The author's playbooks, looked up before the shipped ones (overrides the config's playbook_dir).")
 @run_cli
 def run_cmd(playbook: str, node: str | None, partner: str | None, extra: tuple[str, ...], tags: str | None,
             skip_tags: str | None, keep: bool, config_path: str | None, kubeconfig: str | None, context: str | None, state: str,
-            as_json: bool) -> None:
+            as_json: bool, playbook_dir: str | None) -> None:
     """Run one playbook, on one node (--node) or with no target (pure actions only).
 
     What the play tainted or cordoned itself is handed back when it ends without a holding
@@ -405,10 +407,10 @@ def run_cmd(playbook: str, node: str | None, partner: str | None, extra: tuple[s
     """
     from sweeper.runner import run_playbook
 
-    cfg = _config(config_path)
+    cfg = _config(config_path).with_overrides(playbook_dir=playbook_dir)
     path = Path(playbook)
-    if not path.exists() and (cfg.path("playbooks") / playbook).exists():
-        path = cfg.path("playbooks") / playbook
+    if not path.exists() and cfg.playbook_file(playbook).exists():
+        path = cfg.playbook_file(playbook)
     kube = _kube(kubeconfig, context, cfg) if node else None
 
     err = _err()

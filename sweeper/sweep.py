@@ -187,9 +187,9 @@ class Sweep:
         self._replacing = 0  # replace verdicts of this run not yet recorded
         self._lock = threading.Lock()
         self.profiles = profiles.load_profiles(config.path("profiles"))
-        self.playbook = load(str(config.path("playbooks") / config.playbook), self.actions)
+        self.playbook = load(str(config.playbook_file(config.playbook)), self.actions)
         self.sources = [signals.Source.from_dict(s) for s in config.suspect_sources]  # a bad one fails here
-        self.light_playbook = (load(str(config.path("playbooks") / config.light_playbook), self.actions)
+        self.light_playbook = (load(str(config.playbook_file(config.light_playbook)), self.actions)
                                if config.light_playbook else None)
         self.remediator = Remediator(kube, config, self.clock, dry_run=dry_run,
                                      log=lambda m: self.emit("log", {"node": "-", "msg": m}),

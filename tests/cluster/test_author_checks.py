@@ -172,3 +172,16 @@ def test_node_command_takes_only_a_list_of_strings() -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True and not pod.get("volumes")
     assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert c["resources"]["limits"]["nvidia.com/gpu"] == c["resources"]["requests"]["nvidia.com/gpu"] == "8"
+
+
+def test_playbooks_are_found_in_the_authors_folder_first(tmp_path: Path) -> None:
+    """`playbook_dir` holds the author's playbooks, looked up first; a name it lacks is a shipped one."""
+    from sweeper.config import Config, home
+
+    (tmp_path / "sweep-light.yaml").write_text(NO_DECIDE)
+    (tmp_path / "mine.yaml").write_text(NO_DECIDE)
+    cfg = Config(playbook_dir=str(tmp_path))
+    assert cfg.playbook_file("mine.yaml") == tmp_path / "mine.yaml"
+    assert cfg.playbook_file("sweep-light.yaml") == tmp_path / "sweep-light.yaml"
+    assert cfg.playbook_file("sweep-dcgm.yaml") == home() / "playbooks" / "sweep-dcgm.yaml"
+    assert Config().playbook_file("mine.yaml") == home() / "playbooks" / "mine.yaml"
