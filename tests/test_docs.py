@@ -142,6 +142,21 @@ def test_the_ecc_gate_runs_from_the_authors_folder(make_sim, tmp_path: Path) -> 
     assert any("2 volatile uncorrectable ECC errors" in r for r in bad["reasons"]), bad
 
 
+def test_every_fleet_file_key_is_documented() -> None:
+    """docs/simulator.md has a table row for every key of the fleet file (sweeper/sim/fleet.py):
+    the top level, node groups, workloads, arrivals, API faults, the registry and each fault."""
+    from sweeper.sim import fleet
+
+    doc = (ROOT / "docs" / "simulator.md").read_text()
+    rows = set(re.findall(r"^\| `([a-z_]+)` \|", doc, re.M))
+    keys = set(fleet.FAULT_KEYS)
+    for model in (fleet.FleetFile, fleet._NodeGroup, fleet._Workload, fleet._Arrivals, fleet._ApiFaults,
+                  fleet._Registry):
+        keys |= set(model.model_fields)
+    assert not keys - rows, f"fleet file keys missing from docs/simulator.md: {sorted(keys - rows)}"
+    assert "simulator.md" in (ROOT / "README.md").read_text()
+
+
 def test_the_semantics_table_names_every_golden_playbook() -> None:
     """docs/playbooks.md's semantics table and tests/semantics/golden/ hold the same rules."""
     doc = (ROOT / "docs" / "playbooks.md").read_text()
