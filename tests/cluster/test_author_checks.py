@@ -142,7 +142,10 @@ tasks:
 
 def test_node_command_runs_nvidia_smi_on_the_held_node(make_sim, tmp_path: Path) -> None:
     """The shipped node-command template runs `nvidia-smi -q -d ECC` with every GPU requested; its
-    output is read as nvidia-smi's: a volatile double-bit ECC error fails the node."""
+    output is read as nvidia-smi's: a volatile double-bit ECC error fails the node. NVIDIA's runtime
+    mounts nvidia-smi into a container given GPUs with the `utility` driver capability
+    (https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/docker-specialized.html);
+    `-q -d ECC` prints the ECC section of the query (https://docs.nvidia.com/deploy/nvidia-smi/index.html)."""
     sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"ecc_dbe": {3: 2}}})
     code, out = run(sim, tmp_path, ECC_GATE, "--node", "gpu-00")
     assert code == 0 and out["tasks"][0]["msg"].startswith("pass"), out
