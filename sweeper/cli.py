@@ -18,6 +18,7 @@ import click
 from sweeper import __version__
 from sweeper.clock import iso, parse_duration
 from sweeper.errors import ConfigError, SweeperError
+from sweeper.formats import FORMATS as READ_FORMATS
 from sweeper.output import FORMATS, Col, Out, clean, clean_lines
 
 if TYPE_CHECKING:
@@ -445,10 +446,12 @@ def _extra_vars(pairs: tuple[str, ...]) -> dict[str, Any]:
               help="Leave what the play tainted or cordoned on the node even without a holding verdict "
                    "(a maintenance playbook that means to keep the node out).")
 @click.option("--json", "as_json", is_flag=True, help="Print the per-task outcomes as JSON on stdout.")
+@click.option("--playbook-dir", type=click.Path(file_okay=False),
+              help="The author's playbooks, looked up before the shipped ones (overrides the config's playbook_dir).")
 @run_cli
 def run_cmd(playbook: str, node: str | None, partner: str | None, extra: tuple[str, ...], tags: str | None,
             skip_tags: str | None, keep: bool, config_path: str | None, kubeconfig: str | None, context: str | None, state: str,
-            as_json: bool) -> None:
+            as_json: bool, playbook_dir: str | None) -> None:
     """Run one playbook, on one node (--node) or with no target (pure actions only).
 
     What the play tainted or cordoned itself is handed back when it ends without a holding
@@ -460,10 +463,10 @@ def run_cmd(playbook: str, node: str | None, partner: str | None, extra: tuple[s
     """
     from sweeper.runner import run_playbook
 
-    cfg = _config(config_path)
+    cfg = _config(config_path).with_overrides(playbook_dir=playbook_dir)
     path = Path(playbook)
-    if not path.exists() and (cfg.path("playbooks") / playbook).exists():
-        path = cfg.path("playbooks") / playbook
+    if not path.exists() and cfg.playbook_file(playbook).exists():
+        path = cfg.playbook_file(playbook)
     kube = _kube(kubeconfig, context, cfg) if node else None
 
     err = _err()
@@ -541,8 +544,7 @@ def lint_cmd(paths: tuple[str, ...], config_path: str | None, strict: bool, as_j
 @click.argument("node")
 @click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--format", "fmt", default="auto", show_default=True,
-              type=click.Choice(["auto", "dcgm", "nccl", "kernel-log", "sweeper", "nvidia-smi", "ibv-devinfo", "topo",
-                                 "fi-info", "ping"]),
+              type=click.Choice(READ_FORMATS),
               help="What the file holds; auto detects it. nvidia-smi takes both -q and --query-gpu CSV.")
 @click.option("--profile", "profile_name", help="Judge against this hardware profile (GPU count and model, "
               "NVLinks, NICs, NCCL floor); the flags below override it.")

@@ -248,8 +248,8 @@ class Config:
                               duration=True, ge=1)
     orphan_grace: float = setting(3600.0, "Sweeper's taint with no record in history is removed after this long",
                                   duration=True, ge=0)
-    playbook_dir: str = setting("", "where playbooks are (default: the shipped ones)")
-    template_dir: str = setting("", "where job templates are")
+    playbook_dir: str = setting("", "the author's playbooks, looked up first (then the shipped ones)")
+    template_dir: str = setting("", "the author's job templates, looked up first (then the shipped ones)")
     profile_dir: str = setting("", "where profiles are")
     policy_dir: str = setting("", "where policies are")
     extra: dict[str, Any] = field(default_factory=dict)
@@ -313,6 +313,13 @@ class Config:
         explicit = {"playbooks": self.playbook_dir, "job-templates": self.template_dir,
                     "profiles": self.profile_dir, "policies": self.policy_dir}[kind]
         return Path(explicit) if explicit else home() / kind
+
+    def playbook_file(self, name: str) -> Path:
+        """A playbook by name: in the author's `playbook_dir` first, then among the shipped ones
+        (`$SWEEPER_HOME/playbooks`, else the package's)."""
+        if self.playbook_dir and (Path(self.playbook_dir) / name).is_file():
+            return Path(self.playbook_dir) / name
+        return home() / "playbooks" / name
 
     def with_overrides(self, **kw: Any) -> Config:
         return replace(self, **{k: v for k, v in kw.items() if v is not None})

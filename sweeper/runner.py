@@ -9,6 +9,7 @@ from typing import Any
 
 from sweeper import platforms, profiles
 from sweeper.actions import ActionContext, load_all
+from sweeper.actions.decide import verdict_of_results
 from sweeper.actions.node import patch_node
 from sweeper.clock import WallClock
 from sweeper.config import Config
@@ -138,14 +139,18 @@ def run_playbook(path: Path, cfg: Config, *, kube: Any = None, node_name: str | 
     ctx = ActionContext(config=cfg, clock=clock, kube=kube, node=node, run_id=run_id, partner=partner)
     if cancelled is not None:
         ctx.cancelled = cancelled
+    registered: list[Result] = []  # what the play's checks reported: its verdict when no `decide` ran
     if hist is not None and node is not None:
         def on_result(r: Result) -> None:
+            registered.append(r)
             hist.result(sweep_id, r)  # type: ignore[union-attr]
             if partner is not None:
                 hist.result(partner_sweep, replace(r, node=partner["name"]))  # type: ignore[union-attr]
         ctx.on_result = on_result
         ctx.intent = lambda op, phase, detail: hist.intent(run_id, node["name"], clock.now(), op, phase, detail)  # type: ignore[union-attr,index]
         ctx.past = hist
+    else:
+        ctx.on_result = registered.append
     extra = {"run_id": run_id, "taint_key": cfg.taint_key, "default_dcgm_level": cfg.dcgm_level_for(node),
              **({"node": node} if node else {}), **({"partner": partner, "pair_mode": "sweep"} if partner else {}),
              **(extra_vars or {})}
@@ -165,6 +170,8 @@ def run_playbook(path: Path, cfg: Config, *, kube: Any = None, node_name: str | 
         broken = str(exc)
         raise
     finally:
+        if not executor.vars.get("verdict") and registered and not ctx.cancelled():
+            executor.vars.update(verdict_of_results(ctx, registered))  # no `decide`: the findings' verdict
         verdict = str(executor.vars.get("verdict") or "")
         if node is not None and taken and hand_back:
             ctx.intent("untaint", "before", f"run ended: verdict {verdict or 'none'}")
@@ -176,7 +183,8 @@ def run_playbook(path: Path, cfg: Config, *, kube: Any = None, node_name: str | 
             failed_ = result is None or result.failed
             verdict = verdict or ("error" if failed_ else "pass")
             decision = executor.vars.get("decision")
-            reasons = [str(r) for r in executor.vars.get("reasons", [])] or ([broken] if broken else [])
+            reasons = [str(r) for r in executor.vars.get("reasons", [])] or ([broken] if broken else []) or \
+                [f"{o.name}: {o.msg}" for o in (result.tasks() if result else []) if o.status == "failed"][:3]
             hist.sweep_finished(sweep_id, clock.now(), verdict, reasons, decision if isinstance(decision, dict) else None)
             if partner is not None and partner_sweep is not None:
                 hist.sweep_finished(partner_sweep, clock.now(), verdict, reasons,

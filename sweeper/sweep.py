@@ -17,7 +17,7 @@ from typing import Any, Protocol, cast
 from sweeper import pairing, platforms, profiles, signals
 from sweeper.actions import ActionContext, load_all
 from sweeper.actions import node as node_actions
-from sweeper.actions.decide import policy_for
+from sweeper.actions.decide import policy_for, verdict_of_results
 from sweeper.actions.jobs import gpu_stack_words
 from sweeper.actions.jobwatch import RunWatch
 from sweeper.clock import Clock, WallClock, iso, read_iso
@@ -187,9 +187,9 @@ class Sweep:
         self._replacing = 0  # replace verdicts of this run not yet recorded
         self._lock = threading.Lock()
         self.profiles = profiles.load_profiles(config.path("profiles"))
-        self.playbook = load(str(config.path("playbooks") / config.playbook), self.actions)
+        self.playbook = load(str(config.playbook_file(config.playbook)), self.actions)
         self.sources = [signals.Source.from_dict(s) for s in config.suspect_sources]  # a bad one fails here
-        self.light_playbook = (load(str(config.path("playbooks") / config.light_playbook), self.actions)
+        self.light_playbook = (load(str(config.playbook_file(config.light_playbook)), self.actions)
                                if config.light_playbook else None)
         self.remediator = Remediator(kube, config, self.clock, dry_run=dry_run,
                                      log=lambda m: self.emit("log", {"node": "-", "msg": m}),
@@ -1027,7 +1027,12 @@ class Sweep:
             cancelled=self.cancelled,
             on_record=lambda kind, data: self._record(run_id, sweep_id, node.name, kind, data), past=self.rec,
             jobwatch=self.jobwatch, seen=self._seen.get(node.name, {}))
-        ctx.on_result = lambda r: self._on_result(sweep_id, node.name, r)
+        registered: list[Result] = []  # what the play's checks reported: its verdict when no `decide` ran
+
+        def on_result(r: Result) -> None:
+            registered.append(r)
+            self._on_result(sweep_id, node.name, r)
+        ctx.on_result = on_result
 
         def on_task(o: TaskOutcome) -> None:
             self.emit("task", {"node": node.name, "task": o.name, "status": o.status, "msg": o.msg})
@@ -1036,13 +1041,15 @@ class Sweep:
                  "taint_key": self.cfg.taint_key, "prefix": self.cfg.prefix,
                  "default_dcgm_level": self.cfg.dcgm_level_for(node_vars)}
         play = Executor(self.actions, ctx, on_task).run(playbook or self.playbook, extra)
+        if play.vars.get("verdict") is None and registered and not play.cancelled:
+            play.vars.update(verdict_of_results(ctx, registered))  # no `decide`: the findings' verdict
         verdict, reasons, decision = self._verdict_of(play, "the sweep was stopped before the checks finished")
         return verdict, reasons, str(play.vars.get("handed_back", "")), decision
 
     @staticmethod
     def _verdict_of(play: Any, stopped: str) -> tuple[str, list[str], dict[str, Any] | None]:
         """The verdict, reasons and decision a finished play left: `inconclusive` when it was
-        stopped, `error` when it ended without a verdict."""
+        stopped, `error` when it ended without a verdict (with no `decide` and no result registered)."""
         verdict = play.vars.get("verdict")
         if play.cancelled:
             return "inconclusive", [stopped], None

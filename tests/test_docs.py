@@ -111,6 +111,52 @@ def test_the_worked_dcgm_gate_lints_and_runs_by_name(make_sim, tmp_path: Path) -
     assert "DCGM level 1 failed on gpu-01" in out["gpu-01"].stderr and "GPU 4" in out["gpu-01"].stderr
 
 
+def test_the_ecc_gate_runs_from_the_authors_folder(make_sim, tmp_path: Path) -> None:
+    """docs/playbooks.md's ECC gate and fleet file, as written: the playbook lints, runs by name
+    from --playbook-dir against the simulated fleet, and the shipped node-command template's
+    `nvidia-smi -q -d ECC` passes the clean node (handed back) and fails the node with a
+    double-bit ECC error (volatile uncorrectable: quarantine by the default policy, still held)."""
+    from sweeper.history import History
+
+    mine = tmp_path / "my-checks"
+    mine.mkdir()
+    (mine / "ecc-gate.yaml").write_text(example("ecc-gate.yaml"))
+    runner = CliRunner()
+    res = runner.invoke(main, ["lint", str(mine / "ecc-gate.yaml")])
+    assert res.exit_code == 0 and "0 problem(s)" in res.stderr, res.output
+    sim: Sim = make_sim(yaml.safe_load(example("ecc-fleet.yaml")))
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"poll_interval": 0.02}))
+    for node in ("gpu-00", "gpu-01"):
+        res = runner.invoke(main, ["run", "ecc-gate.yaml", "--playbook-dir", str(mine), "--node", node,
+                                   "--config", str(config), "--kubeconfig", str(sim.kubeconfig),
+                                   "--state", str(tmp_path / "h.db")])
+        assert res.exit_code == 0, res.output
+    h = History(tmp_path / "h.db")
+    try:
+        good, bad = (h.node_history(n)["sweeps"][0] for n in ("gpu-00", "gpu-01"))
+    finally:
+        h.close()
+    assert good["verdict"] == "pass" and not sim.core.read_node("gpu-00").spec.taints, good
+    assert bad["verdict"] == "quarantine" and sim.core.read_node("gpu-01").spec.taints, bad
+    assert any("2 volatile uncorrectable ECC errors" in r for r in bad["reasons"]), bad
+
+
+def test_every_fleet_file_key_is_documented() -> None:
+    """docs/simulator.md has a table row for every key of the fleet file (sweeper/sim/fleet.py):
+    the top level, node groups, workloads, arrivals, API faults, the registry and each fault."""
+    from sweeper.sim import fleet
+
+    doc = (ROOT / "docs" / "simulator.md").read_text()
+    rows = set(re.findall(r"^\| `([a-z_]+)` \|", doc, re.M))
+    keys = set(fleet.FAULT_KEYS)
+    for model in (fleet.FleetFile, fleet._NodeGroup, fleet._Workload, fleet._Arrivals, fleet._ApiFaults,
+                  fleet._Registry):
+        keys |= set(model.model_fields)
+    assert not keys - rows, f"fleet file keys missing from docs/simulator.md: {sorted(keys - rows)}"
+    assert "simulator.md" in (ROOT / "README.md").read_text()
+
+
 def test_the_semantics_table_names_every_golden_playbook() -> None:
     """docs/playbooks.md's semantics table and tests/semantics/golden/ hold the same rules."""
     doc = (ROOT / "docs" / "playbooks.md").read_text()

@@ -65,6 +65,20 @@ def decide(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
               reasons=list(v.reasons), decision=decision, ansible_facts=facts)
 
 
+def verdict_of_results(ctx: ActionContext, results: list[Result]) -> dict[str, Any]:
+    """The facts `decide` would set from these registered results (the policy's verdict, its
+    reasons and decision), for a play that ended without a `decide`; it acts on nothing."""
+    node = ctx.node or {}
+    docs = [r.to_dict() for r in results]
+    now = ctx.clock.now()
+    v = policy_decide(docs, set(node.get("dismissed") or []), policy_for(ctx), node=str(node.get("name", "")),
+                      profile=str((node.get("profile") or {}).get("name", "")), now=now, past=ctx.past)
+    decision = {"verdict": v.verdict, "causes": list(v.causes), "rules": list(v.rules), "decided": now,
+                "policy": policy_for(ctx).name, "gpus": list(v.gpus)}
+    return {"verdict": v.verdict, "reasons": [f"no decide task: the verdict of the {len(results)} "
+                                              "registered result(s)", *v.reasons], "decision": decision}
+
+
 def _held_back(ctx: ActionContext, node: str, unhealthy: list[dict[str, Any]], docs: list[dict[str, Any]],
                own: str, dismissed: set[str], now: float) -> Result:
     """The device plugin's shortfall beside Sweeper's own findings: a symptom of a holding finding,

@@ -16,8 +16,9 @@ from sweeper.actions.jobwatch import RunWatch
 from sweeper.actions.safety import REMEDIATION_TEMPLATES, Rules, problems, protected
 from sweeper.clock import parse_duration
 from sweeper.config import Config, home
-from sweeper.errors import KubeError, NotFound, PlaybookError
+from sweeper.errors import ConfigError, KubeError, NotFound, PlaybookError
 from sweeper.fleet import pending_gpu_pods
+from sweeper.formats import FORMATS, detect, read
 from sweeper.parsers import dcgm, nccl, sweeper_result
 from sweeper.result import CheckResult, Result, error_result, tool_result
 from sweeper.schema import safe_load, safe_load_all
@@ -253,6 +254,14 @@ def _read_result(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]],
         tail = (log.strip().splitlines() or [""])[-1] if log.strip() else message.strip()
         return tool_result(node, now, "StartError" if term.get("reason") == "StartError" else f"exit {exit_code}",
                            f"{what} (image {image}, exit {exit_code})", tail[:500])
+    if parser == "auto":
+        try:
+            parser = detect(log or message)
+        except ConfigError as exc:
+            return error_result(node, "sweeper", f"the check's output is in no format Sweeper reads: {exc}", now,
+                                code="UNKNOWN_FORMAT")
+    if parser not in ("sweeper", "dcgm", "nccl"):
+        return _read_other(log or message, node, now, parser, exit_code, parser_args)
     if parser == "dcgm":
         expect = parser_args.get("expect_gpus")
         return dcgm.parse(log or message, node, now, exit_code=exit_code,
@@ -274,14 +283,32 @@ def _read_result(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]],
     return result
 
 
+READ_OPTIONS = {"expect_gpus": int, "gpu_model": str, "expect_nics": int, "nic": str, "mtu": int, "nvlinks": int,
+                "nic_affinity": str}  # what `parser_args` may give a format read by `sweeper.formats`
+
+
+def _read_other(text: str, node: str, now: float, parser: str, exit_code: int | None,
+                parser_args: dict[str, Any]) -> Result:
+    """An author's command's output read as `parser`, as `sweeper ingest` reads it; a command that
+    exited non-zero yet reads as healthy is an error, not a pass."""
+    options = {k: READ_OPTIONS[k](v) for k, v in parser_args.items() if k in READ_OPTIONS and v not in (None, "")}
+    _, result = read(text, node, parser, now, exit_code=exit_code, **options)
+    if exit_code not in (None, 0) and result.status in ("pass", "warn", "skip"):
+        return error_result(node, parser, f"the command exited {exit_code} but its output reads {result.status}",
+                            now, code=f"exit {exit_code}")
+    return result
+
+
 @action("run_job",
         Arg("template", str, required=True, help="a template's name (.j2): in the config's template_dir, else the shipped job-templates/"),
         Arg("timeout", (int, float, str), default="15m", help="activeDeadlineSeconds, and the client deadline"),
         Arg("vars", dict, default=None, help="extra variables for the template"),
-        Arg("parser", str, default="sweeper", choices=("sweeper", "dcgm", "nccl"),
-            help="how to read the pod's output: Sweeper's result document, dcgmi diag JSON or nccl-tests"),
+        Arg("parser", str, default="sweeper", choices=FORMATS,
+            help="how to read the pod's output: any format `sweeper ingest` reads (Sweeper's result document, "
+                 "dcgmi diag JSON, nccl-tests, nvidia-smi, ...), or auto to detect it"),
         Arg("parser_args", dict, default=None,
-            help="for dcgm: expect_gpus; for nccl: min_busbw (GB/s at the largest message)"),
+            help="for dcgm: expect_gpus; for nccl: min_busbw (GB/s at the largest message); for the others, "
+                 "what `sweeper ingest` takes: expect_gpus, gpu_model, expect_nics, nic, mtu, nvlinks, nic_affinity"),
         Arg("abortable", bool, default=True,
             help="may be stopped to make room for pending GPU work (with abort_on_demand); the result is inconclusive"),
         help="Run a check Job on the node (affinity plus a toleration for Sweeper's taint, all its GPUs), "

@@ -1498,6 +1498,11 @@ class SimCluster:
                 return code, out, ""
             if prog == "mpirun":
                 return self._mpirun(pod)
+            if prog == "nvidia-smi" and spec and "-q" in argv:
+                if not self._sees_gpus(pod):
+                    return 127, "sh: 1: nvidia-smi: not found\n", ""  # no NVIDIA runtime put it in the container
+                code, out = tools.nvidia_smi_q(self.fake_nvml(node_name, now), argv, now)
+                return code, out, ""
             if prog == "false":
                 return 1, "", ""
             if prog == "nsenter" and "reboot" in argv:

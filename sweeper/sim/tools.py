@@ -5,6 +5,7 @@ parsers read this output, exactly as they read the real tools'."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from sweeper.drivers import branch_of, cuda_of_branch
@@ -254,3 +255,34 @@ def rendezvous_timeout(peer: str, timeout: float, rank: int) -> str:
     address) never appears within the rendezvous timeout: torch's RendezvousTimeoutError, by name."""
     return (f"torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError: the peer {peer} never came within "
             f"{int(timeout)}s (pair-allreduce, rank {rank})\n")
+
+
+def nvidia_smi_q(nvml: Any, argv: list[str], now: float) -> tuple[int, str]:
+    """(exit code, stdout) of `nvidia-smi -q -d ECC` on the node's fake NVML: its ECC mode and
+    counters per GPU, in the layout of a Hopper driver (DRAM and SRAM lines; the parser's fixtures
+    nvidia-smi-q-h100-*.txt). Any other display section is refused: the simulator prints only this."""
+    words = [w for a in argv[1:] for w in a.replace(",", " ").split()]
+    wanted = words[words.index("-d") + 1:] if "-d" in words else words[words.index("--display") + 1:] \
+        if "--display" in words else []
+    wanted = [w.upper() for w in wanted if not w.startswith("-")]
+    if wanted != ["ECC"]:
+        return 2, "the simulated nvidia-smi prints only `nvidia-smi -q -d ECC`\n"
+    gpus = [g for g in nvml.gpus if not g.lost]
+    stamp = time.strftime("%a %b %d %H:%M:%S %Y", time.gmtime(now))
+    out = ["", "==============NVSMI LOG==============", "",  # no CUDA Version line: the fleet knows only its major
+           f"{'Timestamp':<42}: {stamp}", f"{'Driver Version':<42}: {nvml.driver}", "",
+           f"{'Attached GPUs':<42}: {len(gpus)}"]
+    for g in gpus:
+        out += [f"GPU {g.bus_id}", "    ECC Mode", f"        {'Current':<34}: Enabled",
+                f"        {'Pending':<34}: Enabled", "    ECC Errors"]
+        for scope, corrected, uncorrected in (("Volatile", g.volatile_corrected, g.volatile_uncorrected),
+                                              ("Aggregate", g.aggregate_corrected, g.aggregate_uncorrected)):
+            out += [f"        {scope}", f"            {'SRAM Correctable':<30}: 0",
+                    f"            {'SRAM Uncorrectable Parity':<30}: 0",
+                    f"            {'SRAM Uncorrectable SEC-DED':<30}: 0",
+                    f"            {'DRAM Correctable':<30}: {corrected}",
+                    f"            {'DRAM Uncorrectable':<30}: {uncorrected}"]
+        out += [f"            {'SRAM Threshold Exceeded':<30}: No", "        Aggregate Uncorrectable SRAM Sources"]
+        out += [f"            {s:<30}: 0" for s in ("SRAM L2", "SRAM SM", "SRAM Microcontroller", "SRAM PCIE",
+                                                    "SRAM Other")]
+    return 0, "\n".join(out) + "\n"
