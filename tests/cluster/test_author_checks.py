@@ -4,29 +4,21 @@ author's own tool on the held node."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
-from click.testing import CliRunner
 
 from sweeper.actions import load_all
 from sweeper.actions.jobs import _read_other
 from sweeper.cli import main
 from sweeper.formats import FORMATS
+from tests.cluster.test_actions import run
 from tests.conftest import Sim
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 FIXTURES = ROOT / "tests" / "parsers" / "fixtures"
 
 
-def run(sim: Sim, tmp_path: Path, text: str, *extra: str) -> tuple[int, dict]:
-    pb = tmp_path / "play.yaml"
-    pb.write_text(text)
-    res = CliRunner().invoke(main, ["run", str(pb), "--kubeconfig", str(sim.kubeconfig), "--state",
-                                    str(tmp_path / "h.db"), "--json", *extra])
-    assert res.exit_code in (0, 1), res.output
-    return res.exit_code, json.loads(res.stdout)
 
 
 def test_run_job_takes_every_format_ingest_reads() -> None:
