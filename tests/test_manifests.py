@@ -247,7 +247,7 @@ def test_job_templates_render_valid_jobs(template: str) -> None:
 
 
 PRIVILEGED = {"reboot.yaml.j2", "gpu-reset.yaml.j2"}  # the only Jobs that need the host itself
-BOUND = {"gpu-reset.yaml.j2"}  # bound to the held node by nodeName (sweeper/actions/jobs.py, _check_bound)
+BOUND = {"gpu-reset.yaml.j2"}  # bound to the held node by nodeName (sweeper/actions/safety.py, a bound remediation Job)
 
 
 @pytest.mark.parametrize("template", CHECK_TEMPLATES)

@@ -15,7 +15,7 @@ from sweeper.actions import ActionContext, Arg, action, ok
 from sweeper.actions.jobwatch import RunWatch
 from sweeper.actions.safety import REMEDIATION_TEMPLATES, Rules, problems, protected
 from sweeper.clock import parse_duration
-from sweeper.config import Config, home
+from sweeper.config import home
 from sweeper.errors import ConfigError, KubeError, NotFound, PlaybookError
 from sweeper.fleet import pending_gpu_pods
 from sweeper.formats import FORMATS, detect, read
@@ -107,7 +107,8 @@ def job_rules(ctx: ActionContext, found: JobTemplate, affinities: tuple[dict[str
                  images=ctx.config.job_images, runtime_class=ctx.config.runtime_class_name,
                  priority_class=ctx.config.check_priority_class,
                  privileged_image=getattr(ctx.config, key) if key else "", host_pid=found.name == "reboot.yaml.j2",
-                 bound_node=str((ctx.node or {}).get("name", "")) if bound else "")
+                 bound_node=str((ctx.node or {}).get("name", "")) if bound else "",
+                 gpu_resources=(*ctx.config.gpu_resources, *ctx.config.gpu_resource_prefixes))
 
 
 def job_namespace(ctx: ActionContext, remediation: bool = False) -> str:
@@ -128,8 +129,8 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
     """The template rendered and checked. Sweeper's variables are set after the playbook's `vars`
     (which may not name them), and the Job is then held to Sweeper's own values (sweeper.actions.safety);
     only a shipped remediation template rendered by the remediation (`remediation=True`) may be privileged.
-    `bound`: a remediation Job bound to the held node by `nodeName` that requests no GPU (see
-    _check_bound), not a Job that goes through the scheduler."""
+    `bound`: a remediation Job bound to the held node by `nodeName` that requests no GPU (the GPU
+    reset, while the device plugin is paused), not a Job that goes through the scheduler."""
     found = template_of(ctx, template)
     path = found.path
     node = ctx.node or {}
@@ -158,8 +159,6 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
     job = load_rendered(rendered, path)
     if not isinstance(job, dict) or job.get("kind") != "Job":
         raise PlaybookError(f"{path}: the template must render a batch/v1 Job")
-    if bound:
-        _check_bound(job, str(node.get("name", "")), path, ctx.config)
     refuse_unsafe([job], job_rules(ctx, found, (affinity,), remediation, bound), path)
     if remediation:  # its own account, which has no RBAC and mounts no token (docs/security.md)
         job["spec"]["template"]["spec"]["serviceAccountName"] = ctx.config.remediation_service_account
@@ -196,22 +195,6 @@ def _second_engine(ctx: ActionContext, job: dict[str, Any], node: dict[str, Any]
            for c in pod.get("containers") or []):
         ctx.log(f"{node.get('name', '')}: {job['metadata']['name']} starts a second DCGM host engine beside "
                 "dcgm-exporter's on this node (set dcgm_hostengine: node to use the node's own)")
-
-
-def _check_bound(job: dict[str, Any], node: str, path: Path, cfg: Config) -> None:
-    """A GPU reset runs while the device plugin is paused, when the node's allocatable GPUs are 0
-    and a pod that requests one fits nowhere (the kubelet marks a stopped plugin's devices
-    unhealthy: kubernetes/kubernetes, pkg/kubelet/cm/devicemanager/manager.go). So it is bound to
-    the node by nodeName, on a node Sweeper holds, and requests no GPU."""
-    pod = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
-    if pod.get("nodeName") != node:
-        raise PlaybookError(f"{path}: a remediation Job is bound to its node: nodeName: {{{{ node.name | tojson }}}}")
-    asked = sorted({k for c in pod.get("containers") or [] for part in ("requests", "limits")
-                    for k in ((c.get("resources") or {}).get(part) or {})
-                    if k in cfg.gpu_resources or k.startswith(tuple(cfg.gpu_resource_prefixes)) or "gpu" in k})
-    if asked:
-        raise PlaybookError(f"{path}: a remediation Job requests no GPU ({', '.join(asked)}): with the device plugin "
-                            "paused the node has none allocatable, and the pod would never start")
 
 
 def _condition(job: dict[str, Any]) -> dict[str, Any] | None:

@@ -65,6 +65,7 @@ class Rules:
     privileged_image: str = ""  # a shipped remediation template run by the remediation: its image
     host_pid: bool = False  # the reboot Job enters PID 1's namespaces
     bound_node: str = ""  # the GPU reset Job: bound to this node by nodeName (the plugin is paused)
+    gpu_resources: tuple[str, ...] = ()  # the config's GPU resource names and prefixes: a bound Job asks none
 
 
 def problems(docs: list[dict[str, Any]], rules: Rules) -> list[str]:
@@ -175,11 +176,21 @@ def pod_problems(pod: dict[str, Any], rules: Rules, what: str) -> list[str]:
 
 
 def _placement(pod: dict[str, Any], rules: Rules) -> Iterator[str]:
-    if rules.bound_node:  # the GPU reset: on the held node by nodeName, no affinity to another
+    if rules.bound_node:
+        # A GPU reset runs while the device plugin is paused, when the node's allocatable GPUs are 0
+        # and a pod that requests one fits nowhere (the kubelet marks a stopped plugin's devices
+        # unhealthy: kubernetes/kubernetes, pkg/kubelet/cm/devicemanager/manager.go). So it is bound
+        # to the held node by nodeName and requests no GPU.
         if pod.get("nodeName") != rules.bound_node:
-            yield f"the GPU reset is bound to the held node: nodeName: {rules.bound_node!r}"
+            yield "a remediation Job is bound to its node: nodeName: {{ node.name | tojson }}"
         if pod.get("affinity") not in (None, *rules.affinities):
             yield "the pod must carry no affinity but Sweeper's to the held node"
+        asked = sorted({k for c in pod.get("containers") or [] for part in ("requests", "limits")
+                        for k in ((c.get("resources") or {}).get(part) or {})
+                        if k.startswith(rules.gpu_resources) or "gpu" in k})
+        if asked:
+            yield (f"a remediation Job requests no GPU ({', '.join(asked)}): with the device plugin paused "
+                   "the node has none allocatable, and the pod would never start")
     elif "nodeName" in pod:
         yield "nodeName bypasses taints and GPU accounting; use affinity: {{ affinity | tojson }}"
     if pod.get("nodeSelector"):
