@@ -1,7 +1,11 @@
 """`dcgmi diag -r N` into the common result: the JSON of `-j` (DCGM 4.x and every 3.x layout,
 the runtime_error form, the iterations wrapper, a preamble before it) and the bordered table
 printed without `-j` (3.x and 4.x), whole or pasted in part. The exit code is a cross-check,
-never a verdict; a status word outside DCGM's own set is an error, never a pass."""
+never a verdict; a status word outside DCGM's own set is an error, never a pass.
+
+Why it is long: it reads one tool's two forms, the JSON and the printed table, into the same
+checks: both go through one status table, one test-level rule, one reading of DCGM's own
+failures and of a CUDA build mismatch, and one cross-check with the exit code."""
 
 from __future__ import annotations
 

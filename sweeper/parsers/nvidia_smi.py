@@ -11,7 +11,12 @@ The shapes read (as printed, or pasted after a prompt line or a runner's prefix,
   device handle for GPU <bus id>: Unknown Error` (or `GPU is lost`) fail, the GPU is gone; a
   field read as `Unknown Error` or `ERR!` means the GPU did not answer.
 - the summary table (`nvidia-smi` alone): each GPU's volatile uncorrectable ECC count and the cells
-  printed as `ERR!`; the rest of the health fields are only in `-q` and the CSV queries."""
+  printed as `ERR!`; the rest of the health fields are only in `-q` and the CSV queries.
+
+Why it is long: one tool, one parser. The shapes above all fill the same `Reading` through the
+same field tables (what is not a value, which keys are health, which throttle reasons alert)
+and are judged by one `judge`, the rules the NVML checks use; split by shape, each part would
+import the tables and helpers of the others."""
 
 from __future__ import annotations
 

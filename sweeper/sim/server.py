@@ -1,4 +1,10 @@
-"""The simulated cluster's HTTP API server: the REST paths Sweeper and kubectl use."""
+"""The simulated cluster's HTTP API server: the REST paths Sweeper and kubectl use.
+
+Why it is long: this is the apiserver. One router (`ApiServer.handle`) takes every verb and path
+(create, apply, the three patch types, delete with propagation, evictions under PDBs, logs,
+discovery, admission, watches) to one store; a path's whole handling reads top to bottom in one
+place, and the pieces that stand alone (store, patch, selectors, RBAC, admission, tables,
+OpenAPI) are modules beside it."""
 
 from __future__ import annotations
 
