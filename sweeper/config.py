@@ -2,7 +2,7 @@
 
 Each key is declared once below, with `setting()`: type, default, range, unit and help. That one
 declaration drives the loader, the `file:line` messages, `sweeper lint --config` and the README's
-table. The checking is pydantic v2's (see sweeper/schema.py for why pydantic), on a model derived
+table. The checking is pydantic v2's (see sweeper/schema/ for why pydantic), on a model derived
 from the dataclass; the dataclass stays the object the code passes around.
 """
 

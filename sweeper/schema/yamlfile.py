@@ -1,0 +1,81 @@
+"""Reading a YAML file of Sweeper's: without aliases (`NoAliasLoader`), with its node tree kept for
+line numbers (`read_yaml`, `locate`), and its problems raised together (`ConfigProblems`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sweeper.errors import ConfigError
+
+
+# -- YAML without aliases ------------------------------------------------------------------
+class NoAliasLoader(yaml.SafeLoader):
+    """PyYAML's safe loader that refuses aliases (`*name`): a few hundred bytes of nested aliases
+    ("billion laughs") expand to gigabytes once anything walks the data, and no file Sweeper
+    reads needs them."""
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:  # type: ignore[override]
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(None, None, "YAML aliases (*name) are not allowed", event.start_mark)
+        return super().compose_node(parent, index)  # type: ignore[no-any-return]
+
+
+def safe_load(text: str) -> Any:
+    """One YAML document, as `yaml.safe_load` reads it, but refusing aliases."""
+    return yaml.load(text, Loader=NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def safe_load_all(text: str) -> list[Any]:
+    """Every YAML document of `text`, refusing aliases."""
+    return list(yaml.load_all(text, Loader=NoAliasLoader))  # noqa: S506 - a SafeLoader subclass
+
+
+class ConfigProblems(ConfigError):
+    """A file with one or more problems; `problems` holds each as `file:line: key: ...`."""
+
+    def __init__(self, problems: list[str]) -> None:
+        more = f" (and {len(problems) - 1} more problem(s); `sweeper lint` lists each)" if len(problems) > 1 else ""
+        super().__init__(problems[0] + more)
+        self.problems = problems
+
+
+# -- reading a file with line marks -----------------------------------------------------
+def read_yaml(path: Path, what: str) -> tuple[Any, yaml.Node | None]:
+    """The file's data and its composed node tree (for line numbers)."""
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc}") from exc
+    try:
+        node = yaml.compose(text, Loader=NoAliasLoader)
+        data = safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        raise ConfigProblems([f"{path}:{mark.line + 1 if mark else 1}: YAML syntax error: {exc.problem}"]) from exc
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise ConfigProblems([f"{path}:1: not readable as YAML: {type(exc).__name__}"]) from exc
+    return data, node
+
+
+def locate(node: yaml.Node | None, loc: tuple[Any, ...]) -> tuple[int, yaml.Node | None]:
+    """The 1-based line of the deepest key of `loc` present in the YAML, and the node there."""
+    if node is None:
+        return 1, None
+    line = node.start_mark.line
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            # the last of repeated keys, as PyYAML keeps the last value
+            hit = next(((k, v) for k, v in reversed(node.value) if str(getattr(k, "value", "")) == str(part)), None)
+            if hit is None:
+                break
+            line, node = hit[0].start_mark.line, hit[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line
+        else:
+            break
+    return line + 1, node
