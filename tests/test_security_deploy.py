@@ -1,8 +1,9 @@
 """The deployment's boundaries (docs/security.md): each attack on the shipped manifests is refused.
 
-The Pod Security levels are checked with the simulator's admission (sweeper/sim/podspec.py, applied by sweeper/sim/cluster.py), the
-RBAC with the simulator's evaluator (sweeper/sim/rbac.py), and the ValidatingAdmissionPolicies with
-a real CEL implementation (cel-python) through sweeper/sim/admission.py."""
+The Pod Security levels are checked with the simulator's admission (sweeper/sim/podspec.py, which
+sweeper/sim/cluster.py applies), the RBAC with the simulator's evaluator (sweeper/sim/rbac.py), and
+the ValidatingAdmissionPolicies with a real CEL implementation (cel-python) through
+sweeper/sim/admission.py."""
 
 from __future__ import annotations
 
