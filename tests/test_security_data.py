@@ -334,7 +334,7 @@ def test_yaml_aliases_are_refused_in_playbooks_configs_fleets_policies_and_xid_f
     book = tmp_path / "bomb.yaml"
     book.write_text("name: bomb\nvars:\n" + "".join("  " + line + "\n" for line in BOMB.splitlines())
                     + "tasks:\n  - debug: {msg: '{{ i }}'}\n")
-    t0 = time.monotonic()
+    t0 = time.process_time()  # CPU time: a loaded machine stretches the clock, not the work
     with pytest.raises(PlaybookError, match="aliases"):
         load_playbook(book, load_all())
     report = lint_paths([book], Config())
@@ -344,7 +344,7 @@ def test_yaml_aliases_are_refused_in_playbooks_configs_fleets_policies_and_xid_f
         f.write_text(BOMB)
         with pytest.raises(ConfigError, match="alias"):
             loader(f)
-    assert time.monotonic() - t0 < 5
+    assert time.process_time() - t0 < 5
 
 
 def test_jinja2_is_one_whose_sandbox_the_format_trick_does_not_escape() -> None:
@@ -420,7 +420,7 @@ def test_each_parser_reads_a_1mb_adversarial_line_within_a_second(parser: str) -
     from sweeper import ingest
 
     for line in ADVERSARIAL:
-        t0 = time.perf_counter()
+        t0 = time.process_time()  # CPU seconds of this process: the bound holds on a loaded machine too
         try:
             if parser == "detect":
                 ingest.detect(line)
@@ -428,7 +428,7 @@ def test_each_parser_reads_a_1mb_adversarial_line_within_a_second(parser: str) -
                 ingest.ingest(line, "gpu-00", parser, T0)
         except ConfigError:
             pass
-        took = time.perf_counter() - t0
+        took = time.process_time() - t0
         assert took < 1.0, f"{parser} took {took:.2f}s on {line[:40]!r}..."
 
 
