@@ -43,6 +43,8 @@ from sweeper.errors import PlaybookError
 MEMORY_LIMIT = 1 << 30  # bytes of address space; a worker maps ~100 MiB (23 MiB resident) once it has rendered
 GRACE = 0.25  # seconds past the deadline before the kill, so the worker's own deadline answers first
 CPU_MARGIN = 2  # CPU seconds past a request's deadline before RLIMIT_CPU ends an orphaned worker
+STARTUP = 60.0  # seconds a fresh worker may take to start and import, outside any render's deadline
+READY = b"ready"  # the worker's first message: it has imported the templating module
 ANSWER_LIMIT = 64 << 20  # bytes of one pickled answer (a render's value is at most LIMITS.output characters)
 ENV_SWITCH = "SWEEPER_RENDER_ISOLATION"  # "thread": render in-process (the simulator and tests may)
 
@@ -50,6 +52,10 @@ ENV_SWITCH = "SWEEPER_RENDER_ISOLATION"  # "thread": render in-process (the simu
 def isolated() -> bool:
     """Whether renders go to the worker: the default, unless the switch says `thread`."""
     return os.environ.get(ENV_SWITCH, "process").strip().lower() != "thread"
+
+
+class WorkerStartError(Exception):
+    """A fresh worker did not say it was ready within STARTUP seconds, or ended first."""
 
 
 class Unpicklable(Exception):
@@ -68,13 +74,14 @@ class Worker:
         self.started = 0  # workers started so far (tests and the benchmark read it)
         self.requests = 0  # renders sent to a worker
         self.fallbacks = 0  # requests that held a value that cannot cross, rendered in-process
+        self.command = [sys.executable, "-m", "sweeper.render_worker"]
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
 
     def _start(self) -> None:
-        self._proc = subprocess.Popen([sys.executable, "-m", "sweeper.render_worker"], stdin=subprocess.PIPE,
+        self._proc = subprocess.Popen(self.command, stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, close_fds=True)
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._send = Connection(os.dup(self._proc.stdin.fileno()), readable=False)
@@ -83,6 +90,20 @@ class Worker:
         self._proc.stdout.close()
         self._owner = os.getpid()
         self.started += 1
+        # A render's deadline counts the render, not the interpreter's start: on a loaded machine
+        # the start alone can take longer than a deadline of seconds.
+        try:
+            ready = self._recv.poll(STARTUP) and self._recv.recv_bytes(len(READY)) == READY
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            try:  # its pipe closed: the exit status follows at once
+                code: int | None = self._proc.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                code = None
+            self.stop()
+            raise WorkerStartError(f"the render worker did not start within {STARTUP:g}s" if code is None
+                                   else f"the render worker ended at its start ({_how(code)})")
 
     def stop(self) -> None:
         """SIGKILL the worker (if any) and forget it; the next request starts a fresh one."""
@@ -110,7 +131,10 @@ class Worker:
                 self._proc = self._send = self._recv = None  # the worker and its pipes are the parent's
             if self._proc is None or self._proc.poll() is not None:
                 self.stop()
-                self._start()
+                try:
+                    self._start()
+                except WorkerStartError as exc:
+                    return ("start", str(exc))
             assert self._send is not None and self._recv is not None and self._proc is not None
             try:
                 self._send.send_bytes(data)
@@ -173,6 +197,8 @@ def run(op: str, args: tuple[Any, ...], where: str, snippet: str, seconds: float
                                          f"({MEMORY_LIMIT >> 20} MiB)")
     if kind == "timeout":
         raise PlaybookError(f"{where}: rendering {snippet!r} ran past {whose} ({seconds:g}s)")
+    if kind == "start":
+        raise PlaybookError(f"{where}: cannot render {snippet!r}: {answer[1]}")
     if kind == "died":
         raise PlaybookError(f"{where}: rendering {snippet!r} ended the render worker ({answer[1]}): past its "
                             f"memory limit ({MEMORY_LIMIT >> 20} MiB) or its CPU bound")
@@ -252,7 +278,12 @@ def main() -> None:
     from sweeper import templating  # before the first request, not during its deadline
 
     templating._IN_WORKER = True
-    _serve(Connection(os.dup(0), writable=False), Connection(out_fd, readable=False))
+    outbox = Connection(out_fd, readable=False)
+    try:
+        outbox.send_bytes(READY)
+    except OSError:
+        return
+    _serve(Connection(os.dup(0), writable=False), outbox)
 
 
 if __name__ == "__main__":

@@ -147,6 +147,32 @@ def _gone(pid: int, within: float) -> bool:
     return False
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU time of a live process, from /proc (None once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    if fields[0] in ("Z", "X"):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _gone_by_cpu(pid: int, cpu_bound: float, wall_cap: float = 300.0) -> bool:
+    """The process ended before it had used `cpu_bound` CPU seconds. RLIMIT_CPU counts CPU time,
+    not wall time, so on a loaded machine the worker meets it later by the clock but at the same
+    CPU; `wall_cap` only keeps a broken bound from hanging the suite."""
+    until = time.monotonic() + wall_cap
+    while time.monotonic() < until:
+        used = _cpu_seconds(pid)
+        if used is None:
+            return True
+        if used > cpu_bound:
+            return False
+        time.sleep(0.05)
+    return False
+
+
 @pytest.mark.parametrize("while_", ["idle", "busy"])
 def test_sigterm_of_the_parent_leaves_no_worker(while_: str) -> None:
     """Idle, the worker leaves on end-of-file of its pipe; busy in C, RLIMIT_CPU ends it."""
@@ -158,7 +184,10 @@ def test_sigterm_of_the_parent_leaves_no_worker(while_: str) -> None:
         assert not _gone(pid, 0.1), "the worker runs while its parent does"
         proc.send_signal(signal.SIGTERM)
         proc.wait(10)
-        assert _gone(pid, 2.0 if while_ == "idle" else 2.0 + render_worker.GRACE + render_worker.CPU_MARGIN + 3)
+        if while_ == "idle":
+            assert _gone(pid, 2.0)
+        else:  # the parent set a 2 s deadline: RLIMIT_CPU ends the worker at about 2 + GRACE + CPU_MARGIN
+            assert _gone_by_cpu(pid, 2.0 + render_worker.GRACE + render_worker.CPU_MARGIN + 1.5)
     finally:
         proc.kill()
         proc.wait()
@@ -191,3 +220,25 @@ def test_variables_that_cannot_cross_render_in_process() -> None:
     assert WORKER.fallbacks == fallbacks
     assert render("{{ f is defined and n }}", {"n": 1, "f": lambda: 0}, "pb") == 1
     assert WORKER.fallbacks == fallbacks + 1
+
+
+def test_the_deadline_counts_the_render_not_the_workers_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a loaded controller a fresh interpreter can take longer to start than a render's whole
+    deadline; the start is waited for on its own (the worker says it is ready), and a worker
+    that ends at its start is named as such."""
+    slow = render_worker.Worker()
+    slow.command = [sys.executable, "-c", "import runpy, time; time.sleep(2.5); "
+                    "runpy.run_module('sweeper.render_worker', run_name='__main__')"]
+    monkeypatch.setattr(render_worker, "WORKER", slow)
+    try:
+        at = time.monotonic()
+        answer = slow.call(("render", ("{{ 6 * 7 }}", {}), replace(OPEN, seconds=1.0), None), 1.0)
+        assert answer == ("ok", 42) and time.monotonic() - at >= 2.5
+    finally:
+        slow.stop()
+    broken = render_worker.Worker()
+    broken.command = [sys.executable, "-c", "raise SystemExit(3)"]
+    monkeypatch.setattr(render_worker, "WORKER", broken)
+    with pytest.raises(PlaybookError, match=r"^pb\.yaml:3: cannot render .*the render worker ended at its start "
+                                            r"\(exit status 3\)"):
+        render("{{ 1 }}", {}, "pb.yaml:3")

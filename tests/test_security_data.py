@@ -334,7 +334,7 @@ def test_yaml_aliases_are_refused_in_playbooks_configs_fleets_policies_and_xid_f
     book = tmp_path / "bomb.yaml"
     book.write_text("name: bomb\nvars:\n" + "".join("  " + line + "\n" for line in BOMB.splitlines())
                     + "tasks:\n  - debug: {msg: '{{ i }}'}\n")
-    t0 = time.monotonic()
+    t0 = time.process_time()  # CPU time: a loaded machine stretches the clock, not the work
     with pytest.raises(PlaybookError, match="aliases"):
         load_playbook(book, load_all())
     report = lint_paths([book], Config())
@@ -344,7 +344,7 @@ def test_yaml_aliases_are_refused_in_playbooks_configs_fleets_policies_and_xid_f
         f.write_text(BOMB)
         with pytest.raises(ConfigError, match="alias"):
             loader(f)
-    assert time.monotonic() - t0 < 5
+    assert time.process_time() - t0 < 5
 
 
 def test_jinja2_is_one_whose_sandbox_the_format_trick_does_not_escape() -> None:
@@ -365,10 +365,15 @@ def test_jinja2_is_one_whose_sandbox_the_format_trick_does_not_escape() -> None:
         render("{{ ('{0.__class__.__init__.__globals__}'|attr('format'))(x) }}", {"x": object()})
 
 
-def test_a_deep_compare_of_shared_lists_stops_within_the_deadline() -> None:
+def test_a_deep_compare_of_shared_lists_stops_within_the_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
     """`[a, a]` doubled forty times costs forty lists but is 2**40 items to `==`, which CPython
-    compares in C without a pause where the render deadline could stop it."""
+    compares in C without a pause where the render deadline could stop it. The deadline is
+    raised here so that a slow (loaded) machine still reaches the compare: what must stop it is
+    the template limit, never the clock."""
+    from sweeper import templating
     from sweeper.templating import render
+
+    monkeypatch.setattr(templating, "LIMITS", replace(templating.LIMITS, seconds=60.0))
 
     src = ("{% set ns = namespace(a=[1], b=[1]) %}{% for i in range(40) %}{% set ns.a = [ns.a, ns.a] %}"
            "{% set ns.b = [ns.b, ns.b] %}{% endfor %}{{ ns.a == ns.b }}")
@@ -382,9 +387,9 @@ def test_a_deep_compare_of_shared_lists_stops_within_the_deadline() -> None:
 
     t = threading.Thread(target=go, daemon=True)
     t.start()
-    t.join(8)
-    assert result, "the render was still running after 8 s"
-    assert isinstance(result[0], PlaybookError) and "template limit" in str(result[0])
+    t.join(90)
+    assert result, "the render was still running after 90 s"
+    assert isinstance(result[0], PlaybookError) and "template limit" in str(result[0]), result[0]
     assert render("{{ [1, [2, 3]] == [1, [2, 3]] and (1, 2) < (1, 3) and {'a': [1]} != {} }}", {}) is True
 
 
@@ -415,7 +420,7 @@ def test_each_parser_reads_a_1mb_adversarial_line_within_a_second(parser: str) -
     from sweeper import ingest
 
     for line in ADVERSARIAL:
-        t0 = time.perf_counter()
+        t0 = time.process_time()  # CPU seconds of this process: the bound holds on a loaded machine too
         try:
             if parser == "detect":
                 ingest.detect(line)
@@ -423,7 +428,7 @@ def test_each_parser_reads_a_1mb_adversarial_line_within_a_second(parser: str) -
                 ingest.ingest(line, "gpu-00", parser, T0)
         except ConfigError:
             pass
-        took = time.perf_counter() - t0
+        took = time.process_time() - t0
         assert took < 1.0, f"{parser} took {took:.2f}s on {line[:40]!r}..."
 
 

@@ -176,8 +176,9 @@ def kill_sweep_at(sim: Sim, state: Path, cfg: Path, stage: str, method: str, fra
                   timeout: float) -> None:
     """Run `sweeper sweep` in a process of its own and SIGKILL it at the nth API request whose
     method and path match (before or after the simulated API server answers it)."""
-    proc = subprocess.Popen(_sweep_cmd(sim.kubeconfig, state, cfg), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    err = state.with_name(state.name + ".stderr")
+    with err.open("wb") as sink:
+        proc = subprocess.Popen(_sweep_cmd(sim.kubeconfig, state, cfg), stdout=subprocess.DEVNULL, stderr=sink)
     seen = {"n": 0, "killed": False}
 
     def hook(st: str, m: str, path: str) -> None:
@@ -191,7 +192,8 @@ def kill_sweep_at(sim: Sim, state: Path, cfg: Path, stage: str, method: str, fra
     sim.server.hooks.append(hook)
     proc.wait(timeout=timeout)
     sim.server.hooks.clear()
-    assert seen["killed"], f"the sweep never reached {stage} {method} {fragment} #{nth}"
+    assert seen["killed"], (f"the sweep never reached {stage} {method} {fragment} #{nth} (exit {proc.returncode}):\n"
+                            + err.read_text(errors="replace")[-3000:])
 
 
 @pytest.mark.parametrize("stage,method,fragment,nth", STEPS)
