@@ -35,6 +35,7 @@ from sweeper.actions.podstate import (  # noqa: F401  (re-exported: their old ho
     finished,
     gpu_stack_words,
     runtime_result,
+    start_failure,
 )
 from sweeper.actions.podstate import Fault as _Fault  # noqa: F401  (its old name)
 from sweeper.actions.safety import REMEDIATION_TEMPLATES, Rules, problems, protected
@@ -43,7 +44,7 @@ from sweeper.config import home
 from sweeper.errors import ConfigError, KubeError, PlaybookError
 from sweeper.formats import FORMATS, detect, read
 from sweeper.parsers import dcgm, nccl, sweeper_result
-from sweeper.result import Result, error_result, tool_result
+from sweeper.result import Result, error_result
 from sweeper.schema import safe_load, safe_load_all
 from sweeper.templating import JobTemplate, render_template, resolve_template
 
@@ -183,15 +184,10 @@ def _read_result(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]],
         log = ""
         ctx.log(f"cannot read the log of {pod['metadata']['name']}: {exc}")
     message = term.get("message") or ""
-    words = gpu_stack_words(message) if term.get("reason") == "StartError" else ""
-    if words:
-        return runtime_result(node, now, f"StartError, exit {exit_code}", words)
-    if term.get("reason") == "StartError" or exit_code in TOOL_EXIT:
-        image = statuses[0].get("image", "") if statuses else ""
-        what = TOOL_EXIT.get(exit_code) or "the check container could not start"  # type: ignore[arg-type]
-        tail = (log.strip().splitlines() or [""])[-1] if log.strip() else message.strip()
-        return tool_result(node, now, "StartError" if term.get("reason") == "StartError" else f"exit {exit_code}",
-                           f"{what} (image {image}, exit {exit_code})", tail[:500])
+    tail = (log.strip().splitlines() or [""])[-1] if log.strip() else message.strip()
+    failure = start_failure(node, now, statuses, tail, "the check container could not start")
+    if failure is not None:
+        return failure
     if parser == "auto":
         try:
             parser = detect(log or message)

@@ -10,7 +10,7 @@ from typing import Any
 from sweeper.actions import ActionContext
 from sweeper.actions.follow import MPIShape, Outcome, PollSource, follow
 from sweeper.actions.pairspec import pair_answer, pair_floor
-from sweeper.actions.podstate import TOOL_EXIT, finished
+from sweeper.actions.podstate import finished, start_failure
 from sweeper.errors import KubeError, NotServed
 from sweeper.parsers import pair as pair_parser
 from sweeper.result import CheckResult, Result, tool_result
@@ -92,12 +92,11 @@ def read_launcher(ctx: ActionContext, namespace: str, launchers: list[dict[str, 
     except KubeError as exc:
         ctx.log(f"cannot read the log of {pod['metadata']['name']}: {exc}")
         log = term.get("message") or ""
-    if term.get("reason") == "StartError" or code in TOOL_EXIT:
-        image = statuses[0].get("image", "") if statuses else ""
-        what = TOOL_EXIT.get(code) or "the launcher container could not start"  # type: ignore[arg-type]
-        tail = (log.strip().splitlines() or [""])[-1]
-        return tool_result(a, now, "StartError" if term.get("reason") == "StartError" else f"exit {code}",
-                           f"{what} (image {image}, exit {code})", tail[:500])
+    # The launcher runs only mpirun, with no GPU: its start is never the node's GPU stack's to fail.
+    failure = start_failure(a, now, statuses, (log.strip().splitlines() or [""])[-1],
+                            "the launcher container could not start", gpu_stack=False)
+    if failure is not None:
+        return failure
     floor, no_floor = pair_floor(ctx, parser_args)
     result = pair_parser.parse([log, ""], a, now, partner=b, min_busbw=floor, no_floor=no_floor,
                                mtu=None, ifaces=[], exit_codes=[code, None])

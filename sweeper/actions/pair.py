@@ -44,7 +44,7 @@ from sweeper.actions.pairspec import (  # noqa: F401  (re-exported: their old ho
     pair_fabric,
     pair_floor,
 )
-from sweeper.actions.podstate import TOOL_EXIT, finished, gpu_stack_words, runtime_result
+from sweeper.actions.podstate import finished, start_failure
 from sweeper.actions.safety import protected
 from sweeper.clock import parse_duration
 from sweeper.errors import KubeError, PlaybookError
@@ -210,16 +210,11 @@ def read_pair(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]], a:
         except KubeError as exc:
             ctx.log(f"cannot read the log of {pod['metadata']['name']}: {exc}")
             logs[i] = term.get("message") or ""
-        words = gpu_stack_words(term.get("message") or "") if term.get("reason") == "StartError" else ""
-        if words:  # the GPU stack of the node this pod ran on: a finding, which re-pairing pins on it
-            return runtime_result(a, now, f"StartError, exit {codes[i]}", words,
-                                  str((pod.get("spec") or {}).get("nodeName") or ""))
-        if term.get("reason") == "StartError" or codes[i] in TOOL_EXIT:
-            image = statuses[0].get("image", "") if statuses else ""
-            what = TOOL_EXIT.get(codes[i]) or "the pair container could not start"  # type: ignore[arg-type]
-            tail = (logs[i].strip().splitlines() or [""])[-1]
-            return tool_result(a, now, "StartError" if term.get("reason") == "StartError" else f"exit {codes[i]}",
-                               f"{what} (image {image}, exit {codes[i]})", tail[:500])
+        # The GPU stack of the node this pod ran on: a finding, which re-pairing pins on it.
+        failure = start_failure(a, now, statuses, (logs[i].strip().splitlines() or [""])[-1],
+                                "the pair container could not start", on=str((pod.get("spec") or {}).get("nodeName") or ""))
+        if failure is not None:
+            return failure
     if not by_index:
         return tool_result(a, now, "NoPods", "the pair Job finished but none of its pods is left to read")
     node = ctx.node or {}

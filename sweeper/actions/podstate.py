@@ -57,6 +57,25 @@ def runtime_result(node: str, now: float, reason: str, words: str, on: str = "")
         code=RUNTIME_CODE),))
 
 
+def start_failure(node: str, now: float, statuses: list[dict[str, Any]], tail: str, what: str, on: str = "",
+                  gpu_stack: bool = True) -> Result | None:
+    """A finished pod's first container that never got to run its work, else None: the node's GPU stack
+    refused to start it (a finding on the node `on`, where `gpu_stack`), or it could not start or exec
+    its program (StartError, exit 126 or 127: a fault of the tool, `what` when no exit code says more).
+    `tail`: the output's last line, kept with a fault of the tool."""
+    term = ((statuses[0].get("state") or {}).get("terminated") or {}) if statuses else {}
+    code = term.get("exitCode")
+    words = gpu_stack_words(term.get("message") or "") if gpu_stack and term.get("reason") == "StartError" else ""
+    if words:
+        return runtime_result(node, now, f"StartError, exit {code}", words, on)
+    if term.get("reason") == "StartError" or code in TOOL_EXIT:
+        image = statuses[0].get("image", "") if statuses else ""
+        return tool_result(node, now, "StartError" if term.get("reason") == "StartError" else f"exit {code}",
+                           f"{TOOL_EXIT.get(code) or what} (image {image}, exit {code})",  # type: ignore[arg-type]
+                           tail[:500])
+    return None
+
+
 def job_condition(job: dict[str, Any]) -> dict[str, Any] | None:
     """The Job's Complete or Failed condition, once it has one."""
     for c in (job.get("status") or {}).get("conditions") or []:
