@@ -23,12 +23,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from sweeper.actions import ActionContext
+from sweeper.actions.follow import PollSource, Shape, follow
 from sweeper.actions.jobs import render_job
 from sweeper.actions.node import meta_op, patch_node
+from sweeper.actions.podstate import job_condition
 from sweeper.clock import Clock, iso
 from sweeper.config import Config
 from sweeper.errors import ConfigError, KubeError, NotFound, SweeperError
 from sweeper.fleet import NodeView
+from sweeper.result import CheckResult, Result, tool_result
 from sweeper.xid import resets
 
 # The GPU Operator's operands that hold the GPUs open, by the suffix of their deploy label and their
@@ -220,7 +223,7 @@ class Remediator:
                     self.log(f"GPU reset: {', '.join(holders)} still on the node: rebooting instead")
                     return self.reboot(run_id + "-r", view, node_vars)
             self.kube.create_job(self.cfg.remediation_namespace, job)
-            status = self._wait_job(name, 600)
+            status = self._wait_job(name, 600, view.name)
             if status == "Complete":
                 status = self._confirm_reset(name, gpus)
             try:
@@ -266,18 +269,29 @@ class Remediator:
                 return holders
             self.clock.sleep(self.cfg.poll_interval)
 
-    def _wait_job(self, name: str, timeout: float) -> str:
-        deadline = self.clock.now() + timeout
-        while self.clock.now() < deadline and not self.cancelled():
-            try:
-                job = self.kube.get_job(self.cfg.remediation_namespace, name)
-            except NotFound:
-                return "Lost"
-            for c in (job.get("status") or {}).get("conditions") or []:
-                if c.get("type") in ("Complete", "Failed") and c.get("status") == "True":
-                    return str(c["type"])
-            self.clock.sleep(self.cfg.poll_interval)
-        return "Timeout"
+    def _wait_job(self, name: str, timeout: float, node: str = "") -> str:
+        """Follow the reset Job with the loop that follows every Job (sweeper.actions.follow):
+        'Complete' when it completed, else what became of it ('Lost': deleted under the run)."""
+        ns, kube = self.cfg.remediation_namespace, self.kube
+        ctx = ActionContext(config=self.cfg, clock=self.clock, kube=kube, log=self.log, cancelled=self.cancelled)
+
+        def ended(cond: dict[str, Any], pods: list[dict[str, Any]]) -> Result:
+            now = self.clock.now()
+            if cond.get("type") == "Complete":
+                return Result(node=node, source="gpu-reset", started=now, finished=now,
+                              checks=(CheckResult("gpu.reset", "pass", "the reset Job completed"),))
+            return tool_result(node, now, str(cond.get("reason") or "Failed"), "the reset Job failed",
+                               str(cond.get("message") or ""))
+
+        source = PollSource(ctx, lambda: kube.get_job(ns, name), lambda: kube.namespaced_pods(ns, f"job-name={name}"),
+                            job_condition, lambda at, now: tool_result(at, now, "Lost", f"Job {ns}/{name} was deleted"))
+        outcome = follow(ctx, source, Shape(node), timeout, False, ended)
+        if outcome.result is None:
+            return f"Stopped ({outcome.inconclusive})"
+        if outcome.result.status == "pass":
+            return "Complete"
+        bad = outcome.result.failed_checks[0] if outcome.result.failed_checks else None
+        return "Lost" if bad is not None and bad.code == "Lost" else f"Failed ({bad.message if bad else ''})"
 
     def _mark(self, node: str, how: str, boot_id: str, recheck: bool) -> None:
         p = self.cfg.prefix
