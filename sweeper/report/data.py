@@ -120,8 +120,15 @@ def gather(history: Any, policy: Policy, since: float, now: float, interval: flo
               f"{p.then}" for p in policy.peers}
     rules |= {r.name: f"failed pairs with {r.partners} or more different partners within {_days(r.window)}: {r.then}"
               for r in policy.pair_failures}
+    rules |= {r.name: f"more than {r.allowed} {'/'.join(r.verdicts)} verdict(s) for the same cause within "
+              f"{_days(r.window)}: {r.then}" for r in policy.ladders}
+    rules |= {r.name: f"held for a cause, handed back, and failing for it again within {_days(r.window)}: {r.then}"
+              for r in policy.relapses}
+    rules |= {r.name: f"{r.k} of the last {r.n} conclusive sweeps held the node: {r.then}" for r in policy.failure_rates}
     for name in chosen:
-        data.pages.append(_page(history, name, states.get(name), since, now, metrics, rules))
+        page = _page(history, name, states.get(name), since, now, metrics, rules)
+        page["floor"] = data.floors.get(page["profile"])
+        data.pages.append(page)
     return data
 
 
@@ -136,9 +143,13 @@ def _page(history: Any, name: str, state: dict[str, Any] | None, since: float, n
                 by_gpu.setdefault(gpu, []).append((ts, value))
         if by_gpu:
             series.append({"metric": metric, "by_gpu": by_gpu})
-    used = {r for s in h["sweeps"] for r in s.get("rules") or []}
+    last = (state or {}).get("last")
+    # the rules of the sweeps in the window, and of the latest verdict (the one the held table names) even
+    # where that sweep is older than the window
+    used = {r for s in [*h["sweeps"], last or {}] for r in s.get("rules") or []}
     return {"node": name, "state": (state or {}).get("state", "unknown"), "profile": (state or {}).get("profile", ""),
-            "history": h, "series": series, "rules": {r: rules.get(r, "") for r in sorted(used)}}
+            "last": last, "history": h, "series": series,
+            "rules": {r: rules.get(r) or "a rule of another policy" for r in sorted(used)}}
 
 
 def _days(seconds: float) -> str:
@@ -161,7 +172,10 @@ def node_states(data: ReportData) -> dict[str, dict[str, Any]]:
 def _node_states(data: ReportData) -> dict[str, dict[str, Any]]:
     latest = {r["node"]: r for r in data.fleet}
     full: dict[str, float] = {}
+    light: dict[str, float] = {}
     for s in data.timeline:
+        if s["kind"] == "light":
+            light[s["node"]] = s["started"]
         # a pair sweep checks the node too, unless it ended waiting for a re-pair
         if s["kind"] == "sweep" or (s["kind"] == "pair" and s["verdict"] != "inconclusive"):
             full[s["node"]] = s["started"]
@@ -182,7 +196,7 @@ def _node_states(data: ReportData) -> dict[str, dict[str, Any]]:
             state = "in service"
         profile = (data.gpu_nodes or {}).get(name) or (last or {}).get("profile") or "?"
         out[name] = {"state": state, "profile": profile, "last": last, "full": full.get(name),
-                     "replaced": replaced_at}
+                     "light": light.get(name), "replaced": replaced_at}
     return out
 
 
@@ -193,17 +207,24 @@ def coverage(data: ReportData) -> tuple[int, int]:
 
 
 def coverage_by_profile(data: ReportData) -> list[dict[str, Any]]:
-    """Per profile: GPU nodes in the cluster, swept within the interval, never swept, held."""
+    """Per profile: GPU nodes in the cluster, and where each went: swept within the interval, held,
+    busy (no full sweep within the interval, but a light check: GPU pods kept it), overdue (neither),
+    never swept. A held node swept within the interval counts in both of those columns."""
     cut = data.generated - coverage_window(data)
     by: dict[str, dict[str, Any]] = {}
     for st in node_states(data).values():
         if st["state"] in ("replaced", "gone"):
             continue
-        row = by.setdefault(st["profile"], {"profile": st["profile"], "nodes": 0, "fresh": 0, "never": 0, "held": 0})
+        row = by.setdefault(st["profile"], {"profile": st["profile"], "nodes": 0, "fresh": 0, "never": 0, "held": 0,
+                                            "busy": 0, "overdue": 0})
+        fresh = st["full"] is not None and st["full"] >= cut
         row["nodes"] += 1
-        row["fresh"] += int(st["full"] is not None and st["full"] >= cut)
+        row["fresh"] += int(fresh)
         row["never"] += int(st["state"] == "never swept")
         row["held"] += int(st["state"] == "held")
+        if not fresh and st["state"] == "in service":
+            busy = st["light"] is not None and st["light"] >= cut
+            row["busy" if busy else "overdue"] += 1
     return [by[k] for k in sorted(by)]
 
 

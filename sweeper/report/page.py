@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sweeper.report.data import ReportData, coverage, coverage_window, node_states
+from sweeper.report.data import (
+    BANDWIDTH,
+    ReportData,
+    coverage,
+    coverage_by_profile,
+    coverage_window,
+    node_states,
+)
 from sweeper.report.sections import (
     _bandwidth,
     _coverage,
@@ -47,8 +54,13 @@ def _node_pairs(pairs: list[dict[str, Any]], pages: set[str] | frozenset[str]) -
     points = sorted((p["ts"], p["busbw"]) for p in pairs if p["busbw"] is not None)
     if len(points) > 1:
         out += ("<figure class=pair-busbw><figcaption>pair bus bandwidth, GB/s, with each partner</figcaption>"
-                f"{_line_chart([('bus bandwidth', points)], unit=' GB/s')}</figure>")
+                f"{_line_chart([('bus bandwidth', points)], unit=' GB/s', zero=True)}</figure>")
     return out
+
+
+def _bandwidth_chart(lines: list[tuple[str, list[tuple[float, float]]]], page: dict[str, Any]) -> str:
+    """A node's NCCL bus bandwidth from 0 GB/s, with its profile's floor drawn where one is set."""
+    return _line_chart(lines, unit=" GB/s", zero=True, floor=page.get("floor"))
 
 
 def _node_page(page: dict[str, Any], pages: set[str] | frozenset[str] = frozenset()) -> str:
@@ -58,6 +70,14 @@ def _node_page(page: dict[str, Any], pages: set[str] | frozenset[str] = frozense
              f"<span class=state style='background:{STATE_COLORS.get(page['state'], '#888')}'>{_esc(page['state'])}"
              f"</span> <span class=note>{_esc(page['profile'])}</span> <a class=top href=\"#top\">top</a></h3>",
              f"<p class=note>from the command line: <code>sweeper history {_esc(node)}</code></p>"]
+    last = page.get("last")
+    if last is not None:  # the latest conclusive sweep, as the held table and `sweeper nodes` name it
+        rules = ", ".join(last.get("rules") or []) or ("findings" if last["verdict"] not in ("pass", None) else "")
+        why = "; ".join(last.get("reasons") or [])[:400] if last["verdict"] != "pass" else ""
+        parts.append(f"<p class=latest data-rule=\"{_esc(rules)}\">latest: <b style='color:"
+                     f"{COLORS.get(last['verdict'] or '', '#999')}'>{_esc(last['verdict'])}</b> "
+                     f"{_when(last['started'])} UTC" + (f", rule <b>{_esc(rules)}</b>" if rules else "")
+                     + (f": {_esc(why)}" if why else "") + "</p>")
     for rule, meaning in page["rules"].items():
         parts.append(f"<p class=rule><b>{_esc(rule)}</b>: {_esc(meaning)}</p>")
     if h["sweeps"]:
@@ -97,7 +117,8 @@ def _node_page(page: dict[str, Any], pages: set[str] | frozenset[str] = frozense
             key = "".join(f'<span><i style="background:{GPU_COLORS[i % len(GPU_COLORS)]}"></i>{_esc(name)}</span>'
                           for i, (name, _) in enumerate(lines)) if len(lines) > 1 else ""
             charts.append(f"<figure class=metric data-metric=\"{_esc(s['metric'])}\"><figcaption>{_esc(s['metric'])}"
-                          f" per GPU</figcaption>{_line_chart(lines)}<div class=legend>{key}</div></figure>")
+                          f" per GPU</figcaption>{_bandwidth_chart(lines, page) if s['metric'] == BANDWIDTH else _line_chart(lines)}"
+                          f"<div class=legend>{key}</div></figure>")
         parts.append("<h4>Metric trends</h4><div class=cards>" + "".join(charts) + "</div>" +
                      (f"<p class=note>unchanged on every GPU: {', '.join(flat)}</p>" if flat else ""))
     parts.append("</section>")
@@ -138,6 +159,7 @@ def render(data: ReportData, title: str = "Sweeper fleet report", refresh: int =
     pct = f"{fresh / known:.0%}" if known else "-"
     tiles = "".join(f"<div class=tile data-tile=\"{k}\"><b>{v}</b>{k}</div>" for k, v in (
         ("GPU nodes", known), ("swept within interval", f"{fresh} ({pct})"), ("never swept", count["never swept"]),
+        ("busy: light checks only", sum(r["busy"] for r in coverage_by_profile(data))),
         ("held", count["held"]), ("replaced", count["replaced"] + count["gone"])))
     source = (f"GPU nodes from {_esc(data.node_source)}" if data.gpu_nodes is not None else
               "GPU nodes from the history alone (no cluster and no recorded plan: never-swept nodes are not counted)")

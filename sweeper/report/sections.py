@@ -14,6 +14,7 @@ from sweeper.report.svg import (
     _histogram,
     _line_chart,
     _node_link,
+    _tick_format,
     _tick_label,
     _ticks,
     _when,
@@ -33,7 +34,7 @@ def _timeline(data: ReportData, pages: set[str], states: dict[str, dict[str, Any
     # Nodes with a sweep that did not pass come first, so a large fleet's trouble is never cut off.
     nodes = sorted(by_node, key=lambda n: (all(s["verdict"] == "pass" for s in by_node[n]), n))[:MAX_TIMELINE_NODES]
     t0 = min(s["started"] for s in data.timeline)
-    t1 = max(data.generated, t0 + 3600)
+    t1 = max(data.generated, t0 + 3600, max(s["started"] for s in data.timeline))
     row, label, plot = 16, 170, 760
     width, height = label + plot + 20, len(nodes) * row + 30
 
@@ -42,10 +43,12 @@ def _timeline(data: ReportData, pages: set[str], states: dict[str, dict[str, Any
 
     parts = [f'<svg class=timeline width="{width}" height="{height}" viewBox="0 0 {width} {height}" role=img '
              'aria-label="every sweep of each node at its time, coloured by verdict">']
-    for tick in _ticks(t0, t1):
+    ticks = _ticks(t0, t1)
+    fmt = _tick_format(ticks, t0, t1)
+    for tick in ticks:
         parts.append(f'<line x1="{x(tick):.1f}" x2="{x(tick):.1f}" y1=0 y2="{height - 22}" class=grid />'
-                     f'<text x="{x(tick):.1f}" y="{height - 8}" text-anchor=middle class=tick>'
-                     f'{_tick_label(tick, t0, t1)}</text>')
+                     f'<text x="{x(tick):.1f}" y="{height - 8}" text-anchor=middle class=tick data-ts="{tick:.0f}">'
+                     f'{_tick_label(tick, fmt)}</text>')
     for i, node in enumerate(nodes):
         y = i * row + row / 2
         st = states.get(node, {}).get("state", "")
@@ -80,10 +83,17 @@ def _coverage(data: ReportData) -> str:
         return "<p class=empty>No GPU node known.</p>"
     body = "".join(
         f"<tr data-profile=\"{_esc(r['profile'])}\"><td>{_esc(r['profile'])}</td><td>{r['nodes']}</td>"
-        f"<td>{r['fresh']}</td><td>{r['never']}</td><td>{r['held']}</td>"
-        f"<td>{r['fresh'] / r['nodes']:.0%}</td></tr>" for r in rows)
+        f"<td>{r['fresh']}</td><td data-col=busy>{r['busy']}</td><td data-col=overdue>{r['overdue']}</td>"
+        f"<td>{r['never']}</td><td>{r['held']}</td><td>{r['fresh'] / r['nodes']:.0%}</td></tr>" for r in rows)
+    busy, overdue = sum(r["busy"] for r in rows), sum(r["overdue"] for r in rows)
+    note = ("<p class=note>Where the nodes not swept within the interval went: <b>busy</b>, GPU pods kept them, so "
+            "each got only the light check (read-only, beside the workload) and gets a full sweep once idle; "
+            "<b>overdue</b>, neither a full sweep nor a light check within the interval (over budget, opted out, too "
+            "young, light checks off, or no run); <b>never swept</b>; <b>held</b> (a held node swept within the "
+            f"interval counts there too). Busy now: {busy}, overdue: {overdue}.</p>")
     return ("<table class=coverage><thead><tr><th>profile</th><th>GPU nodes</th><th>swept within interval</th>"
-            f"<th>never swept</th><th>held</th><th>coverage</th></tr></thead><tbody>{body}</tbody></table>")
+            "<th>busy: light checks only</th><th>overdue</th><th>never swept</th><th>held</th><th>coverage</th>"
+            f"</tr></thead><tbody>{body}</tbody></table>{note}")
 
 
 def _held(data: ReportData, states: dict[str, dict[str, Any]], pages: set[str]) -> str:

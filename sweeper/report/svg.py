@@ -5,6 +5,7 @@ and histograms."""
 from __future__ import annotations
 
 import html
+import math
 import time
 from typing import Any
 
@@ -41,28 +42,54 @@ def _node_link(node: str, pages: set[str] | frozenset[str]) -> str:
     return f'<a href="#{anchor(node)}">{_esc(node)}</a>' if node in pages else _esc(node)
 
 
-TICKS = (3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400, 14 * 86400, 30 * 86400)
+TICKS = (300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400, 14 * 86400,
+         30 * 86400, 91 * 86400, 365 * 86400)
+EDGE = 0.05  # no tick this close (a share of the axis) to either end: its centred label would be cut off
 
 
 def _ticks(t0: float, t1: float, most: int = 8) -> list[float]:
-    step = next((s for s in TICKS if (t1 - t0) / s <= most), TICKS[-1])
-    first = (int(t0 // step) + 1) * step
-    return [float(t) for t in range(int(first), int(t1) + 1, int(step))]
+    """Round times strictly inside the window [t0, t1] and clear of its ends: the finest step
+    (five minutes to a year) that gives no more than `most`."""
+    span = t1 - t0
+    if span <= 0:
+        return []
+    lo, hi = t0 + span * EDGE, t1 - span * EDGE
+    for step in TICKS:
+        first = math.ceil(lo / step) * step
+        count = int((hi - first) // step) + 1 if first <= hi else 0
+        if count <= most:
+            return [float(first + i * step) for i in range(count)]
+    return []
 
 
-def _tick_label(ts: float, t0: float, t1: float) -> str:
-    return time.strftime("%m-%d" if t1 - t0 > 3 * 86400 else "%m-%d %H:%M", time.gmtime(ts))
+def _tick_format(ticks: list[float], t0: float, t1: float) -> str:
+    """Dates alone when every tick is a midnight (UTC), times alone within one day, else both:
+    never two ticks with one label."""
+    if ticks and all(t % 86400 == 0 for t in ticks):
+        return "%m-%d"
+    if time.gmtime(t0)[:3] == time.gmtime(t1)[:3]:
+        return "%H:%M"
+    return "%m-%d %H:%M"
+
+
+def _tick_label(ts: float, fmt: str) -> str:
+    return time.strftime(fmt, time.gmtime(ts))
 
 
 def _line_chart(lines: list[tuple[str, list[tuple[float, float]]]], w: int = 380, h: int = 150,
-                limit: float | None = None, unit: str = "") -> str:
+                limit: float | None = None, unit: str = "", zero: bool = False, floor: float | None = None) -> str:
     """Lines over time (one per GPU), with a dashed line climbing at `limit` per day from the first
-    reading when the chart is a trend rule's."""
+    reading when the chart is a trend rule's. `zero`: the value axis starts at 0 (a bandwidth, whose
+    size a cut axis would exaggerate); `floor`: a level the values must stay above, drawn across."""
     pts = [p for _, line in lines for p in line]
     if not pts:
         return "<p class=empty>no readings</p>"
     t0, t1 = min(t for t, _ in pts), max(t for t, _ in pts)
     lo, hi = min(v for _, v in pts), max(v for _, v in pts)
+    if zero:
+        lo = min(lo, 0.0)
+    if floor is not None:
+        lo, hi = min(lo, floor), max(hi, floor)
     tspan, vspan = (t1 - t0) or 1.0, (hi - lo) or 1.0
     left, right, top, bottom = 44, 10, 10, 22
 
@@ -75,6 +102,11 @@ def _line_chart(lines: list[tuple[str, list[tuple[float, float]]]], w: int = 380
              f'<text x="{left - 4}" y="{h - bottom}" text-anchor=end>{lo:g}</text>'
              f'<text x="{left}" y="{h - 6}">{_when(t0)}</text>'
              f'<text x="{w - right}" y="{h - 6}" text-anchor=end>{_when(t1)}</text>']
+    if floor is not None:
+        _, fy = xy(t0, floor).split(",")
+        parts.append(f'<line class=floor x1="{left}" x2="{w - right}" y1="{fy}" y2="{fy}" stroke="#d03b3b" '
+                     f'stroke-dasharray="4 3"><title>floor {floor:g}{_esc(unit)}</title></line>'
+                     f'<text x="{w - right}" y="{float(fy) - 3:.1f}" text-anchor=end>floor {floor:g}</text>')
     if limit and len(pts) > 1:
         first = min(lines[0][1])  # the earliest reading of the line the rule judges
         end = first[1] + limit * (t1 - first[0]) / 86400
@@ -96,7 +128,8 @@ def _line_chart(lines: list[tuple[str, list[tuple[float, float]]]], w: int = 380
 
 
 def _histogram(values: list[float], floor: float | None, w: int = 360, h: int = 130, bins: int = 16) -> str:
-    lo = min(values + ([floor] if floor else []))
+    """Nodes per bandwidth bin, from 0 GB/s (a cut axis makes 2% look like half), the floor drawn."""
+    lo = min([0.0, *values])
     hi = max(values + ([floor] if floor else []))
     if hi == lo:
         hi = lo + 1.0
