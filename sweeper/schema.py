@@ -1,5 +1,5 @@
 """One description of a YAML file's keys (type, range, unit, help) that drives its loader, its
-`file:line: key: what is wrong; allowed: ...` messages, `sweeper lint` and the README's table.
+`file:line: key: what is wrong; allowed: ...` messages, `sweeper lint` and docs/configuration.md.
 
 The keys are declared once, on the frozen dataclass the rest of the code uses, with `setting()`.
 A pydantic v2 model is derived from that declaration to check a file. pydantic rather than
@@ -81,7 +81,7 @@ class Spec:
     annotation: Any = None  # an explicit pydantic type for a nested shape
     allowed: str = ""  # words for what `annotation` allows
     convert: Callable[[Any], Any] | None = None  # from the checked value to the runtime one
-    shown_default: str = ""  # the README's words for a default the loader fills in
+    shown_default: str = ""  # the docs' words for a default the loader fills in
 
     def constraints(self) -> dict[str, Any]:
         kw = {k: getattr(self, k) for k in ("ge", "gt", "le", "lt", "min_length", "pattern")
@@ -307,7 +307,7 @@ def problems_of(exc: ValidationError, origin: str, node: yaml.Node | None, model
             close = difflib.get_close_matches(str(loc[-1]), parent, n=1)
             wrong = "unknown key" + (f" (did you mean {close[0]}?)" if close else "")
             allowed = ("keys " + ", ".join(sorted(parent))) if 0 < len(parent) <= 16 else \
-                "the keys in the README's table" if parent else "no other keys"
+                "the keys in docs/configuration.md" if parent else "no other keys"
         elif kind == "missing":
             wrong, allowed = "missing", (allowed if spec else "a value (the key is required)")
         else:
@@ -380,7 +380,7 @@ def check(model: type[BaseModel], data: Any, origin: str, node: yaml.Node | None
 
 
 def reference_table(cls: type) -> str:
-    """The README's table of keys, generated from the declaration."""
+    """The docs' table of keys, generated from the declaration."""
     hints = typing.get_type_hints(cls)
     rows = ["| key | default | allowed | what it does |", "|---|---|---|---|"]
     for f in dataclasses.fields(cls):

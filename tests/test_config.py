@@ -1,5 +1,5 @@
 """The config, profile and fleet files: one declaration drives the loader, the file:line messages,
-`sweeper lint --config` and the README's tables."""
+`sweeper lint --config` and docs/configuration.md."""
 
 from __future__ import annotations
 
