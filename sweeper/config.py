@@ -1,8 +1,8 @@
 """Sweeper's configuration: one YAML file, strict keys, every safety limit with a default.
 
 Each key is declared once below, with `setting()`: type, default, range, unit and help. That one
-declaration drives the loader, the `file:line` messages, `sweeper lint --config` and the README's
-table. The checking is pydantic v2's (see sweeper/schema/ for why pydantic), on a model derived
+declaration drives the loader, the `file:line` messages, `sweeper lint --config` and
+docs/configuration.md. The checking is pydantic v2's (see sweeper/schema/ for why pydantic), on a model derived
 from the dataclass; the dataclass stays the object the code passes around.
 """
 
@@ -103,7 +103,7 @@ def _shapes() -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Config:
-    """Every key of the config file: its type, default, range and meaning (the README's table is made
+    """Every key of the config file: its type, default, range and meaning (docs/configuration.md is made
     from this). Bounds: durations a sweep waits on must be > 0 (a zero timeout ends every check before
     it starts); windows and ages may be 0 where 0 means "none"; percents are 0..100."""
 
@@ -128,7 +128,7 @@ class Config:
                                   duration=True, ge=0)
     min_node_age: float = setting(600.0, "a younger node is left alone", duration=True, ge=0)
     interval: float = setting(86400.0, "a node is due again after this long", duration=True, gt=0)
-    playbook: str = setting("sweep-light.yaml", "the sweep playbook (in playbooks/)", min_length=1)
+    playbook: str = setting("sweep-light.yaml", "the full sweep of an idle node (in playbooks/)", min_length=1)
     pair_labels: tuple[str, ...] = setting(
         ("topology.kubernetes.io/zone", "topology.k8s.aws/network-node-layer-1",
          "topology.k8s.aws/network-node-layer-2", "topology.k8s.aws/network-node-layer-3"),
@@ -179,8 +179,8 @@ class Config:
     tool_error_limit: int = setting(3, "the same fault of the check on this many nodes stops the run (0: never)",
                                     ge=0)
     policy: str = setting("default.yaml", "how findings and history become a verdict (in policies/)", min_length=1)
-    light_playbook: str = setting("light-busy.yaml", "read-only checks on busy nodes (\"\" to turn off)")
-    light_interval: float = setting(6 * 3600.0, "how often a busy node gets the light checks", duration=True, gt=0)
+    light_playbook: str = setting("light-busy.yaml", "the light check of busy nodes: read-only, never holds a node (\"\" to turn off)")
+    light_interval: float = setting(6 * 3600.0, "how often a busy node gets the light check", duration=True, gt=0)
     light_max: int = setting(20, "light checks running at once (each busy node once a run)", ge=0)
     yield_to_pending: bool = setting(True, "take no node while GPU pods wait for capacity")
     abort_on_demand: bool = setting(False, "also stop running (abortable) checks then and hand their nodes back")
@@ -356,7 +356,7 @@ def manifest_config(manifest: str, name: str = "sweeper-config") -> Config:
 
 
 def config_table() -> str:
-    """The README's table of config keys."""
+    """The table of config keys (docs/configuration.md)."""
     return reference_table(Config)
 
 

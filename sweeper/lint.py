@@ -74,10 +74,10 @@ def lint_paths(paths: list[Path], cfg: Config, config_file: Path | None = None) 
             report.problems += _all_lines(exc, str(config_file))
         else:
             report.warnings += [f"{config_file}: {key}: {getattr(loaded, key)} carries the unpublished placeholder "
-                                "digest; put the pushed image's digest in its place (README: Installing and deploying)"
+                                "digest; put the pushed image's digest in its place (docs/install-notes.md: Images)"
                                 for key in IMAGE_KEYS if getattr(loaded, key).endswith("@" + UNPUBLISHED)]
             report.warnings += [f"{config_file}: dcgm_images.{major}: {image} carries the unpublished placeholder "
-                                "digest; put the pushed image's digest in its place (README: Installing and deploying)"
+                                "digest; put the pushed image's digest in its place (docs/install-notes.md: Images)"
                                 for major, image in sorted(loaded.dcgm_images.items())
                                 if image.endswith("@" + UNPUBLISHED)]
     for f in files:

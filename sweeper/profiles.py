@@ -22,7 +22,7 @@ AFFINITIES = ("PIX", "PXB", "PHB", "NODE", "SYS")
 
 @dataclass(frozen=True)
 class Profile:
-    """A profile file's keys, declared once (the loader, lint's messages and the README's table use it)."""
+    """A profile file's keys, declared once (the loader, lint's messages and docs/configuration.md use it)."""
 
     name: str = setting(help="the profile's name", min_length=1, shown_default="the file's stem")
     gpus: int = setting(help="GPUs per node", ge=1, le=64)
@@ -168,7 +168,7 @@ def load_profiles(directory: Path) -> dict[str, Profile]:
 
 
 def profile_table() -> str:
-    """The README's table of profile keys."""
+    """The table of profile keys (docs/configuration.md)."""
     return reference_table(Profile)
 
 

@@ -305,6 +305,8 @@ def judge(events: Iterable[XidEvent], bus_to_gpu: dict[str, int] | None = None,
                 action = f"{why.action} (for XID {cause}, {why.meaning})"
         gpu = (bus_to_gpu or {}).get(pci)
         name = info.mnemonic if info.meaning in ("", "Unused") else info.meaning
+        if detail and detail.lower() in name.lower():  # the driver's words are the catalogue's: say them once
+            detail = ""
         checks.append(CheckResult("xid", status, f"XID {code} ({name}) on {pci}{times}"
                                   + (f": {detail[:160]}" if detail else "") + f"; action: {action}",
                                   severity, gpu, finding))

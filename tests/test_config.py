@@ -1,5 +1,5 @@
 """The config, profile and fleet files: one declaration drives the loader, the file:line messages,
-`sweeper lint --config` and the README's tables."""
+`sweeper lint --config` and docs/configuration.md."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import yaml
 from click.testing import CliRunner
 
 from sweeper.cli import main
-from sweeper.config import Config, config_table, load_config
+from sweeper.config import Config, load_config
 from sweeper.errors import ConfigError
-from sweeper.profiles import load_profile, load_profiles, profile_table
+from sweeper.profiles import load_profile, load_profiles
 from sweeper.schema import ConfigProblems
 from sweeper.sim.fleet import load_fleet
 
@@ -92,14 +92,6 @@ def test_lint_config_lists_every_problem_with_its_line(tmp_path: Path) -> None:
         f"{path}:1: max_nodes: '4' is a string; allowed: integer >= 0",
         f"{path}:2: max_percent: 250 is too large; allowed: number >= 0 and <= 100",
         f"{path}:3: check_timeout: -5m is too small; allowed: duration > 0s"]
-
-
-def test_readme_tables_are_the_generated_ones() -> None:
-    readme = (ROOT / "README.md").read_text()
-    for tag, table in (("config-keys", config_table()), ("profile-keys", profile_table())):
-        found = re.search(rf"<!-- {tag}:start -->\n(.*?)<!-- {tag}:end -->", readme, re.S)
-        assert found, f"README has no {tag} table"
-        assert found.group(1) == table, f"README's {tag} table is stale: `python -m sweeper.config` prints it"
 
 
 def test_shipped_profiles_load_and_a_bad_one_names_its_line(tmp_path: Path) -> None:

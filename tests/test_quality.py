@@ -59,10 +59,6 @@ LONG_MODULES = {
 BEING_SPLIT = {
     "sweeper/sweep.py",
     "sweeper/cli.py",
-    "sweeper/actions/jobs.py",
-    "sweeper/actions/pair.py",
-    "sweeper/actions/node.py",
-    "sweeper/report.py",
     "sweeper/history.py",
 }
 

@@ -348,3 +348,101 @@ def test_the_pair_report_in_headless_chromium(pair_history: History, tmp_path: P
         assert [d.split(": ")[-1] for d in dots] == ["61 GB/s", "58.5 GB/s"]
     finally:
         browser.quit()
+
+
+# -- what issue 24 saw in the demo's report ----------------------------------------------------------
+def _timeline_ticks(page: str) -> tuple[list[tuple[float, str]], float, float]:
+    """The time axis's ticks (x, label) and its plot's ends (the earliest sweep's x, the right end)."""
+    svg = _section(page, "<svg class=timeline", "</svg>")
+    width = float(re.search(r'width="(\d+)"', svg).group(1))
+    ticks = [(float(x), label) for x, label in re.findall(r'<text x="([\d.]+)"[^>]*class=tick[^>]*>([^<]+)</text>', svg)]
+    left = min(float(x) for x in re.findall(r'<circle cx="([\d.]+)"', svg))
+    return ticks, left, width - 20
+
+
+@pytest.mark.parametrize("span", [HOUR, 3.5 * 86400, 29 * 86400, 400 * 86400])
+def test_the_time_axis_ticks_lie_inside_its_window_with_distinct_labels(tmp_path: Path, span: float) -> None:
+    """An hour that starts on the hour put its only tick on the axis's right end (its label cut off);
+    three and a half days put two ticks a day under one date label. Now: two ticks or more, each clear
+    of both ends (a centred label of 11 characters fits), no two with one label."""
+    h = History(tmp_path / "h.db")
+    h.run_started("run-1", T0, "sweep")
+    _sweep(h, "run-1", "gpu-00", T0, "pass")
+    _sweep(h, "run-1", "gpu-01", T0 + span - 300, "reboot", ["xid 79"], [])
+    ticks, left, right = _timeline_ticks(render(gather(h, POLICY, 0.0, T0 + span, 20 * HOUR)))
+    assert len(ticks) >= 2, ticks
+    assert all(left + 30 <= x <= right - 30 for x, _ in ticks), (ticks, left, right)
+    assert len({label for _, label in ticks}) == len(ticks), ticks
+
+
+def test_nccl_bandwidth_charts_start_at_zero_and_draw_the_floor(tmp_path: Path) -> None:
+    """A histogram of 470-480 GB/s drawn from 460 (the floor) made a 2% spread look like the whole
+    chart; so did a node's bandwidth line drawn from its lowest reading. Both start at 0 now, and the
+    node's chart draws its profile's floor."""
+    h = History(tmp_path / "h.db")
+    h.run_started("run-1", T0, "sweep")
+    for i, value in enumerate((470.0, 475.0, 480.0, 478.0)):
+        for k in range(2):
+            at = T0 + k * 6 * HOUR + i * 60
+            sid = h.sweep_started("run-1", f"gpu-{i:02d}", at, "sweep-nccl", "p5.48xlarge")
+            h.result(sid, Result(node=f"gpu-{i:02d}", source="nccl", started=at, finished=at + 60,
+                                 metrics=(Metric("nccl.busbw_largest", value - 5 * k, "GB/s"),)))
+            h.sweep_finished(sid, at + 120, "pass", [], {"verdict": "pass", "rules": [], "causes": [],
+                                                          "decided": at + 100, "policy": "default"})
+    page = render(gather(h, POLICY, 0.0, T0 + 7 * HOUR, 20 * HOUR, {"p5.48xlarge": 460.0}))
+    hist = _section(_section(page, "<figure class=nccl", "</figure>"), "<svg", "</svg>")
+    assert re.search(r'<text x=10 y="\d+">0</text>', hist), hist
+    assert "floor 460" in hist
+    node = _section(page, '<section class=node id="node-gpu-00">', "</section>")
+    chart = _section(node, '<figure class=metric data-metric="nccl.busbw_largest">', "</figure>")
+    assert re.search(r'text-anchor=end>0</text>', chart), chart
+    assert "<line class=floor" in chart and "floor 460" in chart
+
+
+def test_a_node_page_names_the_rule_the_held_table_names(tmp_path: Path) -> None:
+    """The held table names the rule of a node's latest verdict; its page named only the rules of
+    the sweeps in the report's window, and said nothing of what a ladder, relapse or failure-rate
+    rule means."""
+    h = History(tmp_path / "h.db")
+    h.run_started("run-1", T0, "sweep")
+    _sweep(h, "run-1", "gpu-00", T0, "replace", ["second-reboot-same-cause: 2 reboots for xid|79 in 7d"],
+           ["second-reboot-same-cause"])
+    _sweep(h, "run-1", "gpu-01", T0 - 40 * 86400, "quarantine", ["three-of-five: 3 of the last 5 held it"],
+           ["three-of-five"])
+    _sweep(h, "run-1", "gpu-02", T0, "quarantine", ["gpu.count: 7 GPUs, expected 8"], [])
+    page = render(gather(h, POLICY, T0 - 30 * 86400, T0 + HOUR, 20 * HOUR))
+    held = _section(page, "<table class=held>", "</table>")
+    for node, rule in (("gpu-00", "second-reboot-same-cause"), ("gpu-01", "three-of-five"), ("gpu-02", "findings")):
+        assert rule in _section(held, f">{node}<", "</tr>"), (node, held)
+        own = _section(page, f'<section class=node id="node-{node}">', "</section>")
+        assert f'<p class=latest data-rule="{rule}">' in own and f"rule <b>{rule}</b>" in own, own
+    gpu00 = _section(page, '<section class=node id="node-gpu-00">', "</section>")
+    assert ("<p class=rule><b>second-reboot-same-cause</b>: more than 1 reboot verdict(s) for the same cause "
+            "within 7d: replace</p>") in gpu00
+    gpu01 = _section(page, '<section class=node id="node-gpu-01">', "</section>")
+    assert "<p class=rule><b>three-of-five</b>: 3 of the last 5 conclusive sweeps held the node: quarantine</p>" in gpu01
+
+
+def test_coverage_says_where_busy_nodes_went(tmp_path: Path) -> None:
+    """Of 6 GPU nodes, 2 swept within the interval, 2 busy (only light checks: GPU pods kept them),
+    1 last swept long ago with nothing since (overdue), 1 never swept. The table used to count the
+    busy and overdue ones nowhere: 2 + 1 of 6, the rest unexplained."""
+    h = History(tmp_path / "h.db")
+    h.run_started("run-1", T0, "sweep")
+    _sweep(h, "run-1", "gpu-00", T0, "pass")
+    _sweep(h, "run-1", "gpu-01", T0, "pass")
+    for node in ("gpu-02", "gpu-03"):
+        _sweep(h, "run-1", node, T0 - 5 * 86400, "pass")
+        sid = h.sweep_started("run-1", node, T0 + 60, "light-busy", "p5.48xlarge", kind="light")
+        h.sweep_finished(sid, T0 + 90, "pass", [], {"verdict": "pass", "rules": [], "causes": [],
+                                                    "decided": T0 + 80, "policy": "default"})
+    _sweep(h, "run-1", "gpu-04", T0 - 5 * 86400, "pass")
+    h.run_finished("run-1", T0 + 100, "done", 4, {"gpu_node_profiles": {f"gpu-{i:02d}": "p5.48xlarge"
+                                                                         for i in range(6)}})
+    page = render(gather(h, POLICY, 0.0, T0 + HOUR, 20 * HOUR))
+    row = _section(page, '<tr data-profile="p5.48xlarge">', "</tr>")
+    cells = re.findall(r"<td[^>]*>([^<]*)</td>", row)
+    assert cells == ["p5.48xlarge", "6", "2", "2", "1", "1", "0", "33%"], cells
+    assert "<th>busy: light checks only</th><th>overdue</th>" in page
+    assert re.search(r"<b>2</b>busy: light checks only", page)
+    assert "Busy now: 2, overdue: 1." in page

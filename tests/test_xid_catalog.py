@@ -278,3 +278,15 @@ def test_the_nvml_recovery_action_decides_where_the_driver_reports_it(action: in
     if action is None:
         assert [c["status"] for c in doc["checks"] if c["name"] == "gpu.recovery_action" and c.get("gpu") == 4] \
             == ["skip"]
+
+
+def test_a_finding_says_the_driver_s_words_once_where_they_are_the_catalogue_s() -> None:
+    """XID 79's line ends "GPU has fallen off the bus.", which is also the catalogue's description:
+    the finding read "XID 79 (GPU has fallen off the bus) on 0000:5d:00: GPU has fallen off the bus"
+    (issue 24, point 7). Words of the driver's own that the catalogue lacks are still kept."""
+    same = "[ 50.0] NVRM: Xid (PCI:0000:5d:00): 79, pid=1234, name=python, GPU has fallen off the bus.\n"
+    (check,), _ = judge_kernel_log(same)
+    assert check.message.count("fallen off the bus") == 1, check.message
+    other = "[ 50.0] NVRM: Xid (PCI:0000:5d:00): 79, pid=1234, name=python, GPU has fallen off the bus; link 3\n"
+    (check,), _ = judge_kernel_log(other)
+    assert "link 3" in check.message, check.message

@@ -44,7 +44,7 @@ CUDA_BUILD_CODE = "DCGM_CUDA_BUILD"
 _CUDA_BUILD = re.compile(r"plugin dir\W+\S*?/cuda(\d+)/?|unsupported Cuda version|driver version is insufficient "
                          r"for CUDA runtime|unsupported display driver\s*/\s*cuda driver combination", re.I)
 _CUDA_HINT = ("the DCGM image's CUDA build does not match the node's driver{major}: a fault of the check's image, "
-              "not of the node; set dcgm_images so each driver branch gets an image with its build (README: DCGM)")
+              "not of the node; set dcgm_images so each driver branch gets an image with its build (docs/install-notes.md#platforms)")
 
 
 def parse(text: str, node: str, now: float, exit_code: int | None = None, expect_gpus: int | None = None) -> Result:

@@ -1,5 +1,5 @@
 """One description of a YAML file's keys (type, range, unit, help) that drives its loader, its
-`file:line: key: what is wrong; allowed: ...` messages, `sweeper lint` and the README's table.
+`file:line: key: what is wrong; allowed: ...` messages, `sweeper lint` and docs/configuration.md.
 
 The keys are declared once, on the frozen dataclass the rest of the code uses, with `setting()`.
 A pydantic v2 model is derived from that declaration to check a file. pydantic rather than
@@ -11,7 +11,7 @@ are unchanged and cost nothing.
 
 The package: `declaration` (the keys, and the model derived from them), `yamlfile` (reading a
 file without aliases, with its lines) and `messages` (checking it, its problems in words, and the
-README's table).
+table in docs/configuration.md).
 """
 
 from __future__ import annotations

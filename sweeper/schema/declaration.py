@@ -35,7 +35,7 @@ class Spec:
     annotation: Any = None  # an explicit pydantic type for a nested shape
     allowed: str = ""  # words for what `annotation` allows
     convert: Callable[[Any], Any] | None = None  # from the checked value to the runtime one
-    shown_default: str = ""  # the README's words for a default the loader fills in
+    shown_default: str = ""  # the docs' words for a default the loader fills in
 
     def constraints(self) -> dict[str, Any]:
         kw = {k: getattr(self, k) for k in ("ge", "gt", "le", "lt", "min_length", "pattern")

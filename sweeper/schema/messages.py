@@ -1,6 +1,6 @@
 """A file checked against its model: each problem as `file:line: key: what is wrong; allowed: ...`
 (in words for the type, range and choices, with a near key suggested for an unknown one), and the
-README's table of keys from the same declaration."""
+docs' table of keys from the same declaration."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def problems_of(exc: ValidationError, origin: str, node: yaml.Node | None, model
             close = difflib.get_close_matches(str(loc[-1]), parent, n=1)
             wrong = "unknown key" + (f" (did you mean {close[0]}?)" if close else "")
             allowed = ("keys " + ", ".join(sorted(parent))) if 0 < len(parent) <= 16 else \
-                "the keys in the README's table" if parent else "no other keys"
+                "the keys in docs/configuration.md" if parent else "no other keys"
         elif kind == "missing":
             wrong, allowed = "missing", (allowed if spec else "a value (the key is required)")
         else:
@@ -161,7 +161,7 @@ def check(model: type[BaseModel], data: Any, origin: str, node: yaml.Node | None
 
 
 def reference_table(cls: type) -> str:
-    """The README's table of keys, generated from the declaration."""
+    """The docs' table of keys, generated from the declaration."""
     hints = typing.get_type_hints(cls)
     rows = ["| key | default | allowed | what it does |", "|---|---|---|---|"]
     for f in dataclasses.fields(cls):
