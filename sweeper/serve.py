@@ -57,6 +57,19 @@ def trigger(cron: str) -> CronTrigger:
     raise ConfigError(f"schedule cron {cron!r}: five fields, or six with seconds first")
 
 
+DEFAULT_SCHEDULE = "*/30 * * * *"  # the CronJob's (sweeper.manifests), for a config without `schedules`
+
+
+def with_default_schedule(cfg: Config) -> tuple[Config, str]:
+    """The config, given the CronJob's schedule for its playbook when it has no `schedules`, and a
+    line saying so ("" when it has its own)."""
+    if cfg.schedules:
+        return cfg, ""
+    cfg = cfg.with_overrides(schedules=({"name": "sweep", "cron": DEFAULT_SCHEDULE, "playbook": cfg.playbook},))
+    return cfg, (f"no `schedules` in the config: sweeping with {cfg.playbook} on {DEFAULT_SCHEDULE!r}, as the "
+                 "CronJob does; add `schedules: [{name, cron, playbook}]` to the config to change it")
+
+
 PAGE_TTL = 30.0  # seconds a rendered / is served again (the page itself refreshes every 60)
 MAX_CONNECTIONS = 32  # requests served at once; more are answered 503 without a thread
 SOCKET_TIMEOUT = 10.0  # seconds one read or write of a request's socket may take
