@@ -519,6 +519,26 @@ class Kube:
                                 field_selector=field_selector))
 
 
+    # -- a Service, through the API server's proxy --------------------------------
+    def service_get(self, namespace: str, service: str, path: str, query: dict[str, str] | None = None,
+                    timeout: float = 30.0) -> bytes:
+        """GET `path` of a Service through the API server's service proxy, with this client's own
+        credentials, so RBAC applies (`get` on `services/proxy`). `service`: NAME or NAME:PORT
+        (https://kubernetes.io/docs/tasks/access-application-cluster/access-cluster-services/
+        #manually-constructing-apiserver-proxy-urls)."""
+        from urllib.parse import quote
+
+        resource = (f"/api/v1/namespaces/{quote(namespace, safe='')}/services/{quote(service, safe=':')}/proxy/"
+                    + "/".join(quote(p, safe="") for p in path.strip("/").split("/")))
+
+        def fetch() -> Any:
+            return self.api_client.call_api(
+                resource, "GET", {}, list((query or {}).items()), {"Accept": "application/json, text/html"},
+                response_types_map={200: "str"}, auth_settings=["BearerToken"], _preload_content=False,
+                _return_http_data_only=True, _request_timeout=timeout)
+        return bytes(self._call(f"get service {namespace}/{service}/proxy/{path.strip('/')}", fetch, raw=False).data)
+
+
 def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     return {

@@ -152,3 +152,39 @@ def profile_rows(cfg: Config, kube: Any = None) -> tuple[list[dict[str, Any]], l
             nodes.append({"node": obj["metadata"]["name"], "profile": prof.match(catalogue, labels).name,
                           "instance_type": labels.get("node.kubernetes.io/instance-type", "")})
     return rows, nodes
+
+
+@dataclass
+class Read:
+    """What a reading command shows from the cluster, where it came from, and, when the cluster's
+    Sweeper could not be read, why (the rows are then the nodes' own labels and annotations)."""
+
+    value: Any
+    source: str
+    why: str = ""
+
+
+def cluster_fleet_rows(kube: Any, cfg: Config, now: float | None = None) -> Read:
+    """`nodes` with no local history: the cluster's Sweeper's rows, else the nodes' labels."""
+    from sweeper.remote import LabelHistory, RemoteHistory, Unreachable
+
+    reader = RemoteHistory(kube, cfg.namespace)
+    try:
+        return Read(reader.nodes(), reader.where)
+    except Unreachable as exc:
+        labels = LabelHistory(kube.list_nodes(cfg.gpu_node_selector, page_size=cfg.page_size), cfg)
+        return Read(fleet_rows(labels, cfg, kube, now), "the nodes' labels and annotations alone", str(exc))
+
+
+def cluster_node_history(kube: Any, cfg: Config, node: str, since_seconds: float | None, check: str) -> Read:
+    """`history NODE` with no local history: the cluster's Sweeper's, else what the node's labels
+    say of its last sweep. The value holds `known`: whether it was ever recorded."""
+    from sweeper.remote import LabelHistory, RemoteHistory, Unreachable
+
+    reader = RemoteHistory(kube, cfg.namespace)
+    try:
+        return Read(reader.node_history(node, since_seconds, check), reader.where)
+    except Unreachable as exc:
+        labels = LabelHistory(kube.list_nodes(cfg.gpu_node_selector, page_size=cfg.page_size), cfg)
+        h = labels.node_history(node, None if since_seconds is None else time.time() - since_seconds)
+        return Read({**h, "known": labels.knows(node)}, "the node's labels and annotations alone", str(exc))

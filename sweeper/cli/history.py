@@ -19,7 +19,9 @@ from sweeper.cli.options import (
     history_at,
     kube_for,
     need_state,
+    no_local_history,
     output_options,
+    reads_the_cluster,
     run_cli,
     since_cutoff,
     state_options,
@@ -37,41 +39,88 @@ from sweeper.output import Out, iso_times
 @click.option("--offline", is_flag=True, help="From the history alone, without asking the cluster.")
 @output_options
 @run_cli
+@reads_the_cluster
 def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | None, state: str, offline: bool,
               out: Out) -> None:
     """The fleet as a table: each GPU node's last sweep and verdict, when it is due, whether it is a
-    suspect and whether Sweeper holds it."""
-    from sweeper.views import fleet_rows
+    suspect and whether Sweeper holds it.
+
+    With no local history for the kubeconfig context (no --state, no SWEEPER_STATE), the history
+    the cluster's `sweeper serve` keeps, read through the API server; when that cannot be read,
+    what the nodes' labels and annotations say of their last sweep. It says which.
+    """
+    from sweeper.views import cluster_fleet_rows, fleet_rows
 
     cfg = config_for(config_path)
     now = time.time()
-    rows = fleet_rows(history_at(state, create=False), cfg, None if offline else kube_for(kubeconfig, context, cfg),
-                      now)
-    if out.structured:
-        out.document(iso_times({"nodes": rows}))
+    source = ""  # where the rows came from, when not from this history and the cluster
+    if not offline and no_local_history(state):
+        read = cluster_fleet_rows(_reader(kubeconfig, context, cfg), cfg, now)
+        rows, source = read.value, read.source
+        _said(read, state)
     else:
-        printer.nodes(out, rows, now, "from the history alone" if offline else "", in_cluster=not offline)
+        rows = fleet_rows(history_at(state, create=False), cfg,
+                          None if offline else kube_for(kubeconfig, context, cfg), now)
+    if out.structured:
+        out.document(iso_times({"nodes": rows, **({"source": source} if source else {})}))
+    else:
+        printer.nodes(out, rows, now, "the history alone" if offline else source, in_cluster=not offline)
+
+
+def _reader(kubeconfig: str | None, context: str | None, cfg: Any) -> Any:
+    """The cluster, asked once per call: a reader does not wait on a Sweeper that is not there."""
+    kube = kube_for(kubeconfig, context, cfg)
+    kube.retry = dataclasses.replace(kube.retry, attempts=1)
+    return kube
+
+
+def _said(read: Any, state: str) -> None:
+    """Where a reading command read from, on stderr; and why not the cluster's history, when not."""
+    if read.why:
+        stderr_out().write(f"no history at {state}, and the cluster's Sweeper could not be read ({read.why}); "
+                           f"showing {read.source}", "warn")
+    else:
+        stderr_out().write(f"no history at {state}: read from {read.source}")
 
 
 @main.command(epilog=examples("sweeper history gpu-p5-04", "sweeper history gpu-p5-04 --since 7d --check ecc -o wide",
                               "sweeper history gpu-p5-04 -o json | jq '.sweeps[0]'"))
 @click.argument("node")
-@state_options
+@cluster_options
 @click.option("--since", help="Only what happened within this long (e.g. 7d, 12h).")
 @click.option("--check", "check", default="", help="Only findings and metrics whose name starts with this "
               "(e.g. ecc, nvlink, xid, nccl).")
 @output_options
 @run_cli
-def history(node: str, state: str, since: str | None, check: str, out: Out) -> None:
+@reads_the_cluster
+def history(node: str, config_path: str | None, kubeconfig: str | None, context: str | None, state: str,
+            since: str | None, check: str, out: Out) -> None:
     """A node's sweeps, verdicts and the rules behind them, pair runs (partner, mode, bus
     bandwidth), failed checks, actions and metric trends (sparklines). A node the history has
-    never seen is exit 2."""
-    need_state(state)
-    hist = history_at(state)
-    h = hist.node_history(node, since_cutoff(since), check=check)
-    if not (h["sweeps"] or h["actions"] or h["pruned_days"]) and not hist.knows(node):
-        raise ConfigError(f"no node {node!r} in the history at {state} (`sweeper nodes --offline` lists the "
-                          "nodes it knows)")
+    never seen is exit 2.
+
+    With no local history for the kubeconfig context (no --state, no SWEEPER_STATE), the history
+    the cluster's `sweeper serve` keeps, read through the API server; when that cannot be read,
+    what the node's labels and annotations say of its last sweep. It says which.
+    """
+    if no_local_history(state):
+        from sweeper.views import cluster_node_history
+
+        cfg = config_for(config_path)
+        cutoff = since_cutoff(since)
+        read = cluster_node_history(_reader(kubeconfig, context, cfg), cfg, node,
+                                    None if cutoff is None else time.time() - cutoff, check)
+        _said(read, state)
+        h, known, where = read.value, read.value.pop("known", True), read.source
+    else:
+        need_state(state)
+        hist = history_at(state)
+        h = hist.node_history(node, since_cutoff(since), check=check)
+        known, where = hist.knows(node), f"the history at {state}"
+        h.pop("known", None)
+    if not (h["sweeps"] or h["actions"] or h["pruned_days"]) and not known:
+        raise ConfigError(f"no node {node!r} in {where} (`sweeper nodes` lists the nodes it knows)")
+    h.pop("generated", None)
     if out.structured:
         out.document(iso_times(h))
     else:
@@ -89,17 +138,29 @@ def history(node: str, state: str, since: str | None, check: str, out: Out) -> N
               "per GPU.")
 @click.option("--offline", is_flag=True, help="Do not ask the cluster for its GPU nodes: use the last run's plan.")
 @run_cli
+@reads_the_cluster
 def report_cmd(config_path: str | None, kubeconfig: str | None, context: str | None, state: str, since: str,
                policy_name: str | None, output: str, node: str | None, offline: bool) -> None:
     """The fleet at a glance as one self-contained HTML file (opens with no network): coverage of
     every GPU node per profile, every sweep on a time axis, the nodes held and why, nodes replaced,
     trends behind decisions, per-profile NCCL bandwidth, and a page per node.
 
-    GPU nodes come from the cluster when it answers, else from the last run's recorded plan.
+    GPU nodes come from the cluster when it answers, else from the last run's recorded plan. With
+    no local history for the kubeconfig context (no --state, no SWEEPER_STATE), the report the
+    cluster's `sweeper serve` draws from its history, read through the API server.
     """
     from sweeper.report import cluster_gpu_nodes
     from sweeper.views import policy_for, report_page
 
+    if no_local_history(state) and not offline:
+        from sweeper.remote import RemoteHistory
+
+        cfg = config_for(config_path)
+        reader = RemoteHistory(_reader(kubeconfig, context, cfg), cfg.namespace)
+        cutoff = since_cutoff(since) or 0.0
+        stderr_out().write(f"no history at {state}: the report of {reader.where}")
+        _write_page(reader.report(time.time() - cutoff, node), output, None)
+        return
     need_state(state)
     cfg = config_for(config_path)
     gpu, source = None, ""
@@ -118,7 +179,7 @@ def report_cmd(config_path: str | None, kubeconfig: str | None, context: str | N
     _write_page(page, output, pages)
 
 
-def _write_page(page: str, output: str, pages: int) -> None:
+def _write_page(page: str, output: str, pages: int | None) -> None:
     if output == "-":
         click.echo(page, nl=False)
         return
@@ -126,7 +187,8 @@ def _write_page(page: str, output: str, pages: int) -> None:
         Path(output).write_text(page)
     except OSError as exc:
         raise ConfigError(f"cannot write {output}: {exc}") from exc
-    stderr_out().write(f"wrote {output} ({len(page) / 1024:.0f} KiB, {pages} node page(s))")
+    stderr_out().write(f"wrote {output} ({len(page) / 1024:.0f} KiB"
+                       + (f", {pages} node page(s))" if pages is not None else ")"))
 
 
 @main.command("backtest", epilog=examples("sweeper backtest --policy strict.yaml",

@@ -74,7 +74,8 @@ def with_state(fn: Callable[..., Any]) -> Callable[..., Any]:
             ctx = click.get_current_context(silent=True)
             if ctx is not None:
                 ctx.params["state"] = kwargs["state"]
-            if context:
+                ctx.meta["sweeper.state_context"] = context
+            if context and (Path(kwargs["state"]).exists() or not getattr(fn, "reads_the_cluster", False)):
                 click.echo(clean_lines(f"history {kwargs['state']}: named for the kubeconfig context {context} "
                                        "(--state or SWEEPER_STATE to choose another)"), err=True)
         for name in ("kubeconfig", "context"):
@@ -82,6 +83,19 @@ def with_state(fn: Callable[..., Any]) -> Callable[..., Any]:
                 kwargs.pop(name, None)
         return fn(*args, **kwargs)
     return wrapper
+
+
+def reads_the_cluster(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a reading command that, with no local history for the context, reads the cluster's."""
+    fn.reads_the_cluster = True  # type: ignore[attr-defined]
+    return fn
+
+
+def no_local_history(state: str) -> bool:
+    """Whether the history named for the kubeconfig context (no --state, no SWEEPER_STATE) is not
+    here: a person on a laptop, whose cluster keeps its history itself (sweeper.remote)."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.meta.get("sweeper.state_context")) and not Path(state).exists()
 
 
 def state_options(fn: Callable[..., Any]) -> Callable[..., Any]:

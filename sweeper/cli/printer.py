@@ -195,7 +195,7 @@ def plan(out: Out, view: Any) -> None:
 def nodes(out: Out, rows: list[dict[str, Any]], now: float, source: str = "", in_cluster: bool = True) -> None:
     """The fleet (sweeper.views.fleet_rows): one row per GPU node. `source`: where the rows came
     from, when not from this history and the cluster."""
-    out.title(f"{len(rows)} GPU nodes" + (f" ({source})" if source else ""))
+    out.title(f"{len(rows)} GPU nodes" + (f" (from {source})" if source else ""))
     out.table((Col("node"), Col("profile"), Col("last sweep"), Col("verdict"), Col("rule"), Col("due"),
                Col("overdue", wide=True), Col("in cluster", wide=True), Col("suspect", cut=True), Col("held")),
               ([r["node"], r["profile"] or "-", out.when(r["last_sweep"], "never"), r["verdict"] or "-",

@@ -94,16 +94,18 @@ def plan_cmd(config_path: str | None, kubeconfig: str | None, context: str | Non
     "sweeper serve --config config.yaml --address 0.0.0.0 --port 8080   # in a pod"))
 @cluster_options
 @click.option("--port", default=8080, show_default=True, type=int,
-              help="HTTP port for /metrics, /healthz and /.")
+              help="HTTP port for /metrics, /healthz, / and the read-only /api/v1/.")
 @click.option("--address", "--host", "address", default="127.0.0.1", show_default=True,
               help="Address to listen on (0.0.0.0 in a pod, so Prometheus and the kubelet's probes reach it).")
 @run_cli
 def serve_cmd(config_path: str | None, kubeconfig: str | None, context: str | None, state: str, port: int,
               address: str) -> None:
     """Sweep on the config's schedules (APScheduler cron triggers; the same Lease as the CronJob, so
-    runs never overlap) and serve /metrics, /healthz and the live fleet report on /. Without
-    `schedules` in the config (or without a config), the config's playbook runs every 30 minutes,
-    as the CronJob does. SIGTERM stops the running sweep, which hands its nodes back, and exits 0."""
+    runs never overlap) and serve /metrics, /healthz, the live fleet report on /, and the history
+    read-only as JSON under /api/v1/ (what `nodes`, `history` and `report` read through the API
+    server from a laptop). Without `schedules` in the config (or without a config), the config's
+    playbook runs every 30 minutes, as the CronJob does. SIGTERM stops the running sweep, which
+    hands its nodes back, and exits 0."""
     import threading
 
     from sweeper.serve import serve, with_default_schedule
