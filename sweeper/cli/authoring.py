@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from sweeper.cli.options import (
     output_options,
     run_cli,
     stderr_out,
+    stopped_by_sigterm,
 )
 from sweeper.errors import ConfigError
 from sweeper.output import Out, clean, clean_lines
@@ -69,33 +69,20 @@ def run_cmd(playbook: str, node: str | None, partner: str | None, extra: tuple[s
     kube = kube_for(kubeconfig, context, cfg) if node else None
 
     err = stderr_out()
-
-    def progress(o: Any) -> None:
-        if as_json:
-            return
-        label = f" ({o.item})" if o.is_item else ""
-        # the message whole: a `debug` of a registered value is read for its end as much as its start
-        err.file.write(err.paint(f"{o.status:>8}", o.status) + "  " + clean(f"{o.name}{label}")
-                       + (": " + clean(o.msg) if o.msg else "") + "\n")
-
-    import threading
-
-    stop = threading.Event()  # SIGTERM: stop between tasks, run `always`, hand the node back
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
+    with stopped_by_sigterm() as stop:  # stop between tasks, run `always`, hand the node back
         result = run_playbook(path, cfg, kube=kube, node_name=node, partner_name=partner,
                               extra_vars=extra_vars(extra),
                               tags=tuple(t for t in (tags or "").split(",") if t),
                               skip_tags=tuple(t for t in (skip_tags or "").split(",") if t),
-                              state=state if node else None, on_task=progress, cancelled=stop.is_set,
-                              log=lambda msg: click.echo(clean_lines(msg), err=True), hand_back=not keep)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+                              state=state if node else None,
+                              on_task=(lambda o: None) if as_json else lambda o: printer.task(err, o),
+                              cancelled=stop.is_set, log=lambda msg: click.echo(clean_lines(msg), err=True),
+                              hand_back=not keep)
     if as_json:
         click.echo(json.dumps({"playbook": result.name, "failed": result.failed, "cancelled": result.cancelled,
                                "tasks": [o.to_dict() for o in result.outcomes]}, indent=2, default=str))
     else:
-        err.file.write(clean(f"play {result.name!r}: ") + err.paint("failed" if result.failed else "ok") + "\n")
+        printer.play(err, result)
     sys.exit(1 if result.failed else 0)
 
 

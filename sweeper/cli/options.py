@@ -6,11 +6,14 @@ sqlite-utils when it runs, so `--help` and the reading commands start in well un
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -172,6 +175,17 @@ def _inputs() -> str:
         return "sweeper"
     files = [str(v) for v in ctx.params.values() if isinstance(v, str) and v and Path(v).is_file()]
     return f"sweeper {ctx.info_name}" + (f" ({', '.join(files)})" if files else "")
+
+
+@contextlib.contextmanager
+def stopped_by_sigterm() -> Iterator[threading.Event]:
+    """An event SIGTERM sets while the block runs (the handler before is put back after)."""
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def config_for(path: str | None, **overrides: Any) -> Config:

@@ -67,6 +67,18 @@ def taking(take: list[str], recheck: Any) -> str:
 _OUTCOME_COLS = (Col("node"), Col("verdict"), Col("action"), Col("seconds", wide=True), Col("reasons", cut=True))
 
 
+def task(out: Out, o: Any) -> None:
+    """One task's outcome of `sweeper run`, as it ends; the message whole: a `debug` of a registered
+    value is read for its end as much as its start."""
+    label = f" ({o.item})" if o.is_item else ""
+    out.file.write(out.paint(f"{o.status:>8}", o.status) + "  " + clean(f"{o.name}{label}")
+                   + (": " + clean(o.msg) if o.msg else "") + "\n")
+
+
+def play(out: Out, result: Any) -> None:
+    out.file.write(clean(f"play {result.name!r}: ") + out.paint("failed" if result.failed else "ok") + "\n")
+
+
 def outcomes(out: Out, report: Any) -> None:
     """A sweep's outcome per node, and why the nodes it did not take were skipped."""
     out.title(f"run {report.run_id}" + (" (dry run)" if report.dry_run else ""))
