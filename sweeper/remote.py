@@ -31,7 +31,7 @@ class RemoteHistory:
     @property
     def where(self) -> str:
         """Where this reads from, in words."""
-        return f"the cluster's Sweeper (service {self.namespace}/{self.service.split(':')[0]}, via the API server)"
+        return f"the cluster's Sweeper, service {self.namespace}/{self.service.split(':')[0]} via the API server"
 
     def _get(self, path: str, **query: Any) -> bytes:
         try:
