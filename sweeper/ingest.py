@@ -73,3 +73,24 @@ def _chain(first: bytes, rest: Iterable[bytes]) -> Iterator[bytes]:
 def ingest(text: str, node: str, fmt: str, now: float | None = None, **options: Any) -> tuple[str, Result]:
     """`text` read as `fmt` (the shared reader of every format)."""
     return read(text, node, fmt, now, **options)
+
+
+def expectations(profile: Any) -> dict[str, Any]:
+    """What a hardware profile expects of a tool's output (GPU count and model, NVLinks, NICs, the
+    NCCL floor), as the options of `ingest`."""
+    return {"expect_gpus": profile.gpus, "gpu_model": profile.gpu_model, "nvlinks": profile.nvlinks,
+            "nic": profile.nic, "expect_nics": profile.nics if profile.nic in ("efa", "ib") else None,
+            "nic_affinity": profile.nic_affinity, "min_busbw": profile.nccl_busbw_min}
+
+
+def record(history: Any, node: str, found: str, result: Result, source: str) -> None:
+    """Record an ingested result in the history as a run of its own with one sweep of kind `ingest`."""
+    from sweeper.sweep import new_run_id
+
+    run_id = new_run_id(time.time())
+    history.run_started(run_id, time.time(), "ingest")
+    sid = history.sweep_started(run_id, node, result.started, f"ingest:{found}", "", kind="ingest")
+    history.result(sid, result)
+    history.sweep_finished(sid, time.time(), result.status,
+                           [f"{c.name}: {c.message}" for c in result.failed_checks])
+    history.run_finished(run_id, time.time(), "done", 0, {"ingested": source, "format": found})

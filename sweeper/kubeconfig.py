@@ -47,3 +47,22 @@ def default_state(kubeconfig: str | None, context: str | None) -> tuple[str, str
     if not name:
         return str(Path("state") / "sweeper.db"), None
     return str(Path("state") / f"{state_name(name)}.db"), name
+
+
+def missing(kubeconfig: str | None) -> str | None:
+    """Why no kubeconfig can be read, naming the path, or None. Like kubectl, KUBECONFIG may list
+    several files (':'-separated, missing ones skipped); with none given, ~/.kube/config is read
+    outside a pod (https://kubernetes.io/docs/concepts/configuration/organize-cluster-access-kubeconfig/)."""
+    if kubeconfig:
+        paths = [p for p in kubeconfig.split(os.pathsep) if p]
+        if paths and not any(Path(p).expanduser().is_file() for p in paths):
+            return f"no kubeconfig at {', '.join(paths)} (from --kubeconfig or KUBECONFIG)"
+        return None
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return None  # in a pod: the service account
+    default = Path("~/.kube/config").expanduser()
+    if not default.is_file():
+        return (f"no kubeconfig: {default} does not exist and this is not a pod; "
+                "pass --kubeconfig or set KUBECONFIG")
+    return None
+

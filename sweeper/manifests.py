@@ -261,6 +261,15 @@ def service() -> dict[str, Any]:
             "spec": {"selector": _labels("serve"), "ports": [{"name": "http", "port": 8080, "targetPort": "http"}]}}
 
 
+def history_reader_role() -> dict[str, Any]:
+    """Who may read the history `sweeper serve` keeps, from a laptop (`sweeper nodes`, `history`,
+    `report` through the API server's service proxy; sweeper.remote). Bound by the cluster's admin."""
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "sweeper-history-reader", "namespace": NAMESPACE, "labels": _labels("serve")},
+            "rules": [{"apiGroups": [""], "resources": ["services/proxy"], "resourceNames": ["sweeper", "sweeper:http"],
+                       "verbs": ["get"]}]}
+
+
 def network_policy(opts: Options) -> dict[str, Any]:
     """Sweeper's pods accept connections only from the metrics namespace, on the http port. The
     kubelet's probes come from the node, which a NetworkPolicy always lets through
@@ -301,7 +310,10 @@ def render(root: Path | None = None, mode: str = "cronjob", opts: Options | None
     if mode == "serve":
         parts += [_dump("`sweeper serve`: the one writer of its history, sweeping on the config's schedules.",
                         deployment(opts, root=root)),
-                  _dump("/metrics, /healthz and the fleet report.", service()),
+                  _dump("/metrics, /healthz, the fleet report, and the history read-only under /api/v1/.", service()),
+                  _dump("Read the history from a laptop (get services/proxy on this Service only); bind it to "
+                        "your readers: kubectl create rolebinding sweeper-history-readers -n sweeper "
+                        "--role sweeper-history-reader --group GROUP", history_reader_role()),
                   _dump(f"Switched off here, so that applying this file over {other} leaves one controller.",
                         cronjob(config, opts, suspend=True, root=root))]
     else:

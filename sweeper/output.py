@@ -283,3 +283,34 @@ def _plain(value: Any) -> Any:
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return str(value)
+
+
+TIME_KEYS = frozenset({"started", "finished", "decided", "ts", "last_sweep", "due", "opened_at", "closed_at", "at",
+                        "since", "before"})
+
+
+def iso_times(value: Any, key: str = "") -> Any:
+    """A document with its times (epoch seconds under the keys above, and the first item of a metric
+    series) as ISO 8601 UTC, as the JSON and YAML forms show them."""
+    if isinstance(value, dict):
+        if key == "metrics":  # name to its series of (time, value)
+            return {k: [[iso(p[0]), *p[1:]] for p in v] for k, v in value.items()}
+        return {k: iso_times(v, k) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [iso_times(v, key) for v in value]
+    if key in TIME_KEYS and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return iso(value)
+    return value
+
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: list[float]) -> str:
+    """A series as one line of block characters, lowest to highest."""
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    if hi == lo:
+        return SPARK[0] * len(values)
+    return "".join(SPARK[int((v - lo) / (hi - lo) * (len(SPARK) - 1))] for v in values)

@@ -214,3 +214,31 @@ def _hand_back(kube: Any, cfg: Config, name: str, taken: Taken, verdict: str, ha
         say(f"handed back {name}: removed {what} (the play ended without a holding verdict)")
         if record is not None:
             record(f"sweeper run ended without a holding verdict: removed {what}")
+
+def extra_vars(pairs: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """`-e` values: `key=value` (the value read as YAML) or `@file.yaml` (a mapping), later ones winning."""
+    import yaml
+
+    from sweeper.schema import safe_load
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if pair.startswith("@"):
+            try:
+                data = safe_load(Path(pair[1:]).read_text()) or {}
+            except (OSError, yaml.YAMLError) as exc:
+                raise ConfigError(f"-e {pair}: {exc}") from exc
+            if not isinstance(data, dict):
+                raise ConfigError(f"-e {pair}: the file must hold a mapping")
+            out.update(data)
+            continue
+        if "=" not in pair:
+            raise ConfigError(f"-e {pair!r}: expected key=value or @file.yaml")
+        key, value = pair.split("=", 1)
+        if not key.isidentifier():
+            raise ConfigError(f"-e {pair!r}: {key!r} is not a variable name")
+        try:
+            out[key] = safe_load(value) if value else ""
+        except yaml.YAMLError:
+            out[key] = value
+    return out

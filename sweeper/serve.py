@@ -9,7 +9,9 @@ the running sweep to take no new node (those under test finish), so the schedule
 turns. A missed firing within the grace time fires once, later ones are skipped. Every run
 takes the same Lease as the CronJob, so a serve and a CronJob never sweep at once: a run
 that finds the lock held records it and waits for its schedule's next firing. An HTTP server
-exposes /metrics (Prometheus), /healthz, and / (the fleet report, refreshed). SIGTERM stops
+exposes /metrics (Prometheus), /healthz, / (the fleet report, refreshed), and the history
+read-only as JSON under /api/v1/ (sweeper.remote reads it through the API server's service proxy,
+so `sweeper nodes`, `history` and `report` on a laptop show the cluster's history). SIGTERM stops
 the running sweep (its nodes are handed back), waits for it, and exits 0.
 
 Bad data and load end no more than they must: any exception ends only the run it happened in;
@@ -22,11 +24,13 @@ otherwise."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
 import time
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs, unquote
 
 from apscheduler.events import EVENT_JOB_MISSED, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
@@ -40,6 +44,7 @@ from sweeper.policy import load_policy
 from sweeper.remedy import preflight
 from sweeper.report import gather, render
 from sweeper.sweep import Sweep
+from sweeper.views import fleet_rows, report_page
 
 
 def trigger(cron: str) -> CronTrigger:
@@ -57,11 +62,26 @@ def trigger(cron: str) -> CronTrigger:
     raise ConfigError(f"schedule cron {cron!r}: five fields, or six with seconds first")
 
 
+DEFAULT_SCHEDULE = "*/30 * * * *"  # the CronJob's (sweeper.manifests), for a config without `schedules`
+
+
+def with_default_schedule(cfg: Config) -> tuple[Config, str]:
+    """The config, given the CronJob's schedule for its playbook when it has no `schedules`, and a
+    line saying so ("" when it has its own)."""
+    if cfg.schedules:
+        return cfg, ""
+    cfg = cfg.with_overrides(schedules=({"name": "sweep", "cron": DEFAULT_SCHEDULE, "playbook": cfg.playbook},))
+    return cfg, (f"no `schedules` in the config: sweeping with {cfg.playbook} on {DEFAULT_SCHEDULE!r}, as the "
+                 "CronJob does; add `schedules: [{name, cron, playbook}]` to the config to change it")
+
+
 PAGE_TTL = 30.0  # seconds a rendered / is served again (the page itself refreshes every 60)
 MAX_CONNECTIONS = 32  # requests served at once; more are answered 503 without a thread
 SOCKET_TIMEOUT = 10.0  # seconds one read or write of a request's socket may take
 CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'; "
        "frame-ancestors 'none'")  # the report has no script: none may run, whatever the data holds
+API = "/api/v1/"  # the read-only history (Server.read)
+JSON = "application/json"
 BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n"
         b"Connection: close\r\n\r\nbusy\n")
 
@@ -149,6 +169,7 @@ class Server:
         self.last_done = now  # when the latest run ended (or the server started)
         self._page: tuple[float, bytes] | None = None
         self._page_lock = threading.Lock()  # one render at a time; the others wait for its page
+        self._read_lock = threading.Lock()  # one read of the API at a time (the history is one connection)
         self.socket_timeout = socket_timeout
         self.httpd = BoundedHTTPServer((host, port), self._handler(), max_connections)
         self._http: threading.Thread | None = None
@@ -214,6 +235,33 @@ class Server:
             self._page = (time.monotonic(), body)
             return body
 
+    def read(self, path: str, query: dict[str, list[str]]) -> tuple[int, bytes, str]:
+        """The read-only API, under /api/v1/: `nodes` (the fleet's rows, as `sweeper nodes` shows them),
+        `nodes/NAME/history` (`since`: seconds back; `check`: a name prefix), and `report` (the HTML
+        page; `since`, `node`). Times are epoch seconds; nothing here writes."""
+        def arg(name: str) -> str:
+            return (query.get(name) or [""])[-1]
+
+        parts = [unquote(p) for p in path.strip("/").split("/")]
+        since = float(arg("since")) if arg("since") else None
+        with self._read_lock:
+            now = time.time()
+            cutoff = now - since if since is not None else None
+            if parts == ["nodes"]:
+                return 200, _json({"nodes": fleet_rows(self.history, self.cfg, self.kube, now), "generated": now}), JSON
+            if len(parts) == 3 and parts[0] == "nodes" and parts[2] == "history":
+                h = self.history.node_history(parts[1], cutoff, check=arg("check"))
+                return 200, _json({**h, "known": bool(h["sweeps"] or h["actions"] or h["pruned_days"])
+                                   or self.history.knows(parts[1]), "generated": now}), JSON
+            if parts == ["report"]:
+                node = arg("node") or None
+                if node is not None and not self.history.node_history(node)["sweeps"]:
+                    return 404, _json({"error": f"no sweep of {node!r} in the history"}), JSON
+                page, _ = report_page(self.history, self.cfg, self.policy, cutoff or now - 30 * 86400,
+                                      gpu=None, node=node)
+                return 200, page.encode(), "text/html; charset=utf-8"
+        return 404, _json({"error": f"no {API}{path}"}), JSON
+
     def run_schedule(self, name: str, cfg: Config) -> None:
         if self.stopping.is_set():
             return
@@ -264,8 +312,15 @@ class Server:
                     self.close_connection = True
 
             def do_GET(self) -> None:  # noqa: N802
-                path = self.path.split("?")[0]
-                if path == "/metrics":
+                path, _, query = self.path.partition("?")
+                if path.startswith(API):
+                    try:
+                        code, body, ctype = server.read(path[len(API):], parse_qs(query))
+                    except Exception as exc:  # noqa: BLE001 - a history that cannot be read: say so
+                        server.log(f"{path}: could not be read: {type(exc).__name__}: {exc}")
+                        code, body, ctype = 500, _json({"error": "the history could not be read; see the log"}), JSON
+                    self._send(code, body, ctype)
+                elif path == "/metrics":
                     self._send(200, server.metrics.exposition(), "text/plain; version=0.0.4; charset=utf-8")
                 elif path == "/healthz":
                     ok, why = server.healthy()
@@ -339,6 +394,10 @@ class Server:
         if self._http is not None:
             self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def _json(doc: Any) -> bytes:
+    return json.dumps(doc, default=str).encode()
 
 
 def serve(cfg: Config, kube: Any, history: Any, port: int, host: str, log: Callable[[str], None],

@@ -601,6 +601,12 @@ def test_without_state_each_kubeconfig_context_gets_its_own_history(make_sim, tm
     other["contexts"][0]["name"] = other["current-context"] = name
     (tmp_path / "prod.kubeconfig").write_text(yaml.safe_dump(other))
     res = runner.invoke(main, ["history", "gpu-01", "--kubeconfig", str(tmp_path / "prod.kubeconfig")])
+    # no file of its own: it reads that cluster's (issue 24, point 3; tests/cluster/test_remote_history.py),
+    # here the node's labels, for no `sweeper serve` runs there; never the other context's file
+    assert res.exit_code == 0 and "no history at state/arn_aws_eks_us-west-2_111122223333_cluster_prod.db" \
+        in res.stderr and "labels and annotations" in res.stderr and "state/sim.db" not in res.stderr, res.output
+    res = runner.invoke(main, ["history", "gpu-01", "--kubeconfig", str(tmp_path / "prod.kubeconfig"), "--state",
+                               "state/arn_aws_eks_us-west-2_111122223333_cluster_prod.db"])
     assert res.exit_code == 2 and "no history at state/arn_aws_eks_us-west-2_111122223333_cluster_prod.db" in res.stderr
     res = runner.invoke(main, ["history", "gpu-01", "--context", "sim", "--kubeconfig",
                                str(tmp_path / "prod.kubeconfig"), "--json"])

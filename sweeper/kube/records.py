@@ -1,4 +1,5 @@
-"""The calls on where a run keeps its lock and says what it did: Leases, ConfigMaps and Events."""
+"""The calls on where a run keeps its lock and says what it did (Leases, ConfigMaps, Events), and a
+read of a Service through the API server's proxy."""
 
 from __future__ import annotations
 
@@ -47,3 +48,22 @@ class RecordCalls(_Adapter):
     def list_events(self, namespace: str, field_selector: str = "") -> list[dict[str, Any]]:
         return list(self._pages("list events", lambda **kw: self.core.list_namespaced_event(namespace, **kw), 500,
                                 field_selector=field_selector))
+
+    # -- a Service, through the API server's proxy -------------------------------
+    def service_get(self, namespace: str, service: str, path: str, query: dict[str, str] | None = None,
+                    timeout: float = 30.0) -> bytes:
+        """GET `path` of a Service through the API server's service proxy, with this client's own
+        credentials, so RBAC applies (`get` on `services/proxy`). `service`: NAME or NAME:PORT
+        (https://kubernetes.io/docs/tasks/access-application-cluster/access-cluster-services/
+        #manually-constructing-apiserver-proxy-urls)."""
+        from urllib.parse import quote
+
+        resource = (f"/api/v1/namespaces/{quote(namespace, safe='')}/services/{quote(service, safe=':')}/proxy/"
+                    + "/".join(quote(p, safe="") for p in path.strip("/").split("/")))
+
+        def fetch() -> Any:
+            return self.api_client.call_api(
+                resource, "GET", {}, list((query or {}).items()), {"Accept": "application/json, text/html"},
+                response_types_map={200: "str"}, auth_settings=["BearerToken"], _preload_content=False,
+                _return_http_data_only=True, _request_timeout=timeout)
+        return bytes(self._call(f"get service {namespace}/{service}/proxy/{path.strip('/')}", fetch, raw=False).data)

@@ -54,6 +54,8 @@ BOOKMARK_EVERY = 60.0
 # The writes admission reviews, by the operation an admission policy names.
 ADMITTED = {"POST": "CREATE", "PATCH": "UPDATE", "PUT": "UPDATE", "DELETE": "DELETE"}
 _VERSIONED = re.compile(r"^/(?:api/(?P<core>v1)|apis/[^/]+/(?P<version>[^/]+))/")
+# The API server's proxy to a Service: /api/v1/namespaces/NS/services/[SCHEME:]NAME[:PORT]/proxy/PATH.
+_PROXY = re.compile(r"^/api/v1/namespaces/(?P<ns>[^/]+)/services/(?P<svc>[^/]+)/proxy(?P<rest>/.*)?$")
 _PATH = re.compile(
     r"^/(?:api/v1|apis/(?P<group>[^/]+)/(?P<version>[^/]+))"
     r"(?:/namespaces/(?P<ns>[^/]+)(?=/))?"
@@ -243,6 +245,10 @@ class ApiServer:
             code = self.fault_rng.choice([500, 503, 429])
             reason = {500: "InternalError", 503: "ServiceUnavailable", 429: "TooManyRequests"}[code]
             raise ApiError(code, reason, f"simulated API fault ({code})", retry_after=1 if code == 429 else None)
+        proxied = _PROXY.match(path)
+        if proxied:
+            return self._proxy(method, unquote(proxied.group("ns")), unquote(proxied.group("svc")),
+                               proxied.group("rest") or "/", url.query, headers, body)
         m = _PATH.match(path)
         if not m:
             raise not_found("path", path)
@@ -302,6 +308,51 @@ class ApiServer:
         if method == "DELETE" and name:
             return 200, self._delete(res, ns, name, q, body, dry_run), "application/json"
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {path}")
+
+    def _proxy(self, method: str, ns: str, target: str, rest: str, query: str, headers: dict[str, str],
+               body: bytes) -> tuple[int, Any, str]:
+        """The API server's proxy to a Service: `[scheme:]NAME[:PORT]`, the port by name or number
+        (optional for a Service of one port), resolved through the Service's Endpoints, the request
+        passed on and the answer returned as it came. No Service is 404; no ready address is 503, and
+        so is an address that refuses the connection
+        (https://kubernetes.io/docs/tasks/access-application-cluster/access-cluster-services/
+        #manually-constructing-apiserver-proxy-urls). RBAC has already checked `services/proxy`."""
+        import http.client
+
+        parts = target.split(":")
+        if len(parts) == 3 or parts[0] in ("http", "https") and len(parts) > 1:
+            parts = parts[1:]
+        name, port = parts[0], (parts[1] if len(parts) > 1 else "")
+        store = self.cluster.store
+        with store.lock:
+            svc = copy.deepcopy(store.get("services", ns, name))  # 404 when there is none
+            eps = store.peek("endpoints", ns, name)
+            eps = copy.deepcopy(eps) if eps is not None else None
+        ports = (svc.get("spec") or {}).get("ports") or []
+        chosen = [p for p in ports if port in (str(p.get("name") or ""), str(p.get("port")))] if port else ports
+        if len(chosen) != 1:
+            raise ApiError(503, "ServiceUnavailable", f'no service port "{port}" found for service "{name}"')
+        port_name = chosen[0].get("name") or ""
+        for subset in (eps or {}).get("subsets") or []:
+            addresses = subset.get("addresses") or []
+            target_port = next((p.get("port") for p in subset.get("ports") or [] if (p.get("name") or "") == port_name),
+                               None)
+            if addresses and target_port:
+                host = addresses[0]["ip"]
+                break
+        else:
+            raise ApiError(503, "ServiceUnavailable", f'no endpoints available for service "{name}"')
+        conn = http.client.HTTPConnection(host, int(target_port), timeout=30)
+        try:
+            conn.request(method, rest + (f"?{query}" if query else ""), body=body or None,
+                         headers={k: v for k, v in headers.items() if k in ("accept", "content-type")})
+            resp = conn.getresponse()
+            data = resp.read()
+        except OSError as exc:
+            raise ApiError(503, "ServiceUnavailable", f"error trying to reach service: {exc}") from exc
+        finally:
+            conn.close()
+        return resp.status, data, resp.getheader("Content-Type") or "application/octet-stream"
 
     def _served(self, res: Resource) -> bool:
         """A custom resource is served only where its CRD is installed (the MPI Operator's MPIJob:
@@ -781,7 +832,8 @@ class _Handler(BaseHTTPRequestHandler):
         if isinstance(payload, WatchStream):
             self._stream(payload)
             return
-        data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+        data = payload if isinstance(payload, bytes) else \
+            payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
         self.send_response(code)
         self.send_header("Content-Type", ctype)
         self.send_header("Content-Length", str(len(data)))

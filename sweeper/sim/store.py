@@ -59,6 +59,7 @@ RESOURCES: dict[str, Resource] = {r.plural: r for r in (
     Resource("serviceaccounts", "ServiceAccount", "", "v1", True, ("sa",)),
     Resource("persistentvolumeclaims", "PersistentVolumeClaim", "", "v1", True, ("pvc",)),
     Resource("services", "Service", "", "v1", True, ("svc",)),
+    Resource("endpoints", "Endpoints", "", "v1", True, ("ep",)),  # where the apiserver's service proxy goes
     Resource("deployments", "Deployment", "apps", "v1", True, ("deploy",)),
     Resource("cronjobs", "CronJob", "batch", "v1", True, ("cj",)),
     Resource("roles", "Role", "rbac.authorization.k8s.io", "v1", True),

@@ -1,0 +1,302 @@
+"""Commands that read or keep the history: nodes, history, report, backtest, ingest, state prune."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from sweeper.cli import printer
+from sweeper.cli.app import main
+from sweeper.cli.options import (
+    cluster_options,
+    config_for,
+    examples,
+    history_at,
+    kube_for,
+    need_state,
+    no_local_history,
+    output_options,
+    reads_the_cluster,
+    run_cli,
+    since_cutoff,
+    state_options,
+    stderr_out,
+)
+from sweeper.clock import iso
+from sweeper.errors import ConfigError, SweeperError
+from sweeper.formats import FORMATS as READ_FORMATS
+from sweeper.output import Out, iso_times
+
+
+@main.command("nodes", epilog=examples("sweeper nodes", "sweeper nodes --offline -o wide",
+                                       "sweeper nodes --no-headers | grep held"))
+@cluster_options
+@click.option("--offline", is_flag=True, help="From the history alone, without asking the cluster.")
+@output_options
+@run_cli
+@reads_the_cluster
+def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | None, state: str, offline: bool,
+              out: Out) -> None:
+    """The fleet as a table: each GPU node's last sweep and verdict, when it is due, whether it is a
+    suspect and whether Sweeper holds it.
+
+    With no local history for the kubeconfig context (no --state, no SWEEPER_STATE), the history
+    the cluster's `sweeper serve` keeps, read through the API server; when that cannot be read,
+    what the nodes' labels and annotations say of their last sweep. It says which.
+    """
+    from sweeper.views import cluster_fleet_rows, fleet_rows
+
+    cfg = config_for(config_path)
+    now = time.time()
+    source = ""  # where the rows came from, when not from this history and the cluster
+    if not offline and no_local_history(state):
+        read = cluster_fleet_rows(_reader(kubeconfig, context, cfg), cfg, now)
+        rows, source = read.value, read.source
+        _said(read, state)
+    else:
+        rows = fleet_rows(history_at(state, create=False), cfg,
+                          None if offline else kube_for(kubeconfig, context, cfg), now)
+    if out.structured:
+        out.document(iso_times({"nodes": rows, **({"source": source} if source else {})}))
+    else:
+        printer.nodes(out, rows, now, "the history alone" if offline else source, in_cluster=not offline)
+
+
+def _reader(kubeconfig: str | None, context: str | None, cfg: Any) -> Any:
+    """The cluster, asked once per call: a reader does not wait on a Sweeper that is not there."""
+    kube = kube_for(kubeconfig, context, cfg)
+    kube.retry = dataclasses.replace(kube.retry, attempts=1)
+    return kube
+
+
+def _said(read: Any, state: str) -> None:
+    """Where a reading command read from, on stderr; and why not the cluster's history, when not."""
+    if read.why:
+        stderr_out().write(f"no history at {state}, and the cluster's Sweeper could not be read ({read.why}); "
+                           f"showing {read.source}", "warn")
+    else:
+        stderr_out().write(f"no history at {state}: read from {read.source}")
+
+
+@main.command(epilog=examples("sweeper history gpu-p5-04", "sweeper history gpu-p5-04 --since 7d --check ecc -o wide",
+                              "sweeper history gpu-p5-04 -o json | jq '.sweeps[0]'"))
+@click.argument("node")
+@cluster_options
+@click.option("--since", help="Only what happened within this long (e.g. 7d, 12h).")
+@click.option("--check", "check", default="", help="Only findings and metrics whose name starts with this "
+              "(e.g. ecc, nvlink, xid, nccl).")
+@output_options
+@run_cli
+@reads_the_cluster
+def history(node: str, config_path: str | None, kubeconfig: str | None, context: str | None, state: str,
+            since: str | None, check: str, out: Out) -> None:
+    """A node's sweeps, verdicts and the rules behind them, pair runs (partner, mode, bus
+    bandwidth), failed checks, actions and metric trends (sparklines). A node the history has
+    never seen is exit 2.
+
+    With no local history for the kubeconfig context (no --state, no SWEEPER_STATE), the history
+    the cluster's `sweeper serve` keeps, read through the API server; when that cannot be read,
+    what the node's labels and annotations say of its last sweep. It says which.
+    """
+    if no_local_history(state):
+        from sweeper.views import cluster_node_history
+
+        cfg = config_for(config_path)
+        cutoff = since_cutoff(since)
+        read = cluster_node_history(_reader(kubeconfig, context, cfg), cfg, node,
+                                    None if cutoff is None else time.time() - cutoff, check)
+        _said(read, state)
+        h, known, where = read.value, read.value.pop("known", True), read.source
+    else:
+        need_state(state)
+        hist = history_at(state)
+        h = hist.node_history(node, since_cutoff(since), check=check)
+        known, where = hist.knows(node), f"the history at {state}"
+        h.pop("known", None)
+    if not (h["sweeps"] or h["actions"] or h["pruned_days"]) and not known:
+        raise ConfigError(f"no node {node!r} in {where} (`sweeper nodes` lists the nodes it knows)")
+    h.pop("generated", None)
+    if out.structured:
+        out.document(iso_times(h))
+    else:
+        printer.print_history(out, h)
+
+
+@main.command("report", epilog=examples("sweeper report", "sweeper report --since 7d -o /tmp/fleet.html",
+                                        "sweeper report --node gpu-p5-06 -o gpu-p5-06.html --offline"))
+@cluster_options
+@click.option("--since", default="30d", show_default=True, help="How far back the report looks.")
+@click.option("--policy", "policy_name", help="Policy whose trend rules the report charts (default: the config's).")
+@click.option("-o", "--output", default="sweeper-report.html", show_default=True, type=click.Path(dir_okay=False),
+              help="Where to write the HTML file ('-' for stdout).")
+@click.option("--node", "node", help="Write this node's page alone: its sweeps, findings, actions and metrics "
+              "per GPU.")
+@click.option("--offline", is_flag=True, help="Do not ask the cluster for its GPU nodes: use the last run's plan.")
+@run_cli
+@reads_the_cluster
+def report_cmd(config_path: str | None, kubeconfig: str | None, context: str | None, state: str, since: str,
+               policy_name: str | None, output: str, node: str | None, offline: bool) -> None:
+    """The fleet at a glance as one self-contained HTML file (opens with no network): coverage of
+    every GPU node per profile, every sweep on a time axis, the nodes held and why, nodes replaced,
+    trends behind decisions, per-profile NCCL bandwidth, and a page per node.
+
+    GPU nodes come from the cluster when it answers, else from the last run's recorded plan. With
+    no local history for the kubeconfig context (no --state, no SWEEPER_STATE), the report the
+    cluster's `sweeper serve` draws from its history, read through the API server.
+    """
+    from sweeper.report import cluster_gpu_nodes
+    from sweeper.views import policy_for, report_page
+
+    if no_local_history(state) and not offline:
+        from sweeper.remote import RemoteHistory
+
+        cfg = config_for(config_path)
+        reader = RemoteHistory(_reader(kubeconfig, context, cfg), cfg.namespace)
+        cutoff = since_cutoff(since) or 0.0
+        stderr_out().write(f"no history at {state}: the report of {reader.where}")
+        _write_page(reader.report(time.time() - cutoff, node), output, None)
+        return
+    need_state(state)
+    cfg = config_for(config_path)
+    gpu, source = None, ""
+    if not offline and node is None:
+        try:
+            kube = kube_for(kubeconfig, context, cfg)
+            kube.retry = dataclasses.replace(kube.retry, attempts=1)  # no waiting on a cluster that is not there
+            gpu, source = cluster_gpu_nodes(kube, cfg), "the cluster"
+        except SweeperError as exc:
+            stderr_out().write(f"GPU nodes from the last run's plan: the cluster did not answer ({exc})")
+    hist = history_at(state)
+    if node is not None and not hist.node_history(node)["sweeps"]:
+        raise ConfigError(f"--node: no sweep of {node!r} in {state}")
+    page, pages = report_page(hist, cfg, policy_for(cfg, policy_name), since_cutoff(since) or 0.0, gpu=gpu,
+                              source=source, node=node)
+    _write_page(page, output, pages)
+
+
+def _write_page(page: str, output: str, pages: int | None) -> None:
+    if output == "-":
+        click.echo(page, nl=False)
+        return
+    try:
+        Path(output).write_text(page)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {output}: {exc}") from exc
+    stderr_out().write(f"wrote {output} ({len(page) / 1024:.0f} KiB"
+                       + (f", {pages} node page(s))" if pages is not None else ")"))
+
+
+@main.command("backtest", epilog=examples("sweeper backtest --policy strict.yaml",
+                                          "sweeper backtest --policy ./my-policy.yaml --since 30d -o json"))
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="SWEEPER_CONFIG",
+              help="Sweeper config YAML (default: $SWEEPER_CONFIG).")
+@state_options
+@click.option("--policy", "policy_name", required=True, help="The policy to try: a file, or a name in policies/.")
+@click.option("--since", default="90d", show_default=True, help="How much history to replay.")
+@output_options
+@run_cli
+def backtest_cmd(config_path: str | None, state: str, policy_name: str, since: str, out: Out) -> None:
+    """Replay the recorded history under another policy: which nodes it would have held, rebooted
+    or replaced, and when, next to what actually happened. Changes nothing."""
+    from sweeper.backtest import backtest
+    from sweeper.views import policy_for
+
+    need_state(state)
+    cfg = config_for(config_path)
+    bt = backtest(history_at(state), policy_for(cfg, policy_name), since_cutoff(since) or 0.0)
+    if out.structured:
+        out.document(iso_times(bt.to_dict()))
+    else:
+        printer.backtest(out, bt)
+
+
+@main.group("state")
+def state_group() -> None:
+    """The history database: retention."""
+
+
+@state_group.command("prune", epilog=examples("sweeper state prune --older-than 180d --dry-run",
+                                              "sweeper state prune --older-than 180d"))
+@state_options
+@click.option("--older-than", required=True, help="Delete sweeps older than this (e.g. 180d); a daily summary "
+              "per node is kept.")
+@click.option("--dry-run", is_flag=True, help="Count what would go, delete nothing.")
+@output_options
+@run_cli
+def state_prune(state: str, older_than: str, dry_run: bool, out: Out) -> None:
+    """Delete old sweeps, checks, metrics, actions and intents, keeping one summary row per node
+    per day (sweeps, verdict counts, min/max/last of each metric)."""
+    need_state(state)
+    before = since_cutoff(older_than)
+    assert before is not None
+    counts = history_at(state).prune(before, dry_run=dry_run)
+    if out.structured:
+        out.document(iso_times({"dry_run": dry_run, "before": before, **counts}))
+        return
+    verb = "would delete" if dry_run else "deleted"
+    out.write(f"{verb} {counts['node_sweeps']} sweeps, {counts['checks']} checks, {counts['metrics']} metrics "
+              f"older than {iso(before)}; {counts['summaries']} daily summaries kept")
+
+
+@main.command("ingest", epilog=examples(
+    "dcgmi diag -r 3 -j > diag.json; sweeper ingest gpu-p5-04 diag.json --exit-code $?",
+    "dmesg | sweeper ingest gpu-p5-04 - --format kernel-log",
+    "sweeper ingest gpu-p5-04 all_reduce.txt --format nccl --profile p5.48xlarge --no-record"))
+@click.argument("node")
+@click.argument("file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--format", "fmt", default="auto", show_default=True,
+              type=click.Choice(READ_FORMATS),
+              help="What the file holds; auto detects it. nvidia-smi takes both -q and --query-gpu CSV.")
+@click.option("--profile", "profile_name", help="Judge against this hardware profile (GPU count and model, "
+              "NVLinks, NICs, NCCL floor); the flags below override it.")
+@click.option("--exit-code", type=int, help="The tool's exit code, as a cross-check (dcgm, nccl, fi-info).")
+@click.option("--expect-gpus", type=int, help="GPU count the node should have (dcgm, nvidia-smi).")
+@click.option("--expect-nics", type=int, help="EFA or InfiniBand device count (ibv-devinfo, fi-info).")
+@click.option("--min-busbw", type=float, help="Bus bandwidth floor in GB/s at the largest size (nccl).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="SWEEPER_CONFIG",
+              help="Config file (for --profile; default: $SWEEPER_CONFIG).")
+@state_options
+@click.option("--no-record", is_flag=True, help="Parse and print only.")
+@output_options
+@run_cli
+def ingest_cmd(node: str, file: str, fmt: str, profile_name: str | None, exit_code: int | None,
+               expect_gpus: int | None, expect_nics: int | None, min_busbw: float | None, config_path: str | None,
+               state: str, no_record: bool, out: Out) -> None:
+    """Parse a tool's output produced outside Sweeper (a Slurm prolog, a manual DCGM run) into the
+    common result, print it, and record it in the node's history. Exit 1 when it holds a failure."""
+    from contextlib import nullcontext
+
+    from sweeper.ingest import expectations, ingest_stream, record
+
+    expect: dict[str, Any] = {}
+    if profile_name:
+        from sweeper import profiles as prof
+
+        catalogue = prof.load_profiles(config_for(config_path).path("profiles"))
+        if profile_name not in catalogue:
+            raise ConfigError(f"no profile {profile_name!r}; known: {', '.join(sorted(catalogue))}")
+        expect = expectations(catalogue[profile_name])
+    expect.update({k: v for k, v in (("expect_gpus", expect_gpus), ("expect_nics", expect_nics),
+                                     ("min_busbw", min_busbw)) if v is not None})
+    try:
+        with (nullcontext(sys.stdin.buffer) if file == "-" else Path(file).open("rb")) as stream:
+            found, result = ingest_stream(stream, node, fmt, exit_code=exit_code, **expect)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {file}: {exc}") from exc
+    except RecursionError as exc:  # json.loads on a document nested thousands deep
+        raise ConfigError(f"{file}: nested too deeply to read (deeper than Python's recursion limit)") from exc
+    if not no_record:
+        record(history_at(state), node, found, result, file)
+    if out.fmt == "json":
+        click.echo(result.to_json())
+    elif out.structured:
+        out.document(result.to_dict())
+    else:
+        printer.checks(out, f"{node}: {found} -> {result.status}", result)
+    sys.exit(0 if result.status in ("pass", "warn", "skip") else 1)
+

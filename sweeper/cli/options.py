@@ -1,0 +1,248 @@
+"""What every command shares: the output, state and cluster options, the error-to-exit-code
+mapping, and the objects a command builds (config, Kubernetes client, history). Nothing heavy is
+imported here: a command imports the config's pydantic, the Kubernetes client and the history's
+sqlite-utils when it runs, so `--help` and the reading commands start in well under 150 ms
+(benchmarks/cli.py measures it)."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from sweeper.clock import parse_duration
+from sweeper.errors import ConfigError, SweeperError
+from sweeper.output import FORMATS, Out, clean_lines
+
+if TYPE_CHECKING:
+    from sweeper.config import Config
+
+
+def stderr_out() -> Out:
+    return Out.to(stream=sys.stderr)
+
+
+def output_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`-o table|wide|json|yaml`, `--no-headers`, and `--json` (kept for scripts: `-o json`); the
+    command receives them as one `out`."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, output_format: str, as_json: bool, no_headers: bool, **kwargs: Any) -> Any:
+        return fn(*args, out=Out.to("json" if as_json else output_format, not no_headers), **kwargs)
+
+    for opt in reversed([
+            click.option("-o", "--output", "output_format", type=click.Choice(FORMATS), default="table",
+                         show_default=True, help="table; wide (more columns, ISO times); json or yaml (the document)."),
+            click.option("--json", "as_json", is_flag=True, help="Same as -o json."),
+            click.option("--no-headers", is_flag=True, help="Tables without their header and title lines.")]):
+        wrapper = opt(wrapper)
+    return wrapper
+
+
+def examples(*lines: str) -> str:
+    """A command's epilog: copy-paste examples, kept as written (click's \\b)."""
+    return "Examples:\n\n\b\n" + "\n".join("  " + line for line in lines)
+
+
+STATE_HELP = ("SQLite history file (default: $SWEEPER_STATE, else state/<kubeconfig context>.db, "
+              "in a pod without a kubeconfig state/sweeper.db).")
+
+
+def state_option() -> Callable[..., Any]:
+    return click.option("--state", default=None, help=STATE_HELP)
+
+
+def with_state(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Fill in `state` when --state is not given: named for the kubeconfig context (sweeper.kubeconfig),
+    so two clusters never share a history; say so on stderr. Drops --kubeconfig and --context for a
+    command that only reads the history."""
+    import inspect
+
+    takes = set(inspect.signature(fn).parameters)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("state") is None:
+            from sweeper.kubeconfig import default_state
+
+            kwargs["state"], context = default_state(kwargs.get("kubeconfig"), kwargs.get("context"))
+            ctx = click.get_current_context(silent=True)
+            if ctx is not None:
+                ctx.params["state"] = kwargs["state"]
+                ctx.meta["sweeper.state_context"] = context
+            if context and (Path(kwargs["state"]).exists() or not getattr(fn, "reads_the_cluster", False)):
+                click.echo(clean_lines(f"history {kwargs['state']}: named for the kubeconfig context {context} "
+                                       "(--state or SWEEPER_STATE to choose another)"), err=True)
+        for name in ("kubeconfig", "context"):
+            if name not in takes:
+                kwargs.pop(name, None)
+        return fn(*args, **kwargs)
+    return wrapper
+
+
+def reads_the_cluster(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a reading command that, with no local history for the context, reads the cluster's."""
+    fn.reads_the_cluster = True  # type: ignore[attr-defined]
+    return fn
+
+
+def no_local_history(state: str) -> bool:
+    """Whether the history named for the kubeconfig context (no --state, no SWEEPER_STATE) is not
+    here: a person on a laptop, whose cluster keeps its history itself (sweeper.remote)."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.meta.get("sweeper.state_context")) and not Path(state).exists()
+
+
+def state_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """--state, and the --kubeconfig and --context that name it, for a command that reads the history
+    without asking the cluster."""
+    fn = with_state(fn)
+    for opt in reversed([
+            click.option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig whose current context names the "
+                         "history file (default: ~/.kube/config)."),
+            click.option("--context", help="kubeconfig context whose history to read (state/<context>.db)."),
+            state_option()]):
+        fn = opt(fn)
+    return fn
+
+
+EXIT_BUG = 70  # EX_SOFTWARE of BSD's sysexits.h: an internal error, never confused with 1 (findings)
+DEBUG = {"on": False}  # `sweeper --debug`: an error shows its traceback
+
+
+def run_cli(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Map the error tree to exit codes with one clear line on stderr (`--debug`: the traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            out = fn(*args, **kwargs)
+            sys.stdout.flush()  # a reader that closed the pipe is found here, not at the interpreter's exit
+            return out
+        except BrokenPipeError:  # `sweeper history NODE | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's "Note on SIGPIPE"
+            sys.exit(0)
+        except SweeperError as exc:
+            _fail(exc, exc.exit_code, str(exc))  # one unwrapped line, so file:line stays greppable
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except (RecursionError, MemoryError, OverflowError) as exc:
+            _fail(exc, 2, f"{_inputs()}: too large or too deeply nested to handle ({_what(exc)})")
+        except ValueError as exc:  # a value a file or an argument carried (a template's format, a number)
+            _fail(exc, 2, f"{_inputs()}: {_what(exc)}")
+        except Exception as exc:
+            if type(exc).__module__ == "sqlite3":  # the CLI never imports sqlite3; the history should have mapped it
+                _fail(exc, 3, f"history {_param('state') or ''}: {_what(exc)}")
+            if type(exc).__name__ == "MarkupError":  # text from a file or a node taken for rich markup
+                _fail(exc, 2, f"{_inputs()}: could not print: {_what(exc)}")
+            _fail(exc, EXIT_BUG, f"internal error, a bug in Sweeper (please report it): {_what(exc)}")
+    return wrapper
+
+
+def _fail(exc: BaseException, code: int, line: str) -> None:
+    if DEBUG["on"]:
+        import traceback
+
+        traceback.print_exception(exc, file=sys.stderr)
+    else:
+        line += "" if code in (1, 3, 4) or isinstance(exc, SweeperError) else "; --debug shows the traceback"
+    click.echo(f"error: {clean_lines(line)}", err=True)  # a message may quote a file or a node: shown, never obeyed
+    sys.exit(code)
+
+
+def _what(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:200] + '...' if len(text) > 200 else text}"
+
+
+def _param(name: str) -> Any:
+    ctx = click.get_current_context(silent=True)
+    return ctx.params.get(name) if ctx else None
+
+
+def _inputs() -> str:
+    """The files the failing command was given, to name in its one line."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return "sweeper"
+    files = [str(v) for v in ctx.params.values() if isinstance(v, str) and v and Path(v).is_file()]
+    return f"sweeper {ctx.info_name}" + (f" ({', '.join(files)})" if files else "")
+
+
+@contextlib.contextmanager
+def stopped_by_sigterm() -> Iterator[threading.Event]:
+    """An event SIGTERM sets while the block runs (the handler before is put back after)."""
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def config_for(path: str | None, **overrides: Any) -> Config:
+    from sweeper.config import load_config
+
+    return load_config(path).with_overrides(**overrides)
+
+
+def kube_for(kubeconfig: str | None, context: str | None, cfg: Config) -> Any:
+    from sweeper.kubeconfig import missing as kubeconfig_missing
+
+    missing = kubeconfig_missing(kubeconfig)
+    if missing:
+        raise ConfigError(missing)
+    from sweeper.kube import Kube, RetryPolicy
+
+    kube = Kube.from_config(kubeconfig, context)
+    kube.retry = RetryPolicy(attempts=max(1, cfg.api_attempts))
+    return kube
+
+
+def history_at(state: str, create: bool = True) -> Any:
+    """The history at `state`. create=False (plan, --dry-run): a missing file is not created; an
+    empty history in memory stands in for it, so a command that changes nothing leaves no file."""
+    from sweeper.history import History
+
+    if not create and not Path(state).exists():
+        return History(":memory:")
+    return History(state)
+
+
+common_cluster = [
+    click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="SWEEPER_CONFIG",
+                 help="Sweeper config YAML (default: $SWEEPER_CONFIG)."),
+    click.option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig file (default: in-cluster or ~/.kube/config)."),
+    click.option("--context", help="kubeconfig context."),
+    state_option(),
+]
+
+
+def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = with_state(fn)
+    for opt in reversed(common_cluster):
+        fn = opt(fn)
+    return fn
+
+
+
+def need_state(state: str) -> None:
+    if not Path(state).exists():
+        raise ConfigError(f"no history at {state} (set --state or SWEEPER_STATE)")
+
+
+def since_cutoff(since: str | None, default: float | None = None) -> float | None:
+    try:
+        if since:
+            return time.time() - parse_duration(since)
+    except ValueError as exc:
+        raise ConfigError(f"--since: not a duration: {since!r}") from exc
+    return None if default is None else time.time() - default
