@@ -1,0 +1,158 @@
+"""A pair's life: hold both nodes (or the partner of a suspect already held), play the pair
+playbook once for the two, record one sweep row per node and one pair result, then hand both
+back, keep a suspect held for its re-pair, or keep a culprit held with its verdict."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from typing import Any, cast
+
+from sweeper import pairing, profiles
+from sweeper.actions import ActionContext
+from sweeper.actions.decide import policy_for
+from sweeper.errors import KubeError, PlaybookError
+from sweeper.fleet import NodeView
+from sweeper.playbook.executor import Executor
+from sweeper.policy import HOLDING, pair_rule
+from sweeper.result import Result
+from sweeper.sweep.hold import hand_back, hold_one, release
+from sweeper.sweep.play import context, event, extra_vars, node_vars, on_task, play_vars, result, verdict_of
+from sweeper.sweep.record import NodeOutcome, PairRun
+from sweeper.sweep.state import Run
+from sweeper.sweep.unit import after_verdict, cap_replacements, record_verdict
+
+
+def sweep_pair(run: Run, a: NodeView, b: NodeView, mode: str, held: bool | None = None) -> PairRun:
+    """Hold both nodes (in mode "repair", `a` is the suspect, already held by this run unless
+    `held` is False: a suspect an earlier run let go), run the pair playbook once for the two,
+    record one sweep row per node and one pair result, and hand both back, or keep a suspect
+    held for its re-pair, or a culprit with its verdict."""
+    t0 = time.monotonic()
+    held = mode == "repair" if held is None else held
+    back = a if held else None  # a re-pair abandoned before it ran: the suspect waits again
+    if run.tool_stop:
+        return PairRun([NodeOutcome(v.name, "", [f"not taken: {run.tool_stop}"], "skipped")
+                        for v in ((b,) if held else (a, b))], back=back)
+    nodes: list[NodeView] = [a] if held else []
+    for v in ([b] if held else [a, b]):
+        got, lost = hold_one(run, v)
+        if got is not None:
+            nodes.append(got)
+            continue
+        # The pair is abandoned cleanly: what this pair held goes back untouched.
+        outs = [cast(NodeOutcome, lost)]
+        for other in (a, b):
+            if other.name == v.name or (held and other.name == a.name):
+                continue
+            why = f"partner {v.name} could not be held ({lost.action if lost else 'lost'}): not swept"
+            if any(n.name == other.name for n in nodes):
+                release(run, other.name, why, owner=run.id)
+            outs.append(NodeOutcome(other.name, "", [why], "skipped"))
+        return PairRun(outs, back=back)
+    first, second = nodes
+    playbook = run.sweep.playbook
+    run.emit("pair", {"nodes": [first.name, second.name], "mode": mode})
+    profs = [profiles.match(run.sweep.profiles, n.labels) for n in nodes]
+    ids = tuple(run.rec.sweep_started(run.id, n.name, run.clock.now(), playbook.name, pr.name, kind="pair")
+                for n, pr in zip(nodes, profs, strict=True))
+    for n, other in ((first, second), (second, first)):
+        event(run, n, "SweepStarted", f"held by run {run.id} for {playbook.name} with {other.name} ({mode})", "Normal")
+    verdict, reasons = "error", ["the pair playbook did not reach a verdict"]
+    busbw: float | None = None
+    decision: dict[str, Any] | None = None
+    out = PairRun([])
+    try:
+        verdict, reasons, busbw, decision = _play_pair(run, (ids[0], ids[1]), first, second, profs, mode)
+    except PlaybookError as exc:
+        verdict, reasons = "error", [f"playbook error: {exc}"]
+    except KubeError as exc:
+        verdict, reasons = "error", [f"cluster error during checks: {exc}"]
+    finally:
+        status = pairing.pair_status(verdict)
+        run.rec.pair_result(run.id, run.clock.now(), first.name, second.name, status, mode, busbw,
+                            "; ".join(reasons)[:1000], (ids[0], ids[1]))
+        calls = tuple(_pair_rule(run, c) for c in pairing.node_verdicts(mode, first.name, second.name, verdict,
+                                                                         reasons))
+        out.suspects = tuple((n, o.name) for c, n, o in zip(calls, nodes, nodes[::-1], strict=True) if c.suspect)
+        out.why = f"{status}: {'; '.join(reasons)}"[:500]
+        out.status = status
+        if status in ("pass", "warn"):
+            out.passed = (first.name, second.name)
+        for call, view, prof, sweep_id in zip(calls, nodes, profs, ids, strict=True):
+            out.outcomes.append(_pair_node(run, call, view, prof, sweep_id,
+                                           _pair_decision(run, call, verdict, decision), t0))
+    return out
+
+
+def _pair_rule(run: Run, call: pairing.NodeCall) -> pairing.NodeCall:
+    """A suspect that the policy's pair rules already condemn (failed pairs with too many
+    different partners) gets that verdict now, without a re-pair."""
+    if not call.suspect:
+        return call
+    found = pair_rule(policy_for(ActionContext(config=run.cfg)), run.rec, call.node, run.clock.now())
+    if found is None or found.verdict not in HOLDING:
+        return call
+    return pairing.NodeCall(call.node, found.verdict, found.reasons, rules=found.rules)
+
+
+def _pair_decision(run: Run, call: pairing.NodeCall, verdict: str,
+                   decision: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The decision recorded on a node's row: the play's where the node got the play's verdict;
+    the pair rule's where that rule held the node (so its history names the rule)."""
+    if call.rules:
+        return {"verdict": call.verdict, "causes": [], "rules": list(call.rules), "decided": run.clock.now(),
+                "policy": policy_for(ActionContext(config=run.cfg)).name, "gpus": []}
+    return decision if call.verdict == verdict else None
+
+
+def _pair_node(run: Run, call: pairing.NodeCall, view: NodeView, prof: profiles.Profile,
+               sweep_id: int, decision: dict[str, Any] | None, t0: float) -> NodeOutcome:
+    """One node's part of a pair run: its sweep row closed, and the node handed back, kept held
+    with its verdict, or (a suspect) kept held for its re-pair."""
+    name, verdict, reasons = view.name, call.verdict, list(call.reasons)
+    if call.suspect:
+        run.rec.sweep_finished(sweep_id, run.clock.now(), verdict, reasons, decision)
+        run.emit("done", {"node": name, "verdict": verdict, "reasons": reasons, "action": "suspect"})
+        return NodeOutcome(name, verdict, reasons, "suspect", time.monotonic() - t0)
+    verdict, reasons = cap_replacements(run, verdict, reasons)
+    action = "left"
+    try:
+        action = hand_back(run, name, verdict, reasons)
+    finally:
+        record_verdict(run, name, sweep_id, verdict, reasons, decision, action)
+    after_verdict(run, view, prof, verdict, reasons, decision, action)
+    return NodeOutcome(name, verdict, reasons, action, time.monotonic() - t0)
+
+
+def _play_pair(run: Run, ids: tuple[int, int], a: NodeView, b: NodeView, profs: list[profiles.Profile],
+               mode: str) -> tuple[str, list[str], float | None, dict[str, Any] | None]:
+    """Run the pair playbook once: `node` is A, `partner` B, `pair_mode` the mode. Each result
+    is recorded on both nodes' sweep rows."""
+    vars_ = play_vars(run, a, profs[0])
+    partner_vars = node_vars(b, profs[1])
+
+    def on_result(r: Result) -> None:
+        result(run, ids[0], a.name, r)
+        run.rec.result(ids[1], replace(r, node=b.name))
+
+    ctx = context(run, ids[0], a.name, vars_, partner=partner_vars)
+    ctx.on_result = on_result
+    extra = {"node": vars_, "partner": partner_vars, "pair_mode": mode, **extra_vars(run, vars_)}
+    done = Executor(run.sweep.actions, ctx, on_task(run, a.name)).run(run.sweep.playbook, extra)
+    found = [v["busbw"] for v in done.vars.values() if isinstance(v, dict) and v.get("busbw") is not None]
+    verdict, reasons, decision = verdict_of(done, "the sweep was stopped before the pair's checks finished")
+    return verdict, reasons, float(found[0]) if found else None, decision
+
+
+def let_suspect_go(run: Run, book: pairing.Repairs, name: str, why: str, verdict: str = "inconclusive") -> NodeOutcome:
+    """A suspect with no re-pair goes back `inconclusive` (a failed pair is no verdict on either
+    node), or `error` when every pair of the run failed (a fault of the check)."""
+    s = book.waiting.pop(name)
+    reason = f"pair with {s.first_partner} failed ({s.why}); {why}: handed back {verdict}"
+    try:
+        release(run, name, reason, owner=run.id)
+    except KubeError as exc:
+        run.log(name, f"could not hand the node back: {exc}; the next run's reconcile will")
+    run.emit("done", {"node": name, "verdict": verdict, "reasons": [reason], "action": "released"})
+    return NodeOutcome(name, verdict, [reason], "released")
