@@ -23,7 +23,6 @@ otherwise."""
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import threading
 import time
@@ -34,7 +33,6 @@ from urllib.parse import parse_qs, unquote
 
 from apscheduler.events import EVENT_JOB_MISSED, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
-from apscheduler.triggers.cron import CronTrigger
 
 from sweeper.clock import parse_duration
 from sweeper.config import Config
@@ -43,37 +41,11 @@ from sweeper.metrics import Metrics
 from sweeper.policy import load_policy
 from sweeper.remedy import preflight
 from sweeper.report import gather, render
+from sweeper.schedules import DEFAULT_SCHEDULE, longest_gap, trigger, with_default_schedule
+
+__all__ = ["DEFAULT_SCHEDULE", "Server", "longest_gap", "serve", "trigger", "with_default_schedule"]
 from sweeper.sweep import Sweep
 from sweeper.views import fleet_rows, report_page
-
-
-def trigger(cron: str) -> CronTrigger:
-    """Five fields (minute hour day month weekday), or six with seconds first."""
-    fields = cron.split()
-    try:
-        if len(fields) == 5:
-            return CronTrigger.from_crontab(cron, timezone="UTC")
-        if len(fields) == 6:
-            sec, minute, hour, day, month, dow = fields
-            return CronTrigger(second=sec, minute=minute, hour=hour, day=day, month=month, day_of_week=dow,
-                               timezone="UTC")
-    except ValueError as exc:
-        raise ConfigError(f"schedule cron {cron!r}: {exc}") from exc
-    raise ConfigError(f"schedule cron {cron!r}: five fields, or six with seconds first")
-
-
-DEFAULT_SCHEDULE = "*/30 * * * *"  # the CronJob's (sweeper.manifests), for a config without `schedules`
-
-
-def with_default_schedule(cfg: Config) -> tuple[Config, str]:
-    """The config, given the CronJob's schedule for its playbook when it has no `schedules`, and a
-    line saying so ("" when it has its own)."""
-    if cfg.schedules:
-        return cfg, ""
-    cfg = cfg.with_overrides(schedules=({"name": "sweep", "cron": DEFAULT_SCHEDULE, "playbook": cfg.playbook},))
-    return cfg, (f"no `schedules` in the config: sweeping with {cfg.playbook} on {DEFAULT_SCHEDULE!r}, as the "
-                 "CronJob does; add `schedules: [{name, cron, playbook}]` to the config to change it")
-
 
 PAGE_TTL = 30.0  # seconds a rendered / is served again (the page itself refreshes every 60)
 MAX_CONNECTIONS = 32  # requests served at once; more are answered 503 without a thread
@@ -84,21 +56,6 @@ API = "/api/v1/"  # the read-only history (Server.read)
 JSON = "application/json"
 BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 5\r\n"
         b"Connection: close\r\n\r\nbusy\n")
-
-
-def longest_gap(trig: CronTrigger, now: float, firings: int = 16) -> float:
-    """The longest wait between two of a trigger's next firings (a weekday cron waits over a weekend)."""
-    t = dt.datetime.fromtimestamp(now, dt.UTC)
-    prev = trig.get_next_fire_time(None, t)
-    gap = 0.0
-    for _ in range(firings):
-        if prev is None:
-            break
-        nxt = trig.get_next_fire_time(prev, prev + dt.timedelta(microseconds=1))
-        if nxt is None or nxt <= prev:
-            break
-        gap, prev = max(gap, (nxt - prev).total_seconds()), nxt
-    return gap
 
 
 class BoundedHTTPServer(ThreadingHTTPServer):

@@ -108,7 +108,8 @@ def serve_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
     hands its nodes back, and exits 0."""
     import threading
 
-    from sweeper.serve import serve, with_default_schedule
+    from sweeper.schedules import with_default_schedule
+    from sweeper.serve import serve
 
     err = stderr_out()
     cfg, note = with_default_schedule(config_for(config_path))

@@ -25,7 +25,8 @@ from kubernetes import client
 from sweeper.cli import main
 from sweeper.config import Config
 from sweeper.history import History
-from sweeper.serve import Server, with_default_schedule
+from sweeper.schedules import with_default_schedule
+from sweeper.serve import Server
 from tests.conftest import Sim
 
 ROOT = Path(__file__).resolve().parents[2]
