@@ -50,8 +50,12 @@ def run_demo(console: Console, state: Path, *, cycles: int, hours_between: float
             sweep = Sweep(kube, DEMO_CONFIG, hist, clock=cluster.clock, emit=printer)
             report = sweep.run()
             console.print(f"  {len(report.outcomes)} node(s) swept with {report.api_requests} API requests")
-            if cycle < cycles:
-                cluster.clock.advance(hours_between * 3600)
+            # Each cycle (and the pair sweep after the last) starts at a fixed simulated time,
+            # not a fixed time after the previous one ended: on a loaded machine a cycle takes
+            # more simulated time at the same speed, and which nodes are due must not follow that.
+            wait = cluster.started + cycle * hours_between * 3600 - cluster.clock.now()
+            if cycle < cycles and wait > 0:
+                cluster.clock.advance(wait)
                 time.sleep(0.05)
         culprits = pair_sweep(console, kube, hist, cluster, printer, print_history)
         _rule(console, "the fleet")
