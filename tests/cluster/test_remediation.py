@@ -211,7 +211,7 @@ class Catch(BaseHTTPRequestHandler):
 def catcher() -> Any:
     Catch.got, Catch.fail_first = [], 0
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Catch)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}", Catch
     srv.shutdown()
 
