@@ -124,3 +124,55 @@ def held_then_released_by_a_person(make_sim: Callable[..., Sim], history: Histor
     second = run_sweep(sim, history, cfg)
     assert any(d.get("action") == "marked a false positive" for d in second.reconciled)
     return sim, cfg, second
+
+
+# -- how the suite is scheduled (docs/testing.md) ------------------------------------------------------
+# Tests that need the wall clock, not the simulated one: a signal to another process at a chosen moment,
+# a race between processes, a deadline that production measures in real seconds. They keep their real
+# waits; `-m realtime` runs only them, `-m "not realtime"` leaves them out. Tests in tests/cluster carry
+# the marker themselves; these, outside it, get it here: node id prefix -> why.
+REALTIME_ELSEWHERE = {
+    "tests/test_render_child.py::test_a_c_level_loop_is_killed_at_the_deadline":
+        "the render worker is SIGKILLed at a wall-clock deadline",
+    "tests/test_render_child.py::test_a_worker_that_dies_mid_render_names_its_limits":
+        "a SIGKILL sent to the worker a moment into a render",
+    "tests/test_render_child.py::test_sigterm_of_the_parent_leaves_no_worker":
+        "a SIGTERM to a parent process mid-render, and the worker gone within real seconds",
+    "tests/test_security_data.py::test_many_requests_for_the_report_share_one_render":
+        "concurrent HTTP clients and a real socket timeout",
+}
+# Modules whose module-scoped fixture is costly (a served simulator in a process of its own, four
+# simulated weeks of history, the demo): under pytest-xdist's --dist loadgroup each runs on one worker,
+# so the fixture is built once rather than once per worker that draws one of its tests.
+SHARED_FIXTURE_MODULES = {
+    "tests/cluster/test_kubectl.py": "served-simulator",
+    "tests/test_history_policy.py": "four-weeks",
+    "tests/test_report.py": "demo",
+}
+# The longest single tests, started first so that no worker begins one when the others are done.
+LONG_FIRST = (
+    "tests/test_wheel.py",
+    "tests/test_dcgm_images.py::test_the_admission_policy_allows_every_dcgm_build",
+    "tests/test_quality.py",
+    "tests/test_security_deploy.py::test_the_deploy_files_are_what_the_generators_print",
+)
+
+
+def _rank(item: pytest.Item) -> int:
+    nodeid = item.nodeid
+    if any(nodeid.startswith(p) for p in LONG_FIRST):
+        return 0
+    return 1 if item.get_closest_marker("realtime") else 2
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist appends a group to the node ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for prefix, why in REALTIME_ELSEWHERE.items():
+            if item.nodeid.startswith(prefix):
+                item.add_marker(pytest.mark.realtime(why))
+        group = SHARED_FIXTURE_MODULES.get(item.nodeid.split("::", 1)[0])
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker: every worker sorts alike (a stable sort)
+        items.sort(key=_rank)

@@ -51,6 +51,7 @@ HEALTH_CHECKS = ("ping", "log", "etcd", "poststarthook/start-apiextensions-contr
 # A watch sends a BOOKMARK after this many simulated seconds without an event, when the client
 # allows bookmarks (the apiserver sends them about once a minute).
 BOOKMARK_EVERY = 60.0
+SHUTDOWN_POLL = 0.02  # seconds of real time between serve_forever's looks for a shutdown request
 # The writes admission reviews, by the operation an admission policy names.
 ADMITTED = {"POST": "CREATE", "PATCH": "UPDATE", "PUT": "UPDATE", "DELETE": "DELETE"}
 _VERSIONED = re.compile(r"^/(?:api/(?P<core>v1)|apis/[^/]+/(?P<version>[^/]+))/")
@@ -104,7 +105,10 @@ class ApiServer:
     def start(self, controllers: bool = True) -> ApiServer:
         if controllers:
             self.cluster.start()
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="sim-apiserver", daemon=True)
+        # serve_forever looks for a shutdown request once a poll_interval (0.5 s by default): every stop()
+        # would wait that long, which a test suite starting hundreds of simulated clusters pays in full.
+        self._thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": SHUTDOWN_POLL},
+                                        name="sim-apiserver", daemon=True)
         self._thread.start()
         return self
 

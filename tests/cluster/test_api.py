@@ -528,6 +528,7 @@ def test_self_subject_reviews_answer_from_the_simulated_rbac(sim: Sim) -> None:
     assert can("list", "nodes") and not can("delete", "nodes")
 
 
+@pytest.mark.realtime("`sweeper sim serve` processes started and stopped by signal")
 def test_sim_serve_honours_the_fleet_files_speed(tmp_path) -> None:
     """A fleet file that sets `speed` is served at that speed, as the embedded simulator runs it; one
     that does not, and the demo's fleet, at 1x; `--speed` outranks both."""
@@ -563,6 +564,7 @@ def test_sim_serve_honours_the_fleet_files_speed(tmp_path) -> None:
     assert served_speed("speed: 120\n" + group, "--speed", "2") == "2x"
 
 
+@pytest.mark.realtime("a served simulator and a sweeper in processes of their own share one clock")
 def test_one_clock_for_the_served_simulator_and_an_outside_sweeper(tmp_path) -> None:
     """`sweeper sim serve` runs on the wall clock by default, the only clock kubectl and a Sweeper in
     another process can read. So what the simulator stamps (an Event's creationTimestamp, the check's

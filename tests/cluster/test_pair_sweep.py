@@ -280,6 +280,7 @@ def lost_verdicts(h: History) -> list[dict[str, Any]]:
     return out
 
 
+@pytest.mark.realtime("a pair sweep in a process of its own, SIGKILLed at a chosen API request, and its 1 s lock left to expire")
 @pytest.mark.parametrize("stage,method,fragment,nth", PAIR_STEPS)
 def test_sigkill_at_every_step_of_a_pair_sweep(make_sim, tmp_path: Path, stage: str, method: str, fragment: str,
                                                nth: int) -> None:

@@ -63,9 +63,13 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Any:
     for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
                  "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(k, v)
+    # moto loads its catalogue of public AMIs into every mock unless MOTO_EC2_LOAD_DEFAULT_AMIS is
+    # "false" (moto/settings.py, ec2_load_default_amis): seconds of JSON per test. The group needs one
+    # image, so the test registers its own.
+    monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
     with mock_aws():
         ec2 = boto3.client("ec2", region_name="us-east-1")
-        ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        ami = ec2.register_image(Name="gpu-node", RootDeviceName="/dev/xvda")["ImageId"]
         asg = boto3.client("autoscaling", region_name="us-east-1")
         asg.create_launch_configuration(LaunchConfigurationName="gpu", ImageId=ami, InstanceType="p5.48xlarge")
         asg.create_auto_scaling_group(AutoScalingGroupName="gpu-asg", LaunchConfigurationName="gpu", MinSize=3,
@@ -207,7 +211,7 @@ class Catch(BaseHTTPRequestHandler):
 def catcher() -> Any:
     Catch.got, Catch.fail_first = [], 0
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Catch)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    threading.Thread(target=srv.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}", Catch
     srv.shutdown()
 

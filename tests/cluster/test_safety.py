@@ -196,6 +196,7 @@ def kill_sweep_at(sim: Sim, state: Path, cfg: Path, stage: str, method: str, fra
                             + err.read_text(errors="replace")[-3000:])
 
 
+@pytest.mark.realtime("a sweep in a process of its own, SIGKILLed at a chosen API request, and its 1 s lock left to expire")
 @pytest.mark.parametrize("stage,method,fragment,nth", STEPS)
 def test_sigkill_at_every_step_then_run_again(make_sim, tmp_path: Path, stage: str, method: str, fragment: str,
                                               nth: int) -> None:
@@ -255,6 +256,7 @@ def _write_locked(state: Path) -> bool:
         conn.close()
 
 
+@pytest.mark.realtime("a sweeper SIGSTOPped past its lock's TTL in real seconds while another runs")
 def test_a_stalled_sweeper_does_not_hand_back_a_node_another_run_holds(make_sim, tmp_path: Path) -> None:
     """Sweeper A holds a failing node and is stopped (SIGSTOP: in production a frozen VM, a long
     pause or a partition) past its lock's TTL; B takes the expired Lease, reconciles A as dead and
@@ -524,6 +526,7 @@ def test_pause_floor_and_attempts(make_sim, history: History, tmp_path: Path) ->
     assert reasons.get("gpu-05") == "attempts-exhausted"
 
 
+@pytest.mark.realtime("a SIGTERM to a sweep process mid-check")
 def test_sigterm_hands_every_node_back_and_exits(make_sim, tmp_path: Path) -> None:
     sim: Sim = make_sim(nodes=3, faults={f"gpu-0{i}": {"hung_check": True} for i in range(3)})
     cfg = tmp_path / "config.yaml"
@@ -762,7 +765,7 @@ class _Signals:
                 self.wfile.write(body)
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
     def close(self) -> None:

@@ -13,6 +13,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from sweeper.history import History
 from tests.conftest import Sim
 
@@ -31,6 +33,7 @@ def get(url: str) -> tuple[int, str]:
         return exc.code, ""
 
 
+@pytest.mark.realtime("`sweeper serve` in a process of its own: its schedules fire on the wall clock, then a SIGTERM")
 def test_serve_runs_two_schedules_without_overlap_and_stops_cleanly(make_sim, tmp_path: Path) -> None:
     sim: Sim = make_sim(nodes=3)
     cfg = tmp_path / "config.yaml"
@@ -111,6 +114,7 @@ def test_metrics_are_filled_from_the_cluster_and_the_history_before_the_first_ru
     assert "sweeper_runs_total{" not in text, "no run happened"
 
 
+@pytest.mark.realtime("`sweeper serve` in a process of its own, stopped by SIGTERM")
 def test_serve_without_a_config_takes_the_cronjob_schedule_and_listens_on_loopback(make_sim, tmp_path: Path) -> None:
     """The README shows `sweeper serve` alone; it once failed for want of `schedules` and bound 0.0.0.0."""
     sim: Sim = make_sim(nodes=2)
