@@ -507,19 +507,65 @@ def overlay_files(root: Path | None = None) -> dict[str, str]:
     return out
 
 
-def write_overlays(root: Path | None = None) -> list[Path]:
-    """Write overlay_files() under deploy/, each through a temporary file (a failure leaves the old one)."""
+def _write(path: Path, text: str) -> Path:
+    """Through a temporary file, so that a failure leaves the old file whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return path
+
+
+def _yaml_scalar(value: str) -> str:
+    return yaml.safe_dump(value, width=1000).splitlines()[0]
+
+
+def set_images(root: Path, assignments: list[str]) -> None:
+    """`NAME=NEWNAME[:TAG][@DIGEST]` into the images list, as `kustomize edit set image` writes it
+    (https://kubectl.docs.kubernetes.io/references/kustomize/cmd/edit/): newName where it differs from
+    the name, newTag, digest. The comments above the list are kept."""
+    path = root / "deploy" / "base" / "kustomization.yaml"
+    text = path.read_text()
+    head, sep, _ = text.partition("\nimages:\n")
+    listed = yaml.safe_load(text).get("images") or []
+    if not sep:
+        raise ConfigError(f"{path}: no `images:` list")
+    for assignment in assignments:
+        name, eq, ref = assignment.partition("=")
+        entry = next((e for e in listed if e["name"] == name), None)
+        if not eq or entry is None:
+            raise ConfigError(f"--set-image {assignment!r}: NAME=NEWNAME[:TAG]@DIGEST, NAME one of "
+                              f"{', '.join(e['name'] for e in listed)}")
+        image, _, digest = ref.partition("@")
+        repo = repository(image)
+        entry.clear()
+        entry["name"] = name
+        if repo != name:
+            entry["newName"] = repo
+        if image[len(repo) + 1:]:
+            entry["newTag"] = image[len(repo) + 1:]
+        if digest:
+            entry["digest"] = digest
+    lines = []
+    for e in listed:
+        lines += [f"  - name: {_yaml_scalar(e['name'])}"]
+        lines += [f"    {k}: {_yaml_scalar(str(v))}" for k, v in e.items() if k != "name"]
+    _write(path, head + "\nimages:\n" + "\n".join(lines) + "\n")
+
+
+def write_deploy(root: Path | None = None) -> list[Path]:
+    """Every generated file of deploy/, in the order they read each other: the two controllers'
+    manifests, the admission policy (from the CronJob's config), then the base's copies and the
+    overlays."""
+    from sweeper.admission import render_policies
+
     root = root or home()
+    deploy = root / "deploy"
+    written = [_write(deploy / "cronjob.yaml", render(root, "cronjob")),
+               _write(deploy / "serve" / "serve.yaml", render(root, "serve")),
+               _write(deploy / "admission-policy.yaml", render_policies(root))]
     files = overlay_files(root)  # all rendered before any is written
-    written = []
-    for rel, text in files.items():
-        path = root / "deploy" / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
-        written.append(path)
-    return written
+    return written + [_write(deploy / rel, text) for rel, text in files.items()]
 
 
 # -- the command ----------------------------------------------------------------------------------------
@@ -543,8 +589,9 @@ def options(argv: list[str]) -> tuple[str, Options]:
     ap = argparse.ArgumentParser(prog="python -m sweeper.manifests", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", nargs="?", choices=("cronjob", "serve", "overlays"), default="cronjob",
-                    help="print the CronJob's or the serve Deployment's manifest, or write deploy/<platform>/ "
-                         "for every platform (the other options do not apply to overlays)")
+                    help="print the CronJob's or the serve Deployment's manifest, or write every generated file "
+                         "of deploy/ (both manifests, the admission policy, deploy/base and the overlays "
+                         "deploy/<platform>; the options below but --set-image do not apply to it)")
     ap.add_argument("--platform", choices=sorted(PLATFORMS),
                     help="the config's `platform` (default: auto, read from the cluster) and the storage class "
                          "of the platform's own CSI driver (eks: gp3; aks: managed-csi; gke: standard-rwo; "
@@ -558,6 +605,9 @@ def options(argv: list[str]) -> tuple[str, Options]:
                                                 "(default: deploy/base/kustomization.yaml's images list)")
     ap.add_argument("--metrics-namespace", default=METRICS_NAMESPACE,
                     help="the one namespace whose pods may reach `sweeper serve` (default: monitoring)")
+    ap.add_argument("--set-image", action="append", default=[], metavar="NAME=NEWNAME[:TAG]@DIGEST",
+                    help="overlays: first set an entry of deploy/base/kustomization.yaml's images list, as "
+                         "`kustomize edit set image` does (repeatable)")
     a = ap.parse_args(argv)
     selector = {}
     for s in a.node_selector:
@@ -573,9 +623,15 @@ def options(argv: list[str]) -> tuple[str, Options]:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        mode, opts = options(sys.argv[1:] if argv is None else argv)
+        args = sys.argv[1:] if argv is None else argv
+        mode, opts = options(args)
+        pre = argparse.ArgumentParser(add_help=False)
+        pre.add_argument("--set-image", action="append", default=[])
+        set_image: list[str] = pre.parse_known_args(args)[0].set_image
         if mode == "overlays":
-            for path in write_overlays():
+            if set_image:
+                set_images(home(), set_image)
+            for path in write_deploy():
                 print(f"wrote {path}")
         else:
             print(render(mode=mode, opts=opts), end="")
