@@ -442,3 +442,26 @@ def test_each_overlay_applies_with_a_server_dry_run(name: str, sim: Any) -> None
         cm = next(d for d in kustomize(ROOT / "deploy" / "eks") if d["kind"] == "ConfigMap"
                   and d["metadata"]["name"] == "sweeper-config")
         assert re.search(r"(?m)^platform: eks$", cm["data"]["config.yaml"])
+
+
+def test_set_image_pins_one_entry_and_regenerates_every_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--set-image NAME=NEWNAME:TAG@DIGEST` writes the entry as `kustomize edit set image` would
+    (https://kubectl.docs.kubernetes.io/references/kustomize/cmd/edit/), keeps the list's comments,
+    and every generated file follows: the controller, each config, the admission policy."""
+    from sweeper.manifests import main
+
+    for d in ("deploy", "playbooks", "job-templates", "profiles", "policies"):
+        shutil.copytree(ROOT / d, tmp_path / d)
+    mine = "registry.example.com/sweeper:0.1.0@sha256:" + "ab" * 32
+    monkeypatch.setenv("SWEEPER_HOME", str(tmp_path))  # the copy is the shipped tree the generator reads
+    assert main(["overlays", "--set-image", f"ghcr.io/sweeper-dev/sweeper={mine}"]) == 0
+    assert main(["overlays", "--set-image", "ghcr.io/nobody/else=x:1@sha256:" + "0" * 64]) == 2
+    kust = (tmp_path / "deploy" / "base" / "kustomization.yaml").read_text()
+    assert kust.startswith("# The base of the overlays")
+    (entry,) = [e for e in yaml.safe_load(kust)["images"] if e["name"] == "ghcr.io/sweeper-dev/sweeper"]
+    assert entry == {"name": "ghcr.io/sweeper-dev/sweeper", "newName": "registry.example.com/sweeper",
+                     "newTag": "0.1.0", "digest": "sha256:" + "ab" * 32}
+    assert images(tmp_path)["check_image"] == mine
+    assert overlay_files(tmp_path) == {rel: (tmp_path / "deploy" / rel).read_text() for rel in overlay_files(tmp_path)}
+    for rel in ("cronjob.yaml", "eks/config.yaml", "gpu-operator/config.yaml", "admission-policy.yaml"):
+        assert mine in (tmp_path / "deploy" / rel).read_text(), rel
