@@ -4,7 +4,8 @@ from Debian's `postgresql` package where none answers), else the one on 127.0.0.
 database of its own, randomly named, is made for the test session and dropped after; each test
 gets a fresh schema in it. Where no server answers, the PostgreSQL cases skip, saying why.
 
-A test module takes them with `from tests.history_backends import backend, new_state  # noqa: F401`."""
+tests/conftest.py names this module in `pytest_plugins`, so any test may ask for `new_state`,
+`backend` or `postgres_database`."""
 
 from __future__ import annotations
 

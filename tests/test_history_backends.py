@@ -14,7 +14,6 @@ import sqlalchemy as sa
 from sweeper.errors import StateError
 from sweeper.history import CURRENT, History, is_url, redact, state_exists
 from sweeper.result import CheckResult, Metric, Result
-from tests.history_backends import backend, new_state, postgres_database  # noqa: F401
 
 T0 = 1_800_000_000.0
 
@@ -147,7 +146,7 @@ PG_FOREIGN = [
 
 @pytest.mark.parametrize("ddl", PG_FOREIGN)
 def test_a_postgresql_history_with_objects_its_migrations_never_make_is_refused(
-        postgres_database: str, ddl: str) -> None:  # noqa: F811
+        postgres_database: str, ddl: str) -> None:
     """As a SQLite file's (tests/test_security_data.py): a trigger could turn a recorded `fail`
     into a `pass`, a rule swallow every insert, row security hide rows from the sweep, a view or
     a default run a function; whatever the migrations never make is refused before a read."""

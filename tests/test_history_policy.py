@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,14 +19,7 @@ from sweeper.cli import main
 from sweeper.errors import ConfigError, StateError
 from sweeper.history import KNOWN, MIGRATIONS_TABLE, History, is_url, migrate
 from sweeper.policy import BUILT_IN, load_policy, parse_policy, slope_per_day
-from tests.history_backends import (  # noqa: F401
-    BACKENDS,
-    backend,
-    cli_takes,
-    new_state,
-    postgres_database,
-    state_factory,
-)
+from tests.history_backends import BACKENDS, cli_takes, state_factory
 from tests.weeks import ROOT, Weeks
 
 SHIPPED = load_policy(ROOT / "policies" / "default.yaml")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import random
 import re
-from dataclasses import replace
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,7 @@ from sweeper.history import History
 from sweeper.policy import Policy, decide, load_policy, pair_rule, parse_policy
 from sweeper.report import gather, render
 from sweeper.result import CheckResult, Metric, Result
-from tests.history_backends import backend, cli_takes, new_state, postgres_database  # noqa: F401
+from tests.history_backends import cli_takes
 from tests.weeks import ROOT, record_pair
 
 SHIPPED = load_policy(ROOT / "policies" / "default.yaml")

@@ -23,7 +23,7 @@ from sweeper.history import History
 from sweeper.policy import load_policy
 from sweeper.report import gather, render
 from sweeper.result import Metric, Result
-from tests.history_backends import backend, cli_takes, new_state, postgres_database  # noqa: F401
+from tests.history_backends import cli_takes
 from tests.weeks import ROOT, record_pair
 
 POLICY = load_policy(ROOT / "policies" / "default.yaml")

@@ -104,7 +104,7 @@ def m005_pairs(conn: Connection, cluster: str) -> None:
 
 
 ROW_TABLES = ("runs", "node_sweeps", "checks", "metrics", "actions", "intents", "pairs")
-KEYED_TABLES: dict[str, tuple[str, ...]] = {"controls": ("key",), "summaries": ("node", "day"), "pair_latest": ("node",)}
+KEYED_TABLES = ("controls", "summaries", "pair_latest")  # keyed by (cluster, *their old key) from m006
 
 
 def m006_cluster(conn: Connection, cluster: str) -> None:
@@ -114,7 +114,7 @@ def m006_cluster(conn: Connection, cluster: str) -> None:
     for table in ROW_TABLES:
         _add_column(conn, table, sa.Column("cluster", Text, nullable=False, server_default=""))
         conn.execute(sa.text(f"update {table} set cluster = :cluster"), {"cluster": cluster})
-    for name, key in KEYED_TABLES.items():
+    for name in KEYED_TABLES:  # rebuilt from CURRENT, whose keys lead with the cluster
         old = CURRENT.tables[name]
         cols = [c.name for c in old.columns if c.name != "cluster"]
         new = old.to_metadata(sa.MetaData(), name=f"{name}_new")  # keyed (cluster, *key)
