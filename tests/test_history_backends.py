@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -160,3 +161,36 @@ def test_a_postgresql_history_with_objects_its_migrations_never_make_is_refused(
     engine.dispose()
     with pytest.raises(StateError, match="not a Sweeper history"):
         History(state, cluster="c")
+
+
+def test_the_postgres_overlay_patches_the_generated_cronjob() -> None:
+    """deploy/postgres/: the CronJob reads its history URL from a Secret ($SWEEPER_STATE, read when
+    --state is not given) and names its cluster; every `test` of the JSON patch (RFC 6902,
+    https://datatracker.ietf.org/doc/html/rfc6902) holds against the generated deploy/cronjob.yaml."""
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    (cronjob,) = [d for d in yaml.safe_load_all((root / "deploy" / "cronjob.yaml").read_text())
+                  if d and d["kind"] == "CronJob"]
+    kustomization = yaml.safe_load((root / "deploy" / "postgres" / "kustomization.yaml").read_text())
+    assert kustomization["resources"] == ["../cronjob.yaml"]
+    for op in yaml.safe_load((root / "deploy" / "postgres" / "cronjob-postgres.yaml").read_text()):
+        *parents, last = op["path"].strip("/").split("/")
+        node: Any = cronjob
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        if op["op"] == "test":
+            assert (node[int(last)] if isinstance(node, list) else node[last]) == op["value"], op
+        elif op["op"] == "remove":
+            del node[int(last) if isinstance(node, list) else last]
+        else:
+            assert op["op"] == "add" and last == "-"
+            node.append(op["value"])
+    pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert "--state" not in container["command"] and "state" not in {v["name"] for v in pod["volumes"]}
+    env = {e["name"]: e for e in container["env"]}
+    assert env["SWEEPER_STATE"]["valueFrom"]["secretKeyRef"] == {"name": "sweeper-history", "key": "url"}
+    assert env["SWEEPER_CLUSTER"]["value"]
