@@ -116,6 +116,8 @@ class Config:
     remediation_service_account: str = setting("sweeper-remediation", "service account of the reboot and GPU reset "
                                                "Jobs (no RBAC, no token mounted)", pattern=_NAME, allowed=_NAME_WORDS)
     prefix: str = setting("sweeper.dev", "prefix of Sweeper's taint, labels and annotations", min_length=1)
+    cluster_name: str = setting("", "the name on every history row, so several clusters share one PostgreSQL "
+                                "history (\"\": $SWEEPER_CLUSTER, else the kubeconfig context, else `default`)")
     gpu_node_selector: str = setting("", "optional label selector narrowing the GPU nodes, which are found by capacity")
     gpu_resources: tuple[str, ...] = setting(("nvidia.com/gpu", "amd.com/gpu"), "resources that make a pod a GPU pod")
     gpu_resource_prefixes: tuple[str, ...] = setting(("nvidia.com/mig-",), "resource name prefixes that do too")

@@ -20,6 +20,9 @@ from sweeper.sim.fleet import parse_fleet
 from sweeper.sim.server import ApiServer
 from sweeper.sweep import Sweep
 
+# Each history test's store, on SQLite and on PostgreSQL: the fixtures backend, new_state, postgres_database.
+pytest_plugins = ["tests.history_backends"]
+
 
 @dataclass
 class Sim:

@@ -5,28 +5,32 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 import yaml
 from click.testing import CliRunner
 
 from sweeper.backtest import backtest
 from sweeper.cli import main
-from sweeper.errors import ConfigError
-from sweeper.history import History
+from sweeper.errors import ConfigError, StateError
+from sweeper.history import KNOWN, MIGRATIONS_TABLE, History, is_url, migrate
 from sweeper.policy import BUILT_IN, load_policy, parse_policy, slope_per_day
+from tests.history_backends import BACKENDS, cli_takes, state_factory
 from tests.weeks import ROOT, Weeks
 
 SHIPPED = load_policy(ROOT / "policies" / "default.yaml")
 
 
-@pytest.fixture(scope="module")
-def weeks(tmp_path_factory: pytest.TempPathFactory) -> Weeks:
+@pytest.fixture(scope="module", params=BACKENDS)
+def weeks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Weeks:
     """Four simulated weeks of a 24-node fleet: two healthy groups, and one node each for a
-    rising ECC count, a recurring XID 79, a single XID 79 and a bandwidth straggler."""
-    h = History(tmp_path_factory.mktemp("weeks") / "h.db")
+    rising ECC count, a recurring XID 79, a single XID 79 and a bandwidth straggler; recorded in a
+    SQLite file and in a PostgreSQL database."""
+    h = History(state_factory(request.param, request, tmp_path_factory.mktemp("weeks"))("h.db"))
     w = Weeks({"seed": 3, "node_groups": [{"name_prefix": "p5-", "count": 12, "instance_type": "p5.48xlarge"},
                                           {"name_prefix": "b2-", "count": 12, "instance_type": "p6-b200.48xlarge"}],
                "faults": {"p5-01": {"ecc_growth": {2: 50}, "ecc_fail_at": "20d"},
@@ -67,12 +71,12 @@ def test_a_bandwidth_straggler_is_found_among_its_peers(weeks: Weeks) -> None:
 def test_a_healthy_fleet_has_zero_replacements(weeks: Weeks) -> None:
     faulty = {"p5-01", "p5-02", "p5-03", "b2-07"}
     assert [e for e in weeks.events if e.node not in faulty] == []
-    assert weeks.history.db.execute("select count(*) from node_sweeps").fetchone()[0] > 24 * 25
+    assert weeks.history.counts()["node_sweeps"] > 24 * 25
 
 
 def test_backtesting_the_shipped_policy_reproduces_the_recorded_decisions(weeks: Weeks) -> None:
     bt = backtest(weeks.history, SHIPPED, 0.0)
-    assert len(bt.decisions) == weeks.history.db.execute("select count(*) from node_sweeps").fetchone()[0]
+    assert len(bt.decisions) == weeks.history.counts()["node_sweeps"]
     assert [d for d in bt.decisions if d.differs] == []
     assert bt.counts("replayed") == bt.counts("recorded")
     assert {n: d.replayed for n, d in bt.first_holds("replayed").items()} == {
@@ -89,9 +93,11 @@ def test_backtesting_another_policy_shows_what_it_would_have_done(weeks: Weeks, 
     assert ("p5-01", "replace", "pass") in differ, "without the trend rule the ECC node would have passed"
     assert ("p5-02", "replace", "reboot") in differ, "two reboots allowed: the second XID 79 only reboots"
     # and through the CLI, as JSON
+    if not cli_takes(weeks.history):
+        return
     pfile = tmp_path / "looser.yaml"
     pfile.write_text(yaml.safe_dump(raw))
-    res = CliRunner().invoke(main, ["backtest", "--state", str(weeks.history.path), "--policy", str(pfile),
+    res = CliRunner().invoke(main, ["backtest", "--state", weeks.history.state, "--policy", str(pfile),
                                     "--since", "3650d", "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
@@ -99,7 +105,12 @@ def test_backtesting_another_policy_shows_what_it_would_have_done(weeks: Weeks, 
 
 
 def test_history_report_and_nodes_commands(weeks: Weeks, tmp_path: Path) -> None:
-    state = str(weeks.history.path)
+    hist = weeks.history.node_history("p5-01", check="ecc")
+    assert set(hist["metrics"]) == {"ecc.aggregate_corrected", "ecc.aggregate_uncorrected"}
+    assert hist["sweeps"][0]["rules"] == ["corrected-ecc-rising"]
+    if not cli_takes(weeks.history):
+        return
+    state = weeks.history.state
     res = CliRunner().invoke(main, ["history", "p5-01", "--state", state, "--check", "ecc", "--json"])
     assert res.exit_code == 0, res.output
     h = json.loads(res.stdout)
@@ -120,12 +131,13 @@ def test_history_report_and_nodes_commands(weeks: Weeks, tmp_path: Path) -> None
         assert text in page
 
 
-def test_a_live_sweep_decides_with_the_history(make_sim, history: History) -> None:
+def test_a_live_sweep_decides_with_the_history(make_sim, new_state: Callable[[str], str]) -> None:
     """The `decide` action in a real sweep reads the history: a reboot for XID 79 recorded two
     days ago makes today's XID 79 a replacement, and the decision is recorded for backtests."""
     from tests.conftest import TEST_CONFIG, run_sweep
 
     sim = make_sim(nodes=2, faults={"gpu-01": {"xids": [{"code": 79, "gpu": 2}]}})
+    history = History(new_state("h.db"))
     now = sim.cluster.clock.now()
     sid = history.sweep_started("sw-old", "gpu-01", now - 2 * 86400, "sweep-light", "p5.48xlarge")
     history.sweep_finished(sid, now - 2 * 86400 + 60, "reboot", ["xid (GPU 2): XID 79"],
@@ -134,7 +146,7 @@ def test_a_live_sweep_decides_with_the_history(make_sim, history: History) -> No
     report = run_sweep(sim, history, replace(TEST_CONFIG, max_nodes=2))
     got = {o.node: o.verdict for o in report.outcomes}
     assert got == {"gpu-00": "pass", "gpu-01": "replace"}, report.outcomes
-    row = next(history.db.query("select * from node_sweeps where node = 'gpu-01' and run_id != 'sw-old'"))
+    (row,) = history.query("select * from node_sweeps where node = 'gpu-01' and run_id != 'sw-old'")
     # XID 79 also makes the device plugin hold the GPU back from allocatable: its symptom, never a cause
     assert json.loads(row["rules"]) == ["second-reboot-same-cause"]
     assert json.loads(row["causes"]) == ["xid|79"]
@@ -170,55 +182,64 @@ def test_slope() -> None:
     assert slope_per_day([(5.0, 3.0), (5.0, 9.0)]) == 0.0
 
 
-def test_prune_keeps_daily_summaries(tmp_path: Path) -> None:
-    h = History(tmp_path / "p.db")
+def test_prune_keeps_daily_summaries(new_state: Callable[[str], str]) -> None:
+    h = History(new_state("p.db"))
     w = Weeks({"node_groups": [{"name_prefix": "p5-", "count": 3, "instance_type": "p5.48xlarge"}]}, h)
     w.run(10)
     before = h.counts()
     start = w.sim.started
-    res = CliRunner().invoke(main, ["state", "prune", "--state", str(h.path), "--older-than", "1d", "--dry-run",
-                                    "--json"])
-    assert res.exit_code == 0 and h.counts() == before, "a dry run deletes nothing"
+    assert h.prune(start + 5 * 86400, dry_run=True)["node_sweeps"] == 15 and h.counts() == before, \
+        "a dry run deletes nothing"
+    if cli_takes(h):
+        res = CliRunner().invoke(main, ["state", "prune", "--state", h.state, "--older-than", "1d", "--dry-run",
+                                        "--json"])
+        assert res.exit_code == 0 and h.counts() == before, "a dry run deletes nothing"
     counts = h.prune(start + 5 * 86400)
     after = h.counts()
     assert counts["node_sweeps"] == 15 and after["node_sweeps"] == before["node_sweeps"] - 15
     assert after["summaries"] == 15 and counts["checks"] > 0
     assert after["checks"] == before["checks"] - counts["checks"]
-    row = next(h.db.query("select * from summaries where node = 'p5-00' order by day limit 1"))
+    (row,) = h.query("select * from summaries where node = 'p5-00' order by day limit 1")
     assert row["sweeps"] == 1 and json.loads(row["verdicts"]) == {"pass": 1}
     assert json.loads(row["metrics"])["gpu.count"] == {"min": 8.0, "max": 8.0, "last": 8.0}
     hist = h.node_history("p5-00")
     assert len(hist["pruned_days"]) == 5 and len(hist["sweeps"]) == 5
-
-
-def test_a_newer_history_is_refused(tmp_path: Path) -> None:
-    h = History(tmp_path / "n.db")
-    h.db["_sqlite_migrations"].insert({"migration_set": "sweeper", "name": "m999_from_the_future",
-                                       "applied_at": "2030-01-01"})
     h.close()
-    res = CliRunner().invoke(main, ["history", "x", "--state", str(tmp_path / "n.db")])
-    assert res.exit_code == 3 and "newer Sweeper" in res.stderr
 
 
-def test_an_older_history_is_migrated_on_open_and_read_then_written(tmp_path: Path) -> None:
-    """A file that lacks a later migration is brought up to date when opened (the opening looks
-    with the standard library and loads sqlite_utils only for what is pending); reads and writes
-    then share the one connection, in WAL mode."""
-    import sqlite3
+def test_a_newer_history_is_refused(new_state: Callable[[str], str]) -> None:
+    state = new_state("n.db")
+    h = History(state)
+    with h._link.transaction() as conn:
+        conn.execute(sa.insert(sa.table(MIGRATIONS_TABLE, sa.column("migration_set"), sa.column("name"),
+                                        sa.column("applied_at"))).values(
+            migration_set="sweeper", name="m999_from_the_future", applied_at="2030-01-01"))
+    h.close()
+    with pytest.raises(StateError, match="newer Sweeper"):
+        History(state)
+    if cli_takes(h):
+        res = CliRunner().invoke(main, ["history", "x", "--state", state])
+        assert res.exit_code == 3 and "newer Sweeper" in res.stderr
 
-    from sqlite_utils import Database
 
-    from sweeper.history import KNOWN, _migrations
-
-    path = tmp_path / "old.db"
-    old = Database(path)
-    _migrations().apply(old, stop_before="m004_policy")  # two migrations pending: the policy's, the pairs'
-    old.close()
-    with sqlite3.connect(path) as conn:
-        assert "causes" not in {r[1] for r in conn.execute("pragma table_info(node_sweeps)")}
-    h = History(path)
+def test_an_older_history_is_migrated_on_open_and_read_then_written(new_state: Callable[[str], str]) -> None:
+    """A store that lacks later migrations (here: a file or a database as Sweeper left it before
+    the policy's columns, the pairs and the cluster names) is brought up to date when opened, its
+    rows taken to be the opening cluster's; reads and writes then share the one connection."""
+    state = new_state("old.db")
+    engine = sa.create_engine(f"sqlite:///{state}") if not is_url(state) else \
+        sa.create_engine(sa.engine.make_url(state).set(drivername="postgresql+psycopg"))
+    with engine.begin() as conn:
+        assert migrate(conn, "", stop_before="m004_policy") == KNOWN[:3]
+        conn.execute(sa.text("insert into node_sweeps (run_id, node, started, finished, verdict, reasons, dry_run, "
+                             "kind) values ('sw-0', 'gpu-09', 10.0, 20.0, 'pass', '[]', 0, 'sweep')"))
+        assert "causes" not in {c["name"] for c in sa.inspect(conn).get_columns("node_sweeps")}
+    engine.dispose()
+    h = History(state, cluster="eu-1")
     assert h._applied() == KNOWN
     assert h.node_history("gpu-00")["sweeps"] == [] and not h.knows("gpu-00")
+    (old,) = h.node_history("gpu-09")["sweeps"]
+    assert old["cluster"] == "eu-1" and old["causes"] == [] and h.clusters() == ["eu-1"]
     h.run_started("sw-1", 100.0, "sweep")
     sid = h.sweep_started("sw-1", "gpu-00", 100.0, "sweep-light.yaml", "p5.48xlarge")
     h.sweep_finished(sid, 160.0, "pass", ["all checks passed"], {"causes": ["xid|79"], "decided": 150.0})
@@ -226,15 +247,58 @@ def test_an_older_history_is_migrated_on_open_and_read_then_written(tmp_path: Pa
     assert row["verdict"] == "pass" and row["causes"] == ["xid|79"] and h.knows("gpu-00")
     h.pair_result("sw-1", 160.0, "gpu-00", "gpu-01", "pass", "sweep", 180.0, "")
     assert h.known_good(0.0) == {"gpu-00", "gpu-01"}
-    assert h.conn.execute("pragma journal_mode").fetchone()[0] == "wal"
+    if h.backend == "sqlite":
+        assert h.conn.execute("pragma journal_mode").fetchone()[0] == "wal"
     h.close()
 
 
-def test_xids_are_cleared_by_a_passing_sweep_or_a_gpu_reset_only(tmp_path: Path) -> None:
+def test_a_file_written_by_sqlite_utils_migrations_is_read_and_migrated(tmp_path: Path) -> None:
+    """Files written before the history moved to SQLAlchemy: sqlite_utils made their tables and
+    recorded its migrations in `_sqlite_migrations`; they open, and gain the cluster column."""
+    from sqlite_utils import Database
+
+    path = tmp_path / "v4.db"
+    db = Database(path)
+    db["_sqlite_migrations"].insert_all([{"migration_set": "sweeper", "name": n, "applied_at": "2026-01-01T00:00:00"}
+                                         for n in KNOWN[:5]], pk=("migration_set", "name"))
+    db["runs"].insert({"id": "sw-0", "started": 1.0, "finished": 2.0, "status": "done", "mode": "sweep",
+                       "host": "h", "taken": 1, "summary": "{}"}, pk="id")
+    db["node_sweeps"].insert({"id": 1, "run_id": "sw-0", "node": "gpu-00", "started": 1.0, "finished": 2.0,
+                              "playbook": "p", "profile": "p5", "verdict": "pass", "reasons": "[]", "dry_run": 0,
+                              "kind": "sweep", "causes": "[]", "rules": "[]", "decided": None, "policy": None,
+                              "policy_verdict": None}, pk="id")
+    for table, row, pk in (("checks", {"id": 1, "sweep_id": 1, "node": "gpu-00", "ts": 1.0, "source": "s", "name": "n",
+                                        "status": "pass", "severity": "info", "gpu": 0, "code": "", "message": ""}, "id"),
+                           ("metrics", {"id": 1, "sweep_id": 1, "node": "gpu-00", "ts": 1.0, "name": "m", "gpu": 0,
+                                        "value": 1.0, "unit": ""}, "id"),
+                           ("actions", {"id": 1, "run_id": "sw-0", "node": "gpu-00", "ts": 1.0, "action": "a",
+                                        "detail": "", "dry_run": 0}, "id"),
+                           ("intents", {"id": 1, "run_id": "sw-0", "node": "gpu-00", "ts": 1.0, "op": "taint",
+                                        "phase": "before", "detail": ""}, "id"),
+                           ("controls", {"key": "pause", "value": "{}", "ts": 1.0}, "key"),
+                           ("summaries", {"node": "gpu-00", "day": "2026-01-01", "sweeps": 1, "verdicts": "{}",
+                                          "metrics": "{}"}, ("node", "day")),
+                           ("pairs", {"id": 1, "run_id": "sw-0", "ts": 1.0, "node": "gpu-00", "partner": "gpu-01",
+                                      "status": "pass", "mode": "sweep", "busbw": 1.0, "detail": "",
+                                      "node_sweep_id": 1, "partner_sweep_id": None}, "id"),
+                           ("pair_latest", {"node": "gpu-00", "ts": 1.0, "pair_id": 1, "partner": "gpu-01",
+                                            "status": "pass", "mode": "sweep", "role": "node"}, "node")):
+        db[table].insert(row, pk=pk)
+    db.close()
+    h = History(path, cluster="prod")
+    assert h._applied() == KNOWN and h.clusters() == ["prod"]
+    for table in ("runs", "node_sweeps", "checks", "metrics", "actions", "intents", "controls", "summaries",
+                  "pairs", "pair_latest"):
+        assert [r["cluster"] for r in h.query(f"select cluster from {table}")] == ["prod"], table
+    assert h.known_good(0.0) == {"gpu-00"} and h.get_control("pause") == {"ts": 1.0}
+    h.close()
+
+
+def test_xids_are_cleared_by_a_passing_sweep_or_a_gpu_reset_only(new_state: Callable[[str], str]) -> None:
     """The time the sweep passes as --xid-since: the start of the node's latest passing (or warning)
     real sweep, or its latest GPU reset by Sweeper. A held, inconclusive, dry-run, light or unfinished
     sweep, or a reset that failed, clears nothing: the kernel log keeps an XID until a reboot."""
-    h = History(tmp_path / "h.db")
+    h = History(new_state("h.db"))
     assert h.xids_cleared("n1") is None
     for started, verdict, dry, kind in ((100.0, "pass", False, "sweep"), (200.0, "reboot", False, "sweep"),
                                         (300.0, "inconclusive", False, "sweep"), (400.0, "pass", True, "sweep"),

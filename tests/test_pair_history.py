@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from sweeper.history import History
 from sweeper.policy import Policy, decide, load_policy, pair_rule, parse_policy
 from sweeper.report import gather, render
 from sweeper.result import CheckResult, Metric, Result
+from tests.history_backends import cli_takes
 from tests.weeks import ROOT, record_pair
 
 SHIPPED = load_policy(ROOT / "policies" / "default.yaml")
@@ -30,8 +32,11 @@ DAY = 86400.0
 
 
 @pytest.fixture
-def h(tmp_path: Path) -> History:
-    return History(tmp_path / "pairs.db")
+def h(new_state: Callable[[str], str]) -> Iterator[History]:
+    """An empty history on each backend: a SQLite file, a PostgreSQL schema."""
+    hist = History(new_state("pairs.db"))
+    yield hist
+    hist.close()
 
 
 def pair(h: History, ts: float, a: str, b: str, status: str, mode: str = "sweep", busbw: float | None = 180.0,
@@ -243,7 +248,9 @@ def test_backtest_replays_pair_decisions(h: History, tmp_path: Path) -> None:
     raw["pair_failures"] = [{"name": "two-partners", "partners": 2, "window": "1d", "then": "quarantine"}]
     raw["findings"]["checks"]["pair.nccl"] = "replace"
     pfile.write_text(yaml.safe_dump(raw))
-    args = ["backtest", "--state", str(h.path), "--policy", str(pfile), "--since", "3650d"]
+    if not cli_takes(h):
+        return
+    args = ["backtest", "--state", h.state, "--policy", str(pfile), "--since", "3650d"]
     res = CliRunner().invoke(main, [*args, "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
@@ -265,6 +272,10 @@ def test_the_history_command_lists_the_node_s_pair_runs(h: History) -> None:
     pair(h, T0 + 2 * HOUR, "n1", "n4", "fail", mode="repair", busbw=None, detail="pair.mtu: eth0 path MTU",
          run="run-b")
     pair(h, T0 + 3 * HOUR, "n5", "n6", "pass")
+    assert [(p["partner"], p["role"], p["status"]) for p in h.node_history("n1")["pairs"]] == [
+        ("n4", "node", "fail"), ("n3", "partner", "fail"), ("n2", "node", "pass")]
+    if not cli_takes(h):
+        return
     res = CliRunner().invoke(main, ["history", "n1", "--state", str(h.path), "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)

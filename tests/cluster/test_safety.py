@@ -517,10 +517,12 @@ def test_pause_floor_and_attempts(make_sim, history: History, tmp_path: Path) ->
     for _ in range(2):
         history.db.table("node_sweeps").insert({"run_id": "x", "node": "gpu-05", "started": 1.0,
                                                 "finished": sim.cluster.clock.now(), "verdict": "reboot",
-                                                "reasons": "[]", "dry_run": 0, "playbook": "", "profile": ""})
+                                                "reasons": "[]", "dry_run": 0, "playbook": "", "profile": "",
+                                                "cluster": history.cluster})
     history.db.table("node_sweeps").insert({"run_id": "x", "node": "gpu-05", "started": 1.0,
                                             "finished": sim.cluster.clock.now(), "verdict": "error",
-                                            "reasons": "[]", "dry_run": 0, "playbook": "", "profile": ""})
+                                            "reasons": "[]", "dry_run": 0, "playbook": "", "profile": "",
+                                            "cluster": history.cluster})
     p = run_sweep(sim, history, replace(TEST_CONFIG, breaker_failures=100))
     reasons = {d.node.name: d.reason for d in p.plan.skip}
     assert reasons.get("gpu-05") == "attempts-exhausted"

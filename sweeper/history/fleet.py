@@ -1,0 +1,130 @@
+"""Reading the fleet: every node's latest verdict, the verdicts over time, pair runs, metric
+trends and the rows a backtest replays, for the report and `sweeper backtest`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sweeper.history.base import Base
+from sweeper.history.schema import CONCLUSIVE_PAIRS
+from sweeper.history.store import locked
+
+CONCLUSIVE = "finished is not null and dry_run = 0 and kind in ('sweep', 'light', 'pair')"
+
+
+class Fleet(Base):
+    @locked
+    def fleet(self) -> list[dict[str, Any]]:
+        """Every node's latest conclusive sweep: node, cluster, profile, started, verdict, reasons, kind."""
+        rows = self._rows(
+            "select s.* from node_sweeps s join (select cluster, node, max(started) as last from node_sweeps "
+            f"where {CONCLUSIVE}{self._in()} group by cluster, node) l on s.cluster = l.cluster "
+            "and s.node = l.node and s.started = l.last order by s.node, s.cluster")
+        for r in rows:
+            r["reasons"] = json.loads(r["reasons"] or "[]")
+            r["rules"] = json.loads(r.get("rules") or "[]")
+        return rows
+
+    @locked
+    def verdict_matrix(self, since: float) -> dict[str, list[tuple[float, str]]]:
+        """Node to its conclusive sweeps since `since`: (started, verdict), oldest first."""
+        out: dict[str, list[tuple[float, str]]] = {}
+        for node, started, verdict in self._tuples(
+                f"select node, started, verdict from node_sweeps where started >= :since and {CONCLUSIVE}"
+                f"{self._in()} order by started", {"since": since}):
+            out.setdefault(node, []).append((started, verdict))
+        return out
+
+    @locked
+    def sweep_timeline(self, since: float) -> list[dict[str, Any]]:
+        """Every conclusive sweep since `since`, oldest first: node, started, verdict, reasons (as JSON
+        text: a fleet's worth is read only for the rows drawn), rules, kind."""
+        rows = self._rows(f"select node, started, verdict, reasons, rules, kind from node_sweeps where started >= "
+                          f":since and {CONCLUSIVE}{self._in()} order by started", {"since": since})
+        for r in rows:
+            r["rules"] = json.loads(r["rules"]) if r["rules"] and r["rules"] != "[]" else []
+        return rows
+
+    @locked
+    def pair_overview(self, since: float, limit: int = 200) -> dict[str, Any]:
+        """The fleet's pair runs since `since`, for the report: counts by mode and status; the
+        latest failed pairs (with each side's profile); the culprits (suspects whose re-pair
+        failed, with the verdict they were held with); and each node that failed pairs, with how
+        many different partners (a failed re-pair counts against its suspect only)."""
+        counts: dict[str, dict[str, int]] = {}
+        p: dict[str, Any] = {"since": since, "limit": limit}
+        for status in (*CONCLUSIVE_PAIRS, "error", "inconclusive"):  # one index range each
+            for mode in ("sweep", "repair"):
+                n = self._scalar(f"select count(*) from pairs where status = :status and mode = :mode and ts >= :since"
+                                 f"{self._in()}", {**p, "status": status, "mode": mode})
+                if n:
+                    counts.setdefault(mode, {})[status] = int(n)
+        failures = self._rows(
+            "select p.ts, p.run_id, p.node, p.partner, p.mode, p.busbw, p.status, p.detail, s.profile "
+            "from pairs p left join node_sweeps s on s.id = p.node_sweep_id "
+            f"where p.status = 'fail' and p.mode in ('sweep', 'repair') and p.ts >= :since{self._in('p.')} "
+            "order by p.ts desc, p.id desc limit :limit", p)
+        latest: dict[str, dict[str, Any]] = {}  # the failed re-pairs are few: the latest per node in Python
+        for c in self._rows("select p.node, p.ts, p.partner, p.busbw, p.detail, s.verdict, s.rules from pairs p "
+                            "left join node_sweeps s on s.id = p.node_sweep_id where p.status = 'fail' "
+                            f"and p.mode = 'repair' and p.ts >= :since{self._in('p.')} order by p.ts, p.id", p):
+            latest[c["node"]] = c
+        culprits = sorted(latest.values(), key=lambda c: -c["ts"])
+        for c in culprits:
+            c["rules"] = json.loads(c["rules"] or "[]")
+        partners = {n: int(k) for n, k in self._tuples(
+            "select n, count(distinct other) from (select node as n, partner as other from pairs where status = 'fail' "
+            f"and mode in ('sweep', 'repair') and ts >= :since{self._in()} union all select partner, node from pairs "
+            f"where status = 'fail' and mode = 'sweep' and ts >= :since{self._in()}) as u group by n", p)}
+        return {"counts": counts, "failures": failures, "culprits": culprits, "failed_partners": partners}
+
+    @locked
+    def metric_slopes(self, metric: str, since: float, until: float) -> list[tuple[str, int | None, int, float]]:
+        """(node, GPU, readings, least-squares slope per day) of a metric in the window, for every
+        node and GPU with two readings or more, computed in the database (a fleet's worth of rows
+        never reaches Python). Time is in days from `since`, which keeps the sums well conditioned."""
+        rows = self._tuples(
+            "select node, gpu, count(*), sum(x), sum(v), sum(x * x), sum(x * v) from (select node, gpu, "
+            "(ts - :since) / 86400.0 as x, value as v from metrics where name = :metric and ts >= :since "
+            f"and ts <= :until{self._in()}) as w group by node, gpu having count(*) >= 2",
+            {"metric": metric, "since": since, "until": until})
+        out = []
+        for node, gpu, n, sx, sv, sxx, sxv in rows:
+            den = n * sxx - sx * sx
+            out.append((node, gpu, int(n), (n * sxv - sx * sv) / den if den > 1e-12 else 0.0))
+        return out
+
+    @locked
+    def metric_latest(self, metric: str, since: float) -> list[dict[str, Any]]:
+        """Each node's latest reading of a metric (lowest over GPUs), with its profile."""
+        latest: dict[str, dict[str, Any]] = {}
+        for node, profile, ts, value in self._tuples(
+                "select m.node, max(s.profile), m.ts, min(m.value) from metrics m join node_sweeps s "
+                f"on s.id = m.sweep_id where m.name = :metric and m.ts >= :since{self._in('m.')} "
+                "group by m.node, m.ts order by m.ts", {"metric": metric, "since": since}):
+            latest[node] = {"node": node, "profile": profile, "ts": ts, "value": value}
+        return list(latest.values())
+
+    @locked
+    def replay_rows(self, since: float) -> list[dict[str, Any]]:
+        """Every conclusive sweep since `since` with what its policy decided on, oldest first. A
+        sweep of a pair carries its pair: pair_status, pair_mode, pair_role, pair_partner, pair_ts
+        (None elsewhere); the inconclusive sweeps of a pair that failed (waiting for a re-pair) are
+        there too, as a stricter pair rule would have decided them."""
+        rows = self._rows(
+            "select s.id, s.node, s.cluster, s.profile, s.started, s.finished, s.decided, s.verdict, "
+            "s.policy_verdict, s.reasons, s.causes, s.rules, s.policy, s.kind, "
+            "coalesce(a.status, b.status) as pair_status, coalesce(a.mode, b.mode) as pair_mode, "
+            "case when a.id is not null then 'node' when b.id is not null then 'partner' end as pair_role, "
+            "coalesce(a.partner, b.node) as pair_partner, coalesce(a.ts, b.ts) as pair_ts from node_sweeps s "
+            "left join pairs a on s.kind = 'pair' and a.node_sweep_id = s.id "
+            "left join pairs b on s.kind = 'pair' and a.id is null and b.partner_sweep_id = s.id "
+            "where s.started >= :since and s.finished is not null and s.dry_run = 0 "
+            f"and s.kind in ('sweep', 'light', 'pair'){self._in('s.')} and (s.verdict != 'inconclusive' "
+            "or (coalesce(a.status, b.status) = 'fail' and coalesce(a.mode, b.mode) = 'sweep')) "
+            "order by s.started, s.id", {"since": since})
+        for r in rows:
+            for k in ("reasons", "causes", "rules"):
+                r[k] = json.loads(r[k] or "[]")
+        return rows

@@ -1,0 +1,201 @@
+"""The history's schema: its migrations, written once in SQLAlchemy Core and applied alike to a
+SQLite file and to a PostgreSQL database, and the tables as the last migration leaves them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+from sqlalchemy.schema import CreateColumn
+
+# A row id: BIGSERIAL on PostgreSQL (a fleet's checks outgrow 2^31), SQLite's INTEGER rowid alias there.
+RowId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
+Text, Float, Int = sa.Text, sa.Float, sa.Integer
+
+MIGRATIONS_TABLE = "_sqlite_migrations"  # the name sqlite_utils.Migrations gave it: files it wrote keep theirs
+MIGRATION_SET = "sweeper"
+CONCLUSIVE_PAIRS = ("pass", "warn", "fail")  # a pair's statuses that say something about the fabric
+
+Migration = Callable[[Connection, str], None]
+
+
+def _create(conn: Connection, name: str, *columns: sa.Column, pk: Sequence[str] = ("id",),
+            indexes: Sequence[Sequence[str]] = ()) -> sa.Table:
+    """A table as it was when a migration made it, with its indexes (named as sqlite_utils named them)."""
+    table = sa.Table(name, sa.MetaData(), *columns, sa.PrimaryKeyConstraint(*pk))
+    table.create(conn)
+    for cols in indexes:
+        sa.Index(f"idx_{name}_{'_'.join(cols)}", *(table.c[c] for c in cols)).create(conn)
+    return table
+
+
+def _index(conn: Connection, table: str, *cols: str) -> None:
+    t = sa.Table(table, sa.MetaData(), *(sa.Column(c) for c in cols))
+    sa.Index(f"idx_{table}_{'_'.join(cols)}", *(t.c[c] for c in cols)).create(conn)
+
+
+def _add_column(conn: Connection, table: str, column: sa.Column) -> None:
+    """ALTER TABLE ... ADD COLUMN, the column's DDL compiled by the connection's own dialect."""
+    sa.Table(table, sa.MetaData(), column)
+    conn.execute(sa.text(f"alter table {table} add column {CreateColumn(column).compile(dialect=conn.dialect)}"))
+
+
+def _id() -> sa.Column:
+    return sa.Column("id", RowId, autoincrement=True)
+
+
+def m001_initial(conn: Connection, cluster: str) -> None:
+    C = sa.Column
+    _create(conn, "runs", C("id", Text), C("started", Float), C("finished", Float), C("status", Text),
+            C("mode", Text), C("host", Text), C("taken", Int), C("summary", Text))
+    _create(conn, "node_sweeps", _id(), C("run_id", Text), C("node", Text), C("started", Float),
+            C("finished", Float), C("playbook", Text), C("profile", Text), C("verdict", Text), C("reasons", Text),
+            C("dry_run", Int), indexes=[("node", "started")])
+    _create(conn, "checks", _id(), C("sweep_id", Int), C("node", Text), C("ts", Float), C("source", Text),
+            C("name", Text), C("status", Text), C("severity", Text), C("gpu", Int), C("code", Text),
+            C("message", Text), indexes=[("node", "ts"), ("sweep_id",)])
+    _create(conn, "metrics", _id(), C("sweep_id", Int), C("node", Text), C("ts", Float), C("name", Text),
+            C("gpu", Int), C("value", Float), C("unit", Text), indexes=[("node", "name", "ts"), ("name", "ts")])
+    _create(conn, "actions", _id(), C("run_id", Text), C("node", Text), C("ts", Float), C("action", Text),
+            C("detail", Text), C("dry_run", Int), indexes=[("node", "ts")])
+    _create(conn, "intents", _id(), C("run_id", Text), C("node", Text), C("ts", Float), C("op", Text),
+            C("phase", Text), C("detail", Text), indexes=[("run_id", "node")])
+
+
+def m002_controls(conn: Connection, cluster: str) -> None:
+    _create(conn, "controls", sa.Column("key", Text), sa.Column("value", Text), sa.Column("ts", Float), pk=("key",))
+    _index(conn, "node_sweeps", "verdict", "finished")
+
+
+def m003_sweep_kind(conn: Connection, cluster: str) -> None:
+    # 'sweep': the node was held and checked; 'light': read-only checks on a busy node, never held.
+    _add_column(conn, "node_sweeps", sa.Column("kind", Text, nullable=False, server_default="sweep"))
+
+
+def m004_policy(conn: Connection, cluster: str) -> None:
+    # What the policy decided on: the causes (check|code) behind the verdict, the history rules
+    # that raised it, and when it was decided (what a backtest replays up to).
+    _add_column(conn, "node_sweeps", sa.Column("causes", Text, nullable=False, server_default="[]"))
+    _add_column(conn, "node_sweeps", sa.Column("rules", Text, nullable=False, server_default="[]"))
+    _add_column(conn, "node_sweeps", sa.Column("decided", Float))
+    _add_column(conn, "node_sweeps", sa.Column("policy", Text))
+    _add_column(conn, "node_sweeps", sa.Column("policy_verdict", Text))  # before the safety caps
+    # What `sweeper state prune` keeps of the sweeps it deletes: one row a node a day.
+    _create(conn, "summaries", sa.Column("node", Text), sa.Column("day", Text), sa.Column("sweeps", Int),
+            sa.Column("verdicts", Text), sa.Column("metrics", Text), pk=("node", "day"))
+    _index(conn, "metrics", "sweep_id")
+    _index(conn, "node_sweeps", "profile", "finished")
+
+
+def m005_pairs(conn: Connection, cluster: str) -> None:
+    # One row a pair run: node A and partner B (in a re-pair: the suspect and its known-good
+    # partner), the pair's status, its mode (sweep | repair), the bus bandwidth and each side's
+    # sweep row. Read from either side, by time.
+    C = sa.Column
+    _create(conn, "pairs", _id(), C("run_id", Text), C("ts", Float), C("node", Text), C("partner", Text),
+            C("status", Text), C("mode", Text), C("busbw", Float), C("detail", Text), C("node_sweep_id", Int),
+            C("partner_sweep_id", Int), indexes=[("node", "ts"), ("partner", "ts"), ("status", "mode", "ts"),
+                                                 ("node_sweep_id",), ("partner_sweep_id",)])
+    # Each node's latest conclusive pair result, kept as pairs are written.
+    _create(conn, "pair_latest", C("node", Text), C("ts", Float), C("pair_id", Int), C("partner", Text),
+            C("status", Text), C("mode", Text), C("role", Text), pk=("node",), indexes=[("ts",)])
+
+
+ROW_TABLES = ("runs", "node_sweeps", "checks", "metrics", "actions", "intents", "pairs")
+KEYED_TABLES = ("controls", "summaries", "pair_latest")  # keyed by (cluster, *their old key) from m006
+
+
+def m006_cluster(conn: Connection, cluster: str) -> None:
+    """Every row carries its cluster's name, so that several clusters' Sweepers share one database.
+    The rows already there are the opening cluster's (a file served one cluster); the tables keyed by
+    node or key are rebuilt keyed by cluster too (two clusters may both have a `gpu-00`)."""
+    for table in ROW_TABLES:
+        _add_column(conn, table, sa.Column("cluster", Text, nullable=False, server_default=""))
+        conn.execute(sa.text(f"update {table} set cluster = :cluster"), {"cluster": cluster})
+    for name in KEYED_TABLES:  # rebuilt from CURRENT, whose keys lead with the cluster
+        old = CURRENT.tables[name]
+        cols = [c.name for c in old.columns if c.name != "cluster"]
+        new = old.to_metadata(sa.MetaData(), name=f"{name}_new")  # keyed (cluster, *key)
+        new.create(conn)
+        conn.execute(new.insert().from_select(cols, sa.select(*(sa.column(c) for c in cols))
+                                             .select_from(sa.table(name))))
+        conn.execute(sa.text(f"update {name}_new set cluster = :cluster"), {"cluster": cluster})
+        sa.Table(name, sa.MetaData()).drop(conn)
+        conn.execute(sa.text(f"alter table {name}_new rename to {name}"))
+    _index(conn, "pair_latest", "ts")
+    _index(conn, "runs", "cluster", "started")
+    _index(conn, "node_sweeps", "cluster", "finished")
+
+
+MIGRATIONS: tuple[Migration, ...] = (m001_initial, m002_controls, m003_sweep_kind, m004_policy, m005_pairs,
+                                     m006_cluster)
+KNOWN = [m.__name__ for m in MIGRATIONS]
+
+
+def _current() -> sa.MetaData:
+    """The tables as the last migration leaves them: what the writes are built from."""
+    md, C = sa.MetaData(), sa.Column
+
+    def table(name: str, *cols: sa.Column, pk: Sequence[str] = ("id",)) -> None:
+        sa.Table(name, md, *cols, C("cluster", Text, nullable=False, server_default=""), sa.PrimaryKeyConstraint(*pk))
+
+    table("runs", C("id", Text), C("started", Float), C("finished", Float), C("status", Text), C("mode", Text),
+          C("host", Text), C("taken", Int), C("summary", Text))
+    table("node_sweeps", _id(), C("run_id", Text), C("node", Text), C("started", Float), C("finished", Float),
+          C("playbook", Text), C("profile", Text), C("verdict", Text), C("reasons", Text), C("dry_run", Int),
+          C("kind", Text), C("causes", Text), C("rules", Text), C("decided", Float), C("policy", Text),
+          C("policy_verdict", Text))
+    table("checks", _id(), C("sweep_id", Int), C("node", Text), C("ts", Float), C("source", Text), C("name", Text),
+          C("status", Text), C("severity", Text), C("gpu", Int), C("code", Text), C("message", Text))
+    table("metrics", _id(), C("sweep_id", Int), C("node", Text), C("ts", Float), C("name", Text), C("gpu", Int),
+          C("value", Float), C("unit", Text))
+    table("actions", _id(), C("run_id", Text), C("node", Text), C("ts", Float), C("action", Text),
+          C("detail", Text), C("dry_run", Int))
+    table("intents", _id(), C("run_id", Text), C("node", Text), C("ts", Float), C("op", Text), C("phase", Text),
+          C("detail", Text))
+    table("controls", C("key", Text), C("value", Text), C("ts", Float), pk=("cluster", "key"))
+    table("summaries", C("node", Text), C("day", Text), C("sweeps", Int), C("verdicts", Text), C("metrics", Text),
+          pk=("cluster", "node", "day"))
+    table("pairs", _id(), C("run_id", Text), C("ts", Float), C("node", Text), C("partner", Text), C("status", Text),
+          C("mode", Text), C("busbw", Float), C("detail", Text), C("node_sweep_id", Int), C("partner_sweep_id", Int))
+    table("pair_latest", C("node", Text), C("ts", Float), C("pair_id", Int), C("partner", Text), C("status", Text),
+          C("mode", Text), C("role", Text), pk=("cluster", "node"))
+    return md
+
+
+CURRENT = _current()
+KNOWN_TABLES = frozenset({*CURRENT.tables, MIGRATIONS_TABLE})
+
+_migrations_table = sa.Table(MIGRATIONS_TABLE, sa.MetaData(), sa.Column("migration_set", Text),
+                             sa.Column("name", Text), sa.Column("applied_at", Text),
+                             sa.PrimaryKeyConstraint("migration_set", "name"))
+
+
+def applied(conn: Connection) -> list[str]:
+    """The names of the migrations the database has, in the order they were applied."""
+    if not sa.inspect(conn).has_table(MIGRATIONS_TABLE):
+        return []
+    t = _migrations_table
+    return list(conn.execute(sa.select(t.c.name).where(t.c.migration_set == MIGRATION_SET)
+                             .order_by(t.c.name)).scalars())
+
+
+def migrate(conn: Connection, cluster: str, stop_before: str | None = None) -> list[str]:
+    """Apply the pending migrations inside the caller's transaction (all or none), each recorded as
+    sqlite_utils.Migrations recorded them. The names applied."""
+    _migrations_table.create(conn, checkfirst=True)
+    done, ran = set(applied(conn)), []
+    now = datetime.now(UTC).replace(tzinfo=None).isoformat()
+    for fn in MIGRATIONS:
+        if fn.__name__ == stop_before:
+            break
+        if fn.__name__ in done:
+            continue
+        fn(conn, cluster)
+        conn.execute(_migrations_table.insert().values(
+            migration_set=MIGRATION_SET, name=fn.__name__,
+            applied_at=now))
+        ran.append(fn.__name__)
+    return ran
