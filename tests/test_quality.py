@@ -57,7 +57,6 @@ LONG_MODULES = {
 
 # Being split into packages on their own branches right now; empty this list as they merge.
 BEING_SPLIT = {
-    "sweeper/history.py",
 }
 
 

@@ -52,8 +52,16 @@ def examples(*lines: str) -> str:
     return "Examples:\n\n\b\n" + "\n".join("  " + line for line in lines)
 
 
-STATE_HELP = ("SQLite history file (default: $SWEEPER_STATE, else state/<kubeconfig context>.db, "
-              "in a pod without a kubeconfig state/sweeper.db).")
+
+def history_exists(state: str) -> bool:
+    """A history to read at `state`: a SQLite file that exists, or a PostgreSQL URL."""
+    from sweeper.history import state_exists
+
+    return state_exists(state)
+
+
+STATE_HELP = ("history: a SQLite file or a postgresql:// URL (default: $SWEEPER_STATE, else "
+              "state/<kubeconfig context>.db, in a pod without a kubeconfig state/sweeper.db).")
 
 
 def state_option() -> Callable[..., Any]:
@@ -78,7 +86,7 @@ def with_state(fn: Callable[..., Any]) -> Callable[..., Any]:
             if ctx is not None:
                 ctx.params["state"] = kwargs["state"]
                 ctx.meta["sweeper.state_context"] = context
-            if context and (Path(kwargs["state"]).exists() or not getattr(fn, "reads_the_cluster", False)):
+            if context and (history_exists(kwargs["state"]) or not getattr(fn, "reads_the_cluster", False)):
                 click.echo(clean_lines(f"history {kwargs['state']}: named for the kubeconfig context {context} "
                                        "(--state or SWEEPER_STATE to choose another)"), err=True)
         for name in ("kubeconfig", "context"):
@@ -98,7 +106,7 @@ def no_local_history(state: str) -> bool:
     """Whether the history named for the kubeconfig context (no --state, no SWEEPER_STATE) is not
     here: a person on a laptop, whose cluster keeps its history itself (sweeper.remote)."""
     ctx = click.get_current_context(silent=True)
-    return bool(ctx is not None and ctx.meta.get("sweeper.state_context")) and not Path(state).exists()
+    return bool(ctx is not None and ctx.meta.get("sweeper.state_context")) and not history_exists(state)
 
 
 def state_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -212,7 +220,7 @@ def history_at(state: str, create: bool = True) -> Any:
     empty history in memory stands in for it, so a command that changes nothing leaves no file."""
     from sweeper.history import History
 
-    if not create and not Path(state).exists():
+    if not create and not history_exists(state):
         return History(":memory:")
     return History(state)
 
@@ -235,7 +243,7 @@ def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def need_state(state: str) -> None:
-    if not Path(state).exists():
+    if not history_exists(state):
         raise ConfigError(f"no history at {state} (set --state or SWEEPER_STATE)")
 
 

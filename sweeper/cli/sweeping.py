@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import click
@@ -17,6 +16,7 @@ from sweeper.cli.options import (
     config_for,
     examples,
     history_at,
+    history_exists,
     kube_for,
     output_options,
     run_cli,
@@ -143,7 +143,7 @@ def release_cmd(nodes: tuple[str, ...], everything: bool, reason: str, dry_run: 
     cfg = config_for(config_path)
     kube = kube_for(kubeconfig, context, cfg)
     recorder = None
-    if Path(state).exists():
+    if history_exists(state):
         try:
             recorder = history_at(state)
         except StateError as exc:
@@ -178,7 +178,7 @@ def _controls(config_path: str | None, kubeconfig: str | None, context: str | No
 def _note(state: str, action: str, detail: str, now: float) -> None:
     """Record a person's switch in the local history, where there is one (a run records what it
     sees in its own history)."""
-    if Path(state).exists():
+    if history_exists(state):
         history_at(state).action("manual", "*", now, action, detail)
 
 
