@@ -186,6 +186,19 @@ class _NodeGroup(_Strict):
     driver: Annotated[str, Strict(), Field(pattern=r"^\d{3,4}\.\d+(\.\d+)?$")] = DEFAULT_DRIVER
     # GKE: the node pool's additional networks (multi-networking); without them an A3 has its primary gVNIC only
     multi_network: Annotated[bool, Strict()] = True
+    # The GPUs are published as DRA ResourceSlices by NVIDIA's DRA driver (gpu.nvidia.com), not as the
+    # device plugin's nvidia.com/gpu: the nodes' capacity has no GPU resource (sweeper.sim.dra).
+    dra: Annotated[bool, Strict()] = False
+
+
+class _KueueWorkload(_Strict):
+    """A Job Kueue keeps suspended for want of quota, and its pending Workload."""
+
+    name: Annotated[str, Strict()]
+    namespace: Annotated[str, Strict()] = "training"
+    gpus: Annotated[int, Strict(), Field(ge=0)] = 8  # per pod
+    count: Annotated[int, Strict(), Field(ge=1)] = 1  # pods of the podSet
+    claim: Annotated[bool, Strict()] = False  # the pods get GPUs through a ResourceClaimTemplate, not nvidia.com/gpu
 
 
 class _Workload(_Strict):
@@ -246,6 +259,9 @@ class FleetFile(_Strict):
     default_runtime: Literal["nvidia", "runc"] = "nvidia"
     # The Kubeflow MPI Operator is installed: kubeflow.org/v2beta1 mpijobs are served and run.
     mpi_operator: Annotated[bool, Strict()] = False
+    # Kueue is installed (kueue.x-k8s.io/v1beta1 workloads are served); kueue_workloads are pending.
+    kueue: Annotated[bool, Strict()] = False
+    kueue_workloads: list[_KueueWorkload] | None = None
 
 
 @dataclass
@@ -261,6 +277,7 @@ class NodeSpec:
     device_plugin_pod: bool = False  # the standalone device plugin's pod runs here
     driver: str = DEFAULT_DRIVER  # the NVIDIA driver version (node group key `driver`)
     multi_network: bool = True  # GKE: attached to its pool's additional networks (an A3's GPU gVNICs)
+    dra: bool = False  # its GPUs are published as a DRA ResourceSlice (node group key `dra`)
 
 
 @dataclass
@@ -295,6 +312,13 @@ class Fleet:
     default_runtime: str = "nvidia"
     mpi_operator: bool = False
     platform: str = "generic"
+    kueue: bool = False  # kueue.x-k8s.io is served
+    kueue_workloads: list[dict[str, Any]] = field(default_factory=list)  # pending: name, namespace, gpus, count, claim
+
+    @property
+    def dra(self) -> bool:
+        """resource.k8s.io is served: some node group publishes its GPUs through DRA."""
+        return any(n.dra for n in self.nodes)
 
 
 def platform_labels(platform: str, pool: str) -> dict[str, str]:
@@ -334,7 +358,7 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
                                         labels=dict(labels), age=group.age, faults=Faults(),
                                         gpu_operator=operator, operands=group.operands,
                                         device_plugin_pod=group.device_plugin_pod, driver=group.driver,
-                                        multi_network=group.multi_network))
+                                        multi_network=group.multi_network, dra=group.dra))
     fleet.platform = spec.platform
     registry = spec.registry or _Registry()
     fleet.missing_images = list(registry.missing)
@@ -345,6 +369,8 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
     fleet.default_runtime = spec.default_runtime if "default_runtime" in spec.model_fields_set \
         else "runc" if spec.platform == "gke" else "nvidia"
     fleet.mpi_operator = spec.mpi_operator
+    fleet.kueue = spec.kueue or bool(spec.kueue_workloads)
+    fleet.kueue_workloads = [w.model_dump() for w in spec.kueue_workloads or []]
     by_name = {n.name: n for n in fleet.nodes}
     for name, faults in (spec.faults or {}).items():
         if name not in by_name:
