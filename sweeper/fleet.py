@@ -132,8 +132,7 @@ def looked_for(cfg: Config) -> str:
     """How discovery finds GPU nodes, in words: "by capacity of nvidia.com/gpu, ..., selector X"."""
     names = list(cfg.gpu_resources) + [f"{p}*" for p in cfg.gpu_resource_prefixes]
     selector = f", selector {cfg.gpu_node_selector}" if cfg.gpu_node_selector else ""
-    dra = f", or DRA devices of {cfg.dra_driver}" if cfg.dra_driver else ""
-    return f"by capacity of {', '.join(names)}{dra}{selector}"
+    return f"by capacity of {', '.join(names)}{selector}"
 
 
 @dataclass(frozen=True)

@@ -179,26 +179,31 @@ class SimCluster:
             self.store.create("deviceclasses", None, dra.device_class())
         for spec in self.fleet.nodes:
             self.add_node(spec)
-        for w in self.fleet.kueue_workloads:
-            if w["namespace"] not in {n["metadata"]["name"] for n in self.store.iter("namespaces")}:
-                self.store.create("namespaces", None, {"metadata": {"name": w["namespace"]},
-                                                       "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}})
-            claim = ""
-            if w["claim"]:
-                claim = f"gpus-{w['gpus']}"
-                if self.store.peek("resourceclaimtemplates", w["namespace"], claim) is None:
-                    t = dra.claim_template(claim, w["namespace"])
-                    t["spec"]["spec"]["devices"]["requests"][0]["exactly"] = {
-                        "deviceClassName": dra.DRIVER, "allocationMode": "ExactCount", "count": w["gpus"]}
-                    self.store.create("resourceclaimtemplates", w["namespace"], t)
-            job, workload = dra.pending_workload(w["name"], w["namespace"], w["gpus"], w["count"], claim,
-                                                 now=self.clock.now())
-            made = self.store.create("jobs", w["namespace"], job)
-            workload["metadata"]["labels"][f"{dra.KUEUE}/job-uid"] = made["metadata"]["uid"]
-            workload["metadata"]["ownerReferences"][0]["uid"] = made["metadata"]["uid"]
-            self.store.create("workloads", w["namespace"], workload)
+        for queued in self.fleet.kueue_workloads:
+            self._queue(queued)
         for w in self.fleet.workloads:
             self.start_training(w.gpus, w.duration, node=w.node)
+
+    def _queue(self, queued: dict[str, Any]) -> None:
+        """A fleet's `kueue_workloads` entry: a Job Kueue keeps suspended and its pending Workload."""
+        ns = queued["namespace"]
+        if self.store.peek("namespaces", None, ns) is None:
+            self.store.create("namespaces", None, {"metadata": {"name": ns}, "spec": {"finalizers": ["kubernetes"]},
+                                                   "status": {"phase": "Active"}})
+        claim = self._count_template(ns, queued["gpus"]) if queued["claim"] else ""
+        job, workload = dra.pending_workload(queued["name"], ns, queued["gpus"], queued["count"], claim,
+                                             now=self.clock.now())
+        uid = self.store.create("jobs", ns, job)["metadata"]["uid"]
+        workload["metadata"]["labels"][f"{dra.KUEUE}/job-uid"] = uid
+        workload["metadata"]["ownerReferences"][0]["uid"] = uid
+        self.store.create("workloads", ns, workload)
+
+    def _count_template(self, ns: str, gpus: int) -> str:
+        """The ResourceClaimTemplate `gpus-N` for N GPUs of the DRA driver (made once per namespace)."""
+        name = f"gpus-{gpus}"
+        if self.store.peek("resourceclaimtemplates", ns, name) is None:
+            self.store.create("resourceclaimtemplates", ns, dra.claim_template(name, ns, count=gpus))
+        return name
 
     def provider_id(self, spec: NodeSpec, iid: str) -> str:
         """The node's spec.providerID as its platform's cloud provider writes it."""
@@ -296,12 +301,7 @@ class SimCluster:
         }
         claimed = bool(node and node in self.specs and self.specs[node].dra)
         if claimed:  # GPUs through a claim made from a template for `gpus` devices
-            template = f"gpus-{gpus}"
-            if self.store.peek("resourceclaimtemplates", TRAINING_NS, template) is None:
-                t = dra.claim_template(template, TRAINING_NS)
-                t["spec"]["spec"]["devices"]["requests"][0]["exactly"] = {
-                    "deviceClassName": dra.DRIVER, "allocationMode": "ExactCount", "count": gpus}
-                self.store.create("resourceclaimtemplates", TRAINING_NS, t)
+            template = self._count_template(TRAINING_NS, gpus)
             pod["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": template}]
             pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpus"}]}
         if node:

@@ -44,12 +44,13 @@ def resource_slice(node: str, gpus: int, model: str) -> dict[str, Any]:
                          for i in range(gpus)]}}
 
 
-def claim_template(name: str, namespace: str, device_class_name: str = DRIVER) -> dict[str, Any]:
-    """A ResourceClaimTemplate for all of a node's devices of one class (allocationMode: All)."""
+def claim_template(name: str, namespace: str, count: int = 0) -> dict[str, Any]:
+    """A ResourceClaimTemplate for `count` of the driver's devices (ExactCount), or all of a node's (All)."""
+    exactly: dict[str, Any] = {"deviceClassName": DRIVER, "allocationMode": "ExactCount", "count": count} if count \
+        else {"deviceClassName": DRIVER, "allocationMode": "All"}
     return {"apiVersion": f"{GROUP}/v1", "kind": "ResourceClaimTemplate",
             "metadata": {"name": name, "namespace": namespace},
-            "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
-                "deviceClassName": device_class_name, "allocationMode": "All"}}]}}}}
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": exactly}]}}}}
 
 
 def _requests(claim: dict[str, Any]) -> list[dict[str, Any]]:
