@@ -311,9 +311,10 @@ class SimCluster:
             with self.store.lock:
                 stored = self.store.peek("pods", TRAINING_NS, created["metadata"]["name"])
                 assert stored is not None
-                statuses = dra.allocate(self.store, stored, node, self.clock.now(), dra.used_devices(self.store))
-                created = self.store.mutate("pods", TRAINING_NS, created["metadata"]["name"],
-                                            partial(_update_status, resourceClaimStatuses=statuses))
+                statuses = dra.make_claims(self.store, stored)
+                self.store.mutate("pods", TRAINING_NS, created["metadata"]["name"],
+                                  partial(_update_status, resourceClaimStatuses=statuses))
+                dra.allocate(self.store, stored, node, self.clock.now(), dra.used_devices(self.store))
         if running:
             with self.store.lock:
                 obj = self.store.peek("pods", TRAINING_NS, created["metadata"]["name"])
@@ -633,7 +634,14 @@ class SimCluster:
             placed = [(p, p["spec"]["nodeName"]) for p in self.store.iter("pods")
                       if p["spec"].get("nodeName") and p["status"].get("phase") not in TERMINAL]
             labels_of = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in nodes}
-        devices = dra.used_devices(self.store) if any(p["spec"].get("resourceClaims") for p in pending) else set()
+        devices: set[tuple[str, str, str]] = set()
+        if any(p["spec"].get("resourceClaims") for p in pending):
+            for p in pending:
+                statuses = dra.make_claims(self.store, p)
+                if statuses:
+                    self.store.mutate("pods", p["metadata"]["namespace"], p["metadata"]["name"],
+                                      partial(_update_status, resourceClaimStatuses=statuses))
+            devices = dra.used_devices(self.store)
         for pod in sorted(pending, key=lambda p: p["metadata"]["creationTimestamp"]):
             reasons: dict[str, int] = {}
             fits = []
@@ -662,11 +670,9 @@ class SimCluster:
             if placed is not None:
                 placed.append((pod, target))
 
-            statuses = dra.allocate(self.store, pod, target, now, devices)
+            dra.allocate(self.store, pod, target, now, devices)
 
-            def bind(o: dict[str, Any], target: str = target, statuses: list[dict[str, Any]] = statuses) -> None:
-                if statuses:
-                    o["status"]["resourceClaimStatuses"] = statuses
+            def bind(o: dict[str, Any], target: str = target) -> None:
                 o["spec"]["nodeName"] = target
                 o["status"]["conditions"] = [{"type": "PodScheduled", "status": "True",
                                               "lastTransitionTime": iso(now)}]

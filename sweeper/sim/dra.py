@@ -136,31 +136,41 @@ def feasible(store: Any, pod: dict[str, Any], node: str, used: set[tuple[str, st
     return _pick(store, pod, node, used)[0]
 
 
-def allocate(store: Any, pod: dict[str, Any], node: str, now: float,
-             used: set[tuple[str, str, str]]) -> list[dict[str, Any]]:
-    """Bind the pod's claims on `node`: make the claims its templates ask for, allocate the devices
-    and reserve each claim for the pod. The pod's status.resourceClaimStatuses for the claims made."""
-    if not pod["spec"].get("resourceClaims"):
-        return []
-    why, plan = _pick(store, pod, node, used)
-    if why:
-        return []
+def make_claims(store: Any, pod: dict[str, Any]) -> list[dict[str, Any]]:
+    """The resourceclaim controller: a claim from each template the pod names, made as the pod is
+    (before it is scheduled), owned by the pod. The pod's status.resourceClaimStatuses after, or []
+    when there was nothing to make."""
     ns, pod_name, uid = pod["metadata"]["namespace"], pod["metadata"]["name"], pod["metadata"].get("uid", "")
-    claims = {ref: claim for ref, claim, _ in pod_claims(store, pod)}
-    templates = {ref: t for ref, _, t in pod_claims(store, pod)}
-    statuses = []
-    for ref, results in plan:
-        claim = claims.get(ref)
-        if claim is None:
-            t = templates[ref] or {}
+    statuses = list(pod.get("status", {}).get("resourceClaimStatuses") or [])
+    made = False
+    for ref, claim, template in pod_claims(store, pod):
+        if claim is None and template is not None:
             claim = store.create("resourceclaims", ns, {
                 "apiVersion": f"{GROUP}/v1", "kind": "ResourceClaim",
                 "metadata": {"generateName": f"{pod_name}-{ref}-", "namespace": ns,
                              "annotations": {"resource.kubernetes.io/pod-claim-name": ref},
                              "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": uid,
                                                   "controller": True, "blockOwnerDeletion": True}]},
-                "spec": (t.get("spec") or {}).get("spec") or {}})
+                "spec": (template.get("spec") or {}).get("spec") or {}})
             statuses.append({"name": ref, "resourceClaimName": claim["metadata"]["name"]})
+            made = True
+    return statuses if made else []
+
+
+def allocate(store: Any, pod: dict[str, Any], node: str, now: float, used: set[tuple[str, str, str]]) -> None:
+    """Bind the pod's claims (made already: make_claims) on `node`: allocate the devices and reserve
+    each claim for the pod."""
+    if not pod["spec"].get("resourceClaims"):
+        return
+    why, plan = _pick(store, pod, node, used)
+    if why:
+        return
+    ns, pod_name, uid = pod["metadata"]["namespace"], pod["metadata"]["name"], pod["metadata"].get("uid", "")
+    claims = {ref: claim for ref, claim, _ in pod_claims(store, pod)}
+    for ref, results in plan:
+        claim = claims.get(ref)
+        if claim is None:
+            continue
 
         def write(c: dict[str, Any], results: list[dict[str, Any]] = results) -> None:
             status = c.setdefault("status", {})
@@ -172,7 +182,6 @@ def allocate(store: Any, pod: dict[str, Any], node: str, now: float,
             status["reservedFor"] = [*reserved, {"resource": "pods", "name": pod_name, "uid": uid}]
         store.mutate("resourceclaims", ns, claim["metadata"]["name"], write)
         used.update((r["driver"], r["pool"], r["device"]) for r in results)
-    return statuses
 
 
 def holds_devices(store: Any, pod: dict[str, Any]) -> int:

@@ -126,8 +126,32 @@ def test_the_scheduler_places_a_claim_only_where_the_devices_are_free(make_sim) 
                  what="a scheduling attempt")
     pod = sim.core.read_namespaced_pod("waits", "training")
     assert not pod.spec.node_name, "all eight GPUs are held by the workload's claim"
-    p = discover(sim)  # a pod that waits for a GPU claim is demand like one that waits for nvidia.com/gpu
-    assert {d.reason for d in p.skip} == {"busy"} and not p.take
+    # the resourceclaim controller made its claim when the pod was created; the scheduler did not allocate it
+    [status] = pod.status.resource_claim_statuses
+    claim = custom(sim).get_namespaced_custom_object("resource.k8s.io", "v1", "training", "resourceclaims",
+                                                     status.resource_claim_name)
+    assert "allocation" not in (claim.get("status") or {})
+    sim.core.delete_namespaced_pod(sim.core.list_namespaced_pod("training", label_selector="app=training").items[0]
+                                   .metadata.name, "training")
+    sim.wait_for(lambda: sim.core.read_namespaced_pod("waits", "training").spec.node_name == "dra-00",
+                 what="the waiting pod placed once the devices are free")
+
+
+def test_a_pod_waiting_for_a_gpu_claim_is_pending_demand(make_sim) -> None:
+    sim: Sim = make_sim(dra_fleet(dra=1, plain=1))
+    custom(sim).create_namespaced_custom_object("resource.k8s.io", "v1", "training", "resourceclaimtemplates", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "two-gpus"},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 2}}]}}}})
+    sim.core.create_namespaced_pod("training", {"metadata": {"name": "waits"}, "spec": {
+        "nodeSelector": {"example.com/pool": "not-yet"},  # no node has it: the pod stays Pending
+        "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "two-gpus"}],
+        "containers": [{"name": "c", "image": "busybox", "resources": {"claims": [{"name": "gpu"}]}}]}})
+    sim.wait_for(lambda: sim.core.read_namespaced_pod("waits", "training").status.resource_claim_statuses,
+                 what="the pod's claim")
+    p = discover(sim)
+    assert not p.take and {d.reason for d in p.skip} == {"demand"}
+    assert "training/waits" in p.skip[0].detail
 
 
 def test_a_workload_kueue_keeps_suspended_for_gpus_is_pending_demand(make_sim) -> None:
