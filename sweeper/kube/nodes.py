@@ -111,7 +111,7 @@ class NodeCalls(DraCalls):
 
 
 def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
-    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
     return {
         "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "labels": meta.get("labels") or {},
                      "uid": meta.get("uid"),
@@ -121,8 +121,9 @@ def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
                  "containers": [{"name": c.get("name"), "resources": c.get("resources") or {}}
                                 for c in spec.get("containers") or []],
                  **({"resourceClaims": spec["resourceClaims"]} if spec.get("resourceClaims") else {})},
-        "status": {"phase": (pod.get("status") or {}).get("phase"),
+        # the claims a pod names, and those the resourceclaim controller made for it (sweeper.kube.dra)
+        "status": {"phase": status.get("phase"),
                    **({"resourceClaimStatuses": status["resourceClaimStatuses"]}
-                      if (status := pod.get("status") or {}).get("resourceClaimStatuses") else {})},
+                      if status.get("resourceClaimStatuses") else {})},
     }
 
