@@ -80,9 +80,11 @@ class NodeCalls(DraCalls):
         return pods if node else pods + self.kueue_demand(page_size)
 
     def pending_pods(self) -> list[dict[str, Any]]:
-        """Pods waiting to be scheduled, across the cluster (trimmed like active_pods)."""
-        return list(self._pages("list pods", self.core.list_pod_for_all_namespaces, 500, keep=slim_pod,
+        """Pods waiting to be scheduled, across the cluster (trimmed like active_pods), with their
+        claims, and Kueue's pending Workloads (the demand that aborts abortable checks)."""
+        pods = list(self._pages("list pods", self.core.list_pod_for_all_namespaces, 500, keep=slim_pod,
                                 field_selector="status.phase=Pending,spec.nodeName="))
+        return self.fold_claims(pods) + self.kueue_demand()
 
     def namespaced_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return list(self._pages("list pods", lambda **kw: self.core.list_namespaced_pod(namespace, **kw), 500,

@@ -222,3 +222,11 @@ def test_a_check_template_may_claim_nothing_but_sweepers_claim() -> None:
     assert problems([job], rules) == base
     pod["resourceClaims"] = [{"name": "other", "resourceClaimName": "someone-elses-gpus"}]
     assert any("resourceClaims are Sweeper's own" in p for p in problems([job], rules))
+
+
+def test_abort_on_demand_stops_a_check_for_a_workload_kueue_keeps_waiting(make_sim, history: History) -> None:
+    sim: Sim = make_sim(dra_fleet(dra=1, plain=0, kueue_workloads=[{"name": "big", "gpus": 8}], check_seconds=600))
+    cfg = replace(CFG, yield_to_pending=False, abort_on_demand=True)
+    report = run_sweep(sim, history, cfg)
+    [outcome] = report.outcomes
+    assert "kueue workload training/job-big-" in " ".join(outcome.reasons), outcome
