@@ -14,7 +14,9 @@ A claim's devices are free again once no live pod holds it."""
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from sweeper.clock import iso
 
@@ -23,6 +25,17 @@ DRIVER = "gpu.nvidia.com"  # NVIDIA's DRA driver and its DeviceClass (k8s-dra-dr
 KUEUE = "kueue.x-k8s.io"
 QUEUE_LABEL = f"{KUEUE}/queue-name"
 TERMINAL = ("Succeeded", "Failed")
+
+
+class KueueWorkload(BaseModel):
+    """A fleet file's `kueue_workloads` entry: a Job Kueue keeps suspended for want of quota."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: Annotated[str, Strict()]
+    namespace: Annotated[str, Strict()] = "training"
+    gpus: Annotated[int, Strict(), Field(ge=0)] = 8  # per pod
+    count: Annotated[int, Strict(), Field(ge=1)] = 1  # pods of the podSet
+    claim: Annotated[bool, Strict()] = False  # the pods get GPUs through a ResourceClaimTemplate, not nvidia.com/gpu
 
 
 def device_class() -> dict[str, Any]:

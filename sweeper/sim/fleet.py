@@ -20,6 +20,7 @@ from sweeper.schema import (
     runtime_values,
     setting,
 )
+from sweeper.sim.dra import KueueWorkload
 
 # What each instance type *is* (the simulated hardware), not what Sweeper expects of it.
 # `fabric_resources`: what the node's fabric device plugin advertises. AWS's EFA device plugin names
@@ -186,19 +187,7 @@ class _NodeGroup(_Strict):
     driver: Annotated[str, Strict(), Field(pattern=r"^\d{3,4}\.\d+(\.\d+)?$")] = DEFAULT_DRIVER
     # GKE: the node pool's additional networks (multi-networking); without them an A3 has its primary gVNIC only
     multi_network: Annotated[bool, Strict()] = True
-    # The GPUs are published as DRA ResourceSlices by NVIDIA's DRA driver (gpu.nvidia.com), not as the
-    # device plugin's nvidia.com/gpu: the nodes' capacity has no GPU resource (sweeper.sim.dra).
-    dra: Annotated[bool, Strict()] = False
-
-
-class _KueueWorkload(_Strict):
-    """A Job Kueue keeps suspended for want of quota, and its pending Workload."""
-
-    name: Annotated[str, Strict()]
-    namespace: Annotated[str, Strict()] = "training"
-    gpus: Annotated[int, Strict(), Field(ge=0)] = 8  # per pod
-    count: Annotated[int, Strict(), Field(ge=1)] = 1  # pods of the podSet
-    claim: Annotated[bool, Strict()] = False  # the pods get GPUs through a ResourceClaimTemplate, not nvidia.com/gpu
+    dra: Annotated[bool, Strict()] = False  # GPUs as a DRA ResourceSlice, not nvidia.com/gpu (sweeper.sim.dra)
 
 
 class _Workload(_Strict):
@@ -259,9 +248,8 @@ class FleetFile(_Strict):
     default_runtime: Literal["nvidia", "runc"] = "nvidia"
     # The Kubeflow MPI Operator is installed: kubeflow.org/v2beta1 mpijobs are served and run.
     mpi_operator: Annotated[bool, Strict()] = False
-    # Kueue is installed (kueue.x-k8s.io/v1beta1 workloads are served); kueue_workloads are pending.
-    kueue: Annotated[bool, Strict()] = False
-    kueue_workloads: list[_KueueWorkload] | None = None
+    kueue: Annotated[bool, Strict()] = False  # Kueue is installed: kueue.x-k8s.io/v1beta1 Workloads are served
+    kueue_workloads: list[KueueWorkload] | None = None  # pending ones (sweeper.sim.dra)
 
 
 @dataclass
@@ -314,11 +302,7 @@ class Fleet:
     platform: str = "generic"
     kueue: bool = False  # kueue.x-k8s.io is served
     kueue_workloads: list[dict[str, Any]] = field(default_factory=list)  # pending: name, namespace, gpus, count, claim
-
-    @property
-    def dra(self) -> bool:
-        """resource.k8s.io is served: some node group publishes its GPUs through DRA."""
-        return any(n.dra for n in self.nodes)
+    dra: bool = False  # resource.k8s.io is served: some node group publishes its GPUs through DRA
 
 
 def platform_labels(platform: str, pool: str) -> dict[str, str]:
@@ -369,7 +353,7 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
     fleet.default_runtime = spec.default_runtime if "default_runtime" in spec.model_fields_set \
         else "runc" if spec.platform == "gke" else "nvidia"
     fleet.mpi_operator = spec.mpi_operator
-    fleet.kueue = spec.kueue or bool(spec.kueue_workloads)
+    fleet.kueue, fleet.dra = spec.kueue or bool(spec.kueue_workloads), any(n.dra for n in fleet.nodes)
     fleet.kueue_workloads = [w.model_dump() for w in spec.kueue_workloads or []]
     by_name = {n.name: n for n in fleet.nodes}
     for name, faults in (spec.faults or {}).items():
