@@ -121,6 +121,8 @@ class Config:
     gpu_node_selector: str = setting("", "optional label selector narrowing the GPU nodes, which are found by capacity")
     gpu_resources: tuple[str, ...] = setting(("nvidia.com/gpu", "amd.com/gpu"), "resources that make a pod a GPU pod")
     gpu_resource_prefixes: tuple[str, ...] = setting(("nvidia.com/mig-",), "resource name prefixes that do too")
+    dra_driver: str = setting("gpu.nvidia.com", "the DRA driver (and its DeviceClass) whose ResourceSlices make a node "
+                              "a GPU node and whose claims make a pod a GPU pod; '' ignores DRA")
     allowed_taint_keys: tuple[str, ...] = setting(("nvidia.com/gpu", "amd.com/gpu"),
                                                   "taints that do not mean someone else has the node")
     opt_out_label: str = setting("sweeper.dev/opt-out", "a node with this label is never taken")

@@ -8,6 +8,7 @@ from typing import Any
 
 from sweeper.clock import parse_iso, read_iso
 from sweeper.config import Config
+from sweeper.kube.dra import CLAIMS, DEMAND, DEVICES
 
 # Taints that mean someone else is handling the node (never take it).
 FOREIGN_TAINTS = {
@@ -42,14 +43,17 @@ class NodeView:
     capacity: dict[str, int] = field(default_factory=dict)  # GPU resources in status.capacity
     allocatable: dict[str, int] = field(default_factory=dict)  # the same in status.allocatable
     fabric: dict[str, int] = field(default_factory=dict)  # fabric resources in status.capacity (EFA, rdma/*, GKE)
+    # The GPUs a DRA driver publishes in the node's ResourceSlices: {"driver", "pool", "devices": [names]}
+    dra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_obj(cls, obj: dict[str, Any], gpu_resources: tuple[str, ...] = ("nvidia.com/gpu",),
-                 gpu_prefixes: tuple[str, ...] = ("nvidia.com/mig-",)) -> NodeView:
+                 gpu_prefixes: tuple[str, ...] = ("nvidia.com/mig-",), dra_driver: str = "gpu.nvidia.com") -> NodeView:
         meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
         alloc = status.get("allocatable") or {}
         capacity = gpu_amounts(status.get("capacity") or {}, gpu_resources, gpu_prefixes)
-        gpus = sum(_quantity(alloc.get(r)) for r in gpu_resources)
+        dra = dra_devices(obj, dra_driver)
+        gpus = sum(_quantity(alloc.get(r)) for r in gpu_resources) or len(dra.get("devices") or ())
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
         return cls(name=meta["name"], labels=dict(meta.get("labels") or {}),
                    annotations=dict(meta.get("annotations") or {}), taints=tuple(spec.get("taints") or ()),
@@ -62,7 +66,12 @@ class NodeView:
                    boot_id=(status.get("nodeInfo") or {}).get("bootID", ""), uid=meta.get("uid", ""),
                    capacity=capacity, allocatable={r: _quantity(alloc.get(r)) for r in capacity},
                    fabric={r: _quantity(v) for r, v in (status.get("capacity") or {}).items()
-                           if r.startswith(FABRIC_PREFIXES)})
+                           if r.startswith(FABRIC_PREFIXES)}, dra=dra)
+
+    @property
+    def is_gpu_node(self) -> bool:
+        """A GPU resource in capacity, or GPUs published through DRA."""
+        return bool(self.capacity or self.dra.get("devices"))
 
     def sweep_taint(self, key: str) -> dict[str, Any] | None:
         return next((t for t in self.taints if t.get("key") == key), None)
@@ -77,7 +86,17 @@ class NodeView:
         """What playbooks see of the node's GPU resources: capacity, allocatable and the shortfall."""
         return {"capacity": dict(self.capacity), "allocatable": dict(self.allocatable),
                 "unhealthy": [{"resource": r, "allocatable": a, "capacity": c}
-                              for r, a, c in self.short_of_capacity()]}
+                              for r, a, c in self.short_of_capacity()],
+                "dra": {"driver": self.dra["driver"], "pool": self.dra["pool"], "devices": len(self.dra["devices"])}
+                if self.dra.get("devices") else {}}
+
+
+def dra_devices(obj: dict[str, Any], driver: str) -> dict[str, Any]:
+    """The node's devices of `driver` in its ResourceSlices, as the kube layer folds them in
+    (sweeper.kube.dra): {"driver", "pool", "devices": [names]}, or {} for none."""
+    found = (obj.get(DEVICES) or {}).get(driver) if driver else None
+    return {"driver": driver, "pool": found.get("pool", ""), "devices": list(found.get("devices") or [])} \
+        if found and found.get("devices") else {}
 
 
 def _quantity(value: Any) -> int:
@@ -106,7 +125,7 @@ def gpu_nodes(nodes: list[dict[str, Any]], cfg: Config) -> list[dict[str, Any]]:
     none by default, and only the GPU Operator's feature discovery sets nvidia.com/gpu.present."""
     return [n for n in nodes
             if gpu_amounts((n.get("status") or {}).get("capacity") or {}, cfg.gpu_resources,
-                           cfg.gpu_resource_prefixes)]
+                           cfg.gpu_resource_prefixes) or dra_devices(n, cfg.dra_driver)]
 
 
 def looked_for(cfg: Config) -> str:
@@ -136,7 +155,20 @@ class Plan:
     notes: list[str] = field(default_factory=list)  # what `plan` says beside the table: the platform found, the budget
 
 
+def holds_dra_gpus(pod: dict[str, Any], cfg: Config) -> bool:
+    """The pod's claims (folded in by sweeper.kube.dra) ask for the driver's DeviceClass or hold its
+    devices; a pending Workload's podSet that names a claim asks for devices too."""
+    if not cfg.dra_driver:
+        return False
+    if pod.get(DEMAND) and (pod.get("spec") or {}).get("resourceClaims"):
+        return True
+    return any(cfg.dra_driver in c.get("classes", ()) or any(d.get("driver") == cfg.dra_driver for d in c["devices"])
+               for c in pod.get(CLAIMS) or ())
+
+
 def requests_gpu(pod: dict[str, Any], cfg: Config) -> bool:
+    if holds_dra_gpus(pod, cfg):
+        return True
     for c in (pod.get("spec") or {}).get("containers") or []:
         res = c.get("resources") or {}
         for section in ("requests", "limits"):
@@ -155,7 +187,9 @@ def gpu_pods_by_node(pods: list[dict[str, Any]], cfg: Config) -> dict[str, list[
     """Node name to the non-DaemonSet pods on it that hold GPUs (workloads Sweeper must not disturb)."""
     out: dict[str, list[str]] = {}
     for p in pods:
-        node = (p.get("spec") or {}).get("nodeName")
+        # a pod holds the node's GPUs once bound there, or once its claim is allocated on the node's pool
+        node = (p.get("spec") or {}).get("nodeName") or next(
+            (c["node"] for c in p.get(CLAIMS) or () if c.get("node") and c.get("devices")), None)
         if not node or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
         if is_daemonset_pod(p) or not requests_gpu(p, cfg):
@@ -172,7 +206,7 @@ def pending_gpu_pods(pods: list[dict[str, Any]], cfg: Config) -> list[str]:
         if (p.get("spec") or {}).get("nodeName") or labels.get("app.kubernetes.io/managed-by") == "sweeper":
             continue
         if (p.get("status") or {}).get("phase") == "Pending" and requests_gpu(p, cfg):
-            out.append(f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}")
+            out.append(p.get(DEMAND) or f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}")
     return out
 
 
@@ -233,8 +267,9 @@ def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, l
     """Classify every GPU node (by capacity; see gpu_nodes): take (idle and due, within budget) or
     skip with a reason."""
     gates = gates or Gates()
-    views = [v for v in (NodeView.from_obj(n, cfg.gpu_resources, cfg.gpu_resource_prefixes) for n in nodes)
-             if v.capacity]  # GPU nodes by capacity, as gpu_nodes() finds them
+    views = [v for v in (NodeView.from_obj(n, cfg.gpu_resources, cfg.gpu_resource_prefixes, cfg.dra_driver)
+                         for n in nodes)
+             if v.is_gpu_node]  # GPU nodes by capacity or DRA devices, as gpu_nodes() finds them
     busy = gpu_pods_by_node(pods, cfg)
     out = Plan(gpu_nodes=len(views))
     eligible: list[NodeView] = []
@@ -260,7 +295,7 @@ def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, l
         out.budget = min(out.budget, 1)
     waiting = pending_gpu_pods(pods, cfg) if cfg.yield_to_pending else []
     stop = ("paused", gates.paused) if gates.paused else ("breaker-open", gates.breaker) if gates.breaker else \
-        ("demand", f"{len(waiting)} GPU pod(s) waiting for capacity: {', '.join(waiting[:3])}") if waiting else None
+        ("demand", f"{len(waiting)} GPU workload(s) waiting for capacity: {', '.join(waiting[:3])}") if waiting else None
     if stop:
         out.budget = 0
         out.skip += [Decision(d.node, False, stop[0], stop[1]) for d in out.take]
@@ -348,7 +383,7 @@ def _skip_reason(v: NodeView, gpu_pods: list[str], cfg: Config, last_swept: dict
             return "foreign-taint", f"{key}:{t.get('effect')}"
     if gpu_pods:
         return "busy", f"{len(gpu_pods)} GPU pod(s): {', '.join(gpu_pods[:3])}"
-    if not any(v.capacity.get(r) for r in cfg.gpu_resources):
+    if not any(v.capacity.get(r) for r in cfg.gpu_resources) and not v.dra.get("devices"):
         return "no-gpus", f"no whole GPUs ({', '.join(cfg.gpu_resources)}) in capacity"
     if now - v.created < cfg.min_node_age:
         return "too-young", f"joined {int(now - v.created)}s ago (minimum {int(cfg.min_node_age)}s)"

@@ -69,8 +69,43 @@ def image_vars(ctx: ActionContext) -> dict[str, Any]:
             "pair_image": cfg.pair_image, "mpi_image": cfg.pair_image, "reboot_image": cfg.reboot_image}
 
 
+# The ResourceClaimTemplate a check Job on a DRA node claims its GPUs through: every device of the
+# driver's DeviceClass on the node (allocationMode All fails while any is allocated elsewhere, so the
+# scheduler itself keeps the check off a node whose GPUs are in use), as a device plugin node's Job
+# requests all its nvidia.com/gpu. https://kubernetes.io/docs/concepts/scheduling-eviction/dynamic-resource-allocation/
+DRA_TEMPLATE = "sweeper-gpus"
+
+
+def dra_of(ctx: ActionContext) -> dict[str, Any]:
+    """The held node's DRA GPUs: from the node's variables where discovery saw them, else (a node
+    with no GPU resource in capacity) from its ResourceSlices. {} on a device plugin node."""
+    node = ctx.node or {}
+    found = (node.get("gpu_resources") or {}).get("dra") or {}
+    if found or not ctx.config.dra_driver or (node.get("gpu_resources") or {}).get("capacity") or ctx.kube is None:
+        return dict(found)
+    for s in ctx.kube.list_resource_slices():
+        spec = s.get("spec") or {}
+        if spec.get("nodeName") == node.get("name") and spec.get("driver") == ctx.config.dra_driver \
+                and spec.get("devices"):
+            return {"driver": spec["driver"], "pool": (spec.get("pool") or {}).get("name", ""),
+                    "devices": len(spec["devices"])}
+    return {}
+
+
+def gpu_claims(dra: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"name": "gpus", "resourceClaimTemplateName": DRA_TEMPLATE}] if dra else []
+
+
+def claim_template(namespace: str, device_class: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": DRA_TEMPLATE, "namespace": namespace,
+                         "labels": {"app.kubernetes.io/managed-by": "sweeper"}},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+                "deviceClassName": device_class, "allocationMode": "All"}}]}}}}
+
+
 def job_rules(ctx: ActionContext, found: JobTemplate, affinities: tuple[dict[str, Any], ...],
-              remediation: bool, bound: bool = False) -> Rules:
+              remediation: bool, bound: bool = False, claims: tuple[dict[str, Any], ...] = ()) -> Rules:
     """What the rendered Job is held to: Sweeper's own values, not the template's variables."""
     key = REMEDIATION_TEMPLATES.get(found.name) if remediation and found.shipped else None
     return Rules(namespace=job_namespace(ctx, remediation), affinities=affinities,
@@ -79,7 +114,8 @@ def job_rules(ctx: ActionContext, found: JobTemplate, affinities: tuple[dict[str
                  priority_class=ctx.config.check_priority_class,
                  privileged_image=getattr(ctx.config, key) if key else "", host_pid=found.name == "reboot.yaml.j2",
                  bound_node=str((ctx.node or {}).get("name", "")) if bound else "",
-                 gpu_resources=(*ctx.config.gpu_resources, *ctx.config.gpu_resource_prefixes))
+                 gpu_resources=(*ctx.config.gpu_resources, *ctx.config.gpu_resource_prefixes),
+                 claims=() if bound else claims)
 
 
 def job_namespace(ctx: ActionContext, remediation: bool = False) -> str:
@@ -111,13 +147,16 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
               f"{ctx.config.prefix}/run-id": ctx.run_id, f"{ctx.config.prefix}/node": node.get("name", "")}
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [hostname]}]}]}}}
+    dra = {} if bound else dra_of(ctx)
+    claims = gpu_claims(dra)
     own = {
         "node": node, "run_id": ctx.run_id, "job_name": name, "namespace": job_namespace(ctx, remediation),
         "taint_key": ctx.config.taint_key, "prefix": ctx.config.prefix,
         "timeout": int(timeout), "ttl": int(ctx.config.job_ttl), "labels": labels,
         # The parts that keep a check Job safe are built here, not left to each template.
         "affinity": affinity, "tolerations": sweeper_tolerations(ctx),
-        "all_gpus": {"nvidia.com/gpu": str(node.get("gpus", 0))},
+        # a device plugin node's GPUs as a resource request; a DRA node's through Sweeper's claim
+        "all_gpus": {} if dra else {"nvidia.com/gpu": str(node.get("gpus", 0))}, "gpu_claims": claims,
         "priority_class": ctx.config.check_priority_class,
         # Where the GPU libraries come from (README "Running on EKS / AKS / GKE"): the runtime class,
         # GKE's driver directory, and the node's DCGM host engine.
@@ -130,7 +169,9 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
     job = load_rendered(rendered, path)
     if not isinstance(job, dict) or job.get("kind") != "Job":
         raise PlaybookError(f"{path}: the template must render a batch/v1 Job")
-    refuse_unsafe([job], job_rules(ctx, found, (affinity,), remediation, bound), path)
+    refuse_unsafe([job], job_rules(ctx, found, (affinity,), remediation, bound, tuple(claims)), path)
+    if claims and ctx.kube is not None and not remediation:
+        ctx.kube.ensure_claim_template(job_namespace(ctx), claim_template(job_namespace(ctx), dra["driver"]))
     if remediation:  # its own account, which has no RBAC and mounts no token (docs/security.md)
         job["spec"]["template"]["spec"]["serviceAccountName"] = ctx.config.remediation_service_account
     _second_engine(ctx, job, node)

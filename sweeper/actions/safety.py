@@ -66,6 +66,9 @@ class Rules:
     host_pid: bool = False  # the reboot Job enters PID 1's namespaces
     bound_node: str = ""  # the GPU reset Job: bound to this node by nodeName (the plugin is paused)
     gpu_resources: tuple[str, ...] = ()  # the config's GPU resource names and prefixes: a bound Job asks none
+    # The pod's DRA claims, Sweeper's own (the held node's GPUs through its ResourceClaimTemplate): a
+    # template names no other claim, and a bound Job none
+    claims: tuple[dict[str, Any], ...] = ()
 
 
 def problems(docs: list[dict[str, Any]], rules: Rules) -> list[str]:
@@ -193,6 +196,12 @@ def _placement(pod: dict[str, Any], rules: Rules) -> Iterator[str]:
                    "the node has none allocatable, and the pod would never start")
     elif "nodeName" in pod:
         yield "nodeName bypasses taints and GPU accounting; use affinity: {{ affinity | tojson }}"
+    # DRA: a claim holds devices the scheduler gives it; only Sweeper's claim for the held node's GPUs
+    # (https://kubernetes.io/docs/concepts/scheduling-eviction/dynamic-resource-allocation/)
+    if [c for c in pod.get("resourceClaims") or [] if c not in rules.claims]:
+        yield ("resourceClaims are Sweeper's own (the held node's GPUs through its ResourceClaimTemplate): "
+               "resourceClaims: {{ gpu_claims | tojson }}" if not rules.bound_node else
+               "a remediation Job bound to its node claims no device")
     if pod.get("nodeSelector"):
         yield "nodeSelector is not allowed: Sweeper's affinity alone places the pod"
     if not rules.bound_node and pod.get("affinity") not in rules.affinities:
@@ -287,7 +296,7 @@ REMEDIATION_TEMPLATES = {"reboot.yaml.j2": "reboot_image", "gpu-reset.yaml.j2": 
 # playbook whose `vars` names one, as the runtime does.
 SWEEPER_VARS = frozenset({
     "node", "partner", "run_id", "job_name", "service_name", "namespace", "taint_key", "prefix", "timeout", "ttl",
-    "labels", "affinity", "pair_affinity", "tolerations", "all_gpus", "fabric_resources", "priority_class",
+    "labels", "affinity", "pair_affinity", "tolerations", "all_gpus", "gpu_claims", "fabric_resources", "priority_class",
     "platform", "runtime_class", "dcgm_hostengine", "default_dcgm_level", "image", "dcgm_image", "nccl_image",
     "pair_image", "mpi_image", "reboot_image"})
 

@@ -6,7 +6,8 @@ Errors become the `KubeError` family; one retry policy covers every call.
 
 The package: `adapter` (the connection and the one retry loop), `retry` (errors and backoff),
 `watch` (a watch's event stream), and the calls by resource: `nodes` (nodes, NodeClaims, pods),
-`workloads` (Jobs, Services, MPIJobs, watches) and `records` (Leases, ConfigMaps, Events).
+`workloads` (Jobs, Services, MPIJobs, watches), `records` (Leases, ConfigMaps, Events) and `dra`
+(DRA's ResourceSlices and ResourceClaims, Kueue's Workloads, folded into the node and pod lists).
 """
 
 from __future__ import annotations

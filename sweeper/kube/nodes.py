@@ -8,16 +8,18 @@ from typing import Any
 from kubernetes import client
 
 from sweeper.errors import Forbidden, NotFound
-from sweeper.kube.adapter import _Adapter
+from sweeper.kube.dra import DraCalls
 from sweeper.kube.retry import JSON_PATCH
 
 
-class NodeCalls(_Adapter):
+class NodeCalls(DraCalls):
     """Nodes, RuntimeClasses, NodeClaims and pods."""
 
     # -- nodes -------------------------------------------------------------------
     def list_nodes(self, label_selector: str = "", page_size: int = 500) -> list[dict[str, Any]]:
-        return list(self._pages("list nodes", self.core.list_node, page_size, label_selector=label_selector))
+        """The nodes, each with the DRA devices its ResourceSlices publish (sweeper.kube.dra)."""
+        nodes = list(self._pages("list nodes", self.core.list_node, page_size, label_selector=label_selector))
+        return self.fold_devices(nodes, page_size)
 
     def runtime_class_names(self) -> set[str] | None:
         """The cluster's RuntimeClasses (node.k8s.io/v1), or None where they cannot be read (403, not served)."""
@@ -71,13 +73,18 @@ class NodeCalls(_Adapter):
         sel = "status.phase!=Succeeded,status.phase!=Failed"
         if node:
             sel = f"spec.nodeName={node}," + sel
-        return list(self._pages("list pods", self.core.list_pod_for_all_namespaces, page_size, keep=slim_pod,
+        pods = list(self._pages("list pods", self.core.list_pod_for_all_namespaces, page_size, keep=slim_pod,
                                 field_selector=sel))
+        # Pods that hold GPUs through DRA claims; across the cluster, Kueue's pending Workloads too.
+        pods = self.fold_claims(pods, page_size, always=not node)
+        return pods if node else pods + self.kueue_demand(page_size)
 
     def pending_pods(self) -> list[dict[str, Any]]:
-        """Pods waiting to be scheduled, across the cluster (trimmed like active_pods)."""
-        return list(self._pages("list pods", self.core.list_pod_for_all_namespaces, 500, keep=slim_pod,
+        """Pods waiting to be scheduled, across the cluster (trimmed like active_pods), with their
+        claims, and Kueue's pending Workloads (the demand that aborts abortable checks)."""
+        pods = list(self._pages("list pods", self.core.list_pod_for_all_namespaces, 500, keep=slim_pod,
                                 field_selector="status.phase=Pending,spec.nodeName="))
+        return self.fold_claims(pods) + self.kueue_demand()
 
     def namespaced_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
         return list(self._pages("list pods", lambda **kw: self.core.list_namespaced_pod(namespace, **kw), 500,
@@ -106,14 +113,19 @@ class NodeCalls(_Adapter):
 
 
 def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
-    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
     return {
         "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace"), "labels": meta.get("labels") or {},
+                     "uid": meta.get("uid"),
                      "ownerReferences": [{"kind": o.get("kind"), "name": o.get("name")}
                                          for o in meta.get("ownerReferences") or []]},
         "spec": {"nodeName": spec.get("nodeName"),
                  "containers": [{"name": c.get("name"), "resources": c.get("resources") or {}}
-                                for c in spec.get("containers") or []]},
-        "status": {"phase": (pod.get("status") or {}).get("phase")},
+                                for c in spec.get("containers") or []],
+                 **({"resourceClaims": spec["resourceClaims"]} if spec.get("resourceClaims") else {})},
+        # the claims a pod names, and those the resourceclaim controller made for it (sweeper.kube.dra)
+        "status": {"phase": status.get("phase"),
+                   **({"resourceClaimStatuses": status["resourceClaimStatuses"]}
+                      if status.get("resourceClaimStatuses") else {})},
     }
 

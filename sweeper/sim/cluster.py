@@ -42,7 +42,7 @@ from sweeper.checks.fake import (
 from sweeper.checks.options import CheckOptions
 from sweeper.clock import ScaledClock, iso, parse_iso
 from sweeper.drivers import branch_of, cuda_of_branch
-from sweeper.sim import tools
+from sweeper.sim import dra, tools
 from sweeper.sim.fleet import CUDA_OF_BRANCH, HARDWARE, Faults, Fleet, NodeSpec
 from sweeper.sim.podspec import (
     GPU,
@@ -175,10 +175,35 @@ class SimCluster:
         if any(spec.operands for spec in self.fleet.nodes):
             self.store.create("namespaces", None, {"metadata": {"name": OPERATOR_NS},
                                                    "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}})
+        if self.fleet.dra:
+            self.store.create("deviceclasses", None, dra.device_class())
         for spec in self.fleet.nodes:
             self.add_node(spec)
+        for queued in self.fleet.kueue_workloads:
+            self._queue(queued)
         for w in self.fleet.workloads:
             self.start_training(w.gpus, w.duration, node=w.node)
+
+    def _queue(self, queued: dict[str, Any]) -> None:
+        """A fleet's `kueue_workloads` entry: a Job Kueue keeps suspended and its pending Workload."""
+        ns = queued["namespace"]
+        if self.store.peek("namespaces", None, ns) is None:
+            self.store.create("namespaces", None, {"metadata": {"name": ns}, "spec": {"finalizers": ["kubernetes"]},
+                                                   "status": {"phase": "Active"}})
+        claim = self._count_template(ns, queued["gpus"]) if queued["claim"] else ""
+        job, workload = dra.pending_workload(queued["name"], ns, queued["gpus"], queued["count"], claim,
+                                             now=self.clock.now())
+        uid = self.store.create("jobs", ns, job)["metadata"]["uid"]
+        workload["metadata"]["labels"][f"{dra.KUEUE}/job-uid"] = uid
+        workload["metadata"]["ownerReferences"][0]["uid"] = uid
+        self.store.create("workloads", ns, workload)
+
+    def _count_template(self, ns: str, gpus: int) -> str:
+        """The ResourceClaimTemplate `gpus-N` for N GPUs of the DRA driver (made once per namespace)."""
+        name = f"gpus-{gpus}"
+        if self.store.peek("resourceclaimtemplates", ns, name) is None:
+            self.store.create("resourceclaimtemplates", ns, dra.claim_template(name, ns, count=gpus))
+        return name
 
     def provider_id(self, spec: NodeSpec, iid: str) -> str:
         """The node's spec.providerID as its platform's cloud provider writes it."""
@@ -205,7 +230,7 @@ class SimCluster:
             labels.update({f"nvidia.com/gpu.deploy.{op}": "true" for op in OPERANDS})
         labels.update(spec.labels)
         resources = {"cpu": hw["cpu"], "memory": hw["memory"], "pods": "110", "ephemeral-storage": "3500Gi"}
-        if hw["gpus"]:
+        if hw["gpus"] and not spec.dra:  # a DRA node's GPUs are in its ResourceSlice instead
             resources[GPU] = str(gpus)
         for res, count in hw["fabric_resources"].items():  # the fabric's device plugin: one per device found
             resources[res] = str(max(0, count - spec.faults.nics_missing))
@@ -239,6 +264,8 @@ class SimCluster:
         if spec.faults.gpu_lost or spec.faults.xids or spec.faults.xid_storm:
             self._watched.add(spec.name)
         created = self.store.create("nodes", None, node)
+        if spec.dra and gpus:
+            self.store.create("resourceslices", None, dra.resource_slice(spec.name, gpus, hw["model"]))
         if spec.operands:
             self._with_operands.add(spec.name)
             self._operands(now)
@@ -272,9 +299,22 @@ class SimCluster:
                                      "resources": {"requests": {GPU: str(gpus)}, "limits": {GPU: str(gpus)}}}]},
             "status": {"phase": "Pending"},
         }
+        claimed = bool(node and node in self.specs and self.specs[node].dra)
+        if claimed:  # GPUs through a claim made from a template for `gpus` devices
+            template = self._count_template(TRAINING_NS, gpus)
+            pod["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": template}]
+            pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "gpus"}]}
         if node:
             pod["spec"]["nodeName"] = node
         created = self.store.create("pods", TRAINING_NS, pod)
+        if claimed and node:
+            with self.store.lock:
+                stored = self.store.peek("pods", TRAINING_NS, created["metadata"]["name"])
+                assert stored is not None
+                statuses = dra.make_claims(self.store, stored)
+                self.store.mutate("pods", TRAINING_NS, created["metadata"]["name"],
+                                  partial(_update_status, resourceClaimStatuses=statuses))
+                dra.allocate(self.store, stored, node, self.clock.now(), dra.used_devices(self.store))
         if running:
             with self.store.lock:
                 obj = self.store.peek("pods", TRAINING_NS, created["metadata"]["name"])
@@ -488,6 +528,8 @@ class SimCluster:
                 self.start_training(free, None, node=name, running=True)
 
     def _forget(self, plural: str, obj: dict[str, Any]) -> None:
+        if plural == "pods" and self.fleet.dra:
+            dra.forget_pod(self.store, obj)
         if plural == "nodeclaims":
             # Karpenter: the claim's node is drained and terminated, and a replacement joins later.
             node = (obj.get("status") or {}).get("nodeName")
@@ -499,7 +541,7 @@ class SimCluster:
                 base = old.name.rstrip("0123456789").rstrip("-r") or "node-"
                 fresh = NodeSpec(name=f"{base}-r{self.replacements:02d}", instance_type=old.instance_type,
                                  zone=old.zone, labels=dict(old.labels), age=0.0, faults=Faults(),
-                                 device_plugin_pod=old.device_plugin_pod)
+                                 device_plugin_pod=old.device_plugin_pod, dra=old.dra)
                 self.joining.append((now + 600.0, fresh))
         if plural == "pods":
             node = (obj.get("spec") or {}).get("nodeName")
@@ -592,13 +634,22 @@ class SimCluster:
             placed = [(p, p["spec"]["nodeName"]) for p in self.store.iter("pods")
                       if p["spec"].get("nodeName") and p["status"].get("phase") not in TERMINAL]
             labels_of = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in nodes}
+        devices: set[tuple[str, str, str]] = set()
+        if any(p["spec"].get("resourceClaims") for p in pending):
+            for p in pending:
+                statuses = dra.make_claims(self.store, p)
+                if statuses:
+                    self.store.mutate("pods", p["metadata"]["namespace"], p["metadata"]["name"],
+                                      partial(_update_status, resourceClaimStatuses=statuses))
+            devices = dra.used_devices(self.store)
         for pod in sorted(pending, key=lambda p: p["metadata"]["creationTimestamp"]):
             reasons: dict[str, int] = {}
             fits = []
             wants = extended_requests(pod)
             rules = anti_affinity_rules(pod, placed) if placed is not None else None
             for n in nodes:
-                why = self._feasible(pod, n, free[n["metadata"]["name"]], wants, rules, labels_of)
+                why = self._feasible(pod, n, free[n["metadata"]["name"]], wants, rules, labels_of) or \
+                    dra.feasible(self.store, pod, n["metadata"]["name"], devices)
                 if why:
                     reasons[why] = reasons.get(why, 0) + 1
                 else:
@@ -618,6 +669,8 @@ class SimCluster:
                 free[target][res] = free[target].get(res, 0) - count
             if placed is not None:
                 placed.append((pod, target))
+
+            dra.allocate(self.store, pod, target, now, devices)
 
             def bind(o: dict[str, Any], target: str = target) -> None:
                 o["spec"]["nodeName"] = target
@@ -725,7 +778,7 @@ class SimCluster:
         if not spec or not spec.faults.runtime_error:
             return ""
         visible = self._env(pod).get("NVIDIA_VISIBLE_DEVICES", "")
-        if gpu_request(pod) > 0 or visible not in ("", "void", "none"):
+        if gpu_request(pod) > 0 or dra.holds_devices(self.store, pod) or visible not in ("", "void", "none"):
             return spec.faults.runtime_error
         return ""
 
@@ -1322,8 +1375,8 @@ class SimCluster:
         handler = (self.store.peek("runtimeclasses", None, rc) or {}).get("handler") if rc else \
             self.fleet.default_runtime
         env = {e.get("name"): e.get("value") for c in pod["spec"].get("containers") or [] for e in c.get("env") or []}
-        if gpu_request(pod) > 0:
-            # The device plugin hands over the device nodes; the driver's libraries come from NVIDIA's
+        if gpu_request(pod) > 0 or dra.holds_devices(self.store, pod):
+            # The device plugin (or the DRA driver, through CDI) hands over the device nodes; the driver's libraries come from NVIDIA's
             # runtime hook, or under runc on GKE from the device plugin's mount at /usr/local/nvidia,
             # found only on the container's library path (https://cloud.google.com/kubernetes-engine/
             # docs/how-to/gpus#cuda).

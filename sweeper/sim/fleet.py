@@ -20,6 +20,7 @@ from sweeper.schema import (
     runtime_values,
     setting,
 )
+from sweeper.sim.dra import KueueWorkload
 
 # What each instance type *is* (the simulated hardware), not what Sweeper expects of it.
 # `fabric_resources`: what the node's fabric device plugin advertises. AWS's EFA device plugin names
@@ -186,6 +187,7 @@ class _NodeGroup(_Strict):
     driver: Annotated[str, Strict(), Field(pattern=r"^\d{3,4}\.\d+(\.\d+)?$")] = DEFAULT_DRIVER
     # GKE: the node pool's additional networks (multi-networking); without them an A3 has its primary gVNIC only
     multi_network: Annotated[bool, Strict()] = True
+    dra: Annotated[bool, Strict()] = False  # GPUs as a DRA ResourceSlice, not nvidia.com/gpu (sweeper.sim.dra)
 
 
 class _Workload(_Strict):
@@ -246,6 +248,8 @@ class FleetFile(_Strict):
     default_runtime: Literal["nvidia", "runc"] = "nvidia"
     # The Kubeflow MPI Operator is installed: kubeflow.org/v2beta1 mpijobs are served and run.
     mpi_operator: Annotated[bool, Strict()] = False
+    kueue: Annotated[bool, Strict()] = False  # Kueue is installed: kueue.x-k8s.io/v1beta1 Workloads are served
+    kueue_workloads: list[KueueWorkload] | None = None  # pending ones (sweeper.sim.dra)
 
 
 @dataclass
@@ -261,6 +265,7 @@ class NodeSpec:
     device_plugin_pod: bool = False  # the standalone device plugin's pod runs here
     driver: str = DEFAULT_DRIVER  # the NVIDIA driver version (node group key `driver`)
     multi_network: bool = True  # GKE: attached to its pool's additional networks (an A3's GPU gVNICs)
+    dra: bool = False  # its GPUs are published as a DRA ResourceSlice (node group key `dra`)
 
 
 @dataclass
@@ -295,6 +300,9 @@ class Fleet:
     default_runtime: str = "nvidia"
     mpi_operator: bool = False
     platform: str = "generic"
+    kueue: bool = False  # kueue.x-k8s.io is served
+    kueue_workloads: list[dict[str, Any]] = field(default_factory=list)  # pending: name, namespace, gpus, count, claim
+    dra: bool = False  # resource.k8s.io is served: some node group publishes its GPUs through DRA
 
 
 def platform_labels(platform: str, pool: str) -> dict[str, str]:
@@ -334,7 +342,7 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
                                         labels=dict(labels), age=group.age, faults=Faults(),
                                         gpu_operator=operator, operands=group.operands,
                                         device_plugin_pod=group.device_plugin_pod, driver=group.driver,
-                                        multi_network=group.multi_network))
+                                        multi_network=group.multi_network, dra=group.dra))
     fleet.platform = spec.platform
     registry = spec.registry or _Registry()
     fleet.missing_images = list(registry.missing)
@@ -345,6 +353,8 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
     fleet.default_runtime = spec.default_runtime if "default_runtime" in spec.model_fields_set \
         else "runc" if spec.platform == "gke" else "nvidia"
     fleet.mpi_operator = spec.mpi_operator
+    fleet.kueue, fleet.dra = spec.kueue or bool(spec.kueue_workloads), any(n.dra for n in fleet.nodes)
+    fleet.kueue_workloads = [w.model_dump() for w in spec.kueue_workloads or []]
     by_name = {n.name: n for n in fleet.nodes}
     for name, faults in (spec.faults or {}).items():
         if name not in by_name:

@@ -360,8 +360,14 @@ class ApiServer:
 
     def _served(self, res: Resource) -> bool:
         """A custom resource is served only where its CRD is installed (the MPI Operator's MPIJob:
-        the fleet's `mpi_operator`); a cluster without it answers 404 on the resource's path."""
-        return res.plural != "mpijobs" or self.cluster.fleet.mpi_operator
+        the fleet's `mpi_operator`; Kueue's Workload: `kueue`), and resource.k8s.io where DRA is in
+        use (a node group's `dra`); a cluster without it answers 404 on the resource's path."""
+        return res.group not in self._unserved_groups()
+
+    def _unserved_groups(self) -> tuple[str, ...]:
+        fleet = self.cluster.fleet
+        return tuple(g for g, on in (("kubeflow.org", fleet.mpi_operator), ("resource.k8s.io", fleet.dra),
+                                     ("kueue.x-k8s.io", fleet.kueue)) if not on)
 
     def _watch(self, res: Resource, ns: str | None, q: dict[str, str], headers: dict[str, str]) -> WatchStream:
         """A watch of a collection, checked before its stream starts: selectors parse, the
@@ -535,7 +541,8 @@ class ApiServer:
 
     def _discovery(self, path: str) -> dict[str, Any] | None:
         path = path.rstrip("/") or "/"
-        unserved = () if self.cluster.fleet.mpi_operator else ("apis/kubeflow.org/v2beta1",)
+        off = self._unserved_groups()
+        unserved = tuple(f"apis/{g}/{GROUPS[g]}" for g in off)
         if path == "/openapi/v3":
             found = openapi.discovery()
             return {**found, "paths": {gv: v for gv, v in found["paths"].items() if gv not in unserved}}
@@ -555,11 +562,11 @@ class ApiServer:
             return {"kind": "APIGroupList", "apiVersion": "v1", "groups": [
                 {"name": g, "versions": [{"groupVersion": f"{g}/{v}", "version": v}],
                  "preferredVersion": {"groupVersion": f"{g}/{v}", "version": v}} for g, v in GROUPS.items()
-                if g != "kubeflow.org" or self.cluster.fleet.mpi_operator]}
+                if g not in off]}
         if path == "/api/v1":
             return _resource_list("v1", "")
         m = re.match(r"^/apis/([^/]+)/([^/]+)$", path)
-        if m and GROUPS.get(m.group(1)) == m.group(2) and (m.group(1) != "kubeflow.org" or self.cluster.fleet.mpi_operator):
+        if m and GROUPS.get(m.group(1)) == m.group(2) and m.group(1) not in off:
             return _resource_list(f"{m.group(1)}/{m.group(2)}", m.group(1))
         return None
 

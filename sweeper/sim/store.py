@@ -80,6 +80,13 @@ RESOURCES: dict[str, Resource] = {r.plural: r for r in (
     Resource("selfsubjectaccessreviews", "SelfSubjectAccessReview", "authorization.k8s.io", "v1", False,
              verbs=("create",)),
     Resource("runtimeclasses", "RuntimeClass", "node.k8s.io", "v1", False),
+    # Dynamic Resource Allocation (GA in 1.34) where a node group has `dra: true`, and Kueue's
+    # Workloads where the fleet has `kueue: true` (sweeper.sim.dra).
+    Resource("resourceslices", "ResourceSlice", "resource.k8s.io", "v1", False),
+    Resource("resourceclaims", "ResourceClaim", "resource.k8s.io", "v1", True),
+    Resource("resourceclaimtemplates", "ResourceClaimTemplate", "resource.k8s.io", "v1", True),
+    Resource("deviceclasses", "DeviceClass", "resource.k8s.io", "v1", False),
+    Resource("workloads", "Workload", "kueue.x-k8s.io", "v1beta1", True),
     # The MPI Operator's custom resource, served only where the fleet installs the operator
     # (`mpi_operator: true`); elsewhere its path is a 404, as without the CRD.
     Resource("mpijobs", "MPIJob", "kubeflow.org", "v2beta1", True),
