@@ -25,11 +25,19 @@ from tests.weeks import ROOT, Weeks
 SHIPPED = load_policy(ROOT / "policies" / "default.yaml")
 
 
+# Built once per backend in a process: pytest-xdist hands a worker its tests a few at a time, and a
+# worker that holds no next test yet tears a module's fixtures down, so a module-scoped fixture
+# alone can be rebuilt (about 30 s on SQLite, 60 s on PostgreSQL).
+_BUILT: dict[str, Weeks] = {}
+
+
 @pytest.fixture(scope="module", params=BACKENDS)
 def weeks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Weeks:
     """Four simulated weeks of a 24-node fleet: two healthy groups, and one node each for a
     rising ECC count, a recurring XID 79, a single XID 79 and a bandwidth straggler; recorded in a
     SQLite file and in a PostgreSQL database."""
+    if request.param in _BUILT:
+        return _BUILT[request.param]
     h = History(state_factory(request.param, request, tmp_path_factory.mktemp("weeks"))("h.db"))
     w = Weeks({"seed": 3, "node_groups": [{"name_prefix": "p5-", "count": 12, "instance_type": "p5.48xlarge"},
                                           {"name_prefix": "b2-", "count": 12, "instance_type": "p6-b200.48xlarge"}],
@@ -38,6 +46,7 @@ def weeks(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
                           "p5-03": {"xids": [{"code": 79, "gpu": 1, "at": "4d"}]},
                           "b2-07": {"low_bandwidth": 0.85}}}, h, nccl_every=2)
     w.run(28)
+    _BUILT[request.param] = w
     return w
 
 
