@@ -172,7 +172,7 @@ def cluster_fleet_rows(kube: Any, cfg: Config, now: float | None = None) -> Read
     try:
         return Read(reader.nodes(), reader.where)
     except Unreachable as exc:
-        labels = LabelHistory(kube.list_nodes(cfg.gpu_node_selector, page_size=cfg.page_size), cfg)
+        labels = LabelHistory(kube.list_nodes(cfg.gpu_node_selector, page_size=cfg.page_size, devices=False), cfg)
         return Read(fleet_rows(labels, cfg, kube, now), "the nodes' labels and annotations alone", str(exc))
 
 
@@ -185,6 +185,6 @@ def cluster_node_history(kube: Any, cfg: Config, node: str, since_seconds: float
     try:
         return Read(reader.node_history(node, since_seconds, check), reader.where)
     except Unreachable as exc:
-        labels = LabelHistory(kube.list_nodes(cfg.gpu_node_selector, page_size=cfg.page_size), cfg)
+        labels = LabelHistory(kube.list_nodes(cfg.gpu_node_selector, page_size=cfg.page_size, devices=False), cfg)
         h = labels.node_history(node, None if since_seconds is None else time.time() - since_seconds)
         return Read({**h, "known": labels.knows(node)}, "the node's labels and annotations alone", str(exc))

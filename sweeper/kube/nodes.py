@@ -16,10 +16,11 @@ class NodeCalls(DraCalls):
     """Nodes, RuntimeClasses, NodeClaims and pods."""
 
     # -- nodes -------------------------------------------------------------------
-    def list_nodes(self, label_selector: str = "", page_size: int = 500) -> list[dict[str, Any]]:
-        """The nodes, each with the DRA devices its ResourceSlices publish (sweeper.kube.dra)."""
+    def list_nodes(self, label_selector: str = "", page_size: int = 500, devices: bool = True) -> list[dict[str, Any]]:
+        """The nodes, each with the DRA devices its ResourceSlices publish (sweeper.kube.dra); with
+        devices=False the nodes alone (a reader that needs only their labels asks for nothing more)."""
         nodes = list(self._pages("list nodes", self.core.list_node, page_size, label_selector=label_selector))
-        return self.fold_devices(nodes, page_size)
+        return self.fold_devices(nodes, page_size) if devices else nodes
 
     def runtime_class_names(self) -> set[str] | None:
         """The cluster's RuntimeClasses (node.k8s.io/v1), or None where they cannot be read (403, not served)."""
