@@ -116,3 +116,13 @@ def test_documents_as_json_and_yaml_hold_the_same_data() -> None:
     Out(fmt="json", stream=as_json).document(doc)
     Out(fmt="yaml", stream=as_yaml).document(doc)
     assert json.loads(as_json.getvalue()) == yaml.safe_load(as_yaml.getvalue())
+
+
+def test_the_fleet_table_names_the_rule_history_names() -> None:
+    """`nodes` left RULE empty where `history` and the report's node page said `findings` (the
+    check's own findings decided, no named policy rule): one wording for all three."""
+    from sweeper.cli.printer import _rule
+
+    assert _rule([], "quarantine") == "findings" and _rule(None, "inconclusive") == "findings"
+    assert _rule(["corrected-ecc-rising"], "replace") == "corrected-ecc-rising"
+    assert _rule([], "pass") == "" and _rule([], None) == ""

@@ -118,7 +118,7 @@ def print_history(console: Any, h: dict[str, Any]) -> None:
         return
     o.title(f"history of {h['node']}")
     o.table(_SWEEP_COLS, ([o.when(s["started"]), s["run_id"], s["verdict"] or "unfinished",
-                           ", ".join(s.get("rules") or []) or ("findings" if s["verdict"] not in ("pass", None) else ""),
+                           _rule(s.get("rules"), s["verdict"]),
                            s.get("playbook") or "", s.get("profile") or "",
                            "; ".join(s["reasons"]) if s["verdict"] != "pass" else ""] for s in h["sweeps"]),
             colour=[2])
@@ -204,6 +204,12 @@ def plan(out: Out, view: Any) -> None:
                      for r in sorted(doc["nodes"], key=lambda r: (not r["take"], r["node"]))), colour=[1])
 
 
+def _rule(rules: list[str] | None, verdict: str | None) -> str:
+    """The rule behind a verdict as every table names it: the policy's named rules, or `findings`
+    when the check's own findings decided (the report's node page says the same)."""
+    return ", ".join(rules or []) or ("findings" if verdict not in ("pass", None) else "")
+
+
 def nodes(out: Out, rows: list[dict[str, Any]], now: float, source: str = "", in_cluster: bool = True) -> None:
     """The fleet (sweeper.views.fleet_rows): one row per GPU node. `source`: where the rows came
     from, when not from this history and the cluster."""
@@ -211,7 +217,7 @@ def nodes(out: Out, rows: list[dict[str, Any]], now: float, source: str = "", in
     out.table((Col("node"), Col("profile"), Col("last sweep"), Col("verdict"), Col("rule"), Col("due"),
                Col("overdue", wide=True), Col("in cluster", wide=True), Col("suspect", cut=True), Col("held")),
               ([r["node"], r["profile"] or "-", out.when(r["last_sweep"], "never"), r["verdict"] or "-",
-                ", ".join(r["rules"]), "now" if r["due"] is not None and r["due"] <= now else out.when(r["due"]),
+                _rule(r["rules"], r["verdict"]), "now" if r["due"] is not None and r["due"] <= now else out.when(r["due"]),
                 "yes" if r["overdue"] else "no", ("yes" if r["in_cluster"] else "no") if in_cluster else "-",
                 r["suspect"], "held" if r["held"] else ""] for r in rows),
               colour=[3, 9])
