@@ -382,7 +382,7 @@ def test_table_commands_take_every_output_format(tmp_path: Path) -> None:
 
     table = runner.invoke(main, ["nodes", "--offline", "--state", state]).stdout.splitlines()
     assert table[1].split()[:4] == ["NODE", "PROFILE", "LAST", "SWEEP"] and len(table) == 5
-    assert re.search(r"^gpu-p5-01\s+p5\.48xlarge\s+\d+d(\d+h)? ago\s+reboot\s+now$", table[3]), table
+    assert re.search(r"^gpu-p5-01\s+p5\.48xlarge\s+\d+d(\d+h)? ago\s+reboot\s+findings\s+now$", table[3]), table
     wide = runner.invoke(main, ["nodes", "--offline", "--state", state, "-o", "wide"]).stdout
     assert "2026-09-22T14:13:21Z" in wide and " ago" not in wide
     bare = runner.invoke(main, ["nodes", "--offline", "--state", state, "--no-headers"]).stdout.splitlines()

@@ -286,7 +286,7 @@ def test_sigkill_at_every_step_of_a_pair_sweep(make_sim, tmp_path: Path, stage: 
                                                nth: int) -> None:
     sim: Sim = make_sim(nodes=4, faults={"gpu-00": {"link_degraded": 0.4}})
     cfg = tmp_path / "config.yaml"
-    cfg.write_text(yaml.safe_dump({"max_nodes": 4, "max_percent": 100, "poll_interval": 0.05, "check_timeout": 300,
+    cfg.write_text(yaml.safe_dump({"max_nodes": 4, "max_percent": 100, "poll_interval": 0.05, "check_timeout": 1800,
                                    "lock_ttl": 1, "api_attempts": 3, "playbook": "pair-fabric.yaml",
                                    "light_playbook": ""}))
     state = tmp_path / "h.db"

@@ -206,7 +206,7 @@ def test_sigkill_at_every_step_then_run_again(make_sim, tmp_path: Path, stage: s
     sim.wait_for(lambda: sim.core.list_namespaced_pod("training").items, what="the busy node's workload")
     cfg = tmp_path / "config.yaml"
     cfg.write_text(yaml.safe_dump({"max_nodes": 3, "max_percent": 100, "poll_interval": 0.05,
-                                   "check_timeout": 300, "lock_ttl": 1, "api_attempts": 3}))
+                                   "check_timeout": 1800, "lock_ttl": 1, "api_attempts": 3}))
     state = tmp_path / "h.db"
     kill_sweep_at(sim, state, cfg, stage, method, fragment, nth, timeout=60)
     h = History(state)
