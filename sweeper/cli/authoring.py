@@ -176,12 +176,7 @@ def check(out: Out, termination_log: str, **kw: Any) -> None:
     klog, why = read_kernel_log(opts)
     result = run_node_checks(opts, pynvml, klog, now=time.time(), uptime=system_uptime(), kernel_log_error=why,
                              host=RealHost(opts.host_root))
-    if out.fmt == "json":
-        click.echo(result.to_json())
-    elif out.structured:
-        out.document(result.to_dict())
-    else:
-        printer.checks(out, f"checks on {opts.node or 'this node'}: {result.status}", result)
+    printer.result_document(out, f"checks on {opts.node or 'this node'}: {result.status}", result)
     try:
         if Path(termination_log).exists():  # Kubernetes creates it in the container; elsewhere, leave /dev alone
             Path(termination_log).write_text(result.summary())

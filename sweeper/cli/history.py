@@ -292,11 +292,6 @@ def ingest_cmd(node: str, file: str, fmt: str, profile_name: str | None, exit_co
         raise ConfigError(f"{file}: nested too deeply to read (deeper than Python's recursion limit)") from exc
     if not no_record:
         record(history_at(state), node, found, result, file)
-    if out.fmt == "json":
-        click.echo(result.to_json())
-    elif out.structured:
-        out.document(result.to_dict())
-    else:
-        printer.checks(out, f"{node}: {found} -> {result.status}", result)
+    printer.result_document(out, f"{node}: {found} -> {result.status}", result)
     sys.exit(0 if result.status in ("pass", "warn", "skip") else 1)
 

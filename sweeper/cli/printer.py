@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import click
+
 from sweeper.clock import iso
 from sweeper.output import Col, Out, clean, sparkline
 
@@ -156,6 +158,17 @@ def print_history(console: Any, h: dict[str, Any]) -> None:
 
 _CHECK_COLS = (Col("check"), Col("gpu"), Col("status"), Col("severity", wide=True), Col("code"),
                Col("message", cut=True))
+
+
+def result_document(out: Out, title: str, result: Any) -> None:
+    """A result document as `check` and `ingest` print it: the document itself for `-o json`
+    (result.to_json(), the contract's bytes), its dict for yaml, else its checks as a table."""
+    if out.fmt == "json":
+        click.echo(result.to_json())
+    elif out.structured:
+        out.document(result.to_dict())
+    else:
+        checks(out, title, result)
 
 
 def checks(out: Out, title: str, result: Any) -> None:

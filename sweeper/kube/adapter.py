@@ -18,7 +18,7 @@ from kubernetes.config import incluster_config
 from kubernetes.config.config_exception import ConfigException
 
 from sweeper.clock import Clock, WallClock
-from sweeper.errors import ConfigError, Transient
+from sweeper.errors import ConfigError, NotFound, Transient
 from sweeper.kube.retry import RetryPolicy, _truncate, translate
 
 
@@ -82,6 +82,15 @@ class _Adapter:
         self.api_client.close()
 
     # -- the one retry loop ------------------------------------------------------
+    def _delete(self, what: str, fn: Callable[[], Any]) -> bool:
+        """One DELETE (a write, retried as writes are): True when it deleted, False when the object
+        was already gone (404)."""
+        try:
+            self._call(what, fn, write=True)
+        except NotFound:
+            return False
+        return True
+
     def _call(self, what: str, fn: Callable[[], Any], *, raw: bool = True, attempts: int | None = None,
               write: bool = False) -> Any:
         limit = attempts or self.retry.attempts

@@ -51,12 +51,8 @@ class NodeCalls(DraCalls):
 
     def delete_nodeclaim(self, name: str) -> bool:
         """Delete a NodeClaim (Karpenter drains and terminates its node); False when already gone."""
-        try:
-            self._call(f"delete nodeclaim {name}", lambda: self.custom.delete_cluster_custom_object(
-                "karpenter.sh", "v1", "nodeclaims", name, _preload_content=False), write=True)
-        except NotFound:
-            return False
-        return True
+        return self._delete(f"delete nodeclaim {name}", lambda: self.custom.delete_cluster_custom_object(
+                "karpenter.sh", "v1", "nodeclaims", name, _preload_content=False))
 
     def delete_node(self, name: str) -> dict[str, Any]:
         return self._call(f"delete node {name}", lambda: self.core.delete_node(name, _preload_content=False),
@@ -105,12 +101,8 @@ class NodeCalls(DraCalls):
 
     def delete_pod(self, namespace: str, name: str) -> bool:
         """Delete one pod (its DaemonSet starts a new one); False when already gone."""
-        try:
-            self._call(f"delete pod {namespace}/{name}", lambda: self.core.delete_namespaced_pod(
-                name, namespace, _preload_content=False), write=True)
-            return True
-        except NotFound:
-            return False
+        return self._delete(f"delete pod {namespace}/{name}", lambda: self.core.delete_namespaced_pod(
+                name, namespace, _preload_content=False))
 
 
 def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:

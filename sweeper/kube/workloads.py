@@ -43,12 +43,8 @@ class WorkloadCalls(_Adapter):
 
     def delete_job(self, namespace: str, name: str) -> bool:
         """Delete a Job and its pods (Background propagation; the REST default would orphan them)."""
-        try:
-            self._call(f"delete job {namespace}/{name}", lambda: self.batch.delete_namespaced_job(
-                name, namespace, propagation_policy="Background", _preload_content=False), write=True)
-            return True
-        except NotFound:
-            return False
+        return self._delete(f"delete job {namespace}/{name}", lambda: self.batch.delete_namespaced_job(
+                name, namespace, propagation_policy="Background", _preload_content=False))
 
     # -- services ----------------------------------------------------------------
     # A pair sweep's headless Service gives its two pods stable DNS names
@@ -72,12 +68,8 @@ class WorkloadCalls(_Adapter):
 
     def delete_service(self, namespace: str, name: str) -> bool:
         """Delete a Service; False when it was already gone."""
-        try:
-            self._call(f"delete service {namespace}/{name}", lambda: self.core.delete_namespaced_service(
-                name, namespace, _preload_content=False), write=True)
-            return True
-        except NotFound:
-            return False
+        return self._delete(f"delete service {namespace}/{name}", lambda: self.core.delete_namespaced_service(
+                name, namespace, _preload_content=False))
 
     # -- MPIJobs (the MPI Operator's custom resource) -------------------------------------------
     # A cluster without the operator answers 404 on the resource itself: NotServed, a NotFound.
@@ -100,13 +92,8 @@ class WorkloadCalls(_Adapter):
     def delete_mpijob(self, namespace: str, name: str) -> bool:
         """Delete an MPIJob and what the operator made for it (Background propagation); False when
         it was already gone or the resource is not served."""
-        try:
-            self._call(f"delete mpijob {namespace}/{name}", lambda: self.custom.delete_namespaced_custom_object(
-                *MPIJOB[:2], namespace, MPIJOB[2], name, propagation_policy="Background", _preload_content=False),
-                write=True)
-            return True
-        except NotFound:
-            return False
+        return self._delete(f"delete mpijob {namespace}/{name}", lambda: self.custom.delete_namespaced_custom_object(
+            *MPIJOB[:2], namespace, MPIJOB[2], name, propagation_policy="Background", _preload_content=False))
 
     # -- watches -----------------------------------------------------------------
     def _collection(self, plural: str, namespace: str | None) -> Callable[..., Any]:
