@@ -4,6 +4,7 @@ checks. Fields a GPU does not report (`N/A`, `[Not Supported]`) are skipped, nev
 The shapes read (as printed, or pasted after a prompt line or a runner's prefix, see `paste`):
 - `nvidia-smi -q`, whole, or one `-d ECC|PAGE_RETIREMENT|ROW_REMAPPER|TEMPERATURE|PERFORMANCE|CLOCK`
   section per GPU, with or without its `GPU <bus id>` line; `[...]` where GPUs were cut out;
+- `nvidia-smi -q -x`, the same readings from nvidia-smi's XML (see `nvidia_smi_xml`);
 - `--query-gpu=... --format=csv` (units in the header and the values, `[N/A]`, `[Not Supported]`),
   `--query-remapped-rows`, `--query-retired-pages` (rows of `[N/A]` are no page) and
   `--query-compute-apps` (a process list: `skip`, it says nothing of health);
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sweeper.parsers import nvidia_smi_xml
 from sweeper.parsers.paste import Paste, clean, unreadable
 from sweeper.result import CheckResult, Metric, Result, error_result
 
@@ -322,12 +324,28 @@ def _flatten(d: dict[str, Any]) -> dict[str, Any]:
 def _q(paste: Paste) -> tuple[list[Reading], list[CheckResult]] | str:
     """`nvidia-smi -q` (whole, or one `-d` section per GPU, with or without its `GPU` lines)."""
     top, sections = _tree(paste.lines)
-    problems: list[CheckResult] = []
     if not sections:
         if not any(k in top for k in _SECTIONS):
             return "no `GPU <bus id>` section and no section nvidia-smi -q prints"
         sections = [("", top)]  # one section pasted bare: a GPU whose bus id the paste left out
-    noise = _noise(paste.lines)
+    return _sections(top, sections, paste.elided, _noise(paste.lines))
+
+
+def _xml(paste: Paste) -> tuple[list[Reading], list[CheckResult]] | str:
+    """`nvidia-smi -q -x`: the same tree as -q, read from nvidia-smi's XML."""
+    try:
+        top, sections = nvidia_smi_xml.parse_tree(paste.text)
+    except nvidia_smi_xml.XmlRefused as exc:
+        return f"nvidia-smi -q -x: {exc}"
+    if not sections:
+        return "nvidia-smi -q -x with no <gpu> element"
+    return _sections(top, sections, paste.elided, [])
+
+
+def _sections(top: dict[str, Any], sections: list[tuple[str, dict[str, Any]]], elided: bool,
+              noise: list[str]) -> tuple[list[Reading], list[CheckResult]]:
+    """The readings of -q's (or -q -x's) GPU sections, and what is missing from them."""
+    problems: list[CheckResult] = []
     if noise:
         problems.append(CheckResult("nvidia-smi.read", "error", f"{len(noise)} line(s) nvidia-smi -q does not print, "
                                     f"e.g. {noise[0]!r}", "critical"))
@@ -342,10 +360,10 @@ def _q(paste: Paste) -> tuple[list[Reading], list[CheckResult]] | str:
                 problems.append(CheckResult("nvidia-smi.read", "error", f"GPU {bus or '(unnamed)'}: the {title} "
                                             f"section lacks its {lacking[0]} line", "critical"))
     attached = _int(top.get("attached gpus"))
-    if attached is not None and attached > len(sections) and not paste.elided and sections[0][0]:
+    if attached is not None and attached > len(sections) and not elided and sections[0][0]:
         problems.append(CheckResult("nvidia-smi.read", "error", f"truncated: {attached} GPUs attached, "
                                     f"{len(sections)} listed", "critical"))
-    elif not paste.elided and "product name" in sections[-1][1] and "processes" not in sections[-1][1]:
+    elif not elided and "product name" in sections[-1][1] and "processes" not in sections[-1][1]:
         # A whole `-q` ends every GPU with its Processes section (`-d` output has no Product Name).
         problems.append(CheckResult("nvidia-smi.read", "error", "truncated: the last GPU's section stops before "
                                     "its Processes section", "critical"))
@@ -672,7 +690,8 @@ def _gone(paste: Paste) -> tuple[list[CheckResult], list[str]]:
 def readings(text: str) -> tuple[str, list[Reading]] | str:
     """('q' or 'csv', readings), or why the text is neither form."""
     paste = clean(text)
-    got = _q(paste) if _looks_q(paste.lines) else _from_csv(paste)
+    got = _xml(paste) if nvidia_smi_xml.looks_like(paste.text) else _q(paste) if _looks_q(paste.lines) \
+        else _from_csv(paste)
     if isinstance(got, str):
         return got
     if len(got) == 2:
@@ -685,6 +704,8 @@ def looks_like(text: str) -> bool:
     paste = clean(text[:200_000])
     lines = paste.lines[:2000]
     if paste.command.startswith("nvidia-smi") and " topo" not in paste.command:
+        return True
+    if nvidia_smi_xml.looks_like(paste.text[:4000]):
         return True
     if any(_LOST.search(ln) or _NO_DEVICES.match(ln) or _DRIVER.search(ln) or _TABLE.match(ln.strip())
            for ln in lines):
@@ -722,7 +743,12 @@ def parse(text: str, node: str, now: float, expect_gpus: int | None = None, gpu_
     extra: list[CheckResult] = []
     metrics: list[Metric] = []
     rs: list[Reading] = []
-    if _looks_q(rest):
+    if nvidia_smi_xml.looks_like(paste.text):
+        got_q = _xml(paste)
+        if isinstance(got_q, str):
+            return _unread(node, now, gone, got_q)
+        rs, extra = got_q
+    elif _looks_q(rest):
         got_q = _q(paste)
         if isinstance(got_q, str):
             return _unread(node, now, gone, got_q)
