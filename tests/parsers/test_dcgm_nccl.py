@@ -89,7 +89,7 @@ def test_nccl_table_uses_the_largest_size() -> None:
 def test_nccl_prefixes_old_columns_and_failures() -> None:
     assert nccl.parse(read("nccl-allreduce-mpi-prefix.txt"), "n1", NOW, min_busbw=430).status == "pass"
     old = nccl.parse(read("nccl-old-error-column.txt"), "n1", NOW)
-    assert old.status == "pass" and {m.name: m.value for m in old.metrics}["nccl.busbw_largest"] == 197.83
+    assert old.status == "pass" and {m.name: m.value for m in old.metrics}["nccl.busbw_largest"] == 197.38  # out of place
     truncated = nccl.parse(read("nccl-truncated.txt"), "n1", NOW)
     assert truncated.status == "fail" and any(c.code == "TRUNCATED" for c in truncated.checks)
     wrong = nccl.parse(read("nccl-wrong-values.txt"), "n1", NOW)
@@ -228,3 +228,21 @@ def test_dcgm_json_test_summary_fail_over_passing_entities() -> None:
     assert own.status == "error" and own.checks[-1].code == "DCGM_INTERNAL"
     words = dcgm.parse(summary_only("Fail", {"warning": "Couldn't parse json output from the child"}), "n1", NOW)
     assert words.status == "error"
+
+
+def test_nccl_one_rank_measures_no_link_and_the_gate_reads_out_of_place() -> None:
+    """Captured on a real H100 (nccl-tests 2.19.6, NCCL 2.28.9, one GPU): all_reduce's bus bandwidth is 0 with
+    one rank (busbw = algbw * 2(n-1)/n), and sendrecv to itself in place is a no-op that reports 194,233 GB/s.
+    A floor judged on either would fail a healthy node or pass a broken link."""
+    real = Path(__file__).parent / "fixtures" / "real"
+    one = nccl.parse((real / "nccl-h100-allreduce-one-rank-floor.txt").read_text(), "n1", NOW, min_busbw=300)
+    floor = next(c for c in one.checks if c.name == "nccl.busbw")
+    assert one.status == "error" and floor.status == "error" and floor.code == "ONE_RANK"
+    assert nccl.parse((real / "nccl-h100-allreduce-one-rank-floor.txt").read_text(), "n1", NOW).status == "pass"
+    selfcopy = nccl.parse((real / "nccl-h100-sendrecv-one-rank.txt").read_text(), "n1", NOW)
+    m = {x.name: x.value for x in selfcopy.metrics}
+    assert m["nccl.busbw_largest"] == 1314.7 and m["nccl.busbw_ip_largest"] == 194233
+    floor = nccl.parse((real / "nccl-h100-sendrecv-one-rank.txt").read_text(), "n1", NOW, min_busbw=300)
+    assert floor.status == "error" and any(c.code == "ONE_RANK" for c in floor.checks)
+    # Several ranks listed (eight here): the floor is judged as before.
+    assert nccl.parse(read("nccl-allreduce-h100.txt"), "n1", NOW, min_busbw=460).status == "fail"
