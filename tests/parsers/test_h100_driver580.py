@@ -34,13 +34,14 @@ from sweeper.parsers import nvidia_smi, topo
 from sweeper.parsers.paste import clean, strip_escapes
 
 REAL = Path(__file__).parent / "fixtures" / "real"
+MORE = Path(__file__).parent.parent / "data" / "h100-580"  # healthy readings the corpus has no room for
 NOW = 1_800_000_000.0
 Q = "nvidia-smi-q-h100-580-vm-healthy.txt"
 QX = "nvidia-smi-q-x-h100-580-vm-healthy.txt"
 
 
 def sample(name: str) -> str:
-    return (REAL / name).read_text()
+    return (REAL / name if (REAL / name).exists() else MORE / name).read_text()
 
 
 def found(r) -> set[tuple[str, str, str | None]]:
@@ -166,6 +167,16 @@ def test_thermal_margin_under_load_against_the_configured_floor() -> None:
     hot = text.replace("GPU T.Limit Temp                               : 3 C",
                        "GPU T.Limit Temp                               : -5 C")
     assert ("thermal.margin", "fail", "THERMAL") in found(nvidia_smi.parse(hot, "n", NOW))
+
+
+def test_the_other_healthy_readings_of_the_capture_pass() -> None:
+    """`-q -d ECC,PAGE_RETIREMENT,...` prints the new repair fields without a recovery action line;
+    `--query-gpu` carries none of them."""
+    r = nvidia_smi.parse(sample("nvidia-smi-q-d-h100-580-ecc-retirement-clocks.txt"), "n", NOW)
+    assert r.status == "pass" and {("gpu.repair", "pass", None), ("retired_pages", "skip", None)} <= found(r)
+    assert not [c for c in r.checks if c.name == "gpu.recovery_action"], "no line, no verdict"
+    r = nvidia_smi.parse(sample("nvidia-smi-csv-h100-580-query-gpu.txt"), "n", NOW, expect_gpus=1)
+    assert r.status == "pass" and ("pcie.link", "pass", None) in found(r)
 
 
 # -- 4. -q -x ---------------------------------------------------------------------------------
