@@ -89,7 +89,7 @@ def test_nccl_table_uses_the_largest_size() -> None:
 def test_nccl_prefixes_old_columns_and_failures() -> None:
     assert nccl.parse(read("nccl-allreduce-mpi-prefix.txt"), "n1", NOW, min_busbw=430).status == "pass"
     old = nccl.parse(read("nccl-old-error-column.txt"), "n1", NOW)
-    assert old.status == "pass" and {m.name: m.value for m in old.metrics}["nccl.busbw_largest"] == 197.38  # out of place
+    assert old.status == "pass" and {m.name: m.value for m in old.metrics}["nccl.busbw_largest"] == 197.83
     truncated = nccl.parse(read("nccl-truncated.txt"), "n1", NOW)
     assert truncated.status == "fail" and any(c.code == "TRUNCATED" for c in truncated.checks)
     wrong = nccl.parse(read("nccl-wrong-values.txt"), "n1", NOW)
@@ -230,7 +230,7 @@ def test_dcgm_json_test_summary_fail_over_passing_entities() -> None:
     assert words.status == "error"
 
 
-def test_nccl_one_rank_measures_no_link_and_the_gate_reads_out_of_place() -> None:
+def test_nccl_one_rank_measures_no_link() -> None:
     """Captured on a real H100 (nccl-tests 2.19.6, NCCL 2.28.9, one GPU): all_reduce's bus bandwidth is 0 with
     one rank (busbw = algbw * 2(n-1)/n), and sendrecv to itself in place is a no-op that reports 194,233 GB/s.
     A floor judged on either would fail a healthy node or pass a broken link."""
@@ -246,3 +246,14 @@ def test_nccl_one_rank_measures_no_link_and_the_gate_reads_out_of_place() -> Non
     assert floor.status == "error" and any(c.code == "ONE_RANK" for c in floor.checks)
     # Several ranks listed (eight here): the floor is judged as before.
     assert nccl.parse(read("nccl-allreduce-h100.txt"), "n1", NOW, min_busbw=460).status == "fail"
+
+
+def test_the_pair_image_on_a_real_gpu_that_is_not_there_aborts_on_the_node() -> None:
+    """images/nccl-pair's allreduce_bench.py run by torchrun with two ranks on a machine of one H100
+    (torch 2.11, NCCL 2.28.9): rank 1 asks for a GPU the node lacks, and torch says so in its own
+    words ("torch.AcceleratorError: CUDA error: invalid device ordinal"); rank 0 is stopped. The pair
+    reader fails the pair as aborted and quotes CUDA, never passes it."""
+    from sweeper.parsers import pair
+    log = (Path(__file__).parent / "fixtures" / "pair-bench-h100-second-gpu-missing.txt").read_text()
+    r = pair.parse(["", log], "n1", NOW, partner="n2", exit_codes=[1, 1], min_busbw=300)
+    assert r.status == "fail" and any(c.code == "ABORTED" and "invalid device ordinal" in c.message for c in r.checks)
