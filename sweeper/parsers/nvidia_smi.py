@@ -131,6 +131,7 @@ def _flag(r: Reading, name: str, value: Any) -> bool | None:
         r.strange.append(f"{name}: {str(value)[:40]!r}")
     return got
 
+
 # Sections that `nvidia-smi -q -d ECC|PAGE_RETIREMENT|ROW_REMAPPER|TEMPERATURE|PERFORMANCE|CLOCK`
 # print on their own (nvidia-smi(1), "-d, --display"); a paste may carry one with no `GPU` line.
 _SECTIONS = ("ecc errors", "ecc mode", "retired pages", "remapped rows", "temperature", "clocks event reasons",
