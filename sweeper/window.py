@@ -3,8 +3,10 @@
 The estimator: the idle spells of the pool (one row a spell, from the history) that began within
 the same hour of the day (or of the week, with `by_week`) over the look-back, and of those the
 `quantile` of their lengths: a conservative window, most spells that begin now last at least that
-long. A spell still open counts as long as it has lasted so far (a lower bound). Fewer than
-`min_samples` spells: no estimate, and the sweep runs its configured fixed playbook, saying so.
+long. A spell still open has lasted at least so long: it joins only when it already outlasts the
+estimate of the closed ones (so it can only raise it; one that began a minute ago says nothing).
+Fewer than `min_samples` closed spells: no estimate, and the sweep runs its configured fixed
+playbook, saying so.
 
 The ladder: rungs from light to deep, each a playbook (and optionally a DCGM level) with the
 duration it holds a node, soak included. The choice is the deepest rung whose duration times
@@ -94,11 +96,14 @@ def estimate(spells: Iterable[Spell], pool: str, at: float, q: float, min_sample
              by_week: bool = False) -> Estimate:
     """The idle window of `pool` at time `at`, from the spells that began in the same slot."""
     slot = slot_of(at, by_week)
-    lengths = [s.length for s in spells if slot_of(s.start, by_week) == slot and s.length > 0]
+    here = [s for s in spells if slot_of(s.start, by_week) == slot and s.length > 0]
+    lengths = [s.length for s in here if not s.open]
     where = f"pool {pool or '(none)'} at {'hour-of-week' if by_week else 'hour'} {slot}"
     if len(lengths) < max(1, min_samples):
         return Estimate(pool, slot, None, None, len(lengths),
                         f"{where}: {len(lengths)} idle spell(s) in the history, fewer than {min_samples}")
+    closed = quantile(lengths, q)
+    lengths += [s.length for s in here if s.open and s.length >= closed]
     window, median = quantile(lengths, q), quantile(lengths, 0.5)
     return Estimate(pool, slot, window, median, len(lengths),
                     f"{where}: {q:.0%} of {len(lengths)} idle spells lasted under {window / 60:.0f} min "

@@ -31,8 +31,8 @@ from sweeper.actions.podstate import (
     node_gone,
     unscheduled,
 )
-from sweeper.errors import NotFound
 from sweeper.demand import Arbiter
+from sweeper.errors import NotFound
 from sweeper.result import Result
 
 SCHEDULE_TIMEOUT = 300.0
