@@ -26,11 +26,12 @@ class Idle(Base):
 
     @locked
     def idle_spells(self, pool: str, since: float, now: float) -> list[tuple[float, float, bool]]:
-        """The pool's spells that began since `since`: (start, length, still open); an open spell
-        counts as long as it has lasted by `now`."""
-        rows = self._tuples(f"select started, ended from idle_spells where pool = :pool and started >= :since"
-                            f"{self._in()} order by started", {"pool": pool, "since": since})
-        return [(float(s), (float(e) if e is not None else now) - float(s), e is None) for s, e in rows]
+        """The pool's spells that began between `since` and `now`: (start, length, still open at
+        `now`); an open spell counts as long as it had lasted by `now` (a backtest asks as of then)."""
+        rows = self._tuples(f"select started, ended from idle_spells where pool = :pool and started >= :since "
+                            f"and started < :now{self._in()} order by started", {"pool": pool, "since": since, "now": now})
+        return [(float(s), min(now, float(e) if e is not None else now) - float(s), e is None or float(e) > now)
+                for s, e in rows]
 
     @locked
     def last_depth(self, depth: str) -> dict[str, float]:
