@@ -194,7 +194,8 @@ class Config:
     light_interval: float = setting(6 * 3600.0, "how often a busy node gets the light check", duration=True, gt=0)
     light_max: int = setting(20, "light checks running at once (each busy node once a run)", ge=0)
     yield_to_pending: bool = setting(True, "take no node while GPU pods wait for capacity")
-    abort_on_demand: bool = setting(False, "also stop running (abortable) checks then and hand their nodes back")
+    abort_on_demand: bool = setting(False, "also stop running (abortable) checks then, only as many as the pending "
+                                    "work needs (least progress first), and hand their nodes back")
     depth_ladder: tuple[dict[str, Any], ...] = setting(
         (), "playbooks from light to deep, each with how long it holds a node (soak included): a node gets the "
         "deepest that fits its pool's idle window (docs/how-it-works.md); empty: `playbook` always",
