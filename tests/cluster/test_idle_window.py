@@ -125,3 +125,18 @@ def test_a_ladder_out_of_order_is_refused(tmp_path: Any) -> None:
     path.write_text("depth_ladder:\n  - {name: r3, playbook: sweep-dcgm.yaml, duration: 45m, dcgm_level: 3}\n")
     assert load_config(path).depth_ladder[0]["duration"] == 2700.0
     assert Config().depth_ladder == ()
+
+
+def test_lint_names_a_ladder_out_of_order_and_a_rung_with_no_playbook(tmp_path: Any) -> None:
+    from pathlib import Path
+
+    from sweeper.lint import lint_paths
+
+    path = Path(tmp_path) / "c.yaml"
+    path.write_text("depth_ladder:\n  - {name: deep, playbook: sweep-dcgm.yaml, duration: 45m}\n"
+                    "  - {name: light, playbook: sweep-light.yaml, duration: 5m}\n")
+    assert any("light first" in p for p in lint_paths([], Config(), path).problems)
+    path.write_text("depth_ladder:\n  - {name: light, playbook: sweep-light.yaml, duration: 5m}\n"
+                    "  - {name: deep, playbook: nowhere.yaml, duration: 45m}\n")
+    assert lint_paths([], Config(), path).problems == [f"{path}: depth_ladder: 'deep': no playbook 'nowhere.yaml' "
+                                                       "(playbook_dir, then the shipped ones)"]
