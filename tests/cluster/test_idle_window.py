@@ -140,3 +140,26 @@ def test_lint_names_a_ladder_out_of_order_and_a_rung_with_no_playbook(tmp_path: 
                     "  - {name: deep, playbook: nowhere.yaml, duration: 45m}\n")
     assert lint_paths([], Config(), path).problems == [f"{path}: depth_ladder: 'deep': no playbook 'nowhere.yaml' "
                                                        "(playbook_dir, then the shipped ones)"]
+
+
+def test_the_plan_command_prints_each_nodes_depth_and_why(make_sim: Any, tmp_path: Any) -> None:
+    """`sweeper plan` (wall-clock now): a depth column, and the window behind it in the detail."""
+    import time
+    from pathlib import Path
+
+    import yaml
+    from click.testing import CliRunner
+
+    from sweeper.cli import main
+
+    sim: Sim = make_sim(nodes=2)
+    state = Path(tmp_path) / "h.db"
+    h = History(state)
+    past_spells(h, time.time(), [3 * 3600.0] * 6)
+    h.close()
+    cfg = Path(tmp_path) / "config.yaml"
+    cfg.write_text(yaml.safe_dump({"depth_ladder": [dict(r) for r in LADDER], "depth_min_samples": 5}))
+    base = ["--kubeconfig", str(sim.kubeconfig), "--state", str(state), "--config", str(cfg)]
+    res = CliRunner().invoke(main, ["plan", *base, "-o", "wide"])
+    assert res.exit_code == 0, res.output
+    assert "depth" in res.output and "dcgm-r3" in res.output and "6 idle spells" in res.output, res.output
