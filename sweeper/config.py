@@ -198,7 +198,8 @@ class Config:
                                     "work needs (least progress first), and hand their nodes back")
     depth_ladder: tuple[dict[str, Any], ...] = setting(
         (), "playbooks from light to deep, each with how long it holds a node (soak included): a node gets the "
-        "deepest that fits its pool's idle window (docs/how-it-works.md); empty: `playbook` always",
+        "deepest that fits its pool's idle window (docs/how-it-works.md); empty: `playbook` always (and a `serve` "
+        "schedule that names its own playbook or dcgm_level runs that)",
         annotation=Deferred(lambda: _shapes()["depth_ladder"]), allowed="list of {name, playbook, duration, dcgm_level}")
     depth_quantile: float = setting(0.2, "the idle window is this quantile of the pool's past idle spells", gt=0, lt=1)
     depth_margin: float = setting(0.25, "a rung fits when its duration times 1 + this fits the window", ge=0)

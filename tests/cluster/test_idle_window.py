@@ -163,3 +163,19 @@ def test_the_plan_command_prints_each_nodes_depth_and_why(make_sim: Any, tmp_pat
     res = CliRunner().invoke(main, ["plan", *base, "-o", "wide"])
     assert res.exit_code == 0, res.output
     assert "depth" in res.output and "dcgm-r3" in res.output and "6 idle spells" in res.output, res.output
+
+
+def test_a_serve_schedule_with_its_own_playbook_or_level_runs_that_not_the_ladder(make_sim: Any,
+                                                                                   history: History) -> None:
+    from sweeper.serve import Server
+
+    sim: Sim = make_sim(nodes=1)
+    cfg = replace(CFG, schedules=({"name": "rolling", "cron": "0 0 1 1 *", "playbook": CFG.playbook},
+                                  {"name": "weekly", "cron": "0 0 1 1 *", "playbook": "sweep-dcgm.yaml"},
+                                  {"name": "level", "cron": "0 0 1 1 *", "dcgm_level": 4}))
+    server = Server(cfg, sim.kube, history, port=0, host="127.0.0.1", log=lambda m: None)
+    try:
+        ladders = {job.id: len(job.args[1].depth_ladder) for job in server.scheduler.get_jobs()}
+    finally:
+        server.httpd.server_close()
+    assert ladders == {"rolling": 3, "weekly": 0, "level": 0}
