@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweeper.config import Config
-from sweeper.fleet import pending_gpu_pods
+from sweeper.fleet import pending_gpu_pods, requests_gpu
 
 PODS = "x-sweeper-pods"  # a Workload podSet's pod count (sweeper.kube.dra), its GPUs are the total
 
@@ -76,6 +76,13 @@ def selector(pod: Mapping[str, Any]) -> Callable[[Mapping[str, str]], bool]:
             return False
         return not terms or any(all(_match(e, labels) for e in term) for term in terms)
     return fits
+
+
+def holds_gpus(job: Mapping[str, Any], cfg: Config) -> bool:
+    """Whether a check Job's pods take GPUs (a resource or a claim): only stopping such a check frees
+    a node for pending work; a light check beside a workload frees nothing."""
+    spec = ((job.get("spec") or {}).get("template") or {}).get("spec") or {}
+    return bool(spec.get("resourceClaims")) or requests_gpu({"metadata": {}, "spec": spec}, cfg)
 
 
 def wants(pods: list[dict[str, Any]], cfg: Config) -> list[Want]:

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from sweeper.config import Config
-from sweeper.demand import Check, Want, plan_aborts, selector, wants
+from sweeper.demand import Check, Want, holds_gpus, plan_aborts, selector, wants
 from sweeper.history import History
 from tests.conftest import TEST_CONFIG, Sim, run_sweep
 
@@ -99,3 +99,13 @@ def test_a_kueue_podset_counts_its_pods() -> None:
              "status": {"phase": "Pending"}, "x-sweeper-demand": "kueue workload ml/w", "x-sweeper-pods": 2}
     [w] = wants([entry], Config())
     assert (w.name, w.pods, w.gpus) == ("kueue workload ml/w", 2, 8)
+
+
+def test_only_a_check_that_holds_gpus_is_abortable() -> None:
+    """A light check beside a workload takes no GPU: stopping it frees nothing for pending work."""
+    def job(**spec: Any) -> dict[str, Any]:
+        return {"spec": {"template": {"spec": spec}}}
+    cfg = Config()
+    assert holds_gpus(job(containers=[{"resources": {"limits": {"nvidia.com/gpu": "8"}}}]), cfg)
+    assert holds_gpus(job(containers=[{}], resourceClaims=[{"name": "gpus"}]), cfg)
+    assert not holds_gpus(job(containers=[{"resources": {"limits": {"cpu": "1"}}}]), cfg)
