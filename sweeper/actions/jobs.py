@@ -41,6 +41,7 @@ from sweeper.actions.podstate import Fault as _Fault  # noqa: F401  (its old nam
 from sweeper.actions.safety import REMEDIATION_TEMPLATES, Rules, problems, protected
 from sweeper.clock import parse_duration
 from sweeper.config import home
+from sweeper.demand import holds_gpus
 from sweeper.errors import ConfigError, KubeError, PlaybookError
 from sweeper.formats import FORMATS, detect, read
 from sweeper.parsers import dcgm, nccl, sweeper_result
@@ -310,5 +311,5 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
         return _read_result(ctx, namespace, pods, node, args["parser"], args["parser_args"] or {})
 
     with watched(ctx, namespace, name) as source, job_created(ctx, namespace, job):
-        outcome = follow(ctx, source, Shape(node), timeout, args["abortable"], result)
+        outcome = follow(ctx, source, Shape(node), timeout, args["abortable"] and holds_gpus(job, ctx.config), result)
     return answer(ctx, name, outcome)

@@ -184,7 +184,9 @@ def workload_demand(workloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "metadata": {"name": f"{meta.get('name')}", "namespace": meta.get("namespace"),
                                      "labels": {}, "ownerReferences": []},
                         "spec": {"nodeName": None, "containers": containers,
-                                 "resourceClaims": spec.get("resourceClaims") or []},
+                                 "resourceClaims": spec.get("resourceClaims") or [],
+                                 **{k: spec[k] for k in ("nodeSelector", "affinity") if spec.get(k)}},
+                        "x-sweeper-pods": count,  # its GPUs above are the podSet's total
                         "status": {"phase": "Pending"}, DEMAND: f"kueue workload {meta.get('namespace')}/{meta.get('name')}"})
     return out
 
