@@ -129,8 +129,19 @@ def m006_cluster(conn: Connection, cluster: str) -> None:
     _index(conn, "node_sweeps", "cluster", "finished")
 
 
+def m007_claims(conn: Connection, cluster: str) -> None:
+    # One row a judged outside claim: the node, the sweep that tested it, the claim's source and
+    # code (a condition's type and reason, a taint's key and value), its kind, the test, when the
+    # claim was made, and the outcome (confirmed | refuted | inconclusive) with its evidence.
+    C = sa.Column
+    _create(conn, "claims", _id(), C("run_id", Text), C("sweep_id", Int), C("node", Text), C("ts", Float),
+            C("source", Text), C("code", Text), C("kind", Text), C("test", Text), C("since", Float),
+            C("outcome", Text), C("evidence", Text), C("cluster", Text, nullable=False, server_default=""),
+            indexes=[("node", "source", "code", "ts"), ("cluster", "ts"), ("sweep_id",)])
+
+
 MIGRATIONS: tuple[Migration, ...] = (m001_initial, m002_controls, m003_sweep_kind, m004_policy, m005_pairs,
-                                     m006_cluster)
+                                     m006_cluster, m007_claims)
 KNOWN = [m.__name__ for m in MIGRATIONS]
 
 
@@ -162,6 +173,9 @@ def _current() -> sa.MetaData:
           C("mode", Text), C("busbw", Float), C("detail", Text), C("node_sweep_id", Int), C("partner_sweep_id", Int))
     table("pair_latest", C("node", Text), C("ts", Float), C("pair_id", Int), C("partner", Text), C("status", Text),
           C("mode", Text), C("role", Text), pk=("cluster", "node"))
+    table("claims", _id(), C("run_id", Text), C("sweep_id", Int), C("node", Text), C("ts", Float), C("source", Text),
+          C("code", Text), C("kind", Text), C("test", Text), C("since", Float), C("outcome", Text),
+          C("evidence", Text))
     return md
 
 

@@ -20,6 +20,7 @@ from sweeper.schema import (
     runtime_values,
     setting,
 )
+from sweeper.sim.claims import OutsideClaim
 from sweeper.sim.dra import KueueWorkload
 
 # What each instance type *is* (the simulated hardware), not what Sweeper expects of it.
@@ -164,11 +165,13 @@ class Faults:
                                  "asks for GPUs (e.g. \"nvidia-container-cli: initialization error: nvml error: "
                                  "driver/library version mismatch: unknown\"): every such container on the node "
                                  "fails to start, StartError with exit 128, as containerd reports it")
+    outside_claims: list[dict[str, Any]] = setting(help="other tools' claims of the node: conditions, taints, DRA "
+                                                   "device taints (sweeper.sim.claims)", factory=list,
+                                                   annotation=list[OutsideClaim], allowed="list of OutsideClaim")
 
 
 FAULT_KEYS = {f.name for f in fields(Faults)}
 _FAULTS = model_of(Faults, "FaultsFile")
-
 
 class _NodeGroup(_Strict):
     instance_type: Literal[tuple(HARDWARE)] = "p5.48xlarge"  # type: ignore[valid-type]

@@ -10,6 +10,7 @@ from typing import Any
 from sweeper import profiles, signals
 from sweeper.actions import load_all
 from sweeper.actions.jobwatch import RunWatch
+from sweeper.claims import Catalog, Claim, load_catalog
 from sweeper.clock import Clock, WallClock
 from sweeper.config import Config
 from sweeper.control import Controls
@@ -43,6 +44,8 @@ class SweepBase:
         self.profiles = profiles.load_profiles(config.path("profiles"))
         self.playbook = load(str(config.playbook_file(config.playbook)), self.actions)
         self.sources = [signals.Source.from_dict(s) for s in config.suspect_sources]  # a bad one fails here
+        # what other tools' conditions and taints claim, and the test of each (a bad catalogue fails here)
+        self.claims_catalog: Catalog | None = load_catalog(config.claims_catalog) if config.claims_test else None
         self.light_playbook = (load(str(config.playbook_file(config.light_playbook)), self.actions)
                                if config.light_playbook else None)
         self.remediator = Remediator(kube, config, self.clock, dry_run=dry_run,
@@ -84,6 +87,9 @@ class Run:
         self.probe_waits = False  # after a stop, every due node was a suspect: none was tried
         self.cooling = False  # the last discovery found the breaker's cooldown in force
         self.suspects: dict[str, str] = {}  # node -> why an outside signal names it, as this run first read
+        self.claims: dict[str, list[Claim]] = {}  # node -> the outside claims it carried at the last discovery
+        self.claimed: dict[str, str] = {}  # node -> its claims not yet settled (swept first)
+        self.checks: dict[str, list[dict[str, Any]]] = {}  # node -> its sweep's checks so far (claims judge them)
 
     @property
     def cfg(self) -> Config:

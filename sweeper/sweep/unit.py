@@ -14,6 +14,7 @@ from sweeper.fleet import NodeView
 from sweeper.notify import message
 from sweeper.policy import HOLDING
 from sweeper.remedy import Remedy
+from sweeper.sweep.claims import judge_node
 from sweeper.sweep.faults import count_tool_error
 from sweeper.sweep.hold import hand_back, hold_one
 from sweeper.sweep.play import event, node_vars, play
@@ -34,6 +35,8 @@ def sweep_node(run: Run, view: NodeView) -> NodeOutcome:
         assert lost is not None
         return lost
     sweep_id = run.rec.sweep_started(run.id, name, run.clock.now(), playbook.name, profile.name)
+    with run.mutex:
+        run.checks.pop(name, None)
     event(run, node, "SweepStarted", f"held by run {run.id} for {playbook.name}", "Normal")
     verdict, reasons, done_by_play = "error", ["the playbook did not reach a verdict"], ""
     decision: dict[str, Any] | None = None
@@ -47,6 +50,7 @@ def sweep_node(run: Run, view: NodeView) -> NodeOutcome:
     finally:
         action = hand_back(run, name, verdict, reasons, done_by_play)
         record_verdict(run, name, sweep_id, verdict, reasons, decision, action)
+        judge_node(run, name, sweep_id, verdict)
     after_verdict(run, node, profile, verdict, reasons, decision, action)
     return NodeOutcome(name, verdict, reasons, action, time.monotonic() - t0)
 
