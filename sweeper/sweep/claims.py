@@ -12,8 +12,9 @@ from sweeper.sweep.state import Run
 
 
 def pending(run: Run, nodes: list[dict[str, Any]]) -> dict[str, str]:
-    """Read every node's claims into `run.claims`; node -> why it goes first, for those carrying a
-    claim that no sweep has confirmed or refuted since it was made."""
+    """The claims no sweep has confirmed or refuted since they were made, by node, into
+    `run.claims` (what this run's sweeps judge: a claim settled once is not counted again, whatever
+    a later sweep finds); node -> why it goes first."""
     catalog = run.sweep.claims_catalog
     if catalog is None:
         run.claims = {}
@@ -23,20 +24,20 @@ def pending(run: Run, nodes: list[dict[str, Any]]) -> dict[str, str]:
         got = claims_on(obj, catalog, run.cfg.dra_driver)
         if got:
             found[obj["metadata"]["name"]] = got
-    run.claims = found
     settled = run.rec.claims_settled(sorted(found)) if found else {}
-    out = {}
+    run.claims, out = {}, {}
     for node, got in found.items():
-        untested = [c for c in got if settled.get((node, c.source, c.code), -1.0) < c.since
-                    or (node, c.source, c.code) not in settled]
+        untested = [c for c in got if (node, c.source, c.code) not in settled
+                    or settled[(node, c.source, c.code)] < c.since]
         if untested:
+            run.claims[node] = untested
             out[node] = "untested claim " + ", ".join(f"{c.source} {c.code}" for c in untested[:3]) + \
                 (f" (+{len(untested) - 3})" if len(untested) > 3 else "")
     return out
 
 
 def judge_node(run: Run, node: str, sweep_id: int, verdict: str) -> None:
-    """Judge each claim the node carried at discovery from this sweep's checks, and record it."""
+    """Judge each untested claim the node carried at discovery from this sweep's checks, and record it."""
     checks = run.checks.pop(node, [])
     catalog = run.sweep.claims_catalog
     if catalog is None or run.dry_run or not run.claims.get(node):

@@ -87,8 +87,8 @@ class Run:
         self.probe_waits = False  # after a stop, every due node was a suspect: none was tried
         self.cooling = False  # the last discovery found the breaker's cooldown in force
         self.suspects: dict[str, str] = {}  # node -> why an outside signal names it, as this run first read
-        self.claims: dict[str, list[Claim]] = {}  # node -> the outside claims it carried at the last discovery
-        self.claimed: dict[str, str] = {}  # node -> its claims not yet settled (swept first)
+        self.claims: dict[str, list[Claim]] = {}  # node -> its outside claims not yet settled, at the last discovery
+        self.claimed: dict[str, str] = {}  # node -> why those claims send it first
         self.checks: dict[str, list[dict[str, Any]]] = {}  # node -> its sweep's checks so far (claims judge them)
 
     @property
