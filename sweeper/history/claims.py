@@ -30,11 +30,11 @@ class Claims(Base):
         made again after that (a newer `since`) is tested again, an inconclusive one always is."""
         if not nodes:
             return {}
-        names = {f"n{i}": n for i, n in enumerate(nodes)}
-        rows = self._tuples(
-            "select node, source, code, max(ts) from claims where outcome in ('confirmed', 'refuted') "
-            f"and node in ({', '.join(':' + k for k in names)}){self._in()} group by node, source, code", names)
-        return {(r[0], r[1], r[2]): float(r[3]) for r in rows}
+        # one query of every settled claim (a row a claim judged, not a row a sweep), kept to `nodes` here
+        wanted = set(nodes)
+        rows = self._tuples("select node, source, code, max(ts) from claims where outcome in ('confirmed', 'refuted')"
+                            f"{self._in()} group by node, source, code")
+        return {(r[0], r[1], r[2]): float(r[3]) for r in rows if r[0] in wanted}
 
     @locked
     def claim_precision(self, since: float = 0.0) -> list[dict[str, Any]]:
