@@ -14,9 +14,13 @@ KEP-5055 device taints)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
+from click.testing import CliRunner
+
+from sweeper.cli import main
 from sweeper.history import History
 from tests.conftest import TEST_CONFIG, Sim, fleet_spec, run_sweep
 
@@ -48,6 +52,13 @@ def test_a_false_accelerated_hardware_claim_is_refuted_and_a_true_one_confirmed(
     # never cleared: the agent owns its condition
     cond = [c for c in sim.core.read_node("gpu-00").status.conditions if c.type == "AcceleratedHardwareReady"]
     assert cond and cond[0].status == "False"
+    # `sweeper history NODE` says what became of the claim
+    res = CliRunner().invoke(main, ["history", "gpu-00", "--state", str(history.path), "-o", "json"])
+    assert res.exit_code == 0, res.output
+    [claim] = json.loads(res.stdout)["claims"]
+    assert (claim["source"], claim["code"], claim["outcome"]) == ("eks-node-monitoring-agent", code, "refuted")
+    text = CliRunner().invoke(main, ["history", "gpu-00", "--state", str(history.path)]).stdout
+    assert "other tools' claims, tested" in text and "refuted" in text
 
 
 def test_a_node_carrying_a_claim_is_swept_first(make_sim, history: History) -> None:
