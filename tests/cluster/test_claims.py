@@ -122,3 +122,17 @@ def test_claim_text_is_data_kept_to_a_safe_alphabet(make_sim, history: History) 
     assert len(rows) == 1 and rows[0]["outcome"] == "refuted"
     assert "<" not in rows[0]["code"] and "{" not in rows[0]["code"] and " " not in rows[0]["code"]
     assert rows[0]["code"].startswith("AcceleratedHardwareReady:NvidiaXID?script?")
+
+
+def test_a_claim_on_a_busy_node_waits_for_it_to_be_idle(make_sim, history: History) -> None:
+    """A claim never makes Sweeper disturb running work: the node with a training pod on all its
+    GPUs is skipped as busy (at most the light check, which holds nothing), and its claim waits,
+    untested."""
+    sim: Sim = make_sim(fleet_spec(nodes=2, faults={"gpu-00": {"outside_claims": [NMA]}},
+                                   workloads=[{"node": "gpu-00", "gpus": 8}]))
+    sim.wait_for(lambda: any(p.status.phase == "Running" for p in sim.core.list_pod_for_all_namespaces().items
+                             if p.spec.node_name == "gpu-00"), what="the training pod running")
+    report = run_sweep(sim, history)
+    assert {d.node.name: d.reason for d in report.plan.skip}.get("gpu-00") == "busy"
+    assert [r["kind"] for r in history.query("select kind from node_sweeps where node = 'gpu-00'")] in ([], ["light"])
+    assert judged(history) == {}
