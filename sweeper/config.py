@@ -239,6 +239,11 @@ class Config:
     suspect_conditions: tuple[str, ...] = setting(("GpuXid", "GpuEcc", "GpuNvlink", "GpuCount"),
                                                   "node conditions that make an idle node swept first")
     handled_conditions: tuple[str, ...] = setting((), "another remediator owns a node with one of these set")
+    claims_test: bool = setting(True, "test the claims other tools make (conditions, taints, DRA device taints "
+                                "in the claims catalogue): an idle node carrying an untested one is swept first, "
+                                "and each claim is recorded confirmed, refuted or inconclusive")
+    claims_catalog: str = setting("", "the claims catalogue to read (empty: the shipped one, "
+                                  "sweeper/data/claims-catalog.yaml)")
     suspect_sources: tuple[dict[str, Any], ...] = setting(
         (), "outside signals: Prometheus or Loki queries", annotation=Deferred(lambda: _shapes()["suspect_sources"]),
         allowed="list of {type: prometheus|loki, url, query, node_label, window, timeout}")

@@ -137,6 +137,11 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
                      r"partner gpu-p5-\d\d +│\n", out), "the held node's reason whole, on its row"
     assert "── sweeper history gpu-p5-06 --check ecc: replaced on its trend, before it failed ──" in out
     assert "(re-checks of nodes it holds)" in out or "(a re-check of a node it holds)" in out
+    # issue 25, point 2: the EKS node monitoring agent's AcceleratedHardwareReady=False is a claim,
+    # tested: false on gpu-p5-10 (refuted), true on gpu-p5-04 (confirmed), and the agent's precision
+    assert "gpu-p5-10: eks-node-monitoring-agent AcceleratedHardwareReady:NvidiaXID79Error: refuted" in out
+    assert "gpu-p5-04: eks-node-monitoring-agent AcceleratedHardwareReady:NvidiaXID79Error: confirmed" in out
+    assert "eks-node-monitoring-agent: precision 50% (1 confirmed, 1 refuted, 0 inconclusive)" in out
 
 
 def test_the_demo_s_fleet_table_prints_a_held_node_s_reason_as_text(make_sim, tmp_path: Path) -> None:

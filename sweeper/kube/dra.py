@@ -6,7 +6,8 @@ Either API may be absent: a 404 on the collection (not installed, or an older cl
 (the RBAC not yet applied) reads as "none", never as an error. One paged LIST per kind a pass.
 
 What is folded, under keys the API never sets (`DEVICES`, `CLAIMS`, `DEMAND`):
-- a node's DRA devices, by driver: `{driver: {"pool": ..., "devices": [names]}}`
+- a node's DRA devices, by driver: `{driver: {"pool": ..., "devices": [names]}}`, with `taints`
+  (each device taint, its device named) where a device has some;
   (https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/resource-slice-v1/);
 - a pod's allocated claims: each result's driver, pool, device, the node the allocation is on, and
   the device classes the claim asks for (https://kubernetes.io/docs/concepts/scheduling-eviction/dynamic-resource-allocation/);
@@ -113,6 +114,10 @@ def fold_devices(nodes: list[dict[str, Any]], slices: list[dict[str, Any]]) -> l
             continue
         entry = by_node.setdefault(node, {}).setdefault(driver, {"pool": str(pool.get("name", "")), "devices": []})
         entry["devices"] += [str(d.get("name", "")) for d in spec.get("devices") or [] if isinstance(d, dict)]
+        taints = [{**t, "device": str(d.get("name", ""))} for d in spec.get("devices") or [] if isinstance(d, dict)
+                  for t in d.get("taints") or [] if isinstance(t, dict)]
+        if taints:  # a device's taints (KEP-5055): what the driver claims of it
+            entry.setdefault("taints", []).extend(taints)
     if not by_node:
         return nodes
     return [{**n, DEVICES: by_node[n["metadata"]["name"]]} if n["metadata"]["name"] in by_node else n for n in nodes]

@@ -42,6 +42,7 @@ from sweeper.checks.fake import (
 from sweeper.checks.options import CheckOptions
 from sweeper.clock import ScaledClock, iso, parse_iso
 from sweeper.drivers import branch_of, cuda_of_branch
+from sweeper.sim import claims as outside_claims
 from sweeper.sim import dra, tools
 from sweeper.sim.fleet import CUDA_OF_BRANCH, HARDWARE, Faults, Fleet, NodeSpec
 from sweeper.sim.podspec import (
@@ -263,9 +264,12 @@ class SimCluster:
         self.specs[spec.name] = spec
         if spec.faults.gpu_lost or spec.faults.xids or spec.faults.xid_storm:
             self._watched.add(spec.name)
+        outside_claims.on_node(node, spec.faults.outside_claims, now)
         created = self.store.create("nodes", None, node)
         if spec.dra and gpus:
-            self.store.create("resourceslices", None, dra.resource_slice(spec.name, gpus, hw["model"]))
+            rslice = dra.resource_slice(spec.name, gpus, hw["model"])
+            outside_claims.on_slice(rslice, spec.faults.outside_claims, now)
+            self.store.create("resourceslices", None, rslice)
         if spec.operands:
             self._with_operands.add(spec.name)
             self._operands(now)

@@ -97,6 +97,8 @@ def result(run: Run, sweep_id: int, node: str, r: Result) -> None:
     run.rec.result(sweep_id, r)
     cause = tool_cause([c.to_dict() for c in r.checks])
     with run.mutex:
+        run.checks.setdefault(node, []).extend({"name": c.name, "status": c.status, "message": c.message}
+                                               for c in r.checks)
         failed = run.sweep.failed_checks
         failed[node] = failed.get(node, 0) + sum(1 for c in r.checks if c.status == "fail")
         if cause:

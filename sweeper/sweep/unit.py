@@ -15,6 +15,7 @@ from sweeper.notify import message
 from sweeper.policy import HOLDING
 from sweeper.remedy import Remedy
 from sweeper.sweep import depth
+from sweeper.sweep.claims import judge_node
 from sweeper.sweep.faults import count_tool_error
 from sweeper.sweep.hold import hand_back, hold_one
 from sweeper.sweep.play import event, node_vars, play
@@ -36,6 +37,8 @@ def sweep_node(run: Run, view: NodeView) -> NodeOutcome:
         assert lost is not None
         return lost
     sweep_id = run.rec.sweep_started(run.id, name, run.clock.now(), playbook.name, profile.name)
+    with run.mutex:
+        run.checks.pop(name, None)
     event(run, node, "SweepStarted", f"held by run {run.id} for {playbook.name}"
           + (f" at depth {choice.why}" if choice.rung else ""), "Normal")
     if run.sweep.rungs:
@@ -54,6 +57,7 @@ def sweep_node(run: Run, view: NodeView) -> NodeOutcome:
         action = hand_back(run, name, verdict, reasons, done_by_play)
         record_verdict(run, name, sweep_id, verdict, reasons, decision, action)
         depth.recorded(run, name, choice, verdict)
+        judge_node(run, name, sweep_id, verdict)
     after_verdict(run, node, profile, verdict, reasons, decision, action)
     return NodeOutcome(name, verdict, reasons, action, time.monotonic() - t0)
 
