@@ -73,6 +73,9 @@ class Sweep(SweepBase):
                 for d in p.take:
                     run.rec.action(run.id, d.node.name, self.clock.now(), "would-sweep", d.detail, dry_run=True)
                     report.outcomes.append(NodeOutcome(d.node.name, "", [d.detail], "would-take"))
+                for d in [d for d in p.gate if d.take]:
+                    run.rec.action(run.id, d.node.name, self.clock.now(), "would-gate", d.detail, dry_run=True)
+                    report.outcomes.append(NodeOutcome(d.node.name, "", [d.detail], "would-gate"))
             else:
                 self._roll(run, report)
         except LockLost as exc:
