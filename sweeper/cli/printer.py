@@ -215,6 +215,12 @@ def plan(out: Out, view: Any) -> None:
     out.table(cols, ([r["node"], "yes" if r["take"] else "no", *((r["partner"] or "-",) if paired else ()),
                       r["reason"], r["detail"]]
                      for r in sorted(doc["nodes"], key=lambda r: (not r["take"], r["node"]))), colour=[1])
+    gate = doc.get("gate") or {}
+    if gate.get("nodes"):  # the gate's queue: new nodes (and nodes back from a reboot) not yet handed to work
+        out.title(f"{len(gate['nodes'])} gated node(s) ({gate['taint']}), gate budget {gate['budget']}")
+        out.table((Col("node"), Col("take"), Col("reason"), Col("detail", cut=True)),
+                  ([r["node"], "yes" if r["take"] else "no", r["reason"], r["detail"]] for r in gate["nodes"]),
+                  colour=[1])
 
 
 def _rule(rules: list[str] | None, verdict: str | None) -> str:

@@ -13,9 +13,15 @@ NVSentinel validates new nodes (NVIDIA/NVSentinel PR#1821)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+import yaml
+from click.testing import CliRunner
+
+from sweeper.cli import main
 from sweeper.fleet import NodeView
 from sweeper.history import History
 from tests.conftest import TEST_CONFIG, Sim, run_sweep
@@ -172,3 +178,25 @@ def test_a_node_back_from_its_reboot_is_soaked_before_hand_back(make_sim, histor
     assert GATE in [t["key"] for t in taints(sim, "gpu-00")], "no hand-back: the gate's taint stays"
     row = list(history.db.query("select playbook from node_sweeps where node = 'gpu-00' order by id"))[-1]
     assert row["playbook"] == "soak after remediation"
+
+
+def test_sweeper_plan_shows_the_gates_queue(make_sim, tmp_path: Path) -> None:
+    """`sweeper plan` lists the gated nodes apart from the fleet: taken, waiting (not Ready yet) or
+    queued beyond gate_max_nodes, each with its reason; as a table and as JSON."""
+    spec = gated_fleet(new=2)
+    spec["node_groups"].append({"name_prefix": "boot-", "count": 1, "age": 0, "boot": "1h",
+                                "startup_taints": [{"key": GATE}]})
+    sim: Sim = make_sim(spec)
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump({"gate_max_nodes": 1}))
+    base = ["--kubeconfig", str(sim.kubeconfig), "--state", str(tmp_path / "h.db"), "--config", str(cfg)]
+    res = CliRunner().invoke(main, ["plan", *base, "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["gpu_nodes"] == 2 and {n["node"] for n in doc["nodes"]} == {"gpu-00", "gpu-01"}
+    gate = {n["node"]: n["reason"] for n in doc["gate"]["nodes"]}
+    assert gate == {"new-00": "gate", "new-01": "gate-queued", "boot-00": "gate-waiting"}, gate
+    assert doc["gate"]["taint"] == GATE and doc["gate"]["budget"] == 1
+    res = CliRunner().invoke(main, ["plan", *base])
+    assert f"3 gated node(s) ({GATE}), gate budget 1" in res.stdout
+    assert "gate-waiting" in res.stdout and "not Ready" in res.stdout
