@@ -27,6 +27,10 @@ def progress(console: Any) -> Callable[[str, dict[str, Any]], None]:
         if event == "plan":
             say(f"run {d['run_id']}: {d['gpu_nodes']} GPU nodes, {d['held']} already held, "
                 f"budget {d['budget']}; taking {taking(d['take'], d.get('recheck', ()))}")
+            if d.get("gate"):
+                say(f"  gate: taking {', '.join(d['gate'])} (new or rebooted nodes, within the gate's own budget)")
+        elif event == "ungate":
+            say(f"  {d['node']}: passed its gate ({d['verdict']}); its startup taint is off, handed to work")
         elif event == "hold":
             say(f"  {d['node']}: held (tainted), running checks")
         elif event == "pair":
