@@ -53,9 +53,11 @@ def occupants(pods: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 
 def gate_plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, now: float,
-              stop: tuple[str, str] = ("", "")) -> tuple[list[Decision], int]:
+              stop: tuple[str, str] = ("", ""), attempts: dict[str, int] | None = None) -> tuple[list[Decision], int]:
     """Every gated node's decision, oldest first, and the gate's budget left. `stop`: why no node is
-    taken at all (a pause, an open breaker), as (reason, detail), said on every node that would have been."""
+    taken at all (a pause, an open breaker), as (reason, detail), said on every node that would have been.
+    `attempts`: failed sweeps per node within attempt_window; a node back from its remediation that
+    failed max_attempts times waits for a person instead of another soak (and another reboot)."""
     views = sorted((NodeView.from_obj(n, cfg.gpu_resources, cfg.gpu_resource_prefixes, cfg.dra_driver)
                     for n in nodes), key=lambda v: (v.created, v.name))
     busy = occupants(pods)
@@ -64,6 +66,10 @@ def gate_plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Conf
     testing = 0
     for v in views:
         d = _classify(v, busy.get(v.name, []), cfg, now)
+        failed = (attempts or {}).get(v.name, 0)
+        if d.reason == "soak" and failed >= cfg.max_attempts:
+            d = Decision(v, False, "attempts-exhausted", f"failed {failed} time(s) within "
+                         f"{cfg.attempt_window / 86400:g}d; a person should look")
         if d.reason == "gate-testing":
             testing += 1
         (due if d.take else out).append(d)

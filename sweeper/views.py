@@ -102,7 +102,7 @@ def plan_view(kube: Any, cfg: Config, hist: Any, now: float | None = None) -> Pl
     gated, rest = gating.split(nodes, cfg)
     p = make_plan(rest, pods, cfg, hist.last_swept(sweep.kind), now, gates)
     stop = ("paused", gates.paused) if gates.paused else ("breaker-open", gates.breaker) if gates.breaker else ("", "")
-    p.gate, p.gate_budget = gating.gate_plan(gated, pods, cfg, now, stop)
+    p.gate, p.gate_budget = gating.gate_plan(gated, pods, cfg, now, stop, gates.attempts)
     p.notes = [*(found.why if found else ()), *p.notes]
     rows: list[dict[str, Any]] = [{"node": d.node.name, "take": d.take, "reason": d.reason, "detail": d.detail}
                                   for d in p.take + p.skip]

@@ -46,7 +46,7 @@ def discover(run: Run, refill: bool = False) -> Plan:
             nodes = mark_suspects(run, nodes, named)
     p = plan(nodes, pods, cfg, run.rec.last_swept(run.sweep.kind), run.clock.now(), found)
     stop = ("paused", found.paused) if found.paused else ("breaker-open", found.breaker) if found.breaker else ("", "")
-    p.gate, p.gate_budget = gating.gate_plan(gated, pods, cfg, run.clock.now(), stop)
+    p.gate, p.gate_budget = gating.gate_plan(gated, pods, cfg, run.clock.now(), stop, found.attempts)
     for d in p.skip:
         if d.warning:  # the node's own data is broken: that node is skipped, the run goes on
             run.log(d.node.name, f"warning: {d.warning}")
