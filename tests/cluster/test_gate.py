@@ -14,16 +14,20 @@ NVSentinel validates new nodes (NVIDIA/NVSentinel PR#1821)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from click.testing import CliRunner
 
 from sweeper.cli import main
 from sweeper.fleet import NodeView
 from sweeper.history import History
+from tests.cluster.test_safety import _sweep_cmd, kill_sweep_at
 from tests.conftest import TEST_CONFIG, Sim, run_sweep
 
 GATE = "sweeper.dev/unvalidated"
@@ -200,3 +204,60 @@ def test_sweeper_plan_shows_the_gates_queue(make_sim, tmp_path: Path) -> None:
     res = CliRunner().invoke(main, ["plan", *base])
     assert f"3 gated node(s) ({GATE}), gate budget 1" in res.stdout
     assert "gate-waiting" in res.stdout and "not Ready" in res.stdout
+
+
+def test_a_fault_of_the_check_is_no_pass_and_no_failure_of_the_node(make_sim, history: History) -> None:
+    """DCGM that cannot run at all is a fault of the tool: the verdict is `error`, the node is neither
+    replaced nor handed to work (its startup taint stays), and the next run gates it again."""
+    sim: Sim = make_sim(gated_fleet(faults={"new-00": {"dcgm_runtime_error": True}}))
+    report = run_sweep(sim, history, KARPENTER)
+    [out] = report.outcomes
+    assert (out.node, out.verdict, out.action) == ("new-00", "error", "released"), out
+    assert [t["key"] for t in taints(sim, "new-00")] == [GATE], "its sweep taint is off, the gate's stays"
+    assert "new-00" in {c["status"]["nodeName"] for c in sim.kube.list_nodeclaims()}, "not replaced"
+    again = run_sweep(sim, history, replace(KARPENTER, interval=0), dry_run=True)
+    assert [(d.node.name, d.reason) for d in again.plan.gate] == [("new-00", "gate")]
+
+
+GATE_STEPS = [
+    ("after", "PATCH", "/nodes/new-00", 1),   # held for its gate, nothing run yet
+    ("after", "POST", "/jobs", 1),            # its first check Job created
+    ("after", "PATCH", "/nodes/new-00", 2),   # its sweep taint off after the pass, the pass not yet recorded
+    ("before", "PATCH", "/nodes/new-00", 3),  # the pass recorded, the gate's taint not yet off
+    ("after", "PATCH", "/nodes/new-00", 3),   # the gate's taint off
+]
+
+
+@pytest.mark.realtime("a sweep in a process of its own, SIGKILLed at a chosen API request, and its 1 s lock left to expire")
+@pytest.mark.parametrize("stage,method,fragment,nth", GATE_STEPS)
+def test_sigkill_mid_gate_then_run_again(make_sim, tmp_path: Path, stage: str, method: str, fragment: str,
+                                         nth: int) -> None:
+    """Killed at any step of a gate, Sweeper never leaves the node handed to work without a recorded
+    pass, and the next run finishes the story: the node ends validated and ungated."""
+    sim: Sim = make_sim(gated_fleet())
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(yaml.safe_dump({"max_nodes": 0, "poll_interval": 0.05, "check_timeout": 1800, "lock_ttl": 1,
+                                   "api_attempts": 3}))
+    state = tmp_path / "h.db"
+    kill_sweep_at(sim, state, cfg, stage, method, fragment, nth, timeout=60)
+
+    def passed() -> bool:
+        h = History(state)
+        try:
+            return any(r["verdict"] == "pass" for r in h.db.query(
+                "select verdict from node_sweeps where node = 'new-00' and finished is not null"))
+        finally:
+            h.close()
+
+    assert GATE in [t["key"] for t in taints(sim, "new-00")] or passed(), "ungated without a recorded pass"
+    time.sleep(1.2)  # the dead run's lock expires (lock_ttl 1s)
+    again = subprocess.run(_sweep_cmd(sim.kubeconfig, state, cfg), capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0, again.stderr
+    assert taints(sim, "new-00") == [] or GATE in [t["key"] for t in taints(sim, "new-00")] and not passed()
+    if GATE in [t["key"] for t in taints(sim, "new-00")]:  # the pass was cut short before the kill: one more run
+        again = subprocess.run(_sweep_cmd(sim.kubeconfig, state, cfg), capture_output=True, text=True, timeout=60)
+        assert again.returncode == 0, again.stderr
+    assert taints(sim, "new-00") == [] and passed()
+    h = History(state)
+    assert list(h.db.query("select node from node_sweeps where finished is null")) == []
+    h.close()
