@@ -237,7 +237,7 @@ def test_sigkill_mid_gate_then_run_again(make_sim, tmp_path: Path, stage: str, m
     sim: Sim = make_sim(gated_fleet())
     cfg = tmp_path / "config.yaml"
     cfg.write_text(yaml.safe_dump({"max_nodes": 0, "poll_interval": 0.05, "check_timeout": 1800, "lock_ttl": 1,
-                                   "api_attempts": 3}))
+                                   "api_attempts": 3, "gate_playbook": "sweep-light.yaml"}))  # one Job: quicker
     state = tmp_path / "h.db"
     kill_sweep_at(sim, state, cfg, stage, method, fragment, nth, timeout=60)
 
