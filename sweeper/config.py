@@ -257,6 +257,19 @@ class Config:
     gpu_reset_template: str = setting("gpu-reset.yaml.j2", "job template of a GPU reset", min_length=1)
     remediation_timeout: float = setting(1800.0, "a rebooted node not Ready again by then waits for a person",
                                          duration=True, gt=0)
+    gate_taint: str = setting("sweeper.dev/unvalidated", "the startup taint a new node joins with (a Karpenter "
+                              "NodePool's startupTaints, a node group's taints): Sweeper sweeps such a node with "
+                              "gate_playbook and removes this taint, and no other, once a pass is in the history; "
+                              "it also puts it on a node before its reboot or GPU reset (\"\": no gate)",
+                              pattern=r"^$|^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+                              allowed="a taint key, or \"\"")
+    gate_playbook: str = setting("quarantine-deep.yaml", "the deep sweep of a gated new node", min_length=1)
+    soak_playbook: str = setting("soak.yaml", "the sweep under load of a gated node back from Sweeper's reboot or "
+                                 "GPU reset, before it is handed back", min_length=1)
+    gate_max_nodes: int = setting(2, "gated nodes under test at once: a budget of their own, apart from max_nodes "
+                                  "and the floor (new nodes serve no work yet)", ge=0)
+    gate_deadline: float = setting(1800.0, "a gated node not Ready, or with no GPU advertised, this long after it "
+                                   "joined (or came back) fails the gate", duration=True, gt=0)
     replacement_wait: float = setting(900.0, "how long to follow Karpenter's termination of a replaced node",
                                       duration=True, ge=0)
     asg_action: str = setting("set-unhealthy", "what the asg provider does", choices=("set-unhealthy", "terminate"))

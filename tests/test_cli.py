@@ -142,6 +142,11 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert "gpu-p5-10: eks-node-monitoring-agent AcceleratedHardwareReady:NvidiaXID79Error: refuted" in out
     assert "gpu-p5-04: eks-node-monitoring-agent AcceleratedHardwareReady:NvidiaXID79Error: confirmed" in out
     assert "eks-node-monitoring-agent: precision 50% (1 confirmed, 1 refuted, 0 inconclusive)" in out
+    # issue 25: the rebooted node is soaked by the gate before hand-back, and Karpenter's replacement of
+    # gpu-p5-09 joins with the NodePool's startup taint, which comes off only once it passes its gate
+    assert re.search(r"gate: taking [^\n]*gpu-p5-04 \(soak\)", out)
+    assert re.search(r"gate: taking [^\n]*gpu-p5-r01 \(gate\)", out)
+    assert "gpu-p5-r01: passed its gate (pass); its startup taint is off, handed to work" in out
 
 
 def test_the_demo_s_fleet_table_prints_a_held_node_s_reason_as_text(make_sim, tmp_path: Path) -> None:

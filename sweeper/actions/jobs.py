@@ -135,10 +135,11 @@ def job_namespace(ctx: ActionContext, remediation: bool = False) -> str:
 
 
 def sweeper_tolerations(ctx: ActionContext) -> list[dict[str, Any]]:
-    """Sweeper's own taint, and the GPU pools' taints that leave a node sweepable (allowed_taint_keys:
+    """Sweeper's own taint and its gate's, and the GPU pools' taints that leave a node sweepable (allowed_taint_keys:
     GKE's nvidia.com/gpu=present, AKS's sku=gpu when listed), so the check lands where it was sent."""
+    gate = [ctx.config.gate_taint] if ctx.config.gate_taint else []  # a gated node's checks land on it too
     return ([{"key": ctx.config.taint_key, "operator": "Exists", "effect": "NoSchedule"}]
-            + [{"key": k, "operator": "Exists", "effect": "NoSchedule"} for k in ctx.config.allowed_taint_keys])
+            + [{"key": k, "operator": "Exists", "effect": "NoSchedule"} for k in (*gate, *ctx.config.allowed_taint_keys)])
 
 
 def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[str, Any],

@@ -27,6 +27,10 @@ def progress(console: Any) -> Callable[[str, dict[str, Any]], None]:
         if event == "plan":
             say(f"run {d['run_id']}: {d['gpu_nodes']} GPU nodes, {d['held']} already held, "
                 f"budget {d['budget']}; taking {taking(d['take'], d.get('recheck', ()))}")
+            if d.get("gate"):
+                say(f"  gate: taking {', '.join(d['gate'])} (new or rebooted nodes, within the gate's own budget)")
+        elif event == "ungate":
+            say(f"  {d['node']}: passed its gate ({d['verdict']}); its startup taint is off, handed to work")
         elif event == "hold":
             say(f"  {d['node']}: held (tainted), running checks")
         elif event == "pair":
@@ -226,6 +230,12 @@ def plan(out: Out, view: Any) -> None:
                       r["reason"], *((r.get("depth") or "-",) if deep else ()),
                       r["detail"] + (f"; depth {r['why']}" if deep and r.get("why") else "")]
                      for r in sorted(doc["nodes"], key=lambda r: (not r["take"], r["node"]))), colour=[1])
+    gate = doc.get("gate") or {}
+    if gate.get("nodes"):  # the gate's queue: new nodes (and nodes back from a reboot) not yet handed to work
+        out.title(f"{len(gate['nodes'])} gated node(s) ({gate['taint']}), gate budget {gate['budget']}")
+        out.table((Col("node"), Col("take"), Col("reason"), Col("detail", cut=True)),
+                  ([r["node"], "yes" if r["take"] else "no", r["reason"], r["detail"]] for r in gate["nodes"]),
+                  colour=[1])
 
 
 def _rule(rules: list[str] | None, verdict: str | None) -> str:

@@ -140,6 +140,8 @@ class SimCluster:
         self.rebooting: dict[str, float] = {}  # node -> when it is Ready again
         self.terminating: dict[str, float] = {}  # node -> when Karpenter has drained and removed it
         self.joining: list[tuple[float, NodeSpec]] = []  # replacement nodes and when they register
+        # launched nodes still booting -> (when they are Ready, the GPU resources their device plugin then reports)
+        self.warming: dict[str, tuple[float, dict[str, str]]] = {}
         self.replacements = 0
         # The simulated registry: images that do not exist, and programs an image lacks.
         self.missing_images: set[str] = set(fleet.missing_images)
@@ -243,13 +245,18 @@ class SimCluster:
                 [{"network": f"vpc{k}", "ipAddress": f"192.168.{k}.{len(self.specs) % 250 + 2}"}
                  for k in range(1, hw["nics"])])
         now = self.clock.now()
+        launched = spec.age == 0  # just launched: its startup taints are on, and it may still be booting
+        booting = launched and spec.boot > 0
+        if booting:  # the kubelet registers before the device plugin reports the GPUs
+            self.warming[spec.name] = (now + spec.boot, {r: resources.pop(r) for r in list(resources) if r == GPU})
         node = {
             "metadata": {"name": spec.name, "labels": labels, "annotations": annotations,
                          "creationTimestamp": iso(now - spec.age)},
-            "spec": {"providerID": self.provider_id(spec, iid)},
+            "spec": {"providerID": self.provider_id(spec, iid),
+                     **({"taints": [dict(t) for t in spec.startup_taints]} if launched and spec.startup_taints else {})},
             "status": {
                 "capacity": dict(resources), "allocatable": self._allocatable(spec, resources, now),
-                "conditions": [{"type": "Ready", "status": "False" if spec.faults.not_ready else "True",
+                "conditions": [{"type": "Ready", "status": "False" if spec.faults.not_ready or booting else "True",
                                 "reason": "KubeletNotReady" if spec.faults.not_ready else "KubeletReady",
                                 "message": "kubelet is posting ready status",
                                 "lastHeartbeatTime": iso(now), "lastTransitionTime": iso(now - spec.age)}],
@@ -284,6 +291,7 @@ class SimCluster:
                              "labels": {"karpenter.sh/nodepool": pool,
                                         "node.kubernetes.io/instance-type": spec.instance_type}},
                 "spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+                         **({"startupTaints": [dict(t) for t in spec.startup_taints]} if spec.startup_taints else {}),
                          "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In",
                                            "values": [spec.instance_type]}]},
                 "status": {"nodeName": spec.name, "providerID": self.provider_id(spec, iid),
@@ -369,6 +377,16 @@ class SimCluster:
                 del self.terminating[name]
                 if self.store.peek("nodes", None, name) is not None:
                     self.store.delete("nodes", None, name)
+        for name, (ready_at, gpus) in list(self.warming.items()):
+            if now >= ready_at:
+                del self.warming[name]
+
+                def up(n: dict[str, Any], gpus: dict[str, str] = gpus) -> None:
+                    self._set_ready(n, True, now)
+                    n["status"]["capacity"].update(gpus)
+                    n["status"]["allocatable"].update(self._allocatable(self.specs[n["metadata"]["name"]], gpus, now))
+                if self.store.peek("nodes", None, name) is not None:
+                    self.store.mutate("nodes", None, name, up)
         for when, spec in list(self.joining):
             if now >= when:
                 self.joining.remove((when, spec))
@@ -545,7 +563,8 @@ class SimCluster:
                 base = old.name.rstrip("0123456789").rstrip("-r") or "node-"
                 fresh = NodeSpec(name=f"{base}-r{self.replacements:02d}", instance_type=old.instance_type,
                                  zone=old.zone, labels=dict(old.labels), age=0.0, faults=Faults(),
-                                 device_plugin_pod=old.device_plugin_pod, dra=old.dra)
+                                 device_plugin_pod=old.device_plugin_pod, dra=old.dra,
+                                 startup_taints=[dict(t) for t in old.startup_taints], boot=old.boot)
                 self.joining.append((now + 600.0, fresh))
         if plural == "pods":
             node = (obj.get("spec") or {}).get("nodeName")

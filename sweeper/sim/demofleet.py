@@ -12,7 +12,9 @@ DEMO_FLEET: dict[str, Any] = {
     "seed": 7,
     "speed": 600,
     "node_groups": [{"name_prefix": "gpu-p5-", "count": 16, "instance_type": "p5.48xlarge",
-                     "zone": "us-east-1a", "labels": {"karpenter.sh/nodepool": "gpu"}, "age": "3d"}],
+                     "zone": "us-east-1a", "labels": {"karpenter.sh/nodepool": "gpu"}, "age": "3d",
+                     # the NodePool's startupTaints: each node Karpenter launches is gated until Sweeper passes it
+                     "startup_taints": [{"key": "sweeper.dev/unvalidated", "effect": "NoSchedule"}], "boot": "3m"}],
     "workloads": [{"node": "gpu-p5-02", "gpus": 8, "duration": None},
                   {"node": "gpu-p5-06", "gpus": 8, "duration": "20h"},
                   {"node": "gpu-p5-11", "gpus": 4, "duration": "2d"}],

@@ -175,6 +175,12 @@ FAULT_KEYS = {f.name for f in fields(Faults)}
 _FAULTS = model_of(Faults, "FaultsFile")
 
 
+class _Taint(_Strict):
+    key: Annotated[str, Strict(), Field(min_length=1)]
+    value: Annotated[str, Strict()] = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+
+
 class _NodeGroup(_Strict):
     instance_type: Literal[tuple(HARDWARE)] = "p5.48xlarge"  # type: ignore[valid-type]
     name_prefix: Annotated[str, Strict()] | None = None
@@ -193,6 +199,12 @@ class _NodeGroup(_Strict):
     # GKE: the node pool's additional networks (multi-networking); without them an A3 has its primary gVNIC only
     multi_network: Annotated[bool, Strict()] = True
     dra: Annotated[bool, Strict()] = False  # GPUs as a DRA ResourceSlice, not nvidia.com/gpu (sweeper.sim.dra)
+    # Taints a node of this group registers with and that another controller is to remove: a Karpenter
+    # NodePool's startupTaints (https://karpenter.sh/docs/concepts/nodepools/), an EKS node group's
+    # taints. Every replacement carries them, and the group's own nodes of age 0 (just launched).
+    startup_taints: list[_Taint] = []
+    # A node launched registers NotReady with no GPU advertised, and is Ready with its GPUs this long after.
+    boot: duration_type(ge=0) = 0.0  # type: ignore[valid-type]
 
 
 class _Workload(_Strict):
@@ -271,6 +283,8 @@ class NodeSpec:
     driver: str = DEFAULT_DRIVER  # the NVIDIA driver version (node group key `driver`)
     multi_network: bool = True  # GKE: attached to its pool's additional networks (an A3's GPU gVNICs)
     dra: bool = False  # its GPUs are published as a DRA ResourceSlice (node group key `dra`)
+    startup_taints: list[dict[str, str]] = field(default_factory=list)  # node group key `startup_taints`
+    boot: float = 0.0  # node group key `boot`: NotReady, no GPU advertised, this long after launch
 
 
 @dataclass
@@ -347,7 +361,9 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
                                         labels=dict(labels), age=group.age, faults=Faults(),
                                         gpu_operator=operator, operands=group.operands,
                                         device_plugin_pod=group.device_plugin_pod, driver=group.driver,
-                                        multi_network=group.multi_network, dra=group.dra))
+                                        multi_network=group.multi_network, dra=group.dra,
+                                        startup_taints=[t.model_dump() for t in group.startup_taints],
+                                        boot=group.boot))
     fleet.platform = spec.platform
     registry = spec.registry or _Registry()
     fleet.missing_images = list(registry.missing)

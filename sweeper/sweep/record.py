@@ -131,6 +131,7 @@ class RunReport:
             "skipped": [{"node": d.node.name, "reason": d.reason, "detail": d.detail} for d in self.plan.skip],
             "tool_errors": self.tool_errors, "tool_stop": self.tool_stop,
             "gpu_node_profiles": self.plan.profiles,
+            "gate": [{"node": d.node.name, "reason": d.reason, "detail": d.detail} for d in self.plan.gate],
         }
 
 

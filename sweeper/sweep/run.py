@@ -68,11 +68,15 @@ class Sweep(SweepBase):
             p = report.plan = gates.discover(run)
             self.emit("plan", {"run_id": run.id, "take": [d.node.name for d in p.take], "gpu_nodes": p.gpu_nodes,
                                "held": p.held, "budget": p.budget,
-                               "recheck": [d.node.name for d in p.take if d.reason == "recheck"]})
+                               "recheck": [d.node.name for d in p.take if d.reason == "recheck"],
+                               "gate": [f"{d.node.name} ({d.reason})" for d in p.gate if d.take]})
             if self.dry_run:
                 for d in p.take:
                     run.rec.action(run.id, d.node.name, self.clock.now(), "would-sweep", d.detail, dry_run=True)
                     report.outcomes.append(NodeOutcome(d.node.name, "", [d.detail], "would-take"))
+                for d in [d for d in p.gate if d.take]:
+                    run.rec.action(run.id, d.node.name, self.clock.now(), "would-gate", d.detail, dry_run=True)
+                    report.outcomes.append(NodeOutcome(d.node.name, "", [d.detail], "would-gate"))
             else:
                 self._roll(run, report)
         except LockLost as exc:

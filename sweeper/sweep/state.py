@@ -50,6 +50,11 @@ class SweepBase:
         self.claims_catalog: Catalog | None = load_catalog(config.claims_catalog) if config.claims_test else None
         self.light_playbook = (load(str(config.playbook_file(config.light_playbook)), self.actions)
                                if config.light_playbook else None)
+        # The gate's playbooks: a new node's deep sweep, and the soak of a node back from its reboot or reset.
+        self.gate_playbook = load(str(config.playbook_file(config.gate_playbook)), self.actions) \
+            if config.gate_taint else None
+        self.soak_playbook = load(str(config.playbook_file(config.soak_playbook)), self.actions) \
+            if config.gate_taint else None
         self.remediator = Remediator(kube, config, self.clock, dry_run=dry_run,
                                      log=lambda m: self.emit("log", {"node": "-", "msg": m}),
                                      cancelled=self.stop.is_set)  # a run puts its own test in while it goes
