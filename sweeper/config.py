@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from sweeper import resources
 from sweeper.drivers import node_cuda_major
@@ -21,13 +21,15 @@ from sweeper.errors import ConfigError
 from sweeper.schema import (
     Deferred,
     check,
-    duration_type,
     model_of,
     read_yaml,
     reference_table,
     runtime_values,
     setting,
 )
+from sweeper.schema.configshapes import PINNED as _PINNED
+from sweeper.schema.configshapes import PINNED_WORDS as _PINNED_WORDS
+from sweeper.schema.configshapes import config_shapes as _shapes
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -55,57 +57,10 @@ _NAME_WORDS = "a DNS-1123 label: lowercase letters, digits and '-'"
 WEBHOOK_ENV = "SWEEPER_WEBHOOK_URL"  # the deploy sets it from the optional Secret sweeper-webhook
 # Every image a Job runs is pinned by digest (a tag can be moved to other content after review):
 # `name[:tag]@sha256:<64 hex>`. https://kubernetes.io/docs/concepts/containers/images/#image-names
-_PINNED = r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$"
-_PINNED_WORDS = "an image pinned by digest: name[:tag]@sha256:<64 hex>"
 # The digest of an image this project builds but has not published yet: no registry serves it, so a
 # pull fails (a fault of the tool, never of the node) until the release or the deployment puts the
 # pushed image's digest in its place; `sweeper lint --config` names every image that still carries it.
 UNPUBLISHED = "sha256:" + "0" * 64
-
-
-@functools.cache
-def _shapes() -> dict[str, Any]:
-    """The nested shapes of the file as pydantic models, built when a file is first checked: a
-    command run without a config file never imports pydantic, and starts faster."""
-    from pydantic import BaseModel, ConfigDict, Field, Strict
-
-    provider = Literal["karpenter", "asg", "manual"]
-
-    class _Remediation(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        default: provider = "manual"  # type: ignore[valid-type]
-        by_pool: dict[str, provider] = {}  # type: ignore[valid-type]
-        by_profile: dict[str, provider] = {}  # type: ignore[valid-type]
-
-    class _Schedule(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        name: Annotated[str, Strict(), Field(min_length=1)]
-        cron: Annotated[str, Strict(), Field(min_length=1)]
-        playbook: Annotated[str, Strict(), Field(min_length=1)] | None = None
-        max_nodes: Annotated[int, Strict(), Field(ge=0)] | None = None
-        interval: duration_type(gt=0) | None = None  # type: ignore[valid-type]
-        dcgm_level: Annotated[int, Strict(), Field(ge=1, le=4)] | None = None
-
-    class _Source(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        type: Literal["prometheus", "loki"]
-        url: Annotated[str, Strict(), Field(min_length=1)]
-        query: Annotated[str, Strict()] | None = None
-        node_label: Annotated[str, Strict()] | None = None
-        window: duration_type(gt=0) | None = None  # type: ignore[valid-type]
-        timeout: duration_type(gt=0) | None = None  # type: ignore[valid-type]
-
-    class _Rung(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        name: Annotated[str, Strict(), Field(min_length=1)]
-        playbook: Annotated[str, Strict(), Field(min_length=1)]
-        duration: duration_type(gt=0)  # type: ignore[valid-type]
-        dcgm_level: Annotated[int, Strict(), Field(ge=1, le=4)] | None = None
-
-    # `dcgm_images`: a CUDA major (YAML `12:` or `"12":`) to an image pinned by digest.
-    cuda_images = dict[Annotated[int, Field(ge=11, le=99)], Annotated[str, Strict(), Field(pattern=_PINNED)]]
-    return {"remediation": _Remediation, "schedules": list[_Schedule], "suspect_sources": list[_Source],
-            "dcgm_images": cuda_images, "depth_ladder": list[_Rung]}
 
 
 @dataclass(frozen=True)
