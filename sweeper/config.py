@@ -232,6 +232,16 @@ class Config:
                                       duration=True, ge=0)
     asg_action: str = setting("set-unhealthy", "what the asg provider does", choices=("set-unhealthy", "terminate"))
     aws_region: str = setting("", "else from the node's providerID zone")
+    evidence: bool = setting(True, "collect a held node's evidence (kernel log, nvidia-smi -q, DCGM's and the fabric's "
+                             "logs) in a short Job before its remedy (docs/evidence.md)")
+    evidence_max_bytes: int = setting(2 * 1024 * 1024, "cap of one compressed evidence bundle, far under the "
+                                      "kubelet's containerLogMaxSize (10 MiB)", ge=64 * 1024, le=6 * 1024 * 1024)
+    evidence_timeout: float = setting(300.0, "deadline of the evidence Job", duration=True, gt=0)
+    evidence_keep_bytes: int = setting(1024 ** 3, "bundles kept in the history in all; past it the oldest bundles' "
+                                       "bytes go (0: no cap)", ge=0)
+    evidence_s3_bucket: str = setting("", "keep bundles in this S3 bucket instead of the history (the history "
+                                      "keeps where each is)")
+    evidence_s3_prefix: str = setting("sweeper-evidence/", "key prefix of the bundles in evidence_s3_bucket")
     webhook_url: str = setting("", "Slack-compatible JSON on holds and replacements; a credential: prefer "
                                "webhook_url_file or $SWEEPER_WEBHOOK_URL, from a Secret")
     webhook_url_file: str = setting("", "a file holding the webhook URL (a mounted Secret's key); "

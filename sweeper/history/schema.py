@@ -129,8 +129,18 @@ def m006_cluster(conn: Connection, cluster: str) -> None:
     _index(conn, "node_sweeps", "cluster", "finished")
 
 
+def m007_evidence(conn: Connection, cluster: str) -> None:
+    # A held node's evidence bundle (a tar.gz the node made, never extracted), keyed by node and run,
+    # not by the live Node: a node Karpenter removed keeps it. `data` is null where the bundle is in
+    # object storage (`location`, s3://bucket/key) or was pruned by the size cap.
+    C = sa.Column
+    _create(conn, "evidence", _id(), C("run_id", Text), C("node", Text), C("ts", Float), C("bytes", Int),
+            C("sha256", Text), C("location", Text), C("manifest", Text), C("data", sa.LargeBinary),
+            C("cluster", Text, nullable=False, server_default=""), indexes=[("node", "run_id"), ("cluster", "ts")])
+
+
 MIGRATIONS: tuple[Migration, ...] = (m001_initial, m002_controls, m003_sweep_kind, m004_policy, m005_pairs,
-                                     m006_cluster)
+                                     m006_cluster, m007_evidence)
 KNOWN = [m.__name__ for m in MIGRATIONS]
 
 
@@ -162,6 +172,8 @@ def _current() -> sa.MetaData:
           C("mode", Text), C("busbw", Float), C("detail", Text), C("node_sweep_id", Int), C("partner_sweep_id", Int))
     table("pair_latest", C("node", Text), C("ts", Float), C("pair_id", Int), C("partner", Text), C("status", Text),
           C("mode", Text), C("role", Text), pk=("cluster", "node"))
+    table("evidence", _id(), C("run_id", Text), C("node", Text), C("ts", Float), C("bytes", Int),
+          C("sha256", Text), C("location", Text), C("manifest", Text), C("data", sa.LargeBinary))
     return md
 
 
