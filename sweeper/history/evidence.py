@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 from sweeper.history.base import Base
 from sweeper.history.store import locked
 
-PRUNED = "pruned"  # the location of a bundle whose bytes the size cap took
+PRUNED = "pruned"
+
+
+def _safe(value: Any) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", str(value))[:64] or "?"  # the location of a bundle whose bytes the size cap took
 
 
 class Evidence(Base):
@@ -51,7 +56,8 @@ class Evidence(Base):
                 parts = json.loads(r.pop("manifest") or "{}").get("parts") or []
             except ValueError:
                 parts = []
-            r["parts"] = {str(p.get("file", "?")): str(p.get("status", "?")) for p in parts if isinstance(p, dict)}
+            # the manifest is the node's words: names and statuses kept to a safe alphabet and length
+            r["parts"] = {_safe(p.get("file")): _safe(p.get("status")) for p in parts[:32] if isinstance(p, dict)}
         return rows
 
     @locked
