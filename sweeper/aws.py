@@ -87,7 +87,7 @@ class AutoScaling:
 
 
 class EvidenceBucket:
-    """Held nodes' evidence bundles in S3 (config `evidence_s3_bucket`), one object a node and run,
+    """Held nodes' evidence bundles in S3 (config `evidence_bucket`), one object a node and run,
     written when the node is held, as EKS's node diagnostics upload a node's logs to S3 at failure
     time (https://docs.aws.amazon.com/eks/latest/userguide/auto-get-logs.html)."""
 

@@ -239,9 +239,9 @@ class Config:
     evidence_timeout: float = setting(300.0, "deadline of the evidence Job", duration=True, gt=0)
     evidence_keep_bytes: int = setting(1024 ** 3, "bundles kept in the history in all; past it the oldest bundles' "
                                        "bytes go (0: no cap)", ge=0)
-    evidence_s3_bucket: str = setting("", "keep bundles in this S3 bucket instead of the history (the history "
+    evidence_bucket: str = setting("", "keep bundles in this S3 bucket instead of the history (the history "
                                       "keeps where each is)")
-    evidence_s3_prefix: str = setting("sweeper-evidence/", "key prefix of the bundles in evidence_s3_bucket")
+    evidence_bucket_prefix: str = setting("sweeper-evidence/", "key prefix of the bundles in evidence_bucket")
     webhook_url: str = setting("", "Slack-compatible JSON on holds and replacements; a credential: prefer "
                                "webhook_url_file or $SWEEPER_WEBHOOK_URL, from a Secret")
     webhook_url_file: str = setting("", "a file holding the webhook URL (a mounted Secret's key); "

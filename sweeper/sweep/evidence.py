@@ -1,5 +1,5 @@
 """A held node's evidence, kept before its remedy takes the node away: the evidence Job's bundle
-(sweeper.actions.evidence), stored in S3 where `evidence_s3_bucket` names a bucket, else in the
+(sweeper.actions.evidence), stored in S3 where `evidence_bucket` names a bucket, else in the
 history, keyed by node and run so that a node Karpenter removed still has it. No evidence is ever
 a fault of the node: what went wrong is an action row in words, and the verdict stands."""
 
@@ -33,10 +33,10 @@ def keep_evidence(run: Run, node: NodeView, profile: profiles.Profile, sweep_id:
         run.log(name, f"no evidence kept: {got.why}")
         return ""
     location = ""
-    if cfg.evidence_s3_bucket:
+    if cfg.evidence_bucket:
         run.fence()  # a write past the Kubernetes API
         try:
-            bucket = EvidenceBucket(cfg.evidence_s3_bucket, cfg.evidence_s3_prefix, cfg.aws_region or None)
+            bucket = EvidenceBucket(cfg.evidence_bucket, cfg.evidence_bucket_prefix, cfg.aws_region or None)
             location = bucket.put(bucket.key(getattr(run.rec, "cluster", "") or "default", name, run.id),
                                   got.bundle, hashlib.sha256(got.bundle).hexdigest())
         except AwsError as exc:  # the history keeps it instead
