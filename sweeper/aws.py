@@ -21,7 +21,9 @@ CHAIN = ("AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY", "AWS_WEB_IDENTITY_TOKEN_FILE
          "AWS_CONTAINER_CREDENTIALS_FULL_URI (EKS Pod Identity)", "~/.aws/credentials and ~/.aws/config",
          "the instance metadata service")
 ACTIONS = ("autoscaling:DescribeAutoScalingInstances", "autoscaling:SetInstanceHealth",
-           "autoscaling:TerminateInstanceInAutoScalingGroup", "s3:PutObject", "s3:GetObject")  # every call below
+           "autoscaling:TerminateInstanceInAutoScalingGroup")  # every Auto Scaling call below, and nothing else
+# The evidence bucket's calls (only with `evidence_bucket` set): Sweeper's role puts, a reader gets.
+EVIDENCE_ACTIONS = ("s3:PutObject", "s3:GetObject")
 
 
 def require_credentials(why: str) -> None:
