@@ -61,6 +61,8 @@ def collect_evidence(ctx: ActionContext, cap: int, timeout: float) -> Evidence:
         outcome = follow(ctx, source, Shape(node), timeout, False, read)
     if got.bundle is None and not got.why:
         result = outcome.result
-        got.why = outcome.inconclusive or ("; ".join(c.message for c in result.checks)[:500] if result else "") \
-            or "the evidence Job gave no bundle"
+        hung = result is not None and any(c.code == "DeadlineExceeded" for c in result.checks)
+        got.why = (f"the evidence Job did not finish within {int(timeout)}s (evidence_timeout)" if hung else
+                   outcome.inconclusive or ("; ".join(c.message for c in result.checks)[:500] if result else "")
+                   or "the evidence Job gave no bundle")
     return got

@@ -84,8 +84,11 @@ def _command(host: Host, part: Part, argv: list[str], timeout: float = 120.0) ->
         part.status, part.why = "error", f"cannot run {argv[0]}: {exc}"
         return
     text = out + (f"\n--- stderr ---\n{err}" if err.strip() else "")
+    # An empty answer is an answer: `nvidia-smi nvlink -s` prints nothing for a GPU without NVLink
+    # (a PCIe H100, exit 0); said in the manifest, never taken for a failure.
     part.keep(text.encode(errors="replace"), "collected" if code == 0 else "error",
-              "" if code == 0 else f"{argv[0]} exited {code}: {err.strip()[:200]}")
+              f"{argv[0]} exited {code}: {err.strip()[:200]}" if code != 0 else "" if text.strip()
+              else f"{' '.join(argv)} printed nothing")
 
 
 def _file(host: Host, part: Part, path: str) -> None:

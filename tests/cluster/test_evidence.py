@@ -78,3 +78,44 @@ def test_a_replaced_node_keeps_its_evidence_after_karpenter_removes_it(make_sim,
     assert again.exit_code == 2 and "--force" in again.output, "an existing file is not overwritten"
     doc = json.loads(cli.invoke(main, ["history", "gpu-01", "--state", str(history.path), "-o", "json"]).output)
     assert [e["run_id"] for e in doc["evidence"]] == [report.run_id]
+
+
+def test_no_evidence_is_never_a_finding_and_the_remedy_goes_on(make_sim, history: History) -> None:
+    """An evidence Job that cannot finish (here: a deadline shorter than the collection) keeps no
+    bundle and says why in an action row; the verdict and Karpenter's replacement stand."""
+    sim: Sim = make_sim(pool_fleet(2, {"gpu-01": {"remap_failure": [4]}}))
+    report = run_sweep(sim, history, replace(KARPENTER, evidence_timeout=20))
+    assert {o.node: o.verdict for o in report.outcomes} == {"gpu-00": "pass", "gpu-01": "replace"}
+    assert "gpu-01" not in {n.metadata.name for n in sim.core.list_node().items}
+    assert history.evidence_runs("gpu-01") == []
+    said = [a["detail"] for a in history.db.query("select detail from actions where node = 'gpu-01' "
+                                                  "and action = 'evidence'")]
+    # (on a loaded machine the pod may not even start within the deadline: no bundle either way)
+    assert said and said[0].startswith("none kept: ") and ("within 20s" in said[0] or "deadline" in said[0])
+    checks = [c["name"] for c in history.db.query("select name from checks where node = 'gpu-01'")]
+    assert not any(n.startswith("evidence") or n == "check.deadline" for n in checks), "nothing judged of it"
+
+
+def test_with_a_bucket_the_bundle_goes_to_s3_and_outlives_the_node(make_sim, history: History, tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    import boto3
+    from moto import mock_aws
+
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    with mock_aws():
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket="gpu-evidence")
+        sim: Sim = make_sim(pool_fleet(2, {"gpu-01": {"remap_failure": [4]}}))
+        report = run_sweep(sim, history, replace(KARPENTER, evidence_bucket="gpu-evidence"))
+        assert "gpu-01" not in {n.metadata.name for n in sim.core.list_node().items}
+        keys = [o["Key"] for o in s3.list_objects_v2(Bucket="gpu-evidence").get("Contents", [])]
+        assert keys == [f"sweeper-evidence/{history.cluster}/gpu-01/{report.run_id}.tar.gz"]
+        row = history.evidence_of("gpu-01", report.run_id)
+        assert row is not None and row["data"] is None and row["location"] == f"s3://gpu-evidence/{keys[0]}"
+        monkeypatch.chdir(tmp_path)
+        out = CliRunner().invoke(main, ["history", "gpu-01", "--state", str(history.path), "--evidence",
+                                        report.run_id, "--to", "-"])
+        assert out.exit_code == 0, out.output
+        assert read_manifest(out.stdout_bytes)["node"] == "gpu-01"
