@@ -92,7 +92,9 @@ def test_each_part_keeps_its_tail_and_the_whole_bundle_stays_under_its_cap() -> 
     # random-looking text that gzip cannot shrink much: 12 MiB of kernel log
     noise = base64.b64encode(os.urandom(9 * MiB)).decode()
     lines = "\n".join(noise[i:i + 100] for i in range(0, len(noise), 100)) + "\nTHE LAST LINE\n"
-    got = collect(FakeHost(commands={"dmesg": (0, lines, "")}), "gpu-1", cap=512 * 1024, now=5.0)
+    got = collect(FakeHost(commands={"dmesg": (0, lines, ""), "nvidia-smi": (0, "GPU 00000000:18:00.0\n" * 2000, "")}),
+                  "gpu-1", cap=512 * 1024, now=5.0)
+    assert parts(got.manifest)["nvidia-smi-q.txt"]["status"] == "collected", "the flood is cut, not its neighbours"
     assert len(got.bundle) <= 512 * 1024
     k = parts(got.manifest)["kernel.log"]
     assert k["status"] == "cut" and k["original_bytes"] == len(lines.encode()) and k["bytes"] < k["original_bytes"]

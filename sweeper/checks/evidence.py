@@ -173,13 +173,15 @@ def pack(parts: list[Part], manifest: dict[str, Any]) -> bytes:
 
 
 def fit(parts: list[Part], manifest: dict[str, Any], cap: int) -> tuple[bytes, dict[str, Any]]:
-    """Pack, and while over `cap`, halve (keeping the tail) or drop the least needed part with data."""
+    """Pack, and while over `cap`, halve the largest part (keeping its tail; the least needed first
+    among equals), or drop it once it is small or compressed: a flooding log is cut, and the small
+    parts beside it (nvidia-smi -q) stay whole."""
     while True:
         manifest["parts"] = [p.entry() for p in parts]
         bundle = pack(parts, manifest)
         if len(bundle) <= cap:
             return bundle, manifest
-        victims = sorted((p for p in parts if p.data), key=lambda p: -p.priority)
+        victims = sorted((p for p in parts if p.data), key=lambda p: (-len(p.data), -p.priority))
         if not victims:
             return bundle, manifest  # the manifest alone: nothing more can go
         v = victims[0]
