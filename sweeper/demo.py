@@ -112,7 +112,9 @@ def pair_sweep(console: Console, kube: Kube, hist: History, cluster: SimCluster,
     """One run of the pair playbook: idle nodes two at a time across the fabric; a failed pair
     blames neither node until each is re-paired with a known-good partner."""
     _rule(console, "pair sweeps over the fabric (playbook pair-fabric.yaml, two nodes at a time)")
-    cfg = replace(DEMO_CONFIG, playbook="pair-fabric.yaml", max_nodes=8, max_percent=50)
+    # No run deadline: at the demo's speed a real second of a loaded machine is minutes of simulated
+    # time, and a run whose refills stop at its hour would hand a suspect's first partner back unpaired.
+    cfg = replace(DEMO_CONFIG, playbook="pair-fabric.yaml", max_nodes=8, max_percent=50, run_deadline=0.0)
     report = Sweep(kube, cfg, hist, clock=cluster.clock, emit=printer).run()
     console.print(f"  {sum(1 for o in report.outcomes if o.action in ('released', 'held'))} node hand-back(s) "
                   f"with {report.api_requests} API requests")

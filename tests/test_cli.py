@@ -669,3 +669,13 @@ def test_metric_trends_leave_out_settings_and_take_the_lowest_thermal_margin(tmp
                       "ecc.aggregate_corrected": [28, 36]}, series
     res = CliRunner().invoke(main, ["history", "gpu-00", "--state", str(state)])
     assert "pcie" not in res.stdout and "power_limit" not in res.stdout and "gpu.thermal_margin" in res.stdout
+
+
+def test_python_dash_m_sweeper_is_the_sweeper_command() -> None:
+    """A check image run with a bare interpreter (`python3 -m sweeper check`, as on a GPU machine
+    where the console script was not installed) gets the same command and its name in --help."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "sweeper", "check", "--help"], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.startswith("Usage: sweeper check")

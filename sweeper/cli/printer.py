@@ -217,9 +217,12 @@ def plan(out: Out, view: Any) -> None:
         out.write(note)
     out.title(f"{doc['gpu_nodes']} GPU nodes, {doc['held']} held, budget {doc['budget']}")
     paired = view.paired
-    cols = (Col("node"), Col("take"), *((Col("partner"),) if paired else ()), Col("reason"), Col("detail", cut=True))
+    deep = any(r.get("depth") for r in doc["nodes"])  # a depth ladder: each node's depth and why
+    cols = (Col("node"), Col("take"), *((Col("partner"),) if paired else ()), Col("reason"),
+            *((Col("depth"),) if deep else ()), Col("detail", cut=True))
     out.table(cols, ([r["node"], "yes" if r["take"] else "no", *((r["partner"] or "-",) if paired else ()),
-                      r["reason"], r["detail"]]
+                      r["reason"], *((r.get("depth") or "-",) if deep else ()),
+                      r["detail"] + (f"; depth {r['why']}" if deep and r.get("why") else "")]
                      for r in sorted(doc["nodes"], key=lambda r: (not r["take"], r["node"]))), colour=[1])
 
 

@@ -129,7 +129,16 @@ def m006_cluster(conn: Connection, cluster: str) -> None:
     _index(conn, "node_sweeps", "cluster", "finished")
 
 
-def m007_evidence(conn: Connection, cluster: str) -> None:
+def m007_idle_spells(conn: Connection, cluster: str) -> None:
+    # One row a spell a GPU node stayed idle (no GPU pod), as the sweeps' discoveries saw it, with
+    # the node's pool: what the idle-window estimate reads (sweeper.window). `ended` null: still idle.
+    C = sa.Column
+    _create(conn, "idle_spells", _id(), C("node", Text), C("pool", Text), C("started", Float), C("ended", Float),
+            C("cluster", Text, nullable=False, server_default=""),
+            indexes=[("cluster", "pool", "started"), ("cluster", "node", "ended")])
+
+
+def m008_evidence(conn: Connection, cluster: str) -> None:
     # A held node's evidence bundle (a tar.gz the node made, never extracted), keyed by node and run,
     # not by the live Node: a node Karpenter removed keeps it. `data` is null where the bundle is in
     # object storage (`location`, s3://bucket/key) or was pruned by the size cap.
@@ -140,7 +149,7 @@ def m007_evidence(conn: Connection, cluster: str) -> None:
 
 
 MIGRATIONS: tuple[Migration, ...] = (m001_initial, m002_controls, m003_sweep_kind, m004_policy, m005_pairs,
-                                     m006_cluster, m007_evidence)
+                                     m006_cluster, m007_idle_spells, m008_evidence)
 KNOWN = [m.__name__ for m in MIGRATIONS]
 
 
@@ -172,6 +181,7 @@ def _current() -> sa.MetaData:
           C("mode", Text), C("busbw", Float), C("detail", Text), C("node_sweep_id", Int), C("partner_sweep_id", Int))
     table("pair_latest", C("node", Text), C("ts", Float), C("pair_id", Int), C("partner", Text), C("status", Text),
           C("mode", Text), C("role", Text), pk=("cluster", "node"))
+    table("idle_spells", _id(), C("node", Text), C("pool", Text), C("started", Float), C("ended", Float))
     table("evidence", _id(), C("run_id", Text), C("node", Text), C("ts", Float), C("bytes", Int),
           C("sha256", Text), C("location", Text), C("manifest", Text), C("data", sa.LargeBinary))
     return md

@@ -1486,7 +1486,7 @@ class SimCluster:
                 pcie_replays=100_000 if i in f.pcie_replay else 0,
                 clock_reasons=0x1 | (0x40 if i in f.thermal else 0) | (0x8 if i in f.throttle else 0),
                 margin=-5 if i in f.thermal else 38 - i, recovery_action=f.recovery_action.get(i, 0),
-                lost=i in f.gpu_lost,
+                lost=i in f.gpu_lost, pci_device_id=int(f"{hw.get('device_id') or '2330'}10DE", 16),
                 # HGX Hopper and Blackwell baseboards join an NVSwitch fabric; the A100's NVML does not report it.
                 fabric_state=(1 if f.fabric_manager_down else 3) if hw.get("nvswitch_fabric") else None))
         return FakeNvml(gpus=gpus, driver=spec.driver)

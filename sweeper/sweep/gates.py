@@ -16,6 +16,7 @@ from sweeper.clock import iso
 from sweeper.control import KEYS, dismissal_key
 from sweeper.fleet import Gates, NodeView, Plan, gpu_nodes, plan, suspect_signals
 from sweeper.policy import HOLDING
+from sweeper.sweep import depth
 from sweeper.sweep.record import ATTEMPT_VERDICTS
 from sweeper.sweep.state import Run
 
@@ -44,6 +45,8 @@ def discover(run: Run, refill: bool = False) -> Plan:
         if not run.dry_run:
             nodes = mark_suspects(run, nodes, named)
     p = plan(nodes, pods, cfg, run.rec.last_swept(run.sweep.kind), run.clock.now(), found)
+    if not run.dry_run and run.id:  # a run's look (not `plan`'s): when nodes were idle, for the idle window
+        depth.observe(run.rec, cfg, p, run.clock.now())
     for d in p.skip:
         if d.warning:  # the node's own data is broken: that node is skipped, the run goes on
             run.log(d.node.name, f"warning: {d.warning}")

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from sweeper import profiles, signals
+from sweeper import profiles, signals, window
 from sweeper.actions import load_all
 from sweeper.actions.jobwatch import RunWatch
 from sweeper.clock import Clock, WallClock
@@ -43,6 +43,8 @@ class SweepBase:
         self.profiles = profiles.load_profiles(config.path("profiles"))
         self.playbook = load(str(config.playbook_file(config.playbook)), self.actions)
         self.sources = [signals.Source.from_dict(s) for s in config.suspect_sources]  # a bad one fails here
+        self.rungs = window.ladder(config.depth_ladder)  # light to deep (sweeper.sweep.depth)
+        self.rung_books = {r.name: load(str(config.playbook_file(r.playbook)), self.actions) for r in self.rungs}
         self.light_playbook = (load(str(config.playbook_file(config.light_playbook)), self.actions)
                                if config.light_playbook else None)
         self.remediator = Remediator(kube, config, self.clock, dry_run=dry_run,
@@ -84,6 +86,7 @@ class Run:
         self.probe_waits = False  # after a stop, every due node was a suspect: none was tried
         self.cooling = False  # the last discovery found the breaker's cooldown in force
         self.suspects: dict[str, str] = {}  # node -> why an outside signal names it, as this run first read
+        self.windows: dict[str, Any] = {}  # pool -> its idle window, as this run first estimated it
 
     @property
     def cfg(self) -> Config:
