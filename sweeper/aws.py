@@ -21,7 +21,9 @@ CHAIN = ("AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY", "AWS_WEB_IDENTITY_TOKEN_FILE
          "AWS_CONTAINER_CREDENTIALS_FULL_URI (EKS Pod Identity)", "~/.aws/credentials and ~/.aws/config",
          "the instance metadata service")
 ACTIONS = ("autoscaling:DescribeAutoScalingInstances", "autoscaling:SetInstanceHealth",
-           "autoscaling:TerminateInstanceInAutoScalingGroup")  # every call below, and nothing else
+           "autoscaling:TerminateInstanceInAutoScalingGroup")  # every Auto Scaling call below, and nothing else
+# The evidence bucket's calls (only with `evidence_bucket` set): Sweeper's role puts, a reader gets.
+EVIDENCE_ACTIONS = ("s3:PutObject", "s3:GetObject")
 
 
 def require_credentials(why: str) -> None:
@@ -84,3 +86,43 @@ class AutoScaling:
                                                                  ShouldDecrementDesiredCapacity=False)
         except Exception as exc:
             raise AwsError(f"terminate_instance_in_auto_scaling_group {instance_id}: {exc}") from exc
+
+
+class EvidenceBucket:
+    """Held nodes' evidence bundles in S3 (config `evidence_bucket`), one object a node and run,
+    written when the node is held, as EKS's node diagnostics upload a node's logs to S3 at failure
+    time (https://docs.aws.amazon.com/eks/latest/userguide/auto-get-logs.html)."""
+
+    def __init__(self, bucket: str, prefix: str = "", region: str | None = None,
+                 endpoint_url: str | None = None) -> None:
+        import boto3
+
+        self.bucket, self.prefix = bucket, prefix
+        self.client: Any = boto3.client("s3", region_name=region or None, endpoint_url=endpoint_url)
+
+    def key(self, cluster: str, node: str, run_id: str) -> str:
+        safe = [re.sub(r"[^A-Za-z0-9._-]", "_", p)[:120] or "_" for p in (cluster, node, run_id)]
+        return f"{self.prefix}{safe[0]}/{safe[1]}/{safe[2]}.tar.gz"
+
+    def put(self, key: str, bundle: bytes, sha256: str) -> str:
+        """Store the bundle; its address, s3://bucket/key."""
+        try:
+            self.client.put_object(Bucket=self.bucket, Key=key, Body=bundle, ContentType="application/gzip",
+                                   Metadata={"sha256": sha256})
+        except Exception as exc:
+            raise AwsError(f"put_object s3://{self.bucket}/{key}: {exc}") from exc
+        return f"s3://{self.bucket}/{key}"
+
+    def get(self, location: str, limit: int) -> bytes:
+        """The bundle at an s3:// address this class wrote (at most `limit` bytes are read)."""
+        m = re.fullmatch(r"s3://([^/]+)/(.+)", location)
+        if m is None:
+            raise AwsError(f"not an s3:// address: {location!r}")
+        try:
+            body = self.client.get_object(Bucket=m.group(1), Key=m.group(2))["Body"]
+            data: bytes = body.read(limit + 1)
+        except Exception as exc:
+            raise AwsError(f"get_object {location}: {exc}") from exc
+        if len(data) > limit:
+            raise AwsError(f"{location} is larger than {limit} bytes: not a bundle Sweeper wrote")
+        return data

@@ -61,6 +61,7 @@ WEBHOOK_ENV = "SWEEPER_WEBHOOK_URL"  # the deploy sets it from the optional Secr
 # pull fails (a fault of the tool, never of the node) until the release or the deployment puts the
 # pushed image's digest in its place; `sweeper lint --config` names every image that still carries it.
 UNPUBLISHED = "sha256:" + "0" * 64
+MiB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -229,6 +230,13 @@ class Config:
                                       duration=True, ge=0)
     asg_action: str = setting("set-unhealthy", "what the asg provider does", choices=("set-unhealthy", "terminate"))
     aws_region: str = setting("", "else from the node's providerID zone")
+    evidence: bool = setting(True, "keep a held node's logs and GPU state in a Job before its remedy (docs/evidence.md)")
+    evidence_max_bytes: int = setting(2 * MiB, "cap of one compressed evidence bundle (containerLogMaxSize is 10 MiB)",
+                                      ge=64 * 1024, le=6 * MiB)
+    evidence_timeout: float = setting(300.0, "deadline of the evidence Job", duration=True, gt=0)
+    evidence_keep_bytes: int = setting(1024 * MiB, "bundles kept in the history; past it the oldest go (0: no cap)", ge=0)
+    evidence_bucket: str = setting("", "an S3 bucket for the bundles instead of the history (which keeps their address)")
+    evidence_bucket_prefix: str = setting("sweeper-evidence/", "key prefix of the bundles in evidence_bucket")
     webhook_url: str = setting("", "Slack-compatible JSON on holds and replacements; a credential: prefer "
                                "webhook_url_file or $SWEEPER_WEBHOOK_URL, from a Secret")
     webhook_url_file: str = setting("", "a file holding the webhook URL (a mounted Secret's key); "

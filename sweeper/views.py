@@ -200,3 +200,31 @@ def cluster_node_history(kube: Any, cfg: Config, node: str, since_seconds: float
         labels = LabelHistory(kube.list_nodes(cfg.gpu_node_selector, page_size=cfg.page_size, devices=False), cfg)
         h = labels.node_history(node, None if since_seconds is None else time.time() - since_seconds)
         return Read({**h, "known": labels.knows(node)}, "the node's labels and annotations alone", str(exc))
+
+
+def evidence_bundle(hist: Any, cfg: Config, node: str, run_id: str) -> bytes:
+    """The bytes of node `node`'s evidence bundle of run `run_id`, from the history or from S3 where it
+    went there; checked against the digest recorded when it was kept. A tar.gz the node made: written
+    out as one file, never extracted. ConfigError when there is none to give."""
+    import hashlib
+
+    from sweeper.errors import ConfigError
+
+    row = hist.evidence_of(node, run_id)
+    if row is None:
+        runs = [r["run_id"] for r in hist.evidence_runs(node)][:5]
+        raise ConfigError(f"no evidence of node {node!r} for run {run_id!r}"
+                          + (f" (runs with evidence: {', '.join(runs)})" if runs else " (none kept of this node)"))
+    data = row["data"]
+    if data is None and str(row["location"]).startswith("s3://"):
+        from sweeper.aws import EvidenceBucket
+
+        data = EvidenceBucket(row["location"].split("/")[2], region=cfg.aws_region or None).get(
+            row["location"], max(int(row["bytes"] or 0), 1))
+    if data is None:
+        raise ConfigError(f"the evidence of node {node!r} for run {run_id!r} is no longer kept "
+                          f"({row['location']}: the history's size cap, evidence_keep_bytes, took its bytes)")
+    if hashlib.sha256(data).hexdigest() != row["sha256"]:
+        raise ConfigError(f"the evidence of node {node!r} for run {run_id!r} does not match the digest recorded "
+                          "when it was kept")
+    return bytes(data)

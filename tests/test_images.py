@@ -115,13 +115,15 @@ def test_the_iam_policy_is_the_three_calls_of_the_asg_provider() -> None:
     (DescribeAutoScalingInstances -> describe_auto_scaling_instances) is a boto3 call there."""
     import json
 
-    from sweeper.aws import ACTIONS
+    from sweeper.aws import ACTIONS, EVIDENCE_ACTIONS
 
     stmts = json.loads((ROOT / "deploy" / "eks" / "iam-policy.json").read_text())["Statement"]
     assert sorted(a for stmt in stmts for a in stmt["Action"]) == sorted(ACTIONS)
     source = (ROOT / "sweeper" / "aws.py").read_text()
     called = set(re.findall(r"self\.client\.(\w+)\(", source))
-    assert called == {re.sub(r"(?<!^)(?=[A-Z])", "_", a.split(":")[1]).lower() for a in ACTIONS}
+    # the evidence bucket's two calls are granted on that bucket alone, where it is configured (docs/evidence.md)
+    assert called == {re.sub(r"(?<!^)(?=[A-Z])", "_", a.split(":")[1]).lower() for a in ACTIONS + EVIDENCE_ACTIONS}
+    assert all(a in (ROOT / "docs" / "evidence.md").read_text() for a in EVIDENCE_ACTIONS)
 
 
 PAIR = ROOT / "images" / "nccl-pair"

@@ -38,7 +38,14 @@ from sweeper.actions.podstate import (  # noqa: F401  (re-exported: their old ho
     start_failure,
 )
 from sweeper.actions.podstate import Fault as _Fault  # noqa: F401  (its old name)
-from sweeper.actions.safety import REMEDIATION_TEMPLATES, Rules, problems, protected
+from sweeper.actions.safety import (
+    EVIDENCE_PATHS,
+    HOST_PATHS,
+    REMEDIATION_TEMPLATES,
+    Rules,
+    problems,
+    protected,
+)
 from sweeper.clock import parse_duration
 from sweeper.config import home
 from sweeper.demand import holds_gpus
@@ -125,7 +132,11 @@ def job_rules(ctx: ActionContext, found: JobTemplate, affinities: tuple[dict[str
                  privileged_image=getattr(ctx.config, key) if key else "", host_pid=found.name == "reboot.yaml.j2",
                  bound_node=str((ctx.node or {}).get("name", "")) if bound else "",
                  gpu_resources=(*ctx.config.gpu_resources, *ctx.config.gpu_resource_prefixes),
-                 claims=() if bound else claims)
+                 claims=() if bound else claims,
+                 host_paths=EVIDENCE_PATHS if found.shipped and found.name == EVIDENCE_TEMPLATE else HOST_PATHS)
+
+
+EVIDENCE_TEMPLATE = "sweeper-evidence.yaml.j2"  # the one template that may mount the host's /var/log
 
 
 def job_namespace(ctx: ActionContext, remediation: bool = False) -> str:

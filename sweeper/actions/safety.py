@@ -34,6 +34,9 @@ from sweeper.errors import PlaybookError
 #   /run/log/journal             the ring buffer lost, read by the image's journalctl (--root)
 #   /home/kubernetes/bin/nvidia  GKE's driver libraries and nvidia-smi (the light check)
 HOST_PATHS = frozenset({"/sys", "/var/log/journal", "/run/log/journal", "/home/kubernetes/bin/nvidia"})
+# The shipped evidence Job alone also mounts /var/log, read-only, for two files it names (DCGM's and the
+# fabric manager's logs): a hostPath of one file that is absent is made a directory by the runtime.
+EVIDENCE_PATHS = HOST_PATHS | {"/var/log"}
 # Where container runtimes keep their sockets and state: never reachable from a check pod. The one
 # path under /run a check may mount is exactly /run/log/journal (journal files, no socket: journald's
 # sockets are under /run/systemd/journal); nothing above, beside or below it.
@@ -69,6 +72,7 @@ class Rules:
     # The pod's DRA claims, Sweeper's own (the held node's GPUs through its ResourceClaimTemplate): a
     # template names no other claim, and a bound Job none
     claims: tuple[dict[str, Any], ...] = ()
+    host_paths: frozenset[str] = HOST_PATHS  # the evidence Job also reads /var/log (EVIDENCE_PATHS)
 
 
 def problems(docs: list[dict[str, Any]], rules: Rules) -> list[str]:
@@ -138,7 +142,7 @@ def pod_specs(doc: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
 
 def pod_problems(pod: dict[str, Any], rules: Rules, what: str) -> list[str]:
     out = [f"{what}: {p}" for p in _placement(pod, rules)]
-    host_paths = _host_path_volumes(pod, out, what)
+    host_paths = _host_path_volumes(pod, out, what, rules.host_paths)
     privileged = False
     for c in _containers(pod):
         name = f"{what} container {c.get('name', '?')}"
@@ -223,7 +227,8 @@ def _placement(pod: dict[str, Any], rules: Rules) -> Iterator[str]:
         yield f"priorityClassName must be the config's check_priority_class ({rules.priority_class or 'none'})"
 
 
-def _host_path_volumes(pod: dict[str, Any], out: list[str], what: str) -> set[str]:
+def _host_path_volumes(pod: dict[str, Any], out: list[str], what: str,
+                       allowed: frozenset[str] = HOST_PATHS) -> set[str]:
     """The names of the pod's hostPath volumes; what is wrong with its volumes goes into `out`."""
     names: set[str] = set()
     for v in pod.get("volumes") or []:
@@ -237,12 +242,12 @@ def _host_path_volumes(pod: dict[str, Any], out: list[str], what: str) -> set[st
         names.add(str(v.get("name")))
         raw = str((v.get("hostPath") or {}).get("path", ""))
         path = posixpath.normpath(raw) if raw.startswith("/") else raw
-        exact = path in HOST_PATHS and raw.rstrip("/") == path
+        exact = path in allowed and raw.rstrip("/") == path
         if not exact and any(path == p or path.startswith(p.rstrip("/") + "/") for p in RUNTIME_PATHS):
             out.append(f"{what}: volume {v.get('name')!r}: host path {raw!r} holds container runtime state or sockets")
         elif not exact:
             out.append(f"{what}: volume {v.get('name')!r}: host path {raw!r} is not one the checks read "
-                       f"({', '.join(sorted(HOST_PATHS))})")
+                       f"({', '.join(sorted(allowed))})")
         if (v.get("hostPath") or {}).get("type") in CREATING_TYPES:
             out.append(f"{what}: volume {v.get('name')!r}: hostPath type {v['hostPath']['type']} creates what is "
                        "missing on the host; a check creates nothing there")

@@ -20,6 +20,7 @@ class _Main(click.Group):
         "breaker": "The circuit breaker: status, reset.",
         "check": "The node-local checks, run inside a check Job.",
         "demo": "The whole product on the embedded simulated cluster.",
+        "evidence": "Collect a held node's evidence bundle (inside a Job on the node).",
         "history": "A node's sweeps, verdicts, pairs, findings, actions and trends.",
         "ingest": "Parse a tool's output and record it in a node's history.",
         "lint": "Check playbooks, job templates, profiles and config.",

@@ -183,3 +183,27 @@ def check(out: Out, termination_log: str, **kw: Any) -> None:
     except OSError:
         pass
     sys.exit(0 if result.status in ("pass", "warn", "skip") else 1)
+
+
+@main.command("evidence", epilog=examples("sweeper evidence --host-root /host --max-bytes 2097152"))
+@click.option("--node", default="", help="Name of the node (default: $NODE_NAME).")
+@click.option("--host-root", default="/", show_default=True,
+              help="Where the host's journal directories and /var/log are mounted in the container.")
+@click.option("--max-bytes", type=click.IntRange(64 * 1024, 8 * 1024 * 1024), default=2 * 1024 * 1024,
+              show_default=True, help="Cap of the compressed bundle (parts are cut, then dropped, to fit).")
+@click.option("--bug-report-timeout", type=click.FloatRange(1, 1800), default=240.0, show_default=True,
+              help="Seconds nvidia-bug-report.sh may take, where the image has it.")
+@run_cli
+def evidence_cmd(node: str, host_root: str, max_bytes: int, bug_report_timeout: float) -> None:
+    """Collect a held node's evidence (inside a Job on the node) and print it: base64 of a tar.gz
+    between two marker lines, its manifest first (what was collected, missing, cut). A missing
+    tool or file is noted in the manifest, never an error. Exit 0 when the bundle was printed.
+    """
+    from sweeper.checks.evidence import collect, emit
+    from sweeper.checks.host import RealHost
+
+    got = collect(RealHost(host_root), node or os.environ.get("NODE_NAME", ""), max_bytes,
+                  bug_report_timeout=bug_report_timeout)
+    stderr_out().write(f"evidence: {len(got.bundle)} bytes; " + ", ".join(
+        f"{p['file']} {p['status']}" for p in got.manifest["parts"]))
+    click.echo(emit(got.bundle), nl=False)

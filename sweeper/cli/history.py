@@ -84,17 +84,24 @@ def _said(read: Any, state: str) -> None:
 
 
 @main.command(epilog=examples("sweeper history gpu-p5-04", "sweeper history gpu-p5-04 --since 7d --check ecc -o wide",
-                              "sweeper history gpu-p5-04 -o json | jq '.sweeps[0]'"))
+                              "sweeper history gpu-p5-04 -o json | jq '.sweeps[0]'",
+                              "sweeper history gpu-p5-04 --evidence 20260301-0200-ab12 --to gpu-p5-04.tar.gz",
+                              "sweeper history gpu-p5-04 --evidence 20260301-0200-ab12 --to - | tar tzf -"))
 @click.argument("node")
 @cluster_options
 @click.option("--since", help="Only what happened within this long (e.g. 7d, 12h).")
 @click.option("--check", "check", default="", help="Only findings and metrics whose name starts with this "
               "(e.g. ecc, nvlink, xid, nccl).")
+@click.option("--evidence", "evidence_run", metavar="RUN",
+              help="Write the node's evidence bundle of run RUN (a tar.gz, written whole, never extracted).")
+@click.option("--to", "to", type=click.Path(dir_okay=False, allow_dash=True),
+              help="Where --evidence writes ('-' for stdout; default evidence-NODE-RUN.tar.gz).")
+@click.option("--force", is_flag=True, help="Let --evidence overwrite an existing file.")
 @output_options
 @run_cli
 @reads_the_cluster
 def history(node: str, config_path: str | None, kubeconfig: str | None, context: str | None, state: str,
-            since: str | None, check: str, out: Out) -> None:
+            since: str | None, check: str, evidence_run: str | None, to: str | None, force: bool, out: Out) -> None:
     """A node's sweeps, verdicts and the rules behind them, pair runs (partner, mode, bus
     bandwidth), failed checks, actions and metric trends (sparklines). A node the history has
     never seen is exit 2.
@@ -102,7 +109,15 @@ def history(node: str, config_path: str | None, kubeconfig: str | None, context:
     With no local history for the kubeconfig context (no --state, no SWEEPER_STATE), the history
     the cluster's `sweeper serve` keeps, read through the API server; when that cannot be read,
     what the node's labels and annotations say of its last sweep. It says which.
+
+    The runs that kept the node's evidence (held for reboot, replacement or a person) are listed;
+    --evidence RUN writes that bundle out, from the local history (or S3 where it went there),
+    even after the node itself is gone.
     """
+    if evidence_run is not None:
+        return _write_evidence(node, evidence_run, to, force, config_path, state)
+    if to is not None or force:
+        raise ConfigError("--to and --force go with --evidence RUN")
     if no_local_history(state):
         from sweeper.views import cluster_node_history
 
@@ -118,6 +133,7 @@ def history(node: str, config_path: str | None, kubeconfig: str | None, context:
         h = hist.node_history(node, since_cutoff(since), check=check)
         known, where = hist.knows(node), f"the history at {state}"
         h.pop("known", None)
+        h["evidence"] = hist.evidence_runs(node)
     if not (h["sweeps"] or h["actions"] or h["pruned_days"]) and not known:
         raise ConfigError(f"no node {node!r} in {where} (`sweeper nodes` lists the nodes it knows)")
     h.pop("generated", None)
@@ -125,6 +141,32 @@ def history(node: str, config_path: str | None, kubeconfig: str | None, context:
         out.document(iso_times(h))
     else:
         printer.print_history(out, h)
+
+
+def _write_evidence(node: str, run_id: str, to: str | None, force: bool, config_path: str | None, state: str) -> None:
+    """The bundle as one file (O_EXCL unless --force; never through a symlink), or on stdout."""
+    import os
+    import re
+
+    from sweeper.views import evidence_bundle
+
+    need_state(state)
+    data = evidence_bundle(history_at(state, create=False), config_for(config_path), node, run_id)
+    if to == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
+    path = to or re.sub(r"[^A-Za-z0-9._-]", "_", f"evidence-{node}-{run_id}.tar.gz")
+    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | (os.O_TRUNC if force else os.O_EXCL)
+    try:
+        fd = os.open(path, flags, 0o600)
+    except FileExistsError:
+        raise ConfigError(f"{path} exists: --force to overwrite it") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    stderr_out().write(f"{len(data)} bytes of evidence of {node} (run {run_id}) written to {path}")
 
 
 @main.command("report", epilog=examples("sweeper report", "sweeper report --since 7d -o /tmp/fleet.html",

@@ -106,6 +106,7 @@ _FINDING_COLS = (Col("when"), Col("check"), Col("gpu"), Col("status"), Col("code
 _ACTION_COLS = (Col("when"), Col("run", wide=True), Col("action"), Col("detail", cut=True))
 _CLAIM_COLS = (Col("when"), Col("run", wide=True), Col("source"), Col("claim"), Col("test", wide=True),
                Col("outcome"), Col("evidence", cut=True))
+_EVIDENCE_COLS = (Col("when"), Col("run"), Col("bytes"), Col("where"), Col("parts", cut=True))
 _PAIR_COLS = (Col("when"), Col("run", wide=True), Col("partner"), Col("mode"), Col("busbw GB/s"), Col("status"),
               Col("detail", cut=True))
 
@@ -157,6 +158,11 @@ def print_history(console: Any, h: dict[str, Any]) -> None:
         o.title("actions" + (f" (the latest 20 of {len(h['actions'])})" if len(h["actions"]) > 20 else ""))
         o.table(_ACTION_COLS, ([o.when(a["ts"]), a["run_id"], a["action"] + (" (dry run)" if a["dry_run"] else ""),
                                 a["detail"]] for a in h["actions"][:20]))
+    if h.get("evidence"):
+        o.title("")
+        o.title("evidence kept (sweeper history NODE --evidence RUN writes one out)")
+        o.table(_EVIDENCE_COLS, ([o.when(e["ts"]), e["run_id"], e["bytes"], e["where"],
+                                  ", ".join(f"{f} {st}" for f, st in e["parts"].items())] for e in h["evidence"][:10]))
     if h["metrics"]:
         o.title("")
         o.title("metric trends (counts summed over GPUs, temperatures the hottest GPU's, thermal margins the "

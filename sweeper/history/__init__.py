@@ -8,7 +8,7 @@ protocol. Every row carries its cluster's name.
 - `recorder`: the sweep's writes and what it reads back; `reading`: a node's story and the
   policy's past; `fleet`: the report's and the backtest's reads; `retention`: pruning; `idle`: the
   nodes' idle spells and depths of test, for the idle-window estimate; `claims`: outside claims
-  judged, and each source's precision."""
+  judged, and each source's precision; `evidence`: held nodes' evidence bundles."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.history.claims import Claims
+from sweeper.history.evidence import Evidence
 from sweeper.history.fleet import Fleet
 from sweeper.history.idle import Idle
 from sweeper.history.reading import Reading
@@ -35,7 +36,7 @@ from sweeper.history.schema import (
 from sweeper.history.store import Link, cluster_name, is_url, redact, state_exists
 
 
-class History(Recorder, Reading, Fleet, Retention, Idle, Claims):
+class History(Recorder, Reading, Fleet, Retention, Idle, Claims, Evidence):
     """The history at `state`: a SQLite path (`:memory:` for none) or a `postgresql://` URL.
 
     `cluster`: the name written on every row, and the only cluster read. Without it the name is

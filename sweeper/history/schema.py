@@ -149,8 +149,18 @@ def m008_claims(conn: Connection, cluster: str) -> None:
             indexes=[("node", "source", "code", "ts"), ("cluster", "ts"), ("sweep_id",)])
 
 
+def m009_evidence(conn: Connection, cluster: str) -> None:
+    # A held node's evidence bundle (a tar.gz the node made, never extracted), keyed by node and run,
+    # not by the live Node: a node Karpenter removed keeps it. `data` is null where the bundle is in
+    # object storage (`location`, s3://bucket/key) or was pruned by the size cap.
+    C = sa.Column
+    _create(conn, "evidence", _id(), C("run_id", Text), C("node", Text), C("ts", Float), C("bytes", Int),
+            C("sha256", Text), C("location", Text), C("manifest", Text), C("data", sa.LargeBinary),
+            C("cluster", Text, nullable=False, server_default=""), indexes=[("node", "run_id"), ("cluster", "ts")])
+
+
 MIGRATIONS: tuple[Migration, ...] = (m001_initial, m002_controls, m003_sweep_kind, m004_policy, m005_pairs,
-                                     m006_cluster, m007_idle_spells, m008_claims)
+                                     m006_cluster, m007_idle_spells, m008_claims, m009_evidence)
 KNOWN = [m.__name__ for m in MIGRATIONS]
 
 
@@ -186,6 +196,8 @@ def _current() -> sa.MetaData:
     table("claims", _id(), C("run_id", Text), C("sweep_id", Int), C("node", Text), C("ts", Float), C("source", Text),
           C("code", Text), C("kind", Text), C("test", Text), C("since", Float), C("outcome", Text),
           C("evidence", Text))
+    table("evidence", _id(), C("run_id", Text), C("node", Text), C("ts", Float), C("bytes", Int),
+          C("sha256", Text), C("location", Text), C("manifest", Text), C("data", sa.LargeBinary))
     return md
 
 

@@ -22,7 +22,7 @@ import uuid
 from functools import partial
 from typing import Any
 
-from sweeper.checks import run_node_checks
+from sweeper.checks import evidence, run_node_checks
 from sweeper.checks.fake import (
     JOURNALCTL_FORMAT,
     FakeGpu,
@@ -44,6 +44,7 @@ from sweeper.clock import ScaledClock, iso, parse_iso
 from sweeper.drivers import branch_of, cuda_of_branch
 from sweeper.sim import claims as outside_claims
 from sweeper.sim import dra, tools
+from sweeper.sim import evidence as sim_evidence
 from sweeper.sim.fleet import CUDA_OF_BRANCH, HARDWARE, Faults, Fleet, NodeSpec
 from sweeper.sim.podspec import (
     GPU,
@@ -906,6 +907,8 @@ class SimCluster:
             return now + self.fleet.check_seconds
         if self._is_gpu_reset(self._argv(pod)):
             return now + 20.0
+        if self._argv(pod)[:2] == ["sweeper", "evidence"]:
+            return now + 30.0  # dmesg, the journal, nvidia-smi -q and nvlink -s, packed
         argv = self._last_command(self._argv(pod))
         prog = argv[0].rsplit("/", 1)[-1] if argv else ""
         if prog == "dcgmi":
@@ -1338,6 +1341,8 @@ class SimCluster:
         missing = self._shell_missing(pod)
         if missing:
             return 127, f"sh: 1: {missing}: not found\n", ""  # the shell's "command not found"
+        if self._argv(pod)[:2] == ["sweeper", "evidence"]:
+            return self._evidence(pod, node_name, now)
         if not self._is_check(pod) and self._is_gpu_reset(self._argv(pod)):
             if not self._sees_gpus(pod):
                 return 127, "sh: 1: nvidia-smi: not found\n", ""  # no NVIDIA runtime put it in the container
@@ -1388,6 +1393,19 @@ class SimCluster:
                                  now=now, uptime=now - boot, host=self.fake_host(node_name, now, self._host_paths(pod)))
         exit_code = 0 if result.status in ("pass", "warn", "skip") else 1
         return exit_code, result.to_json() + "\n", result.summary()
+
+    def _evidence(self, pod: dict[str, Any], node_name: str, now: float) -> tuple[int, str, str]:
+        """`sweeper evidence`: the real collector on the node's fake host; its bundle in the log."""
+        argv = self._argv(pod)
+        try:
+            cap = int(argv[argv.index("--max-bytes") + 1]) if "--max-bytes" in argv else evidence.DEFAULT_CAP
+        except (ValueError, IndexError):
+            return 2, "sweeper evidence: error: --max-bytes\n", ""
+        nvml = self.fake_nvml(node_name, now) if self._sees_gpus(pod) else None
+        host = sim_evidence.EvidenceHost(self.fake_host(node_name, now, self._host_paths(pod)), nvml,
+                                         self.kernel_log(node_name, now), now)
+        got = evidence.collect(host, node_name, cap, now=now)  # type: ignore[arg-type]
+        return 0, evidence.emit(got.bundle), ""
 
     def _sees_gpus(self, pod: dict[str, Any]) -> bool:
         """A pod that requests GPUs gets them from the device plugin. One that requests none sees them
@@ -1534,7 +1552,9 @@ class SimCluster:
         commands = {"nvidia-smi": (0, topo_output(gpus, hw["nvlinks"], topo_nics, "PXB", far=f.poor_affinity), ""),
                     "journalctl": (0, "", "")}
         boot = self.boot_id(node_name)
-        if not f.no_journal and (mounts is None or "/var/log/journal" in mounts):
+        if hw.get("nvswitch_fabric") and (mounts is None or "/var/log" in mounts):
+            files["/var/log/fabricmanager.log"] = sim_evidence.fabric_manager_log(f.fabric_manager_down)
+        if not f.no_journal and (mounts is None or {"/var/log/journal", "/var/log"} & mounts):
             lines = self._kernel_lines(node_name, self.clock.now() if now is None else now)
             machine = uuid.uuid5(uuid.NAMESPACE_DNS, f"{node_name}.machine-id").hex
             files[f"/var/log/journal/{machine}/system.journal"] = journal_file(

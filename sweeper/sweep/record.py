@@ -56,6 +56,9 @@ class Recorder(Protocol):
     def claim_result(self, run_id: str, sweep_id: int | None, node: str, ts: float, claim: dict[str, Any],
                      outcome: str, evidence: str) -> None: ...
     def claims_settled(self, nodes: list[str]) -> dict[tuple[str, str, str], float]: ...
+    # a held node's evidence bundle (its bytes, or where it is stored)
+    def keep_evidence(self, run_id: str, node: str, ts: float, bundle: bytes, manifest: dict[str, Any],
+                      location: str = "", keep_bytes: int = 0) -> list[tuple[str, str]]: ...
     # what the policy's history rules read (policy.Past)
     def sweeps(self, node: str, since: float, until: float) -> list[dict[str, Any]]: ...
     def series(self, node: str, metric: str, since: float, until: float) -> list[tuple[float, int | None, float]]: ...
@@ -65,7 +68,7 @@ class Recorder(Protocol):
 
 RECORDER_WRITES = frozenset({"run_started", "run_finished", "sweep_started", "sweep_finished", "result", "action",
                              "intent", "set_control", "pair_result", "idle_seen",
-                             "claim_result"})
+                             "claim_result", "keep_evidence"})
 
 
 class FencedRecorder:

@@ -9,13 +9,14 @@ from typing import Any
 
 from sweeper import profiles
 from sweeper.actions import node as node_actions
-from sweeper.errors import KubeError, PlaybookError
+from sweeper.errors import KubeError, PlaybookError, SweeperError
 from sweeper.fleet import NodeView
 from sweeper.notify import message
 from sweeper.policy import HOLDING
 from sweeper.remedy import Remedy
 from sweeper.sweep import depth
 from sweeper.sweep.claims import judge_node
+from sweeper.sweep.evidence import keep_evidence
 from sweeper.sweep.faults import count_tool_error
 from sweeper.sweep.hold import hand_back, hold_one
 from sweeper.sweep.play import event, node_vars, play
@@ -58,6 +59,11 @@ def sweep_node(run: Run, view: NodeView) -> NodeOutcome:
         record_verdict(run, name, sweep_id, verdict, reasons, decision, action)
         depth.recorded(run, name, choice, verdict)
         judge_node(run, name, sweep_id, verdict)
+    if verdict in HOLDING and action == "held":  # before a remedy takes the node away
+        try:
+            keep_evidence(run, node, profile, sweep_id)
+        except SweeperError as exc:  # kept for people: never in the way of the verdict or its remedy
+            run.log(name, f"no evidence kept: {exc}")
     after_verdict(run, node, profile, verdict, reasons, decision, action)
     return NodeOutcome(name, verdict, reasons, action, time.monotonic() - t0)
 
