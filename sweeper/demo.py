@@ -24,10 +24,8 @@ from sweeper.sim.fleet import DEMO_FLEET, parse_fleet
 from sweeper.sim.server import ApiServer
 from sweeper.sweep import Sweep
 
-# run_deadline 0: the simulated clock runs at 600x the real one, so the default hour is 6 real seconds, and
-# on a loaded machine the pair sweep passed it before its re-pair and told another story (docs/testing.md).
 DEMO_CONFIG = Config(playbook="sweep-nccl.yaml", max_nodes=4, max_percent=25, min_node_age=600, interval=20 * 3600, poll_interval=5,
-                     check_timeout=900, remediate_reboots=True, node_condition=True, run_deadline=0,
+                     check_timeout=900, remediate_reboots=True, node_condition=True,
                      remediation={"default": "manual", "by_pool": {"gpu": "karpenter"}, "by_profile": {}})
 
 
