@@ -95,10 +95,17 @@ def _shapes() -> dict[str, Any]:
         window: duration_type(gt=0) | None = None  # type: ignore[valid-type]
         timeout: duration_type(gt=0) | None = None  # type: ignore[valid-type]
 
+    class _Rung(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        name: Annotated[str, Strict(), Field(min_length=1)]
+        playbook: Annotated[str, Strict(), Field(min_length=1)]
+        duration: duration_type(gt=0)  # type: ignore[valid-type]
+        dcgm_level: Annotated[int, Strict(), Field(ge=1, le=4)] | None = None
+
     # `dcgm_images`: a CUDA major (YAML `12:` or `"12":`) to an image pinned by digest.
     cuda_images = dict[Annotated[int, Field(ge=11, le=99)], Annotated[str, Strict(), Field(pattern=_PINNED)]]
     return {"remediation": _Remediation, "schedules": list[_Schedule], "suspect_sources": list[_Source],
-            "dcgm_images": cuda_images}
+            "dcgm_images": cuda_images, "depth_ladder": list[_Rung]}
 
 
 @dataclass(frozen=True)
@@ -187,7 +194,24 @@ class Config:
     light_interval: float = setting(6 * 3600.0, "how often a busy node gets the light check", duration=True, gt=0)
     light_max: int = setting(20, "light checks running at once (each busy node once a run)", ge=0)
     yield_to_pending: bool = setting(True, "take no node while GPU pods wait for capacity")
-    abort_on_demand: bool = setting(False, "also stop running (abortable) checks then and hand their nodes back")
+    abort_on_demand: bool = setting(False, "also stop running (abortable) checks then, only as many as the pending "
+                                    "work needs (least progress first), and hand their nodes back")
+    depth_ladder: tuple[dict[str, Any], ...] = setting(
+        (), "playbooks from light to deep, each with how long it holds a node (soak included): a node gets the "
+        "deepest that fits its pool's idle window (docs/how-it-works.md); empty: `playbook` always (and a `serve` "
+        "schedule that names its own playbook or dcgm_level runs that)",
+        annotation=Deferred(lambda: _shapes()["depth_ladder"]), allowed="list of {name, playbook, duration, dcgm_level}")
+    depth_quantile: float = setting(0.2, "the idle window is this quantile of the pool's past idle spells", gt=0, lt=1)
+    depth_margin: float = setting(0.25, "a rung fits when its duration times 1 + this fits the window", ge=0)
+    depth_min_samples: int = setting(8, "fewer past idle spells at this hour: `playbook`, not the ladder", ge=1)
+    depth_lookback: float = setting(28 * 86400.0, "the idle spells read for the estimate", duration=True, gt=0)
+    depth_by_week: bool = setting(False, "estimate by hour of the week, not of the day")
+    depth_deep_after: float = setting(14 * 86400.0, "a node with no deep test for this long gets the deepest rung "
+                                      "when it fits the median window (0: never)", duration=True, ge=0)
+    pool_labels: tuple[str, ...] = setting(
+        ("karpenter.sh/nodepool", "eks.amazonaws.com/nodegroup", "cloud.google.com/gke-nodepool",
+         "kubernetes.azure.com/agentpool", "node.kubernetes.io/instance-type"),
+        "a node's pool for its idle window: the first of these labels it carries")
     max_replacements_per_hour: int = setting(2, "beyond this, a replace verdict becomes quarantine", ge=0)
     check_priority_class: str = setting("", "a low PriorityClass for check pods")
     platform: str = setting("auto", "where the GPU nodes run: sets the runtime class and GKE's driver mount; "
@@ -215,6 +239,11 @@ class Config:
     suspect_conditions: tuple[str, ...] = setting(("GpuXid", "GpuEcc", "GpuNvlink", "GpuCount"),
                                                   "node conditions that make an idle node swept first")
     handled_conditions: tuple[str, ...] = setting((), "another remediator owns a node with one of these set")
+    claims_test: bool = setting(True, "test the claims other tools make (conditions, taints, DRA device taints "
+                                "in the claims catalogue): an idle node carrying an untested one is swept first, "
+                                "and each claim is recorded confirmed, refuted or inconclusive")
+    claims_catalog: str = setting("", "the claims catalogue to read (empty: the shipped one, "
+                                  "sweeper/data/claims-catalog.yaml)")
     suspect_sources: tuple[dict[str, Any], ...] = setting(
         (), "outside signals: Prometheus or Loki queries", annotation=Deferred(lambda: _shapes()["suspect_sources"]),
         allowed="list of {type: prometheus|loki, url, query, node_label, window, timeout}")

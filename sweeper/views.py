@@ -97,10 +97,15 @@ def plan_view(kube: Any, cfg: Config, hist: Any, now: float | None = None) -> Pl
     found = sweep.resolve_platform(gpu_nodes(nodes, cfg), pods)
     cfg = sweep.cfg
     gates = sweep.gates()
-    p = make_plan(nodes, pods, cfg, hist.last_swept(sweep.kind), time.time() if now is None else now, gates)
+    at = time.time() if now is None else now
+    p = make_plan(nodes, pods, cfg, hist.last_swept(sweep.kind), at, gates)
     p.notes = [*(found.why if found else ()), *p.notes]
     rows: list[dict[str, Any]] = [{"node": d.node.name, "take": d.take, "reason": d.reason, "detail": d.detail}
                                   for d in p.take + p.skip]
+    windows: dict[str, Any] = {}
+    for r, d in zip(rows, p.take + p.skip, strict=True):  # the depth each node would get, and why
+        if d.take or d.reason in ("idle", "over-budget"):
+            r.update(sweep.depth(d.node, at, windows).as_dict())
     partners = sweep.partners(p) if sweep.playbook.pair else None
     for r in rows if partners is not None else []:  # a pair playbook takes nodes two at a time
         r["partner"] = partners.get(r["node"], "")  # type: ignore[union-attr]

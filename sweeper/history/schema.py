@@ -129,8 +129,28 @@ def m006_cluster(conn: Connection, cluster: str) -> None:
     _index(conn, "node_sweeps", "cluster", "finished")
 
 
+def m007_idle_spells(conn: Connection, cluster: str) -> None:
+    # One row a spell a GPU node stayed idle (no GPU pod), as the sweeps' discoveries saw it, with
+    # the node's pool: what the idle-window estimate reads (sweeper.window). `ended` null: still idle.
+    C = sa.Column
+    _create(conn, "idle_spells", _id(), C("node", Text), C("pool", Text), C("started", Float), C("ended", Float),
+            C("cluster", Text, nullable=False, server_default=""),
+            indexes=[("cluster", "pool", "started"), ("cluster", "node", "ended")])
+
+
+def m008_claims(conn: Connection, cluster: str) -> None:
+    # One row a judged outside claim: the node, the sweep that tested it, the claim's source and
+    # code (a condition's type and reason, a taint's key and value), its kind, the test, when the
+    # claim was made, and the outcome (confirmed | refuted | inconclusive) with its evidence.
+    C = sa.Column
+    _create(conn, "claims", _id(), C("run_id", Text), C("sweep_id", Int), C("node", Text), C("ts", Float),
+            C("source", Text), C("code", Text), C("kind", Text), C("test", Text), C("since", Float),
+            C("outcome", Text), C("evidence", Text), C("cluster", Text, nullable=False, server_default=""),
+            indexes=[("node", "source", "code", "ts"), ("cluster", "ts"), ("sweep_id",)])
+
+
 MIGRATIONS: tuple[Migration, ...] = (m001_initial, m002_controls, m003_sweep_kind, m004_policy, m005_pairs,
-                                     m006_cluster)
+                                     m006_cluster, m007_idle_spells, m008_claims)
 KNOWN = [m.__name__ for m in MIGRATIONS]
 
 
@@ -162,6 +182,10 @@ def _current() -> sa.MetaData:
           C("mode", Text), C("busbw", Float), C("detail", Text), C("node_sweep_id", Int), C("partner_sweep_id", Int))
     table("pair_latest", C("node", Text), C("ts", Float), C("pair_id", Int), C("partner", Text), C("status", Text),
           C("mode", Text), C("role", Text), pk=("cluster", "node"))
+    table("idle_spells", _id(), C("node", Text), C("pool", Text), C("started", Float), C("ended", Float))
+    table("claims", _id(), C("run_id", Text), C("sweep_id", Int), C("node", Text), C("ts", Float), C("source", Text),
+          C("code", Text), C("kind", Text), C("test", Text), C("since", Float), C("outcome", Text),
+          C("evidence", Text))
     return md
 
 

@@ -42,6 +42,7 @@ from sweeper.checks.fake import (
 from sweeper.checks.options import CheckOptions
 from sweeper.clock import ScaledClock, iso, parse_iso
 from sweeper.drivers import branch_of, cuda_of_branch
+from sweeper.sim import claims as outside_claims
 from sweeper.sim import dra, tools
 from sweeper.sim.fleet import CUDA_OF_BRANCH, HARDWARE, Faults, Fleet, NodeSpec
 from sweeper.sim.podspec import (
@@ -263,9 +264,12 @@ class SimCluster:
         self.specs[spec.name] = spec
         if spec.faults.gpu_lost or spec.faults.xids or spec.faults.xid_storm:
             self._watched.add(spec.name)
+        outside_claims.on_node(node, spec.faults.outside_claims, now)
         created = self.store.create("nodes", None, node)
         if spec.dra and gpus:
-            self.store.create("resourceslices", None, dra.resource_slice(spec.name, gpus, hw["model"]))
+            rslice = dra.resource_slice(spec.name, gpus, hw["model"])
+            outside_claims.on_slice(rslice, spec.faults.outside_claims, now)
+            self.store.create("resourceslices", None, rslice)
         if spec.operands:
             self._with_operands.add(spec.name)
             self._operands(now)
@@ -1468,7 +1472,7 @@ class SimCluster:
                 pcie_replays=100_000 if i in f.pcie_replay else 0,
                 clock_reasons=0x1 | (0x40 if i in f.thermal else 0) | (0x8 if i in f.throttle else 0),
                 margin=-5 if i in f.thermal else 38 - i, recovery_action=f.recovery_action.get(i, 0),
-                lost=i in f.gpu_lost,
+                lost=i in f.gpu_lost, pci_device_id=int(f"{hw.get('device_id') or '2330'}10DE", 16),
                 # HGX Hopper and Blackwell baseboards join an NVSwitch fabric; the A100's NVML does not report it.
                 fabric_state=(1 if f.fabric_manager_down else 3) if hw.get("nvswitch_fabric") else None))
         return FakeNvml(gpus=gpus, driver=spec.driver)

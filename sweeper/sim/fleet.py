@@ -20,6 +20,8 @@ from sweeper.schema import (
     runtime_values,
     setting,
 )
+from sweeper.sim.claims import OutsideClaim
+from sweeper.sim.demofleet import DEMO_FLEET as DEMO_FLEET
 from sweeper.sim.dra import KueueWorkload
 
 # What each instance type *is* (the simulated hardware), not what Sweeper expects of it.
@@ -164,6 +166,9 @@ class Faults:
                                  "asks for GPUs (e.g. \"nvidia-container-cli: initialization error: nvml error: "
                                  "driver/library version mismatch: unknown\"): every such container on the node "
                                  "fails to start, StartError with exit 128, as containerd reports it")
+    outside_claims: list[dict[str, Any]] = setting(help="other tools' claims of the node: conditions, taints, DRA "
+                                                   "device taints (sweeper.sim.claims)", factory=list,
+                                                   annotation=list[OutsideClaim], allowed="list of OutsideClaim")
 
 
 FAULT_KEYS = {f.name for f in fields(Faults)}
@@ -370,28 +375,3 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
     if arr.duration is not None:
         fleet.arrival_duration = arr.duration
     return fleet
-
-
-DEMO_FLEET: dict[str, Any] = {
-    "name": "demo",
-    "seed": 7,
-    "speed": 600,
-    "node_groups": [{"name_prefix": "gpu-p5-", "count": 16, "instance_type": "p5.48xlarge",
-                     "zone": "us-east-1a", "labels": {"karpenter.sh/nodepool": "gpu"}, "age": "3d"}],
-    "workloads": [{"node": "gpu-p5-02", "gpus": 8, "duration": None},
-                  {"node": "gpu-p5-06", "gpus": 8, "duration": "20h"},
-                  {"node": "gpu-p5-11", "gpus": 4, "duration": "2d"}],
-    "arrivals": {"per_hour": 0.15, "gpus": 8, "duration": ["2h", "8h"]},
-    "faults": {
-        "gpu-p5-04": {"xids": [{"code": 79, "gpu": 3, "text": "GPU has fallen off the bus."}]},
-        "gpu-p5-09": {"missing_gpus": 1},
-        "gpu-p5-13": {"hung_check": True},
-        "gpu-p5-14": {"remap_pending": [5]},
-        # Busy until its job ends at 20h, watched meanwhile by light checks: corrected ECC errors on
-        # GPU 2 climb far faster than the trend rule allows, and would turn uncorrectable on day 3.
-        "gpu-p5-06": {"ecc_growth": {2: 240}, "ecc_fail_at": "3d"},
-        # Its EFA links carry 40% of their rate: every single-node check passes; only a pair sweep
-        # across the fabric, and re-pairing with known-good partners, finds it.
-        "gpu-p5-08": {"link_degraded": 0.4},
-    },
-}

@@ -16,6 +16,8 @@ from sweeper.clock import iso
 from sweeper.control import KEYS, dismissal_key
 from sweeper.fleet import Gates, NodeView, Plan, gpu_nodes, plan, suspect_signals
 from sweeper.policy import HOLDING
+from sweeper.sweep import claims as outside_claims
+from sweeper.sweep import depth
 from sweeper.sweep.record import ATTEMPT_VERDICTS
 from sweeper.sweep.state import Run
 
@@ -43,7 +45,12 @@ def discover(run: Run, refill: bool = False) -> Plan:
         found = replace(found, suspects=named)
         if not run.dry_run:
             nodes = mark_suspects(run, nodes, named)
+    run.claimed = outside_claims.pending(run, nodes)
+    if run.claimed:  # a node carrying an untested claim goes first, as a suspect does
+        found = replace(found, suspects={**run.claimed, **found.suspects})
     p = plan(nodes, pods, cfg, run.rec.last_swept(run.sweep.kind), run.clock.now(), found)
+    if not run.dry_run and run.id:  # a run's look (not `plan`'s): when nodes were idle, for the idle window
+        depth.observe(run.rec, cfg, p, run.clock.now())
     for d in p.skip:
         if d.warning:  # the node's own data is broken: that node is skipped, the run goes on
             run.log(d.node.name, f"warning: {d.warning}")
@@ -89,7 +96,7 @@ def mark_suspects(run: Run, nodes: list[dict[str, Any]], found: dict[str, str]) 
 def suspect(run: Run, view: NodeView) -> bool:
     """A node with signs of its own trouble (a condition, a signal, GPUs the device plugin holds
     back): never the probe after a stop, whose failing would say nothing about the check."""
-    return bool(suspect_signals(view, run.cfg, run.suspects))
+    return bool(suspect_signals(view, run.cfg, {**run.claimed, **run.suspects}))
 
 
 def light_candidates(run: Run, p: Plan) -> list[NodeView]:

@@ -177,7 +177,8 @@ class NodeUnits:
 
 
 def group(run: Run, view: NodeView) -> pairing.GroupKey:
-    return pairing.group_key(profiles.match(run.sweep.profiles, view.labels).name, view.labels, run.cfg.pair_labels)
+    return pairing.group_key(profiles.match(run.sweep.profiles, view.labels).name, view.labels, run.cfg.pair_labels,
+                             dra=bool(view.dra.get("devices")))
 
 
 def partners(run: Run, p: Plan) -> dict[str, str]:

@@ -12,7 +12,7 @@ from sweeper.errors import LockLost
 from sweeper.fleet import Gates, Plan
 from sweeper.lock import SweepLock
 from sweeper.platforms import Found
-from sweeper.sweep import faults, gates, play, queue
+from sweeper.sweep import depth, faults, gates, play, queue
 from sweeper.sweep.reconcile import reconcile
 from sweeper.sweep.record import FencedRecorder, NodeOutcome, Recorder, RunReport, new_run_id
 from sweeper.sweep.state import Run, SweepBase
@@ -117,6 +117,10 @@ class Sweep(SweepBase):
 
     def gates(self) -> Gates:
         return gates.gates(self._outside())
+
+    def depth(self, view: Any, now: float, cache: dict[str, Any]) -> Any:
+        """The depth a run would give node `view` now (sweeper.window.Choice)."""
+        return depth.choose(self.rec, self.cfg, self.rungs, view, now, cache)
 
     def partners(self, p: Plan) -> dict[str, str]:
         """For a pair playbook: the pairs a run would take first from plan `p` (each node to its partner)."""
