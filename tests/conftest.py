@@ -129,6 +129,28 @@ def held_then_released_by_a_person(make_sim: Callable[..., Sim], history: Histor
     return sim, cfg, second
 
 
+@pytest.fixture(scope="session")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """`sweeper demo` as a user runs it, once in a process (the CLI's test and the report's read it, and
+    share an xdist group): at 80 columns, as in a pipe. Its output, its history and report, and the
+    fleet table it printed (node -> state, last verdict, sweeps)."""
+    from click.testing import CliRunner
+
+    from sweeper.cli import main
+
+    state = tmp_path_factory.mktemp("demo") / "demo.db"
+    res = CliRunner().invoke(main, ["demo", "--state", str(state)], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    summary: dict[str, dict[str, Any]] = {}
+    table = res.stdout.split("── the fleet ", 1)[-1].split("\n── ", 1)[0]
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.split("│")]
+        if len(cells) >= 7 and cells[1].startswith("gpu-"):  # a "│" in a reason splits only its cell
+            summary[cells[1]] = {"state": cells[2], "verdict": cells[3], "sweeps": int(cells[4])}
+    assert summary, f"no fleet table in the demo's output:\n{res.stdout[-3000:]}"
+    return {"state": state, "page": state.with_name("report.html"), "out": res.stdout, "summary": summary}
+
+
 # -- how the suite is scheduled (docs/testing.md) ------------------------------------------------------
 # Tests that need the wall clock, not the simulated one: a signal to another process at a chosen moment,
 # a race between processes, a deadline that production measures in real seconds. They keep their real
@@ -144,13 +166,14 @@ REALTIME_ELSEWHERE = {
     "tests/test_security_data.py::test_many_requests_for_the_report_share_one_render":
         "concurrent HTTP clients and a real socket timeout",
 }
-# Modules whose module-scoped fixture is costly (a served simulator in a process of its own, four
-# simulated weeks of history, the demo): under pytest-xdist's --dist loadgroup each runs on one worker,
-# so the fixture is built once rather than once per worker that draws one of its tests.
+# Modules (or tests: node id prefixes) whose fixture is costly (a served simulator in a process of its
+# own, four simulated weeks of history, the demo): under pytest-xdist's --dist loadgroup each group runs
+# on one worker, so the fixture is built once rather than once per worker that draws one of its tests.
 SHARED_FIXTURE_MODULES = {
     "tests/cluster/test_kubectl.py": "served-simulator",
     "tests/test_history_policy.py": "four-weeks",
     "tests/test_report.py": "demo",
+    "tests/test_cli.py::test_demo_runs_end_to_end": "demo",
 }
 # The longest single tests, started first so that no worker begins one when the others are done.
 LONG_FIRST = (
@@ -174,7 +197,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for prefix, why in REALTIME_ELSEWHERE.items():
             if item.nodeid.startswith(prefix):
                 item.add_marker(pytest.mark.realtime(why))
-        group = SHARED_FIXTURE_MODULES.get(item.nodeid.split("::", 1)[0])
+        group = next((g for prefix, g in SHARED_FIXTURE_MODULES.items() if item.nodeid.startswith(prefix)), None)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: every worker sorts alike (a stable sort)

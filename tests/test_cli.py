@@ -104,11 +104,10 @@ def test_exit_codes(make_sim, tmp_path: Path) -> None:
     assert res.exit_code == 2 and "--since" in res.stderr
 
 
-def test_demo_runs_end_to_end(tmp_path: Path) -> None:
-    """At 80 columns, as in a pipe: the commands it suggests stay whole on one line, to be copied."""
-    res = CliRunner().invoke(main, ["demo", "--state", str(tmp_path / "demo.db")], env={"COLUMNS": "80"})
-    assert res.exit_code == 0, res.output
-    out = res.stdout
+def test_demo_runs_end_to_end(demo: dict[str, Any]) -> None:
+    """At 80 columns, as in a pipe: the commands it suggests stay whole on one line, to be copied. (The
+    demo runs once in the session, tests/conftest.py; the report's tests read its history.)"""
+    out, state = demo["out"], demo["state"]
     assert "cycle 5 of 5" in out and "the fleet" in out
     assert re.search(r"gpu-p5-04: reboot -> held", out), "the XID 79 node is held for a reboot"
     assert "gpu-p5-04: reboot: reboot-started" in out and re.search(r"gpu-p5-04: pass -> released", out), \
@@ -118,8 +117,8 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     assert re.search(r"gpu-p5-13 .*held .*quarantine", out), "the hung check waits for a person"
     assert re.search(r"gpu-p5-06: replace -> held\s+\(corrected-ecc-rising", out), \
         "the node whose corrected ECC climbs is replaced on its slope"
-    assert f"(sweeper history NODE --state {tmp_path / 'demo.db'})" in out and (tmp_path / "report.html").exists()
-    assert f"(sweeper report --state {tmp_path / 'demo.db'} --offline)" in out
+    assert f"(sweeper history NODE --state {state})" in out and demo["page"].exists()
+    assert f"(sweeper report --state {state} --offline)" in out
     assert "sweeper history gpu-p5-06 --check ecc:" in out
     # the pair sweep: gpu-p5-08's links run at 40%; its first pair fails and blames neither node,
     # each is re-paired with a known-good partner, and gpu-p5-08 alone is held

@@ -462,6 +462,7 @@ def test_set_image_pins_one_entry_and_regenerates_every_file(tmp_path: Path, mon
     assert entry == {"name": "ghcr.io/sweeper-dev/sweeper", "newName": "registry.example.com/sweeper",
                      "newTag": "0.1.0", "digest": "sha256:" + "ab" * 32}
     assert images(tmp_path)["check_image"] == mine
-    assert overlay_files(tmp_path) == {rel: (tmp_path / "deploy" / rel).read_text() for rel in overlay_files(tmp_path)}
+    files = overlay_files(tmp_path)
+    assert files == {rel: (tmp_path / "deploy" / rel).read_text() for rel in files}
     for rel in ("cronjob.yaml", "eks/config.yaml", "gpu-operator/config.yaml", "admission-policy.yaml"):
         assert mine in (tmp_path / "deploy" / rel).read_text(), rel

@@ -5,7 +5,6 @@ node, NCCL bandwidth, and every in-page link landing on a node's page."""
 
 from __future__ import annotations
 
-import io
 import re
 import shutil
 import time
@@ -16,9 +15,8 @@ from typing import Any
 import pytest
 import yaml
 from click.testing import CliRunner
-from rich.console import Console
 
-from sweeper.cli import main, print_history
+from sweeper.cli import main
 from sweeper.history import History
 from sweeper.policy import load_policy
 from sweeper.report import gather, render
@@ -117,17 +115,7 @@ def test_the_cluster_s_gpu_nodes_win_over_the_recorded_plan(make_sim, tmp_path: 
 
 
 # -- the demo's report in a real browser ------------------------------------------------------------
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from sweeper.demo import run_demo
-
-    state = tmp_path_factory.mktemp("demo") / "history.db"
-    buf = io.StringIO()  # rich's output and the plain tables, in the order they were written
-    console = Console(file=buf, width=200)
-    summary = run_demo(console, state, cycles=5, hours_between=6.0, printer=lambda kind, data: None,
-                       print_history=print_history)
-    return {"state": state, "page": state.with_name("report.html"), "out": buf.getvalue(),
-            "summary": summary}
+# `demo`: the demo, run once in a process by tests/conftest.py
 
 
 def test_the_demo_replaces_a_node_on_its_trend_before_it_fails(demo: dict[str, Any]) -> None:

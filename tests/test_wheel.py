@@ -42,10 +42,13 @@ def test_a_wheel_installed_outside_the_repository_lints_and_runs_the_demo(tmp_pa
                    if p.is_file() and "__pycache__" not in p.parts}
         assert shipped and shipped <= inside, f"the wheel lacks {sorted(shipped - inside)}"
 
-    made = run([sys.executable, "-m", "venv", str(venv)], tmp_path)
+    # A bare environment (no pip of its own to bootstrap: this pip installs into it, `--python`), then the
+    # wheel with its dependencies from the index, as `pip install` resolves them for a user.
+    made = run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path)
     assert made.returncode == 0, made.stderr
     python = venv / "bin" / "python"
-    installed = run([str(python), "-m", "pip", "install", "-q", "--no-compile", str(wheel)], tmp_path)
+    installed = run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-compile", str(wheel)],
+                    tmp_path)
     assert installed.returncode == 0, installed.stdout + installed.stderr
 
     env = {k: v for k, v in os.environ.items() if k not in ("SWEEPER_HOME", "PYTHONPATH", "VIRTUAL_ENV")}

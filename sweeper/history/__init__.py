@@ -12,6 +12,8 @@ protocol. Every row carries its cluster's name.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +81,13 @@ class History(Recorder, Reading, Fleet, Retention, Idle, Claims, Evidence):
 
             self._sqlite_db = Database(self.conn, execute_plugins=False)
         return self._sqlite_db
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Every call inside, one transaction: committed at the end, rolled back if it fails (for tests,
+        benchmarks and bulk imports that write many sweeps; a sweep commits each call by itself)."""
+        with self._link.transaction():
+            yield
 
     def query(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """Rows of a read-only SQL statement with `:name` parameters, on either backend (for tests,

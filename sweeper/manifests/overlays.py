@@ -72,9 +72,9 @@ metadata:
 """
 
 
-def _policy_patches(root: Path, config: Config) -> dict[tuple[str, str], list[dict[str, Any]]]:
+def _policy_patches(root: Path, config: Config, memo: dict[str, Any] | None = None) -> dict[tuple[str, str], list[dict[str, Any]]]:
     """JSON patches (RFC 6902) that turn the base's admission policies into those of `config` (the
-    NodeClaim policy follows `remediation`), by the policy's kind and name."""
+    NodeClaim policy follows `remediation`), by the policy's kind and name. `memo`: render_policies'."""
     from sweeper.admission import render_policies
 
     def by_name(text: str) -> dict[tuple[str, str], dict[str, Any]]:
@@ -82,7 +82,7 @@ def _policy_patches(root: Path, config: Config) -> dict[tuple[str, str], list[di
 
     base = by_name((root / "deploy" / "admission-policy.yaml").read_text())
     out = {}
-    for key, doc in by_name(render_policies(root, config)).items():
+    for key, doc in by_name(render_policies(root, config, memo)).items():
         ops = [{"op": "replace", "path": f"/{part}", "value": doc[part]} for part in ("metadata", "spec")
                if (base.get(key) or {}).get(part) != doc[part]]
         if ops:
@@ -90,10 +90,12 @@ def _policy_patches(root: Path, config: Config) -> dict[tuple[str, str], list[di
     return out
 
 
-def overlay_files(root: Path | None = None) -> dict[str, str]:
-    """Every file of the overlays, by its path under deploy/."""
+def overlay_files(root: Path | None = None, memo: dict[str, Any] | None = None) -> dict[str, str]:
+    """Every file of the overlays, by its path under deploy/. `memo`: the Job shapes rendered from this
+    root's templates so far (each overlay's policies need them; they differ by config, not by platform)."""
     root = root or home()
     deploy = root / "deploy"
+    memo = {} if memo is None else memo
     out: dict[str, str] = {}
     for name in ("cronjob.yaml", "admission-policy.yaml"):
         out[f"base/{name}"] = (f"# A copy of deploy/{name}, written by `python -m sweeper.manifests overlays`: the "
@@ -121,7 +123,7 @@ def overlay_files(root: Path | None = None) -> dict[str, str]:
                     {"op": "add", "path": "/spec/storageClassName", "value": ov.storage_class}]) + "\n"
             patches.append({"path": "storage-class.yaml",
                             "target": {"kind": "PersistentVolumeClaim", "name": STATE_CLAIMS["cronjob"]}})
-        for (kind, name), ops in _policy_patches(root, config).items():
+        for (kind, name), ops in _policy_patches(root, config, memo).items():
             out[f"{ov.name}/{name}.yaml"] = _dump(f"{kind} {name} as `remediation` here needs it (python -m "
                                                   f"sweeper.admission, with this config).", ops) + "\n"
             patches.append({"path": f"{name}.yaml", "target": {"kind": kind, "name": name}})
@@ -197,10 +199,11 @@ def write_deploy(root: Path | None = None) -> list[Path]:
 
     root = root or home()
     deploy = root / "deploy"
+    memo: dict[str, Any] = {}  # the templates do not change while this runs: each config's shapes once
     written = [_write(deploy / "cronjob.yaml", render(root, "cronjob")),
                _write(deploy / "serve" / "serve.yaml", render(root, "serve")),
-               _write(deploy / "admission-policy.yaml", render_policies(root))]
-    files = overlay_files(root)  # all rendered before any is written
+               _write(deploy / "admission-policy.yaml", render_policies(root, memo=memo))]
+    files = overlay_files(root, memo)  # all rendered before any is written
     return written + [_write(deploy / rel, text) for rel, text in files.items()]
 
 
