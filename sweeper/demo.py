@@ -25,8 +25,10 @@ from sweeper.sim.fleet import DEMO_FLEET, parse_fleet
 from sweeper.sim.server import ApiServer
 from sweeper.sweep import Sweep
 
+# The light check every 5 hours, not the default 6: the cycles are 6 hours apart, and a 6-hour interval
+# made a busy node's light check due or not at a cycle by the minutes the cycle before spent on it.
 DEMO_CONFIG = Config(playbook="sweep-nccl.yaml", max_nodes=4, max_percent=25, min_node_age=600, interval=20 * 3600, poll_interval=5,
-                     check_timeout=900, remediate_reboots=True, node_condition=True,
+                     light_interval=5 * 3600, check_timeout=900, remediate_reboots=True, node_condition=True,
                      remediation={"default": "manual", "by_pool": {"gpu": "karpenter"}, "by_profile": {}})
 
 
