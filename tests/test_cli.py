@@ -135,7 +135,6 @@ def test_demo_runs_end_to_end(demo: dict[str, Any]) -> None:
     assert re.search(r"│ gpu-p5-08 .*│ held .*│ pair\.nccl: bus bandwidth [^\n]* failed again with known-good "
                      r"partner gpu-p5-\d\d +│\n", out), "the held node's reason whole, on its row"
     assert "── sweeper history gpu-p5-06 --check ecc: replaced on its trend, before it failed ──" in out
-    assert "(re-checks of nodes it holds)" in out or "(a re-check of a node it holds)" in out
     # issue 25, point 2: the EKS node monitoring agent's AcceleratedHardwareReady=False is a claim,
     # tested: false on gpu-p5-10 (refuted), true on gpu-p5-04 (confirmed), and the agent's precision
     assert "gpu-p5-10: eks-node-monitoring-agent AcceleratedHardwareReady:NvidiaXID79Error: refuted" in out
