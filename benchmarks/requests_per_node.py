@@ -32,9 +32,11 @@ _PATH = re.compile(r"^/(?:api/v1|apis/[^/]+/[^/]+)(?:/namespaces/[^/]+(?=/))?/(?
                    r"(?:/(?P<name>[^/]+)(?:/(?P<sub>[^/]+))?)?/?$")
 
 
-# What a run asks once however many nodes it sweeps: the lock, the switches, discovery, reconcile,
-# pending demand, and the lists and watches that follow its Jobs.
-SHARED = ("leases", "configmaps", "LIST nodes", "LIST jobs", "WATCH", "LIST pods (cluster)", "LIST events")
+# What a run asks once however many nodes it sweeps: the lock, the switches, discovery (with DRA's
+# ResourceSlices and ResourceClaims), reconcile, pending demand (with Kueue's Workloads), and the
+# lists and watches that follow its Jobs. One node's ResourceSlices (a field selector) are its own.
+SHARED = ("leases", "configmaps", "LIST nodes", "LIST jobs", "WATCH", "LIST pods (cluster)", "LIST events",
+          "LIST resourceslices (cluster)", "LIST resourceclaims", "LIST workloads")
 
 
 def kind(method: str, raw_path: str) -> str:
@@ -49,6 +51,9 @@ def kind(method: str, raw_path: str) -> str:
         fields = parse_qs(url.query).get("fieldSelector", [""])[0]
         resource += " (one node)" if "spec.nodeName=" in fields and "spec.nodeName=," not in fields + "," \
             else " (one Job)" if "job-name" in parse_qs(url.query).get("labelSelector", [""])[0] else " (cluster)"
+    if verb == "LIST" and resource == "resourceslices":
+        fields = parse_qs(url.query).get("fieldSelector", [""])[0]
+        resource += " (one node)" if "spec.nodeName=" in fields else " (cluster)"
     return f"{verb} {resource}"
 
 
