@@ -27,6 +27,39 @@ class Fleet(Base):
         return rows
 
     @locked
+    def cluster_overview(self, since: float, failing: tuple[str, ...]) -> list[dict[str, Any]]:
+        """One row per cluster in the store, whatever this view reads (the fleet page): cluster,
+        nodes (with a conclusive sweep), held (whose latest conclusive verdict is in `failing`),
+        failures (conclusive sweeps since `since` with a verdict in `failing`), first (its first
+        conclusive sweep since `since`), daily (day since `since` -> failures), last_run and
+        last_status (its latest run)."""
+        verdicts = ", ".join(f":v{i}" for i in range(len(failing))) or "null"
+        p: dict[str, Any] = {"since": since, **{f"v{i}": v for i, v in enumerate(failing)}}
+        out: dict[str, dict[str, Any]] = {}
+        for cluster, nodes, held in self._tuples(
+                f"select s.cluster, count(*), sum(case when s.verdict in ({verdicts}) then 1 else 0 end) "
+                "from node_sweeps s join (select cluster, node, max(started) as last from node_sweeps "
+                f"where {CONCLUSIVE} group by cluster, node) l on s.cluster = l.cluster and s.node = l.node "
+                "and s.started = l.last group by s.cluster", p):
+            out[cluster] = {"cluster": cluster, "nodes": int(nodes), "held": int(held or 0), "failures": 0,
+                            "first": None, "daily": {}, "last_run": None, "last_status": None}
+        for cluster, day, failures, first in self._tuples(
+                "select cluster, cast((started - :since) / 86400 as integer) as day, "
+                f"sum(case when verdict in ({verdicts}) then 1 else 0 end), min(started) from node_sweeps "
+                f"where started >= :since and {CONCLUSIVE} group by cluster, day", p):
+            row = out.get(cluster)
+            if row is not None:
+                row["failures"] += int(failures or 0)
+                row["daily"][int(day)] = int(failures or 0)
+                row["first"] = first if row["first"] is None else min(row["first"], first)
+        for cluster, started, status in self._tuples(
+                "select r.cluster, r.started, r.status from runs r join (select cluster, max(started) as last "
+                "from runs group by cluster) l on r.cluster = l.cluster and r.started = l.last"):
+            if cluster in out:
+                out[cluster].update(last_run=started, last_status=status)
+        return [out[c] for c in sorted(out)]
+
+    @locked
     def verdict_matrix(self, since: float) -> dict[str, list[tuple[float, str]]]:
         """Node to its conclusive sweeps since `since`: (started, verdict), oldest first."""
         out: dict[str, list[tuple[float, str]]] = {}

@@ -63,6 +63,14 @@ class Reading(Base):
                    for table in ("node_sweeps", "actions", "summaries"))
 
     @locked
+    def node_clusters(self, node: str) -> list[str]:
+        """The clusters read that recorded something of a node by this name (names repeat across
+        clusters: each is its own node)."""
+        return [c for (c,) in self._tuples(" union ".join(
+            f"select cluster from {t} where node = :node{self._in()}" for t in ("node_sweeps", "actions", "summaries"))
+            + " order by 1", {"node": node})]
+
+    @locked
     def counts(self) -> dict[str, int]:
         return {t: int(self._scalar(f"select count(*) from {t} where 1 = 1{self._in()}")) for t in HISTORY_TABLES}
 
