@@ -44,6 +44,13 @@ class Bulk(Base):
         return int(self._conn.execute(sa.text(sql), params or {}).rowcount or 0)
 
     def analyze(self) -> None:
-        """Refresh the query planner's statistics (after a bulk load)."""
+        """After a bulk load: each row id's sequence moved past the ids loaded (PostgreSQL's BIGSERIAL
+        does not see ids given explicitly; SQLite's rowid needs nothing), and the query planner's
+        statistics refreshed."""
         with self._link.transaction() as conn:
+            if self.backend == "postgresql":
+                for t in CURRENT.tables.values():
+                    if "id" in t.c and t.c.id.autoincrement is True:
+                        conn.exec_driver_sql(f"select setval(pg_get_serial_sequence('{t.name}', 'id'), "
+                                             f"coalesce((select max(id) from {t.name}), 0) + 1, false)")
             conn.exec_driver_sql("analyze")
