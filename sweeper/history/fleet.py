@@ -7,10 +7,10 @@ import json
 from typing import Any
 
 from sweeper.history.base import Base
-from sweeper.history.schema import CONCLUSIVE_PAIRS
+from sweeper.history.schema import CONCLUSIVE_PAIRS, CONCLUSIVE_SWEEP
 from sweeper.history.store import locked
 
-CONCLUSIVE = "finished is not null and dry_run = 0 and kind in ('sweep', 'light', 'pair')"
+CONCLUSIVE = CONCLUSIVE_SWEEP
 
 
 class Fleet(Base):
@@ -20,7 +20,7 @@ class Fleet(Base):
         rows = self._rows(
             "select s.* from node_sweeps s join (select cluster, node, max(started) as last from node_sweeps "
             f"where {CONCLUSIVE}{self._in()} group by cluster, node) l on s.cluster = l.cluster "
-            "and s.node = l.node and s.started = l.last order by s.node, s.cluster")
+            f"and s.node = l.node and s.started = l.last where 1 = 1{self._in('s.')} order by s.node, s.cluster")
         for r in rows:
             r["reasons"] = json.loads(r["reasons"] or "[]")
             r["rules"] = json.loads(r.get("rules") or "[]")

@@ -27,13 +27,17 @@ class Reading(Base):
         p: dict[str, Any] = {"node": node, "since": since or 0.0, "limit": limit, "check": check + "%"}
         sweeps = self._rows(f"select * from node_sweeps where node = :node and started >= :since{self._in()} "
                             "order by started desc limit :limit", p)
+        ids, idp = _names("sw", [s["id"] for s in sweeps])
+        problems: dict[int, list[dict[str, Any]]] = {}
+        for r in self._rows(  # one query for every sweep's findings: one round trip, not one a sweep
+                "select sweep_id, source, name, status, severity, gpu, code, message from checks where sweep_id in "
+                f"({ids}) and status in ('fail', 'error', 'warn') and name like :check order by id", {**p, **idp}):
+            problems.setdefault(r.pop("sweep_id"), []).append(r)
         for s in sweeps:
             s["reasons"] = json.loads(s["reasons"] or "[]")
             s["rules"] = json.loads(s.get("rules") or "[]")
             s["causes"] = json.loads(s.get("causes") or "[]")
-            s["problems"] = self._rows(
-                "select source, name, status, severity, gpu, code, message from checks where sweep_id = :id "
-                "and status in ('fail', 'error', 'warn') and name like :check order by id", {**p, "id": s["id"]})
+            s["problems"] = problems.get(s["id"], [])
         actions = self._rows("select run_id, ts, action, detail, dry_run from actions where node = :node "
                              f"and ts >= :since{self._in()} order by ts desc limit :limit", p)
         metrics: dict[str, list[tuple[float, float]]] = {}
