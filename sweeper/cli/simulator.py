@@ -65,8 +65,8 @@ def sim_serve(fleet_path: str | None, port: int, kubeconfig_out: str, speed: flo
 
 
 @main.command(epilog=examples("sweeper demo", "sweeper demo --cycles 8 --hours-between 12 --state demo.db",
-                              "sweeper demo --state postgresql://postgres@127.0.0.1/sweeper --cluster-name east",
-                              "sweeper report --state postgresql://postgres@127.0.0.1/sweeper --cluster all -o fleet.html"))
+                              "sweeper demo --state postgresql://postgres@127.0.0.1/sweeper --cluster-name east "
+                              "--report east.html"))
 @click.option("--cycles", type=int, default=5, show_default=True, help="Sweep cycles to run.")
 @click.option("--hours-between", type=float, default=6.0, show_default=True,
               help="Simulated hours between cycles.")
