@@ -348,7 +348,7 @@ def ingest_cmd(node: str, file: str, fmt: str, profile_name: str | None, exit_co
     except RecursionError as exc:  # json.loads on a document nested thousands deep
         raise ConfigError(f"{file}: nested too deeply to read (deeper than Python's recursion limit)") from exc
     if not no_record:
-        record(history_at(state), node, found, result, file)
+        record(history_at(state, cluster=config_for(config_path).cluster_name), node, found, result, file)
     printer.result_document(out, f"{node}: {found} -> {result.status}", result)
     sys.exit(0 if result.status in ("pass", "warn", "skip") else 1)
 
