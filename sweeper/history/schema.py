@@ -131,8 +131,8 @@ def m006_cluster(conn: Connection, cluster: str) -> None:
     _index(conn, "node_sweeps", "cluster", "finished")
 
 
-def m007_fleet_indexes(conn: Connection, cluster: str) -> None:
-    """The reads of a store shared by a fleet key on (cluster, node): a node's story (`history NODE`),
+def m008_fleet_indexes(conn: Connection, cluster: str) -> None:
+    """(m007 is the cohorts' facts table, on its own branch.) The reads of a store shared by a fleet key on (cluster, node): a node's story (`history NODE`),
     each node's latest sweep (`nodes`, the report) and each cluster's overview (the fleet page). Node
     names repeat across clusters, so an index led by the node alone walks every cluster's rows."""
     _index(conn, "node_sweeps", "cluster", "node", "started")
@@ -146,7 +146,7 @@ def m007_fleet_indexes(conn: Connection, cluster: str) -> None:
 
 
 MIGRATIONS: tuple[Migration, ...] = (m001_initial, m002_controls, m003_sweep_kind, m004_policy, m005_pairs,
-                                     m006_cluster, m007_fleet_indexes)
+                                     m006_cluster, m008_fleet_indexes)
 KNOWN = [m.__name__ for m in MIGRATIONS]
 
 
