@@ -93,6 +93,15 @@ def test_nodes_reads_one_cluster_or_all_with_a_cluster_column(shared: str) -> No
     assert bad.exit_code == 2 and "no cluster 'north'" in bad.output and "east" in bad.output
 
 
+def test_the_default_is_the_config_s_cluster_name(shared: str, tmp_path: Path) -> None:
+    """One-cluster users see no change: without --cluster, the config's cluster_name is read alone."""
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("cluster_name: west\n")
+    rows = json.loads(_run("nodes", "--offline", "--state", shared, "--config", str(cfg),  # type: ignore[attr-defined]
+                           "-o", "json").output)["nodes"]
+    assert [r["verdict"] for r in rows] == ["pass", "pass", "reboot", "pass"] and all("cluster" not in r for r in rows)
+
+
 def test_history_of_a_node_named_in_several_clusters_needs_the_cluster(shared: str) -> None:
     res = CliRunner().invoke(main, ["history", "gpu-01", "--state", shared, "--cluster", "all"])
     assert res.exit_code == 2 and "--cluster" in res.output and "east" in res.output
