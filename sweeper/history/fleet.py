@@ -31,7 +31,7 @@ class Fleet(Base):
         """One row per cluster in the store, whatever this view reads (the fleet page): cluster,
         nodes (with a conclusive sweep), held (whose latest conclusive verdict is in `failing`),
         failures (conclusive sweeps since `since` with a verdict in `failing`), first (its first
-        conclusive sweep since `since`), daily (day since `since` -> failures), last_run and
+        conclusive failing sweep or run since `since`), daily (day since `since` -> failures), last_run and
         last_status (its latest run)."""
         verdicts = ", ".join(f":v{i}" for i in range(len(failing))) or "null"
         p: dict[str, Any] = {"since": since, **{f"v{i}": v for i, v in enumerate(failing)}}
@@ -43,14 +43,21 @@ class Fleet(Base):
                 "and s.started = l.last group by s.cluster", p):
             out[cluster] = {"cluster": cluster, "nodes": int(nodes), "held": int(held or 0), "failures": 0,
                             "first": None, "daily": {}, "last_run": None, "last_status": None}
+        # the failing sweeps alone, through the (verdict, finished) index: a fleet's passes are never read
         for cluster, day, failures, first in self._tuples(
-                "select cluster, cast((started - :since) / 86400 as integer) as day, "
-                f"sum(case when verdict in ({verdicts}) then 1 else 0 end), min(started) from node_sweeps "
-                f"where started >= :since and {CONCLUSIVE} group by cluster, day", p):
+                "select cluster, cast((started - :since) / 86400 as integer) as day, count(*), min(started) "
+                f"from node_sweeps where verdict in ({verdicts}) and finished >= :since and started >= :since "
+                f"and {CONCLUSIVE} group by cluster, day", p):
             row = out.get(cluster)
             if row is not None:
-                row["failures"] += int(failures or 0)
-                row["daily"][int(day)] = int(failures or 0)
+                row["failures"] += int(failures)
+                row["daily"][int(day)] = int(failures)
+                row["first"] = first if row["first"] is None else min(row["first"], first)
+        # where the window starts for each cluster: its first run in it (runs are few)
+        for cluster, first in self._tuples("select cluster, min(started) from runs where started >= :since "
+                                           "group by cluster", p):
+            row = out.get(cluster)
+            if row is not None:
                 row["first"] = first if row["first"] is None else min(row["first"], first)
         for cluster, started, status in self._tuples(
                 "select r.cluster, r.started, r.status from runs r join (select cluster, max(started) as last "
