@@ -195,10 +195,11 @@ def node_policy(config: Config) -> list[Any]:
     prefix = config.prefix + "/"
     labels = " || ".join(f"k.startsWith({_quote(p)})" for p in (prefix, *FOREIGN_LABEL_PREFIXES))
     annotations = f"k.startsWith({_quote(prefix)}) || k in {_list(FOREIGN_ANNOTATIONS)}"
-    taint = _quote(config.taint_key)
+    ours = [config.taint_key] + ([config.gate_taint] if config.gate_taint else [])  # its taint, and its gate's
+    keep = " && ".join(f"t.key != {_quote(k)}" for k in ours)
 
     def others(obj: str) -> str:
-        return f"(has({obj}.spec.taints) ? {obj}.spec.taints.filter(t, t.key != {taint}) : [])"
+        return f"(has({obj}.spec.taints) ? {obj}.spec.taints.filter(t, {keep}) : [])"
 
     def conditions(obj: str) -> str:
         return (f"(has({obj}.status) && has({obj}.status.conditions) ? "
@@ -206,7 +207,7 @@ def node_policy(config: Config) -> list[Any]:
     validations = [
         _validation(f"!has(oldObject.metadata.labels) || !('{CONTROL_PLANE}' in oldObject.metadata.labels)",
                     "Sweeper never writes a control-plane node"),
-        _validation(others("object") + " == " + others("oldObject"), f"Sweeper changes no taint but {config.taint_key}"),
+        _validation(others("object") + " == " + others("oldObject"), f"Sweeper changes no taint but {' and '.join(ours)}"),
         _validation(_keys_changed_only("labels", labels), f"Sweeper changes no node label but {prefix}*"),
         _validation(_keys_changed_only("annotations", annotations),
                     f"Sweeper changes no node annotation but {prefix}* and karpenter.sh/do-not-disrupt"),

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from sweeper import resources
 from sweeper.drivers import node_cuda_major
@@ -21,13 +21,15 @@ from sweeper.errors import ConfigError
 from sweeper.schema import (
     Deferred,
     check,
-    duration_type,
     model_of,
     read_yaml,
     reference_table,
     runtime_values,
     setting,
 )
+from sweeper.schema.configshapes import PINNED as _PINNED
+from sweeper.schema.configshapes import PINNED_WORDS as _PINNED_WORDS
+from sweeper.schema.configshapes import config_shapes as _shapes
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -55,50 +57,10 @@ _NAME_WORDS = "a DNS-1123 label: lowercase letters, digits and '-'"
 WEBHOOK_ENV = "SWEEPER_WEBHOOK_URL"  # the deploy sets it from the optional Secret sweeper-webhook
 # Every image a Job runs is pinned by digest (a tag can be moved to other content after review):
 # `name[:tag]@sha256:<64 hex>`. https://kubernetes.io/docs/concepts/containers/images/#image-names
-_PINNED = r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$"
-_PINNED_WORDS = "an image pinned by digest: name[:tag]@sha256:<64 hex>"
 # The digest of an image this project builds but has not published yet: no registry serves it, so a
 # pull fails (a fault of the tool, never of the node) until the release or the deployment puts the
 # pushed image's digest in its place; `sweeper lint --config` names every image that still carries it.
 UNPUBLISHED = "sha256:" + "0" * 64
-
-
-@functools.cache
-def _shapes() -> dict[str, Any]:
-    """The nested shapes of the file as pydantic models, built when a file is first checked: a
-    command run without a config file never imports pydantic, and starts faster."""
-    from pydantic import BaseModel, ConfigDict, Field, Strict
-
-    provider = Literal["karpenter", "asg", "manual"]
-
-    class _Remediation(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        default: provider = "manual"  # type: ignore[valid-type]
-        by_pool: dict[str, provider] = {}  # type: ignore[valid-type]
-        by_profile: dict[str, provider] = {}  # type: ignore[valid-type]
-
-    class _Schedule(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        name: Annotated[str, Strict(), Field(min_length=1)]
-        cron: Annotated[str, Strict(), Field(min_length=1)]
-        playbook: Annotated[str, Strict(), Field(min_length=1)] | None = None
-        max_nodes: Annotated[int, Strict(), Field(ge=0)] | None = None
-        interval: duration_type(gt=0) | None = None  # type: ignore[valid-type]
-        dcgm_level: Annotated[int, Strict(), Field(ge=1, le=4)] | None = None
-
-    class _Source(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        type: Literal["prometheus", "loki"]
-        url: Annotated[str, Strict(), Field(min_length=1)]
-        query: Annotated[str, Strict()] | None = None
-        node_label: Annotated[str, Strict()] | None = None
-        window: duration_type(gt=0) | None = None  # type: ignore[valid-type]
-        timeout: duration_type(gt=0) | None = None  # type: ignore[valid-type]
-
-    # `dcgm_images`: a CUDA major (YAML `12:` or `"12":`) to an image pinned by digest.
-    cuda_images = dict[Annotated[int, Field(ge=11, le=99)], Annotated[str, Strict(), Field(pattern=_PINNED)]]
-    return {"remediation": _Remediation, "schedules": list[_Schedule], "suspect_sources": list[_Source],
-            "dcgm_images": cuda_images}
 
 
 @dataclass(frozen=True)
@@ -190,7 +152,24 @@ class Config:
     light_interval: float = setting(6 * 3600.0, "how often a busy node gets the light check", duration=True, gt=0)
     light_max: int = setting(20, "light checks running at once (each busy node once a run)", ge=0)
     yield_to_pending: bool = setting(True, "take no node while GPU pods wait for capacity")
-    abort_on_demand: bool = setting(False, "also stop running (abortable) checks then and hand their nodes back")
+    abort_on_demand: bool = setting(False, "also stop running (abortable) checks then, only as many as the pending "
+                                    "work needs (least progress first), and hand their nodes back")
+    depth_ladder: tuple[dict[str, Any], ...] = setting(
+        (), "playbooks from light to deep, each with how long it holds a node (soak included): a node gets the "
+        "deepest that fits its pool's idle window (docs/how-it-works.md); empty: `playbook` always (and a `serve` "
+        "schedule that names its own playbook or dcgm_level runs that)",
+        annotation=Deferred(lambda: _shapes()["depth_ladder"]), allowed="list of {name, playbook, duration, dcgm_level}")
+    depth_quantile: float = setting(0.2, "the idle window is this quantile of the pool's past idle spells", gt=0, lt=1)
+    depth_margin: float = setting(0.25, "a rung fits when its duration times 1 + this fits the window", ge=0)
+    depth_min_samples: int = setting(8, "fewer past idle spells at this hour: `playbook`, not the ladder", ge=1)
+    depth_lookback: float = setting(28 * 86400.0, "the idle spells read for the estimate", duration=True, gt=0)
+    depth_by_week: bool = setting(False, "estimate by hour of the week, not of the day")
+    depth_deep_after: float = setting(14 * 86400.0, "a node with no deep test for this long gets the deepest rung "
+                                      "when it fits the median window (0: never)", duration=True, ge=0)
+    pool_labels: tuple[str, ...] = setting(
+        ("karpenter.sh/nodepool", "eks.amazonaws.com/nodegroup", "cloud.google.com/gke-nodepool",
+         "kubernetes.azure.com/agentpool", "node.kubernetes.io/instance-type"),
+        "a node's pool for its idle window: the first of these labels it carries")
     max_replacements_per_hour: int = setting(2, "beyond this, a replace verdict becomes quarantine", ge=0)
     check_priority_class: str = setting("", "a low PriorityClass for check pods")
     platform: str = setting("auto", "where the GPU nodes run: sets the runtime class and GKE's driver mount; "
@@ -218,6 +197,11 @@ class Config:
     suspect_conditions: tuple[str, ...] = setting(("GpuXid", "GpuEcc", "GpuNvlink", "GpuCount"),
                                                   "node conditions that make an idle node swept first")
     handled_conditions: tuple[str, ...] = setting((), "another remediator owns a node with one of these set")
+    claims_test: bool = setting(True, "test the claims other tools make (conditions, taints, DRA device taints "
+                                "in the claims catalogue): an idle node carrying an untested one is swept first, "
+                                "and each claim is recorded confirmed, refuted or inconclusive")
+    claims_catalog: str = setting("", "the claims catalogue to read (empty: the shipped one, "
+                                  "sweeper/data/claims-catalog.yaml)")
     suspect_sources: tuple[dict[str, Any], ...] = setting(
         (), "outside signals: Prometheus or Loki queries", annotation=Deferred(lambda: _shapes()["suspect_sources"]),
         allowed="list of {type: prometheus|loki, url, query, node_label, window, timeout}")
@@ -231,6 +215,19 @@ class Config:
     gpu_reset_template: str = setting("gpu-reset.yaml.j2", "job template of a GPU reset", min_length=1)
     remediation_timeout: float = setting(1800.0, "a rebooted node not Ready again by then waits for a person",
                                          duration=True, gt=0)
+    gate_taint: str = setting("sweeper.dev/unvalidated", "the startup taint a new node joins with (a Karpenter "
+                              "NodePool's startupTaints, a node group's taints): Sweeper sweeps such a node with "
+                              "gate_playbook and removes this taint, and no other, once a pass is in the history; "
+                              "it also puts it on a node before its reboot or GPU reset (\"\": no gate)",
+                              pattern=r"^$|^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$",
+                              allowed="a taint key, or \"\"")
+    gate_playbook: str = setting("quarantine-deep.yaml", "the deep sweep of a gated new node", min_length=1)
+    soak_playbook: str = setting("soak.yaml", "the sweep under load of a gated node back from Sweeper's reboot or "
+                                 "GPU reset, before it is handed back", min_length=1)
+    gate_max_nodes: int = setting(2, "gated nodes under test at once: a budget of their own, apart from max_nodes "
+                                  "and the floor (new nodes serve no work yet)", ge=0)
+    gate_deadline: float = setting(1800.0, "a gated node not Ready, or with no GPU advertised, this long after it "
+                                   "joined (or came back) fails the gate", duration=True, gt=0)
     replacement_wait: float = setting(900.0, "how long to follow Karpenter's termination of a replaced node",
                                       duration=True, ge=0)
     asg_action: str = setting("set-unhealthy", "what the asg provider does", choices=("set-unhealthy", "terminate"))

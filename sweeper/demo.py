@@ -19,6 +19,7 @@ from sweeper.kube import Kube, RetryPolicy
 from sweeper.output import clean
 from sweeper.policy import load_policy
 from sweeper.report import cluster_gpu_nodes, gather, render
+from sweeper.report.claims import by_source
 from sweeper.sim.cluster import SimCluster
 from sweeper.sim.fleet import DEMO_FLEET, parse_fleet
 from sweeper.sim.server import ApiServer
@@ -68,6 +69,7 @@ def run_demo(console: Console, state: Path | str, *, cycles: int, hours_between:
         if failing:
             _rule(console, f"why {failing} is held: sweeper history {failing}")
             print_history(console, hist.node_history(failing))
+        outside_claims(console, hist)
         cfg = DEMO_CONFIG
         policy = load_policy(cfg.path("policies") / cfg.policy)
         trends = {t.name for t in policy.trends}
@@ -99,6 +101,21 @@ def run_demo(console: Console, state: Path | str, *, cycles: int, hours_between:
     return summary
 
 
+def outside_claims(console: Console, hist: History) -> None:
+    """Each claim another tool made and what Sweeper's checks found of it; each source's precision."""
+    rows = hist.query("select node, source, code, outcome, evidence from claims order by node, id")
+    if not rows:
+        return
+    _rule(console, "other tools' claims, tested when the node was idle")
+    for r in rows:
+        console.print(f"  {r['node']}: {r['source']} {r['code']}: {r['outcome']} ({r['evidence']})",
+                      markup=False, soft_wrap=True, highlight=False)
+    for s in by_source(hist.claim_precision()):
+        pct = "-" if s["precision"] is None else f"{s['precision']:.0%}"
+        console.print(f"  {s['source']}: precision {pct} ({s['confirmed']} confirmed, {s['refuted']} refuted, "
+                      f"{s['inconclusive']} inconclusive)", markup=False, soft_wrap=True, highlight=False)
+
+
 WHOLE = 1 << 16  # a width no row reaches: rich neither wraps nor crops a table printed to a pipe
 
 
@@ -119,7 +136,9 @@ def pair_sweep(console: Console, kube: Kube, hist: History, cluster: SimCluster,
     """One run of the pair playbook: idle nodes two at a time across the fabric; a failed pair
     blames neither node until each is re-paired with a known-good partner."""
     _rule(console, "pair sweeps over the fabric (playbook pair-fabric.yaml, two nodes at a time)")
-    cfg = replace(DEMO_CONFIG, playbook="pair-fabric.yaml", max_nodes=8, max_percent=50)
+    # No run deadline: at the demo's speed a real second of a loaded machine is minutes of simulated
+    # time, and a run whose refills stop at its hour would hand a suspect's first partner back unpaired.
+    cfg = replace(DEMO_CONFIG, playbook="pair-fabric.yaml", max_nodes=8, max_percent=50, run_deadline=0.0)
     report = Sweep(kube, cfg, hist, clock=cluster.clock, emit=printer).run()
     console.print(f"  {sum(1 for o in report.outcomes if o.action in ('released', 'held'))} node hand-back(s) "
                   f"with {report.api_requests} API requests")
@@ -150,6 +169,9 @@ def _describe(f: Any) -> str:
         parts.append("remapped rows climbing on GPU " + ",".join(str(g) for g in f.remap_growth))
     if f.link_degraded < 1.0:
         parts.append(f"fabric links at {f.link_degraded:.0%} of their rate")
+    parts += [f"another tool claims {c.get('condition') or c.get('taint') or c.get('device_taint')}"
+              f"{'=' + c['status'] if c.get('condition') else ''} {c.get('reason') or c.get('value') or ''}".rstrip()
+              for c in f.outside_claims]
     return ", ".join(parts)
 
 

@@ -153,6 +153,8 @@ class Plan:
     budget: int = 0
     profiles: dict[str, str] = field(default_factory=dict)  # every GPU node seen -> its profile's name
     notes: list[str] = field(default_factory=list)  # what `plan` says beside the table: the platform found, the budget
+    gate: list[Decision] = field(default_factory=list)  # the nodes carrying gate_taint (sweeper.gating), apart
+    gate_budget: int = 0
 
 
 def holds_dra_gpus(pod: dict[str, Any], cfg: Config) -> bool:

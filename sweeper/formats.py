@@ -10,6 +10,7 @@ from typing import Any
 from sweeper.errors import ConfigError
 from sweeper.parsers import dcgm, fi_info, ibv_devinfo, nccl, nvidia_smi, ping, sweeper_result, topo
 from sweeper.parsers import kernel_log as kernel_log_format
+from sweeper.parsers.paste import strip_escapes
 from sweeper.result import Result
 from sweeper.xid import judge_kernel_log
 
@@ -17,7 +18,8 @@ FORMATS = ("auto", "dcgm", "nccl", "kernel-log", "sweeper", "nvidia-smi", "ibv-d
 
 
 def detect(text: str) -> str:
-    head = text[:200_000]
+    """The format of `text`, from what each format's own lines look like (terminal escapes taken off)."""
+    head = strip_escapes(text[:200_000])
     if '"DCGM Diagnostic"' in head or '"DCGM GPU Diagnostic"' in head or '"iterations"' in head:
         return "dcgm"
     if "sweeper.dev/result/" in head:
@@ -55,6 +57,7 @@ def read(text: str, node: str, fmt: str, now: float | None = None, **options: An
     now = time.time() if now is None else now
     if fmt not in FORMATS:
         raise ConfigError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
+    text = strip_escapes(text)  # every reader sees the text, not the terminal's underline or colour
     if fmt == "auto":
         fmt = detect(text)
     if fmt == "dcgm":
@@ -66,7 +69,8 @@ def read(text: str, node: str, fmt: str, now: float | None = None, **options: An
         return fmt, kernel_log(text, node, now)
     if fmt == "nvidia-smi":
         return fmt, nvidia_smi.parse(text, node, now, expect_gpus=options.get("expect_gpus"),
-                                     gpu_model=options.get("gpu_model") or "")
+                                     gpu_model=options.get("gpu_model") or "",
+                                     thermal_margin_min=options.get("thermal_margin_min"))
     if fmt == "ibv-devinfo":
         return fmt, ibv_devinfo.parse(text, node, now, expect=options.get("expect_nics"),
                                       kind=options.get("nic") or "")

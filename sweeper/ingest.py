@@ -10,6 +10,7 @@ from typing import Any, BinaryIO
 
 from sweeper.formats import FORMATS, detect, kernel_log, read
 from sweeper.parsers.kernel_log import MAX_LINE
+from sweeper.parsers.paste import strip_escapes
 from sweeper.result import CheckResult, Result
 
 __all__ = ["FORMATS", "detect", "ingest", "ingest_stream", "kernel_log"]
@@ -33,13 +34,13 @@ def _lines(chunks: Iterable[bytes]) -> Iterator[str]:
             text, skipping = text[nl + 1:], False
         pending += text
         *done, pending = pending.split("\n")
-        yield from (line[:MAX_LINE] for line in done)
+        yield from (strip_escapes(line[:MAX_LINE]) for line in done)
         if len(pending) > MAX_LINE:
-            yield pending[:MAX_LINE]
+            yield strip_escapes(pending[:MAX_LINE])
             pending, skipping = "", True
     pending += decoder.decode(b"", final=True)
     if pending and not skipping:
-        yield pending[:MAX_LINE]
+        yield strip_escapes(pending[:MAX_LINE])
 
 
 def ingest_stream(stream: BinaryIO, node: str, fmt: str, now: float | None = None,
@@ -80,7 +81,8 @@ def expectations(profile: Any) -> dict[str, Any]:
     NCCL floor), as the options of `ingest`."""
     return {"expect_gpus": profile.gpus, "gpu_model": profile.gpu_model, "nvlinks": profile.nvlinks,
             "nic": profile.nic, "expect_nics": profile.nics if profile.nic in ("efa", "ib") else None,
-            "nic_affinity": profile.nic_affinity, "min_busbw": profile.nccl_busbw_min}
+            "nic_affinity": profile.nic_affinity, "min_busbw": profile.nccl_busbw_min,
+            "thermal_margin_min": profile.thermal_margin_min}
 
 
 def record(history: Any, node: str, found: str, result: Result, source: str) -> None:

@@ -11,7 +11,7 @@ import kubernetes_validate
 import yaml
 from jinja2 import TemplateSyntaxError
 
-from sweeper import profiles
+from sweeper import profiles, window
 from sweeper.actions import ActionContext, load_all
 from sweeper.actions.jobs import render_job, template_of
 from sweeper.actions.pair import mpijob_pods, render_pair
@@ -80,6 +80,7 @@ def lint_paths(paths: list[Path], cfg: Config, config_file: Path | None = None) 
                                 "digest; put the pushed image's digest in its place (docs/install-notes.md: Images)"
                                 for major, image in sorted(loaded.dcgm_images.items())
                                 if image.endswith("@" + UNPUBLISHED)]
+            report.problems += ladder_problems(loaded, str(config_file))
     for f in files:
         report.checked.append(str(f))
         if f.suffix == ".j2":
@@ -111,6 +112,16 @@ def lint_paths(paths: list[Path], cfg: Config, config_file: Path | None = None) 
         else:
             report.problems.append(f"{f}:1: not a playbook (no tasks), a profile, a policy or a job template")
     return report
+
+
+def ladder_problems(cfg: Config, path: str) -> list[str]:
+    """The depth ladder's rungs in order (light first), each naming a playbook that exists."""
+    try:
+        window.ladder(cfg.depth_ladder)
+    except ConfigError as exc:
+        return [f"{path}: {exc}"]
+    return [f"{path}: depth_ladder: {r['name']!r}: no playbook {r['playbook']!r} (playbook_dir, then the shipped ones)"
+            for r in cfg.depth_ladder if not cfg.playbook_file(r["playbook"]).is_file()]
 
 
 def _all_lines(exc: ConfigError, path: str) -> list[str]:

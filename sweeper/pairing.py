@@ -14,10 +14,12 @@ T = TypeVar("T")
 GroupKey = tuple[str, tuple[str | None, ...]]
 
 
-def group_key(profile: str, labels: Mapping[str, str], pair_labels: Sequence[str]) -> GroupKey:
-    """Two nodes may be paired when their keys are equal: the same profile and the same value of
-    each of `pair_labels` (a label absent on both counts as equal; present on one only does not)."""
-    return profile, tuple(labels.get(k) for k in pair_labels)
+def group_key(profile: str, labels: Mapping[str, str], pair_labels: Sequence[str], dra: bool = False) -> GroupKey:
+    """Two nodes may be paired when their keys are equal: the same profile, the same value of each of
+    `pair_labels` (a label absent on both counts as equal; present on one only does not), and the same
+    way of publishing their GPUs (a DRA node's pod claims them, a device plugin node's requests
+    nvidia.com/gpu: one pair's pod template cannot do both)."""
+    return profile + (" (DRA)" if dra else ""), tuple(labels.get(k) for k in pair_labels)
 
 
 def pair_status(verdict: str) -> str:

@@ -300,6 +300,12 @@ class Remediator:
             ann = dict(obj["metadata"].get("annotations") or {})
             ann.update({f"{p}/remediation": how, f"{p}/remediated-at": iso(self.clock.now()),
                         f"{p}/boot-id": boot_id, f"{p}/recheck": "true" if recheck else "false"})
-            return [{"op": "add", "path": "/metadata/annotations", "value": ann}]
+            ops = [{"op": "add", "path": "/metadata/annotations", "value": ann}]
+            taints = (obj.get("spec") or {}).get("taints") or []
+            if self.cfg.gate_taint and recheck and not any(t.get("key") == self.cfg.gate_taint for t in taints):
+                # Gated again: the soak (soak_playbook) validates it under load before it is handed back.
+                ops.append({"op": "add", "path": "/spec/taints",
+                            "value": taints + [{"key": self.cfg.gate_taint, "value": how, "effect": "NoSchedule"}]})
+            return ops
 
         patch_node(self.kube, node, build)

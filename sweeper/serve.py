@@ -110,8 +110,10 @@ class Server:
         self._queue = threading.Thread(target=self._turns, name="serve-queue", daemon=True)
         self.policy = load_policy(cfg.path("policies") / cfg.policy)
         for sch in cfg.schedules:
+            # A schedule that names a playbook (other than the config's) or a DCGM level runs that, not the ladder.
+            own = sch.get("playbook") not in (None, cfg.playbook) or sch.get("dcgm_level") is not None
             run_cfg = cfg.with_overrides(playbook=sch.get("playbook"), max_nodes=sch.get("max_nodes"),
-                                         dcgm_level=sch.get("dcgm_level"),
+                                         dcgm_level=sch.get("dcgm_level"), depth_ladder=() if own else None,
                                          interval=parse_duration(sch["interval"]) if sch.get("interval") else None)
             self.scheduler.add_job(self.fire, trigger(str(sch["cron"])), args=[str(sch["name"]), run_cfg],
                                    id=str(sch["name"]), name=str(sch["name"]))

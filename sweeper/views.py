@@ -87,6 +87,7 @@ class PlanView:
 
 def plan_view(kube: Any, cfg: Config, hist: Any, now: float | None = None) -> PlanView:
     """Which nodes a sweep would take now, and why every other GPU node is skipped. Changes nothing."""
+    from sweeper import gating
     from sweeper.fleet import gpu_nodes, looked_for
     from sweeper.fleet import plan as make_plan
     from sweeper.sweep import Sweep
@@ -97,10 +98,18 @@ def plan_view(kube: Any, cfg: Config, hist: Any, now: float | None = None) -> Pl
     found = sweep.resolve_platform(gpu_nodes(nodes, cfg), pods)
     cfg = sweep.cfg
     gates = sweep.gates()
-    p = make_plan(nodes, pods, cfg, hist.last_swept(sweep.kind), time.time() if now is None else now, gates)
+    now = time.time() if now is None else now
+    gated, rest = gating.split(nodes, cfg)
+    p = make_plan(rest, pods, cfg, hist.last_swept(sweep.kind), now, gates)
+    stop = ("paused", gates.paused) if gates.paused else ("breaker-open", gates.breaker) if gates.breaker else ("", "")
+    p.gate, p.gate_budget = gating.gate_plan(gated, pods, cfg, now, stop, gates.attempts)
     p.notes = [*(found.why if found else ()), *p.notes]
     rows: list[dict[str, Any]] = [{"node": d.node.name, "take": d.take, "reason": d.reason, "detail": d.detail}
                                   for d in p.take + p.skip]
+    windows: dict[str, Any] = {}
+    for r, d in zip(rows, p.take + p.skip, strict=True):  # the depth each node would get, and why
+        if d.take or d.reason in ("idle", "over-budget"):
+            r.update(sweep.depth(d.node, now, windows).as_dict())
     partners = sweep.partners(p) if sweep.playbook.pair else None
     for r in rows if partners is not None else []:  # a pair playbook takes nodes two at a time
         r["partner"] = partners.get(r["node"], "")  # type: ignore[union-attr]
@@ -111,6 +120,9 @@ def plan_view(kube: Any, cfg: Config, hist: Any, now: float | None = None) -> Pl
                      "(pair_labels) to pair with within the budget; it waits")
     doc = {"gpu_nodes": p.gpu_nodes, "found_by": looked_for(cfg), "held": p.held, "budget": p.budget, "nodes": rows,
            "paused": gates.paused, "breaker": gates.breaker, "notes": p.notes,
+           "gate": {"taint": cfg.gate_taint, "budget": p.gate_budget,
+                    "nodes": [{"node": d.node.name, "take": d.take, "reason": d.reason, "detail": d.detail}
+                              for d in p.gate]},
            "platform": {"platform": cfg.platform, "runtime_class": cfg.runtime_class_name,
                         "dcgm_hostengine": cfg.hostengine}}
     return PlanView(doc, len(nodes), partners is not None, cfg.gpu_node_selector or "", p.notes)

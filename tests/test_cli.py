@@ -137,6 +137,16 @@ def test_demo_runs_end_to_end(tmp_path: Path) -> None:
                      r"partner gpu-p5-\d\d +│\n", out), "the held node's reason whole, on its row"
     assert "── sweeper history gpu-p5-06 --check ecc: replaced on its trend, before it failed ──" in out
     assert "(re-checks of nodes it holds)" in out or "(a re-check of a node it holds)" in out
+    # issue 25, point 2: the EKS node monitoring agent's AcceleratedHardwareReady=False is a claim,
+    # tested: false on gpu-p5-10 (refuted), true on gpu-p5-04 (confirmed), and the agent's precision
+    assert "gpu-p5-10: eks-node-monitoring-agent AcceleratedHardwareReady:NvidiaXID79Error: refuted" in out
+    assert "gpu-p5-04: eks-node-monitoring-agent AcceleratedHardwareReady:NvidiaXID79Error: confirmed" in out
+    assert "eks-node-monitoring-agent: precision 50% (1 confirmed, 1 refuted, 0 inconclusive)" in out
+    # issue 25: the rebooted node is soaked by the gate before hand-back, and Karpenter's replacement of
+    # gpu-p5-09 joins with the NodePool's startup taint, which comes off only once it passes its gate
+    assert re.search(r"gate: taking [^\n]*gpu-p5-04 \(soak\)", out)
+    assert re.search(r"gate: taking [^\n]*gpu-p5-r01 \(gate\)", out)
+    assert "gpu-p5-r01: passed its gate (pass); its startup taint is off, handed to work" in out
 
 
 def test_the_demo_s_fleet_table_prints_a_held_node_s_reason_as_text(make_sim, tmp_path: Path) -> None:
@@ -669,3 +679,13 @@ def test_metric_trends_leave_out_settings_and_take_the_lowest_thermal_margin(tmp
                       "ecc.aggregate_corrected": [28, 36]}, series
     res = CliRunner().invoke(main, ["history", "gpu-00", "--state", str(state)])
     assert "pcie" not in res.stdout and "power_limit" not in res.stdout and "gpu.thermal_margin" in res.stdout
+
+
+def test_python_dash_m_sweeper_is_the_sweeper_command() -> None:
+    """A check image run with a bare interpreter (`python3 -m sweeper check`, as on a GPU machine
+    where the console script was not installed) gets the same command and its name in --help."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "sweeper", "check", "--help"], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.startswith("Usage: sweeper check")

@@ -194,3 +194,24 @@ def test_the_postgres_overlay_patches_the_generated_cronjob() -> None:
     env = {e["name"]: e for e in container["env"]}
     assert env["SWEEPER_STATE"]["valueFrom"]["secretKeyRef"] == {"name": "sweeper-history", "key": "url"}
     assert env["SWEEPER_CLUSTER"]["value"]
+
+
+def test_idle_spells_as_of_a_moment_and_their_pruning(new_state: Callable[[str], str]) -> None:
+    """What the idle-window estimate reads (sweeper.window): a spell opened by a discovery that saw
+    the node idle, closed by one that saw it busy, read as it stood at any moment (a backtest asks
+    as of then), on both backends; pruning drops closed spells with the old sweeps."""
+    h = History(new_state("h.db"), cluster="a")
+    try:
+        pool = "karpenter.sh/nodepool=gpu"
+        h.idle_seen(T0, {"n1": (pool, True), "n2": (pool, False)})
+        h.idle_seen(T0 + 600, {"n1": (pool, True), "n2": (pool, True)})  # n1's spell goes on; n2's opens
+        h.idle_seen(T0 + 1800, {"n1": (pool, False)})
+        assert h.idle_spells(pool, T0 - 1, T0 + 3600) == [(T0, 1800.0, False), (T0 + 600, 3000.0, True)]
+        assert h.idle_spells(pool, T0 - 1, T0 + 900) == [(T0, 900.0, True), (T0 + 600, 300.0, True)]
+        assert h.idle_spells("other", T0 - 1, T0 + 3600) == []
+        sid = h.sweep_started("r", "n1", T0, "p", "x")
+        h.sweep_finished(sid, T0 + 60, "pass", [])
+        h.prune(T0 + 2000)
+        assert h.idle_spells(pool, T0 - 1, T0 + 3600) == [(T0 + 600, 3000.0, True)]
+    finally:
+        h.close()

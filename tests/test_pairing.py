@@ -130,3 +130,13 @@ def test_choose_partner_takes_the_first_known_good_idle_node_of_the_group() -> N
     assert choose_partner("s", g, idle, known_good={"a", "c", "d"}, exclude=set()) == "c"
     assert choose_partner("s", g, idle, known_good={"a", "c", "d"}, exclude={"c"}) == "d"
     assert choose_partner("c", g, idle, known_good={"c"}, exclude=set()) is None
+
+
+def test_a_dra_node_and_a_device_plugin_node_are_not_one_group() -> None:
+    """One pair's pod template claims GPUs through DRA or requests nvidia.com/gpu, not both."""
+    from sweeper.pairing import group_key
+    labels = {"topology.k8s.aws/network-node-layer-3": "nn-1"}
+    keys = ("topology.k8s.aws/network-node-layer-3",)
+    assert group_key("p5", labels, keys) == group_key("p5", labels, keys, dra=False)
+    assert group_key("p5", labels, keys, dra=True) != group_key("p5", labels, keys)
+    assert group_key("p5", labels, keys, dra=True) == group_key("p5", dict(labels), keys, dra=True)

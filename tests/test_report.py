@@ -142,6 +142,15 @@ def test_the_demo_replaces_a_node_on_its_trend_before_it_fails(demo: dict[str, A
     assert h.metric_latest("nccl.busbw_largest", 0.0), "the demo records NCCL bandwidth for the report"
 
 
+def test_the_demo_report_shows_each_outside_sources_precision(demo: dict[str, Any]) -> None:
+    """The EKS node monitoring agent claimed AcceleratedHardwareReady=False on two demo nodes; one
+    was refuted by the kernel log, one confirmed (issue 25, point 2)."""
+    page = demo["page"].read_text()
+    section = page[page.index("<h2>Other tools' claims, tested</h2>"):]
+    row = re.search(r'<tr class=source data-source="eks-node-monitoring-agent">(.*?)</tr>', section)
+    assert row and re.findall(r"<td>(?:<b>)?([^<]*)", row.group(1))[2:6] == ["1", "1", "0", "50%"], row
+
+
 def _browser() -> Any:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     driver = shutil.which("chromedriver")

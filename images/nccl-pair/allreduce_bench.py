@@ -6,6 +6,11 @@ in-place, the out-of-bounds and average footer), so that one reader serves both.
 nccl-tests' definition for all-reduce, algbw * 2 * (n - 1) / n
 (https://github.com/NVIDIA/nccl-tests/blob/master/doc/PERFORMANCE.md). Correctness: every rank
 fills its buffer with known values and checks the sum; elements that differ are #wrong.
+
+torch.distributed's all_reduce works in place only, so the out-of-place column times a device copy
+and then the all-reduce: its bandwidth is below what nccl-tests' out-of-place prints for the same
+links, and the reader takes the larger column. With one rank (a single GPU, as in a smoke test)
+nothing crosses a link and in place is a no-op; the reader judges no floor on such a table.
 """
 
 from __future__ import annotations

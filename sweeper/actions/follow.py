@@ -31,8 +31,8 @@ from sweeper.actions.podstate import (
     node_gone,
     unscheduled,
 )
+from sweeper.demand import Arbiter
 from sweeper.errors import NotFound
-from sweeper.fleet import pending_gpu_pods
 from sweeper.result import Result
 
 SCHEDULE_TIMEOUT = 300.0
@@ -179,7 +179,20 @@ class Source(Protocol):
 def follow(ctx: ActionContext, source: Source, shape: Shape, timeout: float, abortable: bool,
            read: Callable[[dict[str, Any], Pods], Result]) -> Outcome:
     """Follow one Job until it finishes (`read` turns its finished condition and pods into a result),
-    its deadline passes, the sweep stops, pending GPU work aborts it, or its pods are given up on."""
+    its deadline passes, the sweep stops, pending GPU work aborts it (with abort_on_demand: when the
+    run's arbiter picks its node, sweeper.demand), or its pods are given up on."""
+    # The run's arbiter decides for all its checks at once; `sweeper run` has one of its own.
+    arbiter = (getattr(ctx.jobwatch, "arbiter", None) or Arbiter()) if abortable and ctx.config.abort_on_demand \
+        else None
+    if arbiter is None:
+        return _follow(ctx, source, shape, timeout, None, read)
+    with arbiter.running([v for v in (ctx.node, ctx.partner) if v and v.get("name") in shape.nodes],
+                         ctx.clock.now(), timeout):
+        return _follow(ctx, source, shape, timeout, arbiter, read)
+
+
+def _follow(ctx: ActionContext, source: Source, shape: Shape, timeout: float, arbiter: Arbiter | None,
+            read: Callable[[dict[str, Any], Pods], Result]) -> Outcome:
     node = shape.node
     start = ctx.clock.now()
     fault = Fault()  # why the container cannot start, or why the pod is not even created
@@ -219,11 +232,11 @@ def follow(ctx: ActionContext, source: Source, shape: Shape, timeout: float, abo
             return Outcome(fault.result(node, now))
         if ctx.cancelled():
             return Outcome(inconclusive=f"the sweep was stopped before {shape.what} finished")
-        if abortable and ctx.config.abort_on_demand:
-            waiting = pending_gpu_pods(source.demand(polls), ctx.config)
-            if waiting:
-                return Outcome(inconclusive=f"aborted to make room for {len(waiting)} pending GPU pod(s) "
-                                            f"({', '.join(waiting[:3])})")
+        if arbiter is not None:
+            pending = source.demand(polls)
+            freed = next((w for w in (arbiter.abort(n, pending, ctx.config, now) for n in shape.nodes) if w), "")
+            if freed:
+                return Outcome(inconclusive=f"aborted to make room for pending GPU pod(s) ({freed})")
         schedule_deadline = min(SCHEDULE_TIMEOUT, timeout * 0.9)
         if why and elapsed > schedule_deadline:
             return Outcome(inconclusive=shape.never_scheduled(ctx, why))

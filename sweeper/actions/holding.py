@@ -245,3 +245,30 @@ def mark_status(kube: Any, cfg: Config, name: str, verdict: str, reasons: list[s
             "message": ("; ".join(reasons) if verdict != "pass" else "all checks passed")[:1000],
             "lastHeartbeatTime": iso(now), "lastTransitionTime": since}
     kube.patch_node_status(name, {"status": {"conditions": [cond]}})
+
+
+def ungate(kube: Any, cfg: Config, name: str) -> bool:
+    """Take the gate's taint (`gate_taint`) off the node, and no other taint: the JSON patch tests
+    each taint it removes. False when the node is gone or does not carry it."""
+    def build(node: dict[str, Any]) -> list[dict[str, Any]] | None:
+        taints = (node.get("spec") or {}).get("taints") or []
+        ours = [(i, t) for i, t in enumerate(taints) if cfg.gate_taint and t.get("key") == cfg.gate_taint]
+        if not ours:
+            return None
+        return [{"op": "test", "path": f"/spec/taints/{i}", "value": t} for i, t in ours] + \
+            [{"op": "add", "path": "/spec/taints", "value": [t for t in taints if t.get("key") != cfg.gate_taint]}]
+
+    return patch_node(kube, name, build) is not None
+
+
+def gate(kube: Any, cfg: Config, name: str, why: str) -> bool:
+    """Put the gate's taint on the node (before Sweeper's reboot or GPU reset), so it is validated
+    again before any work lands on it. False when it was there already or the node is gone."""
+    def build(node: dict[str, Any]) -> list[dict[str, Any]] | None:
+        taints = (node.get("spec") or {}).get("taints") or []
+        if not cfg.gate_taint or any(t.get("key") == cfg.gate_taint for t in taints):
+            return None
+        return [{"op": "add", "path": "/spec/taints",
+                 "value": taints + [{"key": cfg.gate_taint, "value": why, "effect": "NoSchedule"}]}]
+
+    return patch_node(kube, name, build) is not None

@@ -41,6 +41,7 @@ from sweeper.actions.podstate import Fault as _Fault  # noqa: F401  (its old nam
 from sweeper.actions.safety import REMEDIATION_TEMPLATES, Rules, problems, protected
 from sweeper.clock import parse_duration
 from sweeper.config import home
+from sweeper.demand import holds_gpus
 from sweeper.errors import ConfigError, KubeError, PlaybookError
 from sweeper.formats import FORMATS, detect, read
 from sweeper.parsers import dcgm, nccl, sweeper_result
@@ -76,20 +77,29 @@ def image_vars(ctx: ActionContext) -> dict[str, Any]:
 DRA_TEMPLATE = "sweeper-gpus"
 
 
-def dra_of(ctx: ActionContext) -> dict[str, Any]:
-    """The held node's DRA GPUs: from the node's variables where discovery saw them, else (a node
-    with no GPU resource in capacity) from its ResourceSlices. {} on a device plugin node."""
-    node = ctx.node or {}
+def dra_of(ctx: ActionContext, node: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A held node's DRA GPUs (the context's node unless another is named): from the node's variables
+    where discovery saw them, else (a node with no GPU resource in capacity) from its own ResourceSlices,
+    asked by field selector (spec.nodeName, spec.driver), never a cluster-wide list. {} on a device
+    plugin node."""
+    node = (ctx.node or {}) if node is None else node
     found = (node.get("gpu_resources") or {}).get("dra") or {}
     if found or not ctx.config.dra_driver or (node.get("gpu_resources") or {}).get("capacity") or ctx.kube is None:
         return dict(found)
-    for s in ctx.kube.list_resource_slices():
+    for s in ctx.kube.list_resource_slices(node=str(node.get("name", "")), driver=ctx.config.dra_driver):
         spec = s.get("spec") or {}
         if spec.get("nodeName") == node.get("name") and spec.get("driver") == ctx.config.dra_driver \
                 and spec.get("devices"):
             return {"driver": spec["driver"], "pool": (spec.get("pool") or {}).get("name", ""),
                     "devices": len(spec["devices"])}
     return {}
+
+
+def ensure_claims(ctx: ActionContext, dra: dict[str, Any]) -> None:
+    """The ResourceClaimTemplate the Jobs' pods claim a DRA node's GPUs through, once a run."""
+    if dra and ctx.kube is not None:
+        ns = job_namespace(ctx)
+        ctx.kube.ensure_claim_template(ns, claim_template(ns, dra["driver"]), once_per=ctx.run_id)
 
 
 def gpu_claims(dra: dict[str, Any]) -> list[dict[str, Any]]:
@@ -125,10 +135,11 @@ def job_namespace(ctx: ActionContext, remediation: bool = False) -> str:
 
 
 def sweeper_tolerations(ctx: ActionContext) -> list[dict[str, Any]]:
-    """Sweeper's own taint, and the GPU pools' taints that leave a node sweepable (allowed_taint_keys:
+    """Sweeper's own taint and its gate's, and the GPU pools' taints that leave a node sweepable (allowed_taint_keys:
     GKE's nvidia.com/gpu=present, AKS's sku=gpu when listed), so the check lands where it was sent."""
+    gate = [ctx.config.gate_taint] if ctx.config.gate_taint else []  # a gated node's checks land on it too
     return ([{"key": ctx.config.taint_key, "operator": "Exists", "effect": "NoSchedule"}]
-            + [{"key": k, "operator": "Exists", "effect": "NoSchedule"} for k in ctx.config.allowed_taint_keys])
+            + [{"key": k, "operator": "Exists", "effect": "NoSchedule"} for k in (*gate, *ctx.config.allowed_taint_keys)])
 
 
 def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[str, Any],
@@ -170,8 +181,8 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
     if not isinstance(job, dict) or job.get("kind") != "Job":
         raise PlaybookError(f"{path}: the template must render a batch/v1 Job")
     refuse_unsafe([job], job_rules(ctx, found, (affinity,), remediation, bound, tuple(claims)), path)
-    if claims and ctx.kube is not None and not remediation:
-        ctx.kube.ensure_claim_template(job_namespace(ctx), claim_template(job_namespace(ctx), dra["driver"]))
+    if claims and not remediation:
+        ensure_claims(ctx, dra)
     if remediation:  # its own account, which has no RBAC and mounts no token (docs/security.md)
         job["spec"]["template"]["spec"]["serviceAccountName"] = ctx.config.remediation_service_account
     _second_engine(ctx, job, node)
@@ -301,5 +312,5 @@ def run_job(ctx: ActionContext, args: dict[str, Any]) -> dict[str, Any]:
         return _read_result(ctx, namespace, pods, node, args["parser"], args["parser_args"] or {})
 
     with watched(ctx, namespace, name) as source, job_created(ctx, namespace, job):
-        outcome = follow(ctx, source, Shape(node), timeout, args["abortable"], result)
+        outcome = follow(ctx, source, Shape(node), timeout, args["abortable"] and holds_gpus(job, ctx.config), result)
     return answer(ctx, name, outcome)

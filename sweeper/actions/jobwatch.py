@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sweeper.clock import Clock
+from sweeper.demand import Arbiter
 from sweeper.errors import KubeError, Transient
 
 WATCH_TIMEOUT = 300  # seconds a watch request asks to last before it is started again (timeoutSeconds)
@@ -42,6 +43,7 @@ class RunWatch:
         self.clock = clock
         self.poll_interval = poll_interval
         self.log = log
+        self.arbiter = Arbiter()  # which of the run's abortable checks pending work stops (sweeper.demand)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._objects: dict[str, dict[str, dict[str, Any]]] = {"jobs": {}, "pods": {}}

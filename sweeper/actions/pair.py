@@ -20,6 +20,9 @@ from typing import Any
 from sweeper.actions import ActionContext, Arg, action
 from sweeper.actions.follow import PairShape, follow, job_created, watched
 from sweeper.actions.jobs import (
+    dra_of,
+    ensure_claims,
+    gpu_claims,
     image_vars,
     job_rules,
     load_rendered,
@@ -76,6 +79,11 @@ def pair_variables(ctx: ActionContext, template: str, timeout: float, extra: dic
     if a == b:
         raise PlaybookError(f"run_pair_job: the partner is the node itself ({a})")
     name = pair_job_name(a, b, ctx.run_id, template)
+    dra, dra_partner = dra_of(ctx, node), dra_of(ctx, partner)
+    if bool(dra) != bool(dra_partner):
+        raise PlaybookError(f"run_pair_job: {a if dra else b} publishes its GPUs through DRA and "
+                            f"{b if dra else a} through the device plugin; one pod template cannot claim both")
+    claims = gpu_claims(dra)
     prefix = ctx.config.prefix
     labels = {"app.kubernetes.io/managed-by": "sweeper", "app.kubernetes.io/component": "pair",
               f"{prefix}/run-id": ctx.run_id, f"{prefix}/node": a, f"{prefix}/partner": b, f"{prefix}/pair": name}
@@ -94,7 +102,9 @@ def pair_variables(ctx: ActionContext, template: str, timeout: float, extra: dic
                 {"labelSelector": {"matchLabels": {f"{prefix}/pair": name}},
                  "topologyKey": "kubernetes.io/hostname"}]}},
         "tolerations": sweeper_tolerations(ctx),
-        "all_gpus": {"nvidia.com/gpu": str(node.get("gpus", 0))},
+        # a device plugin node's GPUs as a resource request; a DRA node's through Sweeper's claim, one
+        # claim for each pod from the template, so each pod holds every GPU of the node it lands on
+        "all_gpus": {} if claims else {"nvidia.com/gpu": str(node.get("gpus", 0))}, "gpu_claims": claims,
         "fabric_resources": pair_fabric(node, partner),
         "priority_class": ctx.config.check_priority_class,
         "platform": ctx.config.platform_name, "runtime_class": ctx.config.runtime_class_name,
@@ -115,11 +125,13 @@ def render_pair(ctx: ActionContext, template: str, timeout: float,
     # Sweeper's own values, not the variables: the workers go to the two held nodes, the launcher
     # (no GPU) to either of them.
     own = variables["pair_affinity"]  # Sweeper's: `protected` kept the playbook's vars off it
-    rules = dataclasses.replace(job_rules(ctx, found, (own, {"nodeAffinity": own["nodeAffinity"]}), remediation=False),
-                                pods=2)
+    rules = dataclasses.replace(job_rules(ctx, found, (own, {"nodeAffinity": own["nodeAffinity"]}), remediation=False,
+                                          claims=tuple(variables["gpu_claims"])), pods=2)
     if kinds == ["MPIJob"]:
         check_mpijob(docs[0], variables, path)
         refuse_unsafe(docs, rules, path)
+        if variables["gpu_claims"]:
+            ensure_claims(ctx, dra_of(ctx))
         return None, docs[0], variables
     if len(docs) != 2 or kinds[0] != "Service" or kinds[1] != "Job":
         raise PlaybookError(f"{path}: a pair template renders two documents, a Service then a Job, or one MPIJob; "
@@ -128,6 +140,8 @@ def render_pair(ctx: ActionContext, template: str, timeout: float,
     _check_service(service, variables, path)
     _check_pair_job(job, variables, path)
     refuse_unsafe(docs, rules, path)
+    if variables["gpu_claims"]:
+        ensure_claims(ctx, dra_of(ctx))
     return service, job, variables
 
 

@@ -68,6 +68,12 @@ def _pod_problems(pod: dict[str, Any], variables: dict[str, Any], what: str) -> 
     if missing:
         return (f"{what}: each pod must request all of its node's GPUs and the profile's fabric devices "
                 f"({', '.join(missing)}); use all_gpus and fabric_resources")
+    if variables.get("gpu_claims"):  # a DRA node's GPUs: the pod claims them, and a container uses the claim
+        used = {str(u.get("name")) for c in containers for u in (c.get("resources") or {}).get("claims") or []
+                if isinstance(u, dict)}
+        if pod.get("resourceClaims") != variables["gpu_claims"] or not {c["name"] for c in variables["gpu_claims"]} <= used:
+            return (f"{what}: on DRA nodes each pod claims all of its node's GPUs: resourceClaims: "
+                    "{{ gpu_claims | tojson }}, and the container's resources.claims names them")
     return ""
 
 
@@ -129,8 +135,10 @@ def check_mpijob(job: dict[str, Any], variables: dict[str, Any], path: Path) -> 
                             "the next run's reconcile finds a dead run's MPIJob by them")
     launcher = (((replicas["Launcher"] or {}).get("template") or {}).get("spec") or {})
     gpu = sorted({k for c in launcher.get("containers") or [] for part in ("requests", "limits")
-                  for k in ((c.get("resources") or {}).get(part) or {}) if k in variables["all_gpus"]
+                  for k in ((c.get("resources") or {}).get(part) or {}) if k in variables["all_gpus"] or k == "nvidia.com/gpu"
                   or k in variables["fabric_resources"]})
+    if launcher.get("resourceClaims"):
+        gpu.append("resourceClaims")
     if gpu:
         raise PlaybookError(f"{path}: MPIJob Launcher: the launcher only runs mpirun; it must request no GPU or "
                             f"fabric device ({', '.join(gpu)}), which belong to the Workers")

@@ -13,14 +13,11 @@ import pynvml
 from sweeper.checks.collect import Collector, GpuLost, nvml_call
 from sweeper.checks.options import CheckOptions
 from sweeper.parsers.kernel_log import normalise_pci
+from sweeper.parsers.nvidia_smi import RECOVERY, recovery_verdict  # noqa: F401 (RECOVERY: kept importable here)
 
 # Clock event bits worth a warning (GpuIdle and SwPowerCap are normal).
 CLOCK_ALERTS = {0x8: "HW slowdown", 0x20: "SW thermal slowdown", 0x40: "HW thermal slowdown",
                 0x80: "HW power brake"}
-RECOVERY = {0: ("none", "pass"), 1: ("GPU reset", "RECOVERY_RESET"), 2: ("node reboot", "RECOVERY_REBOOT"),
-            3: ("drain P2P", "RECOVERY_DRAIN_P2P"), 4: ("drain and reset", "RECOVERY_RESET"),
-            5: ("recover IMEX domain", "RECOVERY_IMEX"), 6: ("bus reset", "RECOVERY_RESET"),
-            7: ("system reboot", "RECOVERY_REBOOT")}
 FIELD_RECOVERY_ACTION = 230
 RETIRED_PAGES_LIMIT = 60
 # Why a pod that requests no GPU may see none: the runtime, not the node. NVIDIA's runtime (RuntimeClass
@@ -370,10 +367,5 @@ def _recovery(nvml: Any, h: Any, i: int, c: Collector) -> None:
         c.check("gpu.recovery_action", "skip", "the driver does not report a recovery action", gpu=i)
         return
     action = int(getattr(v.value, _VALUE_ATTR.get(int(v.valueType), "uiVal")))
-    label, code = RECOVERY.get(action, (f"unknown action {action}", "RECOVERY_UNKNOWN"))
-    if action == 0:
-        c.check("gpu.recovery_action", "pass", "the driver asks for nothing", gpu=i)
-    elif code in ("RECOVERY_DRAIN_P2P", "RECOVERY_IMEX"):
-        c.check("gpu.recovery_action", "warn", f"the driver asks to {label}", "warning", gpu=i, code=code)
-    else:
-        c.check("gpu.recovery_action", "fail", f"the driver asks for a {label}", "critical", gpu=i, code=code)
+    status, message, severity, code = recovery_verdict(action)
+    c.check("gpu.recovery_action", status, message, severity, gpu=i, code=code)

@@ -27,6 +27,10 @@ def progress(console: Any) -> Callable[[str, dict[str, Any]], None]:
         if event == "plan":
             say(f"run {d['run_id']}: {d['gpu_nodes']} GPU nodes, {d['held']} already held, "
                 f"budget {d['budget']}; taking {taking(d['take'], d.get('recheck', ()))}")
+            if d.get("gate"):
+                say(f"  gate: taking {', '.join(d['gate'])} (new or rebooted nodes, within the gate's own budget)")
+        elif event == "ungate":
+            say(f"  {d['node']}: passed its gate ({d['verdict']}); its startup taint is off, handed to work")
         elif event == "hold":
             say(f"  {d['node']}: held (tainted), running checks")
         elif event == "pair":
@@ -100,6 +104,8 @@ _SWEEP_COLS = (Col("started"), Col("run"), Col("verdict"), Col("rule"), Col("pla
                Col("profile", wide=True), Col("why", cut=True))
 _FINDING_COLS = (Col("when"), Col("check"), Col("gpu"), Col("status"), Col("code"), Col("message", cut=True))
 _ACTION_COLS = (Col("when"), Col("run", wide=True), Col("action"), Col("detail", cut=True))
+_CLAIM_COLS = (Col("when"), Col("run", wide=True), Col("source"), Col("claim"), Col("test", wide=True),
+               Col("outcome"), Col("evidence", cut=True))
 _PAIR_COLS = (Col("when"), Col("run", wide=True), Col("partner"), Col("mode"), Col("busbw GB/s"), Col("status"),
               Col("detail", cut=True))
 
@@ -130,6 +136,12 @@ def print_history(console: Any, h: dict[str, Any]) -> None:
         o.table(_PAIR_COLS, ([o.when(p["ts"]), p["run_id"], p["partner"], pair_mode(p),
                               "" if p["busbw"] is None else f"{p['busbw']:.1f}", p["status"], p["detail"]]
                              for p in h["pairs"][:20]), colour=[5])
+    if h.get("claims"):  # other tools' conditions and taints, as Sweeper's checks found them
+        o.title("")
+        o.title("other tools' claims, tested" + (f" (the latest 20 of {len(h['claims'])})"
+                                                 if len(h["claims"]) > 20 else ""))
+        o.table(_CLAIM_COLS, ([o.when(c["ts"]), c["run_id"], c["source"], c["code"], c["test"], c["outcome"],
+                               c["evidence"]] for c in h["claims"][:20]), colour=[5])
     if h.get("pruned_days"):
         days = h["pruned_days"]
         o.title(f"{sum(d['sweeps'] for d in days)} older sweeps over {len(days)} days were pruned "
@@ -211,10 +223,19 @@ def plan(out: Out, view: Any) -> None:
         out.write(note)
     out.title(f"{doc['gpu_nodes']} GPU nodes, {doc['held']} held, budget {doc['budget']}")
     paired = view.paired
-    cols = (Col("node"), Col("take"), *((Col("partner"),) if paired else ()), Col("reason"), Col("detail", cut=True))
+    deep = any(r.get("depth") for r in doc["nodes"])  # a depth ladder: each node's depth and why
+    cols = (Col("node"), Col("take"), *((Col("partner"),) if paired else ()), Col("reason"),
+            *((Col("depth"),) if deep else ()), Col("detail", cut=True))
     out.table(cols, ([r["node"], "yes" if r["take"] else "no", *((r["partner"] or "-",) if paired else ()),
-                      r["reason"], r["detail"]]
+                      r["reason"], *((r.get("depth") or "-",) if deep else ()),
+                      r["detail"] + (f"; depth {r['why']}" if deep and r.get("why") else "")]
                      for r in sorted(doc["nodes"], key=lambda r: (not r["take"], r["node"]))), colour=[1])
+    gate = doc.get("gate") or {}
+    if gate.get("nodes"):  # the gate's queue: new nodes (and nodes back from a reboot) not yet handed to work
+        out.title(f"{len(gate['nodes'])} gated node(s) ({gate['taint']}), gate budget {gate['budget']}")
+        out.table((Col("node"), Col("take"), Col("reason"), Col("detail", cut=True)),
+                  ([r["node"], "yes" if r["take"] else "no", r["reason"], r["detail"]] for r in gate["nodes"]),
+                  colour=[1])
 
 
 def _rule(rules: list[str] | None, verdict: str | None) -> str:

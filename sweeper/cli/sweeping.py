@@ -75,8 +75,9 @@ def _push(sw: Any, report: Any, url: str) -> None:
 @output_options
 @run_cli
 def plan_cmd(config_path: str | None, kubeconfig: str | None, context: str | None, state: str, out: Out) -> None:
-    """Which nodes a sweep would take now, and why every other GPU node is skipped. Changes nothing
-    (not even the history file: a missing one is not created)."""
+    """Which nodes a sweep would take now, and why every other GPU node is skipped; and the gate's
+    queue: the nodes carrying gate_taint, each taken, waiting or held with its reason. Changes
+    nothing (not even the history file: a missing one is not created)."""
     from sweeper.views import plan_view
 
     cfg = config_for(config_path)

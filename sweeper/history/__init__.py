@@ -7,7 +7,8 @@ protocol. Every row carries its cluster's name.
 - `store` and `refusals`: opening (and refusing a store that holds what the migrations never make);
 - `recorder`: the sweep's writes and what it reads back; `reading`: a node's story and the
   policy's past; `fleet`: the report's, the fleet page's and the backtest's reads; `retention`: pruning;
-- `bulk`: loading many rows at once (benchmarks, imports)."""
+  `idle`: the nodes' idle spells and depths of test, for the idle-window estimate; `claims`: outside
+  claims judged, and each source's precision; `bulk`: loading many rows at once (benchmarks, imports)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from sweeper.history.bulk import Bulk
+from sweeper.history.claims import Claims
 from sweeper.history.fleet import Fleet
+from sweeper.history.idle import Idle
 from sweeper.history.reading import Reading
 from sweeper.history.recorder import Recorder
 from sweeper.history.refusals import migration_tables
@@ -33,7 +36,7 @@ from sweeper.history.schema import (
 from sweeper.history.store import Link, cluster_name, is_url, redact, state_exists
 
 
-class History(Recorder, Reading, Fleet, Retention, Bulk):
+class History(Recorder, Reading, Fleet, Retention, Idle, Claims, Bulk):
     """The history at `state`: a SQLite path (`:memory:` for none) or a `postgresql://` URL.
 
     `cluster`: the name written on every row, and the only cluster read. Without it the name is

@@ -57,8 +57,10 @@ class Reading(Base):
             f"where node = :node and ts >= :since{self._in()} union all "
             "select id, ts, run_id, node, mode, 'partner', busbw, status, detail from pairs "
             f"where partner = :node and ts >= :since{self._in()}) as u order by ts desc, id desc limit :limit", p)
+        claims = self._rows("select ts, run_id, source, code, kind, test, outcome, evidence from claims "
+                            f"where node = :node and ts >= :since{self._in()} order by ts desc, id desc limit :limit", p)
         return {"node": node, "sweeps": sweeps, "actions": actions, "metrics": metrics, "pruned_days": summaries,
-                "pairs": pairs}
+                "pairs": pairs, "claims": claims}
 
     @locked
     def knows(self, node: str) -> bool:

@@ -17,9 +17,9 @@ OLD = "started < :before and finished is not null"
 
 class Retention(Base):
     def prune(self, before: float, dry_run: bool = False) -> dict[str, int]:
-        """Delete sweeps (with their checks and metrics), pair results, actions, intents and runs older than
-        `before`, keeping one summary row a node a day: sweeps, verdict counts, and per metric
-        the min, max and last value. A SQLite file is vacuumed after (PostgreSQL's autovacuum
+        """Delete sweeps (with their checks and metrics), pair results, actions, intents, closed idle
+        spells and runs older than `before`, keeping one summary row a node a day: sweeps, verdict
+        counts, and per metric the min, max and last value. A SQLite file is vacuumed after (PostgreSQL's autovacuum
         reclaims the space there)."""
         counts = self._prune(before, dry_run)
         if counts["node_sweeps"] and not dry_run and self.backend == "sqlite":
@@ -77,8 +77,9 @@ class Retention(Base):
         self._run(f"delete from checks where sweep_id in ({marks})", p)
         self._run(f"delete from metrics where sweep_id in ({marks})", p)
         self._run(f"delete from node_sweeps where {OLD}{c}", p)
-        for table in ("actions", "pairs", "pair_latest", "intents"):
+        for table in ("actions", "pairs", "pair_latest", "intents", "claims"):
             self._run(f"delete from {table} where ts < :before{c}", p)
+        self._run(f"delete from idle_spells where ended is not null and ended < :before{c}", p)
         self._run(f"delete from runs where finished is not null and finished < :before{c} and id not in "
                   "(select distinct run_id from node_sweeps where run_id is not null)", p)
         return counts

@@ -131,8 +131,28 @@ def m006_cluster(conn: Connection, cluster: str) -> None:
     _index(conn, "node_sweeps", "cluster", "finished")
 
 
-def m008_fleet_indexes(conn: Connection, cluster: str) -> None:
-    """(m007 is the cohorts' facts table, on its own branch.) The reads of a store shared by a fleet key on (cluster, node): a node's story (`history NODE`),
+def m007_idle_spells(conn: Connection, cluster: str) -> None:
+    # One row a spell a GPU node stayed idle (no GPU pod), as the sweeps' discoveries saw it, with
+    # the node's pool: what the idle-window estimate reads (sweeper.window). `ended` null: still idle.
+    C = sa.Column
+    _create(conn, "idle_spells", _id(), C("node", Text), C("pool", Text), C("started", Float), C("ended", Float),
+            C("cluster", Text, nullable=False, server_default=""),
+            indexes=[("cluster", "pool", "started"), ("cluster", "node", "ended")])
+
+
+def m008_claims(conn: Connection, cluster: str) -> None:
+    # One row a judged outside claim: the node, the sweep that tested it, the claim's source and
+    # code (a condition's type and reason, a taint's key and value), its kind, the test, when the
+    # claim was made, and the outcome (confirmed | refuted | inconclusive) with its evidence.
+    C = sa.Column
+    _create(conn, "claims", _id(), C("run_id", Text), C("sweep_id", Int), C("node", Text), C("ts", Float),
+            C("source", Text), C("code", Text), C("kind", Text), C("test", Text), C("since", Float),
+            C("outcome", Text), C("evidence", Text), C("cluster", Text, nullable=False, server_default=""),
+            indexes=[("node", "source", "code", "ts"), ("cluster", "ts"), ("sweep_id",)])
+
+
+def m009_fleet_indexes(conn: Connection, cluster: str) -> None:
+    """The reads of a store shared by a fleet key on (cluster, node): a node's story (`history NODE`),
     each node's latest sweep (`nodes`, the report) and each cluster's overview (the fleet page). Node
     names repeat across clusters, so an index led by the node alone walks every cluster's rows."""
     _index(conn, "node_sweeps", "cluster", "node", "started")
@@ -146,7 +166,7 @@ def m008_fleet_indexes(conn: Connection, cluster: str) -> None:
 
 
 MIGRATIONS: tuple[Migration, ...] = (m001_initial, m002_controls, m003_sweep_kind, m004_policy, m005_pairs,
-                                     m006_cluster, m008_fleet_indexes)
+                                     m006_cluster, m007_idle_spells, m008_claims, m009_fleet_indexes)
 KNOWN = [m.__name__ for m in MIGRATIONS]
 
 
@@ -178,6 +198,10 @@ def _current() -> sa.MetaData:
           C("mode", Text), C("busbw", Float), C("detail", Text), C("node_sweep_id", Int), C("partner_sweep_id", Int))
     table("pair_latest", C("node", Text), C("ts", Float), C("pair_id", Int), C("partner", Text), C("status", Text),
           C("mode", Text), C("role", Text), pk=("cluster", "node"))
+    table("idle_spells", _id(), C("node", Text), C("pool", Text), C("started", Float), C("ended", Float))
+    table("claims", _id(), C("run_id", Text), C("sweep_id", Int), C("node", Text), C("ts", Float), C("source", Text),
+          C("code", Text), C("kind", Text), C("test", Text), C("since", Float), C("outcome", Text),
+          C("evidence", Text))
     return md
 
 

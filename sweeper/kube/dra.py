@@ -6,7 +6,8 @@ Either API may be absent: a 404 on the collection (not installed, or an older cl
 (the RBAC not yet applied) reads as "none", never as an error. One paged LIST per kind a pass.
 
 What is folded, under keys the API never sets (`DEVICES`, `CLAIMS`, `DEMAND`):
-- a node's DRA devices, by driver: `{driver: {"pool": ..., "devices": [names]}}`
+- a node's DRA devices, by driver: `{driver: {"pool": ..., "devices": [names]}}`, with `taints`
+  (each device taint, its device named) where a device has some;
   (https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/resource-slice-v1/);
 - a pod's allocated claims: each result's driver, pool, device, the node the allocation is on, and
   the device classes the claim asks for (https://kubernetes.io/docs/concepts/scheduling-eviction/dynamic-resource-allocation/);
@@ -16,6 +17,7 @@ What is folded, under keys the API never sets (`DEVICES`, `CLAIMS`, `DEMAND`):
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from sweeper.errors import AlreadyExists, Forbidden, NotFound
@@ -39,8 +41,12 @@ class DraCalls(_Adapter):
         except (NotFound, Forbidden):
             return []
 
-    def list_resource_slices(self, page_size: int = 500) -> list[dict[str, Any]]:
-        return self._optional(RESOURCE, "resourceslices", page_size)
+    def list_resource_slices(self, page_size: int = 500, node: str = "", driver: str = "") -> list[dict[str, Any]]:
+        """Every ResourceSlice, or one node's (and one driver's) through the field selectors the API
+        serves for them (spec.nodeName, spec.driver), so asking for one node is not a cluster-wide LIST."""
+        terms = [f"spec.nodeName={_field_value(node)}"] * bool(node) + [f"spec.driver={_field_value(driver)}"] * bool(driver)
+        kw = {"field_selector": ",".join(terms)} if terms else {}
+        return self._optional(RESOURCE, "resourceslices", page_size, **kw)
 
     def list_resource_claims(self, page_size: int = 500) -> list[dict[str, Any]]:
         return self._optional(RESOURCE, "resourceclaims", page_size)
@@ -48,15 +54,22 @@ class DraCalls(_Adapter):
     def list_workloads(self, page_size: int = 500) -> list[dict[str, Any]]:
         return self._optional(KUEUE, "workloads", page_size)
 
-    def ensure_claim_template(self, namespace: str, body: dict[str, Any]) -> None:
-        """Create the check Jobs' ResourceClaimTemplate where it is not yet (an existing one is kept)."""
+    def ensure_claim_template(self, namespace: str, body: dict[str, Any], once_per: str = "") -> None:
+        """Create the check Jobs' ResourceClaimTemplate where it is not yet (an existing one is kept).
+        With `once_per` (a run's id), asked once in that run, not once per Job."""
         name = body["metadata"]["name"]
-        try:
-            self._call(f"create resourceclaimtemplate {namespace}/{name}",
-                       lambda: self.custom.create_namespaced_custom_object(
-                           *RESOURCE, namespace, "resourceclaimtemplates", body, _preload_content=False), write=True)
-        except AlreadyExists:
-            pass
+        ensured: set[tuple[str, str, str]] = self.__dict__.setdefault("_claim_templates", set())
+        with self.__dict__.setdefault("_claim_lock", threading.Lock()):  # a run's nodes render Jobs at once
+            if once_per and (once_per, namespace, name) in ensured:
+                return
+            try:
+                self._call(f"create resourceclaimtemplate {namespace}/{name}",
+                           lambda: self.custom.create_namespaced_custom_object(
+                               *RESOURCE, namespace, "resourceclaimtemplates", body, _preload_content=False), write=True)
+            except AlreadyExists:
+                pass
+            if once_per:
+                ensured.add((once_per, namespace, name))
 
     # -- joins ---------------------------------------------------------------------
     def fold_devices(self, nodes: list[dict[str, Any]], page_size: int = 500) -> list[dict[str, Any]]:
@@ -74,6 +87,11 @@ class DraCalls(_Adapter):
 
     def kueue_demand(self, page_size: int = 500) -> list[dict[str, Any]]:
         return workload_demand(self.list_workloads(page_size))
+
+
+def _field_value(value: str) -> str:
+    """A field selector value with `\\`, `,` and `=` escaped (fields.EscapeValue)."""
+    return value.replace("\\", "\\\\").replace(",", "\\,").replace("=", "\\=")
 
 
 def _items(doc: Any, *path: str) -> list[Any]:
@@ -96,6 +114,10 @@ def fold_devices(nodes: list[dict[str, Any]], slices: list[dict[str, Any]]) -> l
             continue
         entry = by_node.setdefault(node, {}).setdefault(driver, {"pool": str(pool.get("name", "")), "devices": []})
         entry["devices"] += [str(d.get("name", "")) for d in spec.get("devices") or [] if isinstance(d, dict)]
+        taints = [{**t, "device": str(d.get("name", ""))} for d in spec.get("devices") or [] if isinstance(d, dict)
+                  for t in d.get("taints") or [] if isinstance(t, dict)]
+        if taints:  # a device's taints (KEP-5055): what the driver claims of it
+            entry.setdefault("taints", []).extend(taints)
     if not by_node:
         return nodes
     return [{**n, DEVICES: by_node[n["metadata"]["name"]]} if n["metadata"]["name"] in by_node else n for n in nodes]
@@ -167,7 +189,9 @@ def workload_demand(workloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "metadata": {"name": f"{meta.get('name')}", "namespace": meta.get("namespace"),
                                      "labels": {}, "ownerReferences": []},
                         "spec": {"nodeName": None, "containers": containers,
-                                 "resourceClaims": spec.get("resourceClaims") or []},
+                                 "resourceClaims": spec.get("resourceClaims") or [],
+                                 **{k: spec[k] for k in ("nodeSelector", "affinity") if spec.get(k)}},
+                        "x-sweeper-pods": count,  # its GPUs above are the podSet's total
                         "status": {"phase": "Pending"}, DEMAND: f"kueue workload {meta.get('namespace')}/{meta.get('name')}"})
     return out
 

@@ -115,7 +115,9 @@ def slim_pod(pod: dict[str, Any]) -> dict[str, Any]:
         "spec": {"nodeName": spec.get("nodeName"),
                  "containers": [{"name": c.get("name"), "resources": c.get("resources") or {}}
                                 for c in spec.get("containers") or []],
-                 **({"resourceClaims": spec["resourceClaims"]} if spec.get("resourceClaims") else {})},
+                 **({"resourceClaims": spec["resourceClaims"]} if spec.get("resourceClaims") else {}),
+                 # where a pending pod may land: which checks abort_on_demand stops for it (sweeper.demand)
+                 **({k: spec[k] for k in ("nodeSelector", "affinity") if spec.get(k) and not spec.get("nodeName")})},
         # the claims a pod names, and those the resourceclaim controller made for it (sweeper.kube.dra)
         "status": {"phase": status.get("phase"),
                    **({"resourceClaimStatuses": status["resourceClaimStatuses"]}

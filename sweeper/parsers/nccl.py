@@ -17,6 +17,9 @@ _AVG = re.compile(r"#\s*Avg bus bandwidth\s*:\s*([\d.eE+-]+)\s*(OK|FAILED)?")
 # (NVIDIA/nccl-tests issues #5, #66, #264, #280, #322).
 _ABORT = re.compile(r"(?:Test )?(?P<what>CUDA|NCCL) failure (?P<where>\S+:\d+) '(?P<why>[^']*)'?")
 _TEST_FAILURE = re.compile(r"Test failure (\S+:\d+)")
+# "#  Rank  0 Group  0 Pid   1231 on  host device  0 [0000:00:06] NVIDIA H100 80GB HBM3": rank 0 prints one
+# line for every rank of the communicator under "# Using devices" (nccl-tests common.cu).
+_RANK = re.compile(r"#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+")
 _MARKERS = re.compile(r"Avg bus bandwidth|nccl-tests|_perf\b|\bnThread \d+ nGpus \d+ minBytes|#\s+size\s+count\s+type|"
                       r"#\s+bytes\s+N\s+type|Test (?:CUDA|NCCL) failure \S+:\d+|Out of bounds values|"
                       # a data row: size, count, type, op (root since 2.13), time
@@ -46,6 +49,7 @@ def parse(text: str, node: str, now: float, min_busbw: float | None = None, exit
         return error_result(node, "nccl", f"{len(text)} bytes of output is over the {MAX_BYTES} limit", now)
     rows: list[tuple[int, float, float, str, float, str]] = []
     oob = avg = None
+    ranks: set[int] = set()
     errors: list[str] = []
     aborts: dict[str, str] = {}  # ordered, without repeats (every rank prints the same)
     followups: dict[str, str] = {}
@@ -62,6 +66,9 @@ def parse(text: str, node: str, now: float, min_busbw: float | None = None, exit
             followups.setdefault(f"the test failed at {m.group(1)}", "")
             continue
         if line.startswith("#"):
+            m = _RANK.match(line)
+            if m:
+                ranks.add(int(m.group(1)))
             m = _OOB.match(line)
             if m:
                 oob = (int(m.group(1)), m.group(2))
@@ -88,7 +95,12 @@ def parse(text: str, node: str, now: float, min_busbw: float | None = None, exit
                             now)
     checks: list[CheckResult] = []
     size, algbw, busbw_oop, wrong_oop, busbw_ip, wrong_ip = max(rows, key=lambda r: r[0])
-    busbw = max(busbw_oop, busbw_ip)
+    # With two or more ranks both columns move the data across the links, and the gate reads the larger
+    # (the pair image's out-of-place is a device copy and then the all-reduce, below nccl-tests' own).
+    # With one rank nothing crosses a link, and in place is a no-op (one H100, sendrecv_perf 2.19.6:
+    # 1,314.7 GB/s out of place, 194,233 GB/s in place): the out-of-place figure is kept, and a floor is
+    # not judged (below).
+    busbw = busbw_oop if len(ranks) == 1 else max(busbw_oop, busbw_ip)
     peak = max(max(r[2], r[4]) for r in rows)
     metrics = [Metric("nccl.busbw_largest", busbw, "GB/s"), Metric("nccl.algbw_largest", algbw, "GB/s"),
                Metric("nccl.busbw_oop_largest", busbw_oop, "GB/s"), Metric("nccl.busbw_ip_largest", busbw_ip, "GB/s"),
@@ -109,7 +121,14 @@ def parse(text: str, node: str, now: float, min_busbw: float | None = None, exit
     for e in errors:
         checks.append(CheckResult("nccl.error", "fail", e[:300], "critical"))
     checks.extend(abort)
-    if min_busbw is not None:
+    if min_busbw is not None and len(ranks) == 1:
+        # busbw = algbw * 2(n-1)/n for all_reduce: 0 by definition with one rank; other collectives copy
+        # within the GPU. Neither measured a link: no verdict on the node's bandwidth (a real H100,
+        # all_reduce_perf -g 1: "Avg bus bandwidth : 0").
+        checks.append(CheckResult("nccl.busbw", "error", "one rank ran: a single GPU measures no link's bandwidth "
+                                  f"(the floor of {min_busbw:g} GB/s needs two or more ranks)", "warning",
+                                  code="ONE_RANK"))
+    elif min_busbw is not None:
         ok = busbw >= min_busbw
         checks.append(CheckResult("nccl.busbw", "pass" if ok else "fail",
                                   f"bus bandwidth {busbw:g} GB/s at {size} B; floor {min_busbw:g}",

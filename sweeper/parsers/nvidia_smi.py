@@ -4,6 +4,7 @@ checks. Fields a GPU does not report (`N/A`, `[Not Supported]`) are skipped, nev
 The shapes read (as printed, or pasted after a prompt line or a runner's prefix, see `paste`):
 - `nvidia-smi -q`, whole, or one `-d ECC|PAGE_RETIREMENT|ROW_REMAPPER|TEMPERATURE|PERFORMANCE|CLOCK`
   section per GPU, with or without its `GPU <bus id>` line; `[...]` where GPUs were cut out;
+- `nvidia-smi -q -x`, the same readings from nvidia-smi's XML (see `nvidia_smi_xml`);
 - `--query-gpu=... --format=csv` (units in the header and the values, `[N/A]`, `[Not Supported]`),
   `--query-remapped-rows`, `--query-retired-pages` (rows of `[N/A]` are no page) and
   `--query-compute-apps` (a process list: `skip`, it says nothing of health);
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sweeper.parsers import nvidia_smi_xml
 from sweeper.parsers.paste import Paste, clean, unreadable
 from sweeper.result import CheckResult, Metric, Result, error_result
 
@@ -65,7 +67,13 @@ class Reading:
     power_limit_w: float | None = None
     throttle: list[str] = field(default_factory=list)
     sram_threshold: bool | None = None
+    recovery_action: int | None = None  # NVML's nvmlDeviceGpuRecoveryAction_t, from -q's words
+    channel_repair_pending: bool | None = None
+    tpc_repair_pending: bool | None = None
+    unrepairable_memory: bool | None = None
+    retired_unreported: bool = False  # a Retired Pages section whose every count is N/A
     unreadable: list[str] = field(default_factory=list)  # fields read as Unknown Error / ERR!
+    strange: list[str] = field(default_factory=list)  # `field: value` where a value is not one the tool prints
 
 
 def _num(value: Any) -> float | None:
@@ -92,6 +100,37 @@ def _yes(value: Any) -> bool | None:
 
 
 # -- nvidia-smi -q ---------------------------------------------------------------------
+
+# `GPU Recovery Action` in -q (and <gpu_recovery_action> in -q -x): the words of NVIDIA's "Error
+# Recovery and Response Flags" (https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/
+# error-recovery-and-response-flags.html) for nvmlDeviceGpuRecoveryAction_t's values 0-4.
+RECOVERY_WORDS = {"none": 0, "reset": 1, "reboot": 2, "drain p2p": 3, "drain and reset": 4}
+# What each action asks of the node, as the NVML check (`sweeper.checks.gpu`) judges it: (label, code).
+RECOVERY = {0: ("none", "pass"), 1: ("GPU reset", "RECOVERY_RESET"), 2: ("node reboot", "RECOVERY_REBOOT"),
+            3: ("drain P2P", "RECOVERY_DRAIN_P2P"), 4: ("drain and reset", "RECOVERY_RESET"),
+            5: ("recover IMEX domain", "RECOVERY_IMEX"), 6: ("bus reset", "RECOVERY_RESET"),
+            7: ("system reboot", "RECOVERY_REBOOT")}
+
+
+def recovery_verdict(action: int) -> tuple[str, str, str, str | None]:
+    """(status, message, severity, code) of a recovery action, the one rule for NVML and nvidia-smi."""
+    label, code = RECOVERY.get(action, (f"unknown action {action}", "RECOVERY_UNKNOWN"))
+    if action == 0:
+        return "pass", "the driver asks for nothing", "info", None
+    if code in ("RECOVERY_DRAIN_P2P", "RECOVERY_IMEX"):
+        return "warn", f"the driver asks to {label}", "warning", code
+    return "fail", f"the driver asks for a {label}", "critical", code
+
+
+def _flag(r: Reading, name: str, value: Any) -> bool | None:
+    """A Yes/No field: None when absent or N/A; any other word is noted as strange (an `error`)."""
+    if value is None or isinstance(value, dict) or _na(str(value)):
+        return None
+    got = _yes(value)
+    if got is None and str(value).strip().lower() not in _UNREADABLE:
+        r.strange.append(f"{name}: {str(value)[:40]!r}")
+    return got
+
 
 # Sections that `nvidia-smi -q -d ECC|PAGE_RETIREMENT|ROW_REMAPPER|TEMPERATURE|PERFORMANCE|CLOCK`
 # print on their own (nvidia-smi(1), "-d, --display"); a paste may carry one with no `GPU` line.
@@ -221,7 +260,17 @@ def _from_q(index: int, bus: str, g: dict[str, Any]) -> Reading:
     r.volatile_uncorrected = _ecc(_get(ecc, "volatile"), "uncorrectable")
     r.aggregate_uncorrected = _ecc(_get(ecc, "aggregate"), "uncorrectable")
     r.aggregate_corrected = _ecc(_get(ecc, "aggregate"), "correctable")
-    r.sram_threshold = _yes(_get(ecc, "aggregate", "sram threshold exceeded"))
+    r.sram_threshold = _flag(r, "SRAM Threshold Exceeded", _get(ecc, "aggregate", "sram threshold exceeded"))
+    # Driver 570 and later: a channel or TPC repair waits for the next reset; memory that cannot be
+    # repaired (NVML's nvmlDeviceGetRepairStatus and nvmlDeviceGetUnrepairableMemoryFlag_v1).
+    r.channel_repair_pending = _flag(r, "Channel Repair Pending", _get(ecc, "channel repair pending"))
+    r.tpc_repair_pending = _flag(r, "TPC Repair Pending", _get(ecc, "tpc repair pending"))
+    r.unrepairable_memory = _flag(r, "Unrepairable Memory", _get(ecc, "unrepairable memory"))
+    action = g.get("gpu recovery action")
+    if isinstance(action, str) and not _na(action):
+        r.recovery_action = RECOVERY_WORDS.get(_key(action))
+        if r.recovery_action is None and action.strip().lower() not in _UNREADABLE:
+            r.strange.append(f"GPU Recovery Action: {action[:40]!r}")
     rows = g.get("remapped rows")
     if isinstance(rows, dict):
         r.remap_corrected = _int(rows.get("correctable error"))
@@ -236,6 +285,7 @@ def _from_q(index: int, bus: str, g: dict[str, Any]) -> Reading:
                   else _get(pages, "double bit ecc", "count"))
         r.retired_pages = None if sb is None and db is None else (sb or 0) + (db or 0)
         r.retired_pending = _yes(pages.get("pending page blacklist") or pages.get("pending page retirement"))
+        r.retired_unreported = r.retired_pages is None and r.retired_pending is None
     link = _get(g, "pci", "gpu link info")
     r.pcie_gen = _int(_get(link, "pcie generation", "current"))
     r.pcie_gen_max = _int(_get(link, "pcie generation", "max"))
@@ -243,7 +293,11 @@ def _from_q(index: int, bus: str, g: dict[str, Any]) -> Reading:
     r.pcie_width_max = _int(_get(link, "link width", "max"))
     temp = g.get("temperature")
     r.temperature = _num(_get(temp, "gpu current temp"))
-    r.thermal_margin = _num(_get(temp, "gpu t.limit temp"))
+    r.thermal_margin = _num(_get(temp, "gpu t.limit temp"))  # degrees to the slowdown limit, NVML's margin
+    margin = _get(temp, "gpu t.limit temp")
+    if r.thermal_margin is None and isinstance(margin, str) and not _na(margin) \
+            and margin.strip().lower() not in _UNREADABLE:
+        r.strange.append(f"GPU T.Limit Temp: {margin[:40]!r}")
     power = g.get("gpu power readings") or g.get("power readings")
     r.power_w = _num(_get(power, "power draw")) or _num(_get(power, "average power draw"))
     r.power_limit_w = _num(_get(power, "current power limit")) or _num(_get(power, "enforced power limit"))
@@ -271,12 +325,28 @@ def _flatten(d: dict[str, Any]) -> dict[str, Any]:
 def _q(paste: Paste) -> tuple[list[Reading], list[CheckResult]] | str:
     """`nvidia-smi -q` (whole, or one `-d` section per GPU, with or without its `GPU` lines)."""
     top, sections = _tree(paste.lines)
-    problems: list[CheckResult] = []
     if not sections:
         if not any(k in top for k in _SECTIONS):
             return "no `GPU <bus id>` section and no section nvidia-smi -q prints"
         sections = [("", top)]  # one section pasted bare: a GPU whose bus id the paste left out
-    noise = _noise(paste.lines)
+    return _sections(top, sections, paste.elided, _noise(paste.lines))
+
+
+def _xml(paste: Paste) -> tuple[list[Reading], list[CheckResult]] | str:
+    """`nvidia-smi -q -x`: the same tree as -q, read from nvidia-smi's XML."""
+    try:
+        top, sections = nvidia_smi_xml.parse_tree(paste.text)
+    except nvidia_smi_xml.XmlRefused as exc:
+        return f"nvidia-smi -q -x: {exc}"
+    if not sections:
+        return "nvidia-smi -q -x with no <gpu> element"
+    return _sections(top, sections, paste.elided, [])
+
+
+def _sections(top: dict[str, Any], sections: list[tuple[str, dict[str, Any]]], elided: bool,
+              noise: list[str]) -> tuple[list[Reading], list[CheckResult]]:
+    """The readings of -q's (or -q -x's) GPU sections, and what is missing from them."""
+    problems: list[CheckResult] = []
     if noise:
         problems.append(CheckResult("nvidia-smi.read", "error", f"{len(noise)} line(s) nvidia-smi -q does not print, "
                                     f"e.g. {noise[0]!r}", "critical"))
@@ -291,10 +361,10 @@ def _q(paste: Paste) -> tuple[list[Reading], list[CheckResult]] | str:
                 problems.append(CheckResult("nvidia-smi.read", "error", f"GPU {bus or '(unnamed)'}: the {title} "
                                             f"section lacks its {lacking[0]} line", "critical"))
     attached = _int(top.get("attached gpus"))
-    if attached is not None and attached > len(sections) and not paste.elided and sections[0][0]:
+    if attached is not None and attached > len(sections) and not elided and sections[0][0]:
         problems.append(CheckResult("nvidia-smi.read", "error", f"truncated: {attached} GPUs attached, "
                                     f"{len(sections)} listed", "critical"))
-    elif not paste.elided and "product name" in sections[-1][1] and "processes" not in sections[-1][1]:
+    elif not elided and "product name" in sections[-1][1] and "processes" not in sections[-1][1]:
         # A whole `-q` ends every GPU with its Processes section (`-d` output has no Product Name).
         problems.append(CheckResult("nvidia-smi.read", "error", "truncated: the last GPU's section stops before "
                                     "its Processes section", "critical"))
@@ -376,15 +446,23 @@ def _na(value: str) -> bool:
 
 
 def _retired_pages(header: list[str], rows: list[list[str]]) -> tuple[list[CheckResult], list[Metric]]:
-    """`--query-retired-pages`: one row per retired page. A row whose address and cause are `[N/A]`
-    is no page (nvidia-smi prints such a row for a GPU that has retired none)."""
+    """`--query-retired-pages`: one row per retired page. A row whose address is `[N/A]` is no page:
+    nvidia-smi prints such a row for a GPU that has retired none (`[N/A], [N/A]`), and one per cause
+    (`[N/A], Single Bit ECC` and `[N/A], Double Bit ECC`) where the GPU does not report page
+    retirement at all: on Ampere and later row remapping replaced it and NVML's
+    nvmlDeviceGetRetiredPages answers NotSupported (an H100 on driver 580 prints exactly that)."""
     gpu_col = next((header.index(c) for c in ("pci.bus_id", "uuid", "serial", "name") if c in header), None)
+    addr_col = header.index("retired_pages.address") if "retired_pages.address" in header else None
     key_cols = [header.index(c) for c in ("retired_pages.address", "retired_pages.cause") if c in header]
     pages: dict[str, int] = {}
+    unreported: set[str] = set()  # GPUs with a cause but no address: page retirement not reported
     for row in rows:
         gpu = row[gpu_col] if gpu_col is not None else ""
         pages.setdefault(gpu, 0)
         if all(_na(row[i]) for i in key_cols):
+            continue
+        if addr_col is not None and _na(row[addr_col]):
+            unreported.add(gpu)
             continue
         pages[gpu] += 1
     checks: list[CheckResult] = []
@@ -394,6 +472,11 @@ def _retired_pages(header: list[str], rows: list[list[str]]) -> tuple[list[Check
         if count >= 60:
             checks.append(CheckResult("retired_pages", "fail", f"{label}{count} retired pages (limit 60)", "fatal",
                                       gpu=i, code="RETIRED_PAGES"))
+        elif gpu in unreported and not count:
+            checks.append(CheckResult("retired_pages", "skip", f"{label}no page address, only causes ([N/A]): this "
+                                      "GPU does not report page retirement (row remapping replaced it on Ampere "
+                                      "and later)", gpu=i))
+            continue
         else:
             checks.append(CheckResult("retired_pages", "pass", f"{label}{count} retired pages (limit 60)", gpu=i))
         metrics.append(Metric("retired_pages", count, "pages", gpu=i))
@@ -449,7 +532,8 @@ def _from_csv(paste: Paste) -> tuple[str, list[Reading], list[CheckResult], list
 # -- judging ---------------------------------------------------------------------------
 
 def judge(readings: list[Reading], expect_gpus: int | None = None, gpu_model: str = "",
-          thermal_margin_min: float = -2.0) -> tuple[list[CheckResult], list[Metric]]:
+          thermal_margin_min: float | None = None) -> tuple[list[CheckResult], list[Metric]]:
+    thermal_margin_min = -2.0 if thermal_margin_min is None else thermal_margin_min
     checks: list[CheckResult] = []
     metrics: list[Metric] = [Metric("gpu.count", len(readings), "gpus")]
     if expect_gpus is not None:
@@ -490,6 +574,9 @@ def judge(readings: list[Reading], expect_gpus: int | None = None, gpu_model: st
         elif r.retired_pages is not None and r.retired_pending is False:
             checks.append(CheckResult("retired_pages", "pass", f"{r.retired_pages} retired pages (limit 60), "
                                       "none pending", gpu=i))
+        elif r.retired_unreported:
+            checks.append(CheckResult("retired_pages", "skip", "Retired Pages: N/A, this GPU does not report page "
+                                      "retirement (row remapping replaced it on Ampere and later)", gpu=i))
         if r.pcie_width is not None and r.pcie_width_max is not None:
             ok = r.pcie_width >= r.pcie_width_max
             checks.append(CheckResult("pcie.link", "pass" if ok else "fail",
@@ -509,6 +596,9 @@ def judge(readings: list[Reading], expect_gpus: int | None = None, gpu_model: st
         if r.thermal_margin is not None and r.thermal_margin < thermal_margin_min:
             checks.append(CheckResult("thermal.margin", "fail", f"{r.thermal_margin:g} C to the slowdown limit "
                                       f"(floor {thermal_margin_min:g})", "fatal", gpu=i, code="THERMAL"))
+        elif r.thermal_margin is not None:
+            checks.append(CheckResult("thermal.margin", "pass", f"{r.thermal_margin:g} C of margin", gpu=i))
+        checks.extend(_judge_flags(r))
         for name, value, unit in (("ecc.aggregate_corrected", r.aggregate_corrected, "count"),
                                   ("ecc.aggregate_uncorrected", r.aggregate_uncorrected, "count"),
                                   ("row_remap.corrected", r.remap_corrected, "rows"),
@@ -519,6 +609,29 @@ def judge(readings: list[Reading], expect_gpus: int | None = None, gpu_model: st
             if value is not None:
                 metrics.append(Metric(name, float(value), unit, gpu=i))
     return checks, metrics
+
+
+def _judge_flags(r: Reading) -> list[CheckResult]:
+    """The driver's own verdicts in -q: its recovery action, pending repairs, unrepairable memory,
+    and the fields whose value is not one nvidia-smi prints (`error`: never read as healthy)."""
+    i = r.index
+    out: list[CheckResult] = []
+    if r.recovery_action is not None:
+        status, message, severity, code = recovery_verdict(r.recovery_action)
+        out.append(CheckResult("gpu.recovery_action", status, message, severity, gpu=i, code=code))
+    pending = [name for name, flag in (("channel", r.channel_repair_pending), ("TPC", r.tpc_repair_pending)) if flag]
+    if pending:
+        out.append(CheckResult("gpu.repair", "fail", f"{' and '.join(pending)} repair pending: the GPU needs a reset",
+                               "critical", gpu=i, code="REPAIR_PENDING"))
+    elif r.channel_repair_pending is False or r.tpc_repair_pending is False:
+        out.append(CheckResult("gpu.repair", "pass", "no channel or TPC repair pending", gpu=i))
+    if r.unrepairable_memory:
+        out.append(CheckResult("gpu.unrepairable_memory", "fail", "the driver flags memory it cannot repair: the GPU "
+                               "is an RMA candidate", "fatal", gpu=i, code="UNREPAIRABLE_MEMORY"))
+    if r.strange:
+        out.append(CheckResult("nvidia-smi.read", "error", f"{len(r.strange)} field(s) with a value nvidia-smi is not "
+                               "known to print: " + "; ".join(r.strange[:4]), "warning", gpu=i))
+    return out
 
 
 # -- the summary table (`nvidia-smi` alone) ---------------------------------------------
@@ -578,7 +691,8 @@ def _gone(paste: Paste) -> tuple[list[CheckResult], list[str]]:
 def readings(text: str) -> tuple[str, list[Reading]] | str:
     """('q' or 'csv', readings), or why the text is neither form."""
     paste = clean(text)
-    got = _q(paste) if _looks_q(paste.lines) else _from_csv(paste)
+    got = _xml(paste) if nvidia_smi_xml.looks_like(paste.text) else _q(paste) if _looks_q(paste.lines) \
+        else _from_csv(paste)
     if isinstance(got, str):
         return got
     if len(got) == 2:
@@ -591,6 +705,8 @@ def looks_like(text: str) -> bool:
     paste = clean(text[:200_000])
     lines = paste.lines[:2000]
     if paste.command.startswith("nvidia-smi") and " topo" not in paste.command:
+        return True
+    if nvidia_smi_xml.looks_like(paste.text[:4000]):
         return True
     if any(_LOST.search(ln) or _NO_DEVICES.match(ln) or _DRIVER.search(ln) or _TABLE.match(ln.strip())
            for ln in lines):
@@ -607,7 +723,8 @@ def _looks_q(lines: list[str]) -> bool:
         _key(ln.partition(":")[0]) in _SECTIONS and not ln.partition(":")[2].strip() for ln in head)
 
 
-def parse(text: str, node: str, now: float, expect_gpus: int | None = None, gpu_model: str = "") -> Result:
+def parse(text: str, node: str, now: float, expect_gpus: int | None = None, gpu_model: str = "",
+          thermal_margin_min: float | None = None) -> Result:
     """Any of the shapes in the module docstring, as printed or as pasted; the result's source is
     `nvidia-smi` whatever the shape."""
     why = unreadable(text, "nvidia-smi", MAX_BYTES)
@@ -627,7 +744,12 @@ def parse(text: str, node: str, now: float, expect_gpus: int | None = None, gpu_
     extra: list[CheckResult] = []
     metrics: list[Metric] = []
     rs: list[Reading] = []
-    if _looks_q(rest):
+    if nvidia_smi_xml.looks_like(paste.text):
+        got_q = _xml(paste)
+        if isinstance(got_q, str):
+            return _unread(node, now, gone, got_q)
+        rs, extra = got_q
+    elif _looks_q(rest):
         got_q = _q(paste)
         if isinstance(got_q, str):
             return _unread(node, now, gone, got_q)
@@ -646,7 +768,7 @@ def parse(text: str, node: str, now: float, expect_gpus: int | None = None, gpu_
         return _unread(node, now, gone, f"{len(rs)} GPUs: more than one node's output")
     checks = list(gone) + extra
     if rs:
-        judged, judged_metrics = judge(rs, None if gone else expect_gpus, gpu_model)
+        judged, judged_metrics = judge(rs, None if gone else expect_gpus, gpu_model, thermal_margin_min)
         checks += judged
         metrics = judged_metrics + metrics
     if not any(c.status != "skip" for c in checks) and expect_gpus is not None and rs:

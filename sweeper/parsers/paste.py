@@ -7,7 +7,10 @@
 - a shell prompt line with the command (`$ nvidia-smi -q`, `[root@gpu-7 ~]# ibstat`,
   `user@host:~$ fi_info -p efa`);
 - an elision line where rows were cut (`[...]`, `...`, `<snip>`): dropped, and remembered, so that
-  a reader does not call the output truncated because rows it was told about are missing.
+  a reader does not call the output truncated because rows it was told about are missing;
+- terminal escape sequences (ECMA-48 CSI such as SGR `ESC [ 4 m`, and OSC ... BEL/ST): `nvidia-smi topo
+  -m` on driver 580 underlines its header row with `ESC[4m` ... `ESC[0m` even when stdout is a file.
+  `strip_escapes` takes them off before any reader (of any format) looks; `clean` does too.
 
 The formats of the runners are those their documentation shows (Ansible's `oneline` callback,
 https://docs.ansible.com/ansible/latest/collections/ansible/builtin/oneline_callback.html;
@@ -33,6 +36,27 @@ _PDSH = re.compile(r"^([\w.-]{0,40}\d[\w.-]{0,40}): ")  # a host name has a digi
 # Open MPI's --tag-output (`[1,0]<stdout>:`, mpirun(1)) and `kubectl logs --timestamps` (RFC 3339).
 _LINE_PREFIXES = (re.compile(r"^\[\d+,\d+\]<(?:stdout|stderr)>: ?"),
                   re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d) "))
+
+
+# ECMA-48: CSI (ESC [ or the 8-bit 0x9b, parameter bytes 0x30-0x3f, intermediate 0x20-0x2f, a final byte
+# 0x40-0x7e), OSC/DCS/APC/PM strings up to BEL or ST, and the two-byte escapes (ESC followed by 0x40-0x5f).
+# Each part is bounded, so a hostile paste cannot make the expression backtrack.
+_ESCAPE = re.compile(r"(?:\x1b\[|\x9b)[0-?]{0,64}[ -/]{0,8}[@-~]"
+                     r"|\x1b[\]PX^_][^\x07\x1b]{0,4096}(?:\x07|\x1b\\)"
+                     r"|\x1b[@-Z\\-_]")
+
+
+_SGR = re.compile(r"\x1b\[[0-9;]{0,64}m")  # colour and underline, nearly all a paste holds: a faster first pass
+
+
+def strip_escapes(text: str) -> str:
+    """`text` without the terminal's escape sequences (colour, underline, titles); the rest untouched."""
+    if "\x1b" not in text and "\x9b" not in text:
+        return text
+    text = _SGR.sub("", text)
+    if "\x1b" not in text and "\x9b" not in text:
+        return text
+    return _ESCAPE.sub("", text)
 
 
 @dataclass
@@ -89,7 +113,7 @@ def _prompt(line: str) -> re.Match[str] | None:
 
 def clean(text: str) -> Paste:
     """The lines of `text` without a runner's prefix, prompt lines and elision markers."""
-    raw = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    raw = strip_escapes(text).replace("\r\n", "\n").replace("\r", "\n").split("\n")
     out: list[str] = []
     paste = Paste(out)
     for line in raw:

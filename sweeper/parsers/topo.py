@@ -120,7 +120,12 @@ def judge(topo: Topology, nvlinks: int | None, nic_affinity: str) -> list[CheckR
     out: list[CheckResult] = []
     gpus = topo.gpus
     kinds = sorted({topo.link(a, b) for a in gpus for b in gpus if a != b})
-    if not nvlinks:
+    if len(gpus) < 2:  # one GPU (a single-GPU VM): no pair, so no link to judge
+        ok = not nvlinks
+        out.append(CheckResult("topology.gpu_gpu", "pass" if ok else "fail", f"{len(gpus)} GPU, so no GPU pair"
+                               + ("" if ok else ": the profile expects NVLink between GPUs"),
+                               "info" if ok else "critical", code=None if ok else "NVLINK_TOPOLOGY"))
+    elif not nvlinks:
         out.append(CheckResult("topology.gpu_gpu", "pass", f"{len(gpus)} GPUs; GPU pairs over {', '.join(kinds)} "
                                "(nothing expected of them)"))
     else:

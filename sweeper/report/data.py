@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sweeper import profiles as prof
+from sweeper.claims import load_catalog
 from sweeper.config import Config
 from sweeper.fleet import gpu_nodes as find_gpu_nodes
 from sweeper.policy import HOLDING, Policy, slope_per_day
@@ -34,6 +35,8 @@ class ReportData:
     more_pages: int = 0  # nodes left without a page (see `sweeper report --node`)
     pairs: dict[str, Any] = field(default_factory=dict)  # history.pair_overview: counts, failures, culprits
     suspects: dict[str, str] = field(default_factory=dict)  # node -> the partner of its failed pair, waiting
+    claims: list[dict[str, Any]] = field(default_factory=list)  # other tools' claims judged, per source and code
+    claim_docs: dict[str, str] = field(default_factory=dict)  # source -> its documentation
     _states: dict[str, dict[str, Any]] | None = None
 
 
@@ -104,6 +107,8 @@ def gather(history: Any, policy: Policy, since: float, now: float, interval: flo
     data.bandwidth = [b for b in history.metric_latest(BANDWIDTH, since) if _number(b["value"])]
     data.pairs = history.pair_overview(since)
     data.suspects = history.pair_suspects(since)
+    data.claims = history.claim_precision(since)
+    data.claim_docs = {s.name: s.doc for s in load_catalog().sources.values()}
     states = node_states(data)
     if node is not None:
         chosen = [node]

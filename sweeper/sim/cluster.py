@@ -42,6 +42,7 @@ from sweeper.checks.fake import (
 from sweeper.checks.options import CheckOptions
 from sweeper.clock import ScaledClock, iso, parse_iso
 from sweeper.drivers import branch_of, cuda_of_branch
+from sweeper.sim import claims as outside_claims
 from sweeper.sim import dra, tools
 from sweeper.sim.fleet import CUDA_OF_BRANCH, HARDWARE, Faults, Fleet, NodeSpec
 from sweeper.sim.podspec import (
@@ -139,6 +140,8 @@ class SimCluster:
         self.rebooting: dict[str, float] = {}  # node -> when it is Ready again
         self.terminating: dict[str, float] = {}  # node -> when Karpenter has drained and removed it
         self.joining: list[tuple[float, NodeSpec]] = []  # replacement nodes and when they register
+        # launched nodes still booting -> (when they are Ready, the GPU resources their device plugin then reports)
+        self.warming: dict[str, tuple[float, dict[str, str]]] = {}
         self.replacements = 0
         # The simulated registry: images that do not exist, and programs an image lacks.
         self.missing_images: set[str] = set(fleet.missing_images)
@@ -242,13 +245,18 @@ class SimCluster:
                 [{"network": f"vpc{k}", "ipAddress": f"192.168.{k}.{len(self.specs) % 250 + 2}"}
                  for k in range(1, hw["nics"])])
         now = self.clock.now()
+        launched = spec.age == 0  # just launched: its startup taints are on, and it may still be booting
+        booting = launched and spec.boot > 0
+        if booting:  # the kubelet registers before the device plugin reports the GPUs
+            self.warming[spec.name] = (now + spec.boot, {r: resources.pop(r) for r in list(resources) if r == GPU})
         node = {
             "metadata": {"name": spec.name, "labels": labels, "annotations": annotations,
                          "creationTimestamp": iso(now - spec.age)},
-            "spec": {"providerID": self.provider_id(spec, iid)},
+            "spec": {"providerID": self.provider_id(spec, iid),
+                     **({"taints": [dict(t) for t in spec.startup_taints]} if launched and spec.startup_taints else {})},
             "status": {
                 "capacity": dict(resources), "allocatable": self._allocatable(spec, resources, now),
-                "conditions": [{"type": "Ready", "status": "False" if spec.faults.not_ready else "True",
+                "conditions": [{"type": "Ready", "status": "False" if spec.faults.not_ready or booting else "True",
                                 "reason": "KubeletNotReady" if spec.faults.not_ready else "KubeletReady",
                                 "message": "kubelet is posting ready status",
                                 "lastHeartbeatTime": iso(now), "lastTransitionTime": iso(now - spec.age)}],
@@ -263,9 +271,12 @@ class SimCluster:
         self.specs[spec.name] = spec
         if spec.faults.gpu_lost or spec.faults.xids or spec.faults.xid_storm:
             self._watched.add(spec.name)
+        outside_claims.on_node(node, spec.faults.outside_claims, now)
         created = self.store.create("nodes", None, node)
         if spec.dra and gpus:
-            self.store.create("resourceslices", None, dra.resource_slice(spec.name, gpus, hw["model"]))
+            rslice = dra.resource_slice(spec.name, gpus, hw["model"])
+            outside_claims.on_slice(rslice, spec.faults.outside_claims, now)
+            self.store.create("resourceslices", None, rslice)
         if spec.operands:
             self._with_operands.add(spec.name)
             self._operands(now)
@@ -280,6 +291,7 @@ class SimCluster:
                              "labels": {"karpenter.sh/nodepool": pool,
                                         "node.kubernetes.io/instance-type": spec.instance_type}},
                 "spec": {"nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+                         **({"startupTaints": [dict(t) for t in spec.startup_taints]} if spec.startup_taints else {}),
                          "requirements": [{"key": "node.kubernetes.io/instance-type", "operator": "In",
                                            "values": [spec.instance_type]}]},
                 "status": {"nodeName": spec.name, "providerID": self.provider_id(spec, iid),
@@ -365,6 +377,16 @@ class SimCluster:
                 del self.terminating[name]
                 if self.store.peek("nodes", None, name) is not None:
                     self.store.delete("nodes", None, name)
+        for name, (ready_at, gpus) in list(self.warming.items()):
+            if now >= ready_at:
+                del self.warming[name]
+
+                def up(n: dict[str, Any], gpus: dict[str, str] = gpus) -> None:
+                    self._set_ready(n, True, now)
+                    n["status"]["capacity"].update(gpus)
+                    n["status"]["allocatable"].update(self._allocatable(self.specs[n["metadata"]["name"]], gpus, now))
+                if self.store.peek("nodes", None, name) is not None:
+                    self.store.mutate("nodes", None, name, up)
         for when, spec in list(self.joining):
             if now >= when:
                 self.joining.remove((when, spec))
@@ -541,7 +563,8 @@ class SimCluster:
                 base = old.name.rstrip("0123456789").rstrip("-r") or "node-"
                 fresh = NodeSpec(name=f"{base}-r{self.replacements:02d}", instance_type=old.instance_type,
                                  zone=old.zone, labels=dict(old.labels), age=0.0, faults=Faults(),
-                                 device_plugin_pod=old.device_plugin_pod, dra=old.dra)
+                                 device_plugin_pod=old.device_plugin_pod, dra=old.dra,
+                                 startup_taints=[dict(t) for t in old.startup_taints], boot=old.boot)
                 self.joining.append((now + 600.0, fresh))
         if plural == "pods":
             node = (obj.get("spec") or {}).get("nodeName")
@@ -1468,7 +1491,7 @@ class SimCluster:
                 pcie_replays=100_000 if i in f.pcie_replay else 0,
                 clock_reasons=0x1 | (0x40 if i in f.thermal else 0) | (0x8 if i in f.throttle else 0),
                 margin=-5 if i in f.thermal else 38 - i, recovery_action=f.recovery_action.get(i, 0),
-                lost=i in f.gpu_lost,
+                lost=i in f.gpu_lost, pci_device_id=int(f"{hw.get('device_id') or '2330'}10DE", 16),
                 # HGX Hopper and Blackwell baseboards join an NVSwitch fabric; the A100's NVML does not report it.
                 fabric_state=(1 if f.fabric_manager_down else 3) if hw.get("nvswitch_fabric") else None))
         return FakeNvml(gpus=gpus, driver=spec.driver)

@@ -20,6 +20,8 @@ from sweeper.schema import (
     runtime_values,
     setting,
 )
+from sweeper.sim.claims import OutsideClaim
+from sweeper.sim.demofleet import DEMO_FLEET as DEMO_FLEET
 from sweeper.sim.dra import KueueWorkload
 
 # What each instance type *is* (the simulated hardware), not what Sweeper expects of it.
@@ -164,10 +166,19 @@ class Faults:
                                  "asks for GPUs (e.g. \"nvidia-container-cli: initialization error: nvml error: "
                                  "driver/library version mismatch: unknown\"): every such container on the node "
                                  "fails to start, StartError with exit 128, as containerd reports it")
+    outside_claims: list[dict[str, Any]] = setting(help="other tools' claims of the node: conditions, taints, DRA "
+                                                   "device taints (sweeper.sim.claims)", factory=list,
+                                                   annotation=list[OutsideClaim], allowed="list of OutsideClaim")
 
 
 FAULT_KEYS = {f.name for f in fields(Faults)}
 _FAULTS = model_of(Faults, "FaultsFile")
+
+
+class _Taint(_Strict):
+    key: Annotated[str, Strict(), Field(min_length=1)]
+    value: Annotated[str, Strict()] = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
 
 
 class _NodeGroup(_Strict):
@@ -188,6 +199,12 @@ class _NodeGroup(_Strict):
     # GKE: the node pool's additional networks (multi-networking); without them an A3 has its primary gVNIC only
     multi_network: Annotated[bool, Strict()] = True
     dra: Annotated[bool, Strict()] = False  # GPUs as a DRA ResourceSlice, not nvidia.com/gpu (sweeper.sim.dra)
+    # Taints a node of this group registers with and that another controller is to remove: a Karpenter
+    # NodePool's startupTaints (https://karpenter.sh/docs/concepts/nodepools/), an EKS node group's
+    # taints. Every replacement carries them, and the group's own nodes of age 0 (just launched).
+    startup_taints: list[_Taint] = []
+    # A node launched registers NotReady with no GPU advertised, and is Ready with its GPUs this long after.
+    boot: duration_type(ge=0) = 0.0  # type: ignore[valid-type]
 
 
 class _Workload(_Strict):
@@ -266,6 +283,8 @@ class NodeSpec:
     driver: str = DEFAULT_DRIVER  # the NVIDIA driver version (node group key `driver`)
     multi_network: bool = True  # GKE: attached to its pool's additional networks (an A3's GPU gVNICs)
     dra: bool = False  # its GPUs are published as a DRA ResourceSlice (node group key `dra`)
+    startup_taints: list[dict[str, str]] = field(default_factory=list)  # node group key `startup_taints`
+    boot: float = 0.0  # node group key `boot`: NotReady, no GPU advertised, this long after launch
 
 
 @dataclass
@@ -342,7 +361,9 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
                                         labels=dict(labels), age=group.age, faults=Faults(),
                                         gpu_operator=operator, operands=group.operands,
                                         device_plugin_pod=group.device_plugin_pod, driver=group.driver,
-                                        multi_network=group.multi_network, dra=group.dra))
+                                        multi_network=group.multi_network, dra=group.dra,
+                                        startup_taints=[t.model_dump() for t in group.startup_taints],
+                                        boot=group.boot))
     fleet.platform = spec.platform
     registry = spec.registry or _Registry()
     fleet.missing_images = list(registry.missing)
@@ -370,28 +391,3 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
     if arr.duration is not None:
         fleet.arrival_duration = arr.duration
     return fleet
-
-
-DEMO_FLEET: dict[str, Any] = {
-    "name": "demo",
-    "seed": 7,
-    "speed": 600,
-    "node_groups": [{"name_prefix": "gpu-p5-", "count": 16, "instance_type": "p5.48xlarge",
-                     "zone": "us-east-1a", "labels": {"karpenter.sh/nodepool": "gpu"}, "age": "3d"}],
-    "workloads": [{"node": "gpu-p5-02", "gpus": 8, "duration": None},
-                  {"node": "gpu-p5-06", "gpus": 8, "duration": "20h"},
-                  {"node": "gpu-p5-11", "gpus": 4, "duration": "2d"}],
-    "arrivals": {"per_hour": 0.15, "gpus": 8, "duration": ["2h", "8h"]},
-    "faults": {
-        "gpu-p5-04": {"xids": [{"code": 79, "gpu": 3, "text": "GPU has fallen off the bus."}]},
-        "gpu-p5-09": {"missing_gpus": 1},
-        "gpu-p5-13": {"hung_check": True},
-        "gpu-p5-14": {"remap_pending": [5]},
-        # Busy until its job ends at 20h, watched meanwhile by light checks: corrected ECC errors on
-        # GPU 2 climb far faster than the trend rule allows, and would turn uncorrectable on day 3.
-        "gpu-p5-06": {"ecc_growth": {2: 240}, "ecc_fail_at": "3d"},
-        # Its EFA links carry 40% of their rate: every single-node check passes; only a pair sweep
-        # across the fabric, and re-pairing with known-good partners, finds it.
-        "gpu-p5-08": {"link_degraded": 0.4},
-    },
-}

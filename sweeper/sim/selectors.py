@@ -131,6 +131,10 @@ FIELDS: dict[str, tuple[str, ...]] = {
                "involvedObject.resourceVersion", "involvedObject.fieldPath", "reason", "reportingComponent",
                "source", "type"),
     "jobs": ("metadata.name", "metadata.namespace", "status.successful"),
+    # ResourceSliceSpec: "A field selector can be used to list only ResourceSlice objects belonging to a
+    # certain node" (nodeName) "... with a certain driver name" (driver).
+    # https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/resource-slice-v1/
+    "resourceslices": ("metadata.name", "spec.nodeName", "spec.driver"),
 }
 
 

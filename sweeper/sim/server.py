@@ -234,6 +234,8 @@ class ApiServer:
         store = self.cluster.store
         with store.lock:
             store.requests.append((method, path))  # a watch as ("WATCH", path)
+            if q.get("fieldSelector"):
+                store.field_selectors.append((path, q["fieldSelector"]))
         health = _health(path, "verbose" in parse_qs(url.query, keep_blank_values=True))
         if health is not None:
             return 200, health, "text/plain; charset=utf-8"

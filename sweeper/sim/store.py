@@ -138,6 +138,7 @@ class Store:
         self._rv = 1000
         self._objects: dict[str, dict[tuple[str, str], dict[str, Any]]] = {p: {} for p in RESOURCES}
         self.requests: list[tuple[str, str]] = []  # (verb, path) of every API request, for tests and benchmarks
+        self.field_selectors: list[tuple[str, str]] = []  # (path, fieldSelector) of every request that gave one
         self.on_delete: list[Callable[[str, dict[str, Any]], None]] = []
         self._sorted: dict[str, list[tuple[str, str]]] = {}  # sorted keys per resource, dropped on create/delete
         self.changes: deque[Change] = deque(maxlen=WATCH_WINDOW)  # the watch history, oldest first

@@ -11,11 +11,12 @@
   pairs share it.
 - a unit's life: `hold` (taint, look again, hand back or keep held), `play` (play the playbook,
   read its verdict), `unit` (a node sweep and a light check: hold, play, verdict, hand back,
-  act), `pair` (the same for two nodes at once, with its re-pair bookkeeping).
+  act), `pair` (the same for two nodes at once, with its re-pair bookkeeping), `gate` (a gated
+  node, new or back from a reboot: the deep or soak playbook, and its startup taint off on a pass).
 - `record`: what a run writes to (the Recorder, fenced by the lock) and what it hands back
   (outcomes, the report).
 
-Modules import downwards only: run > reconcile, queue > pair > unit > play, hold > gates, faults
+Modules import downwards only: run > reconcile, queue > pair, gate > unit > play, hold > gates, faults
 > state > record (import-linter keeps it so).
 """
 

@@ -10,12 +10,14 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from sweeper import platforms, profiles, signals
+from sweeper import gating, platforms, profiles, signals
 from sweeper.actions import node as node_actions
 from sweeper.clock import iso
 from sweeper.control import KEYS, dismissal_key
 from sweeper.fleet import Gates, NodeView, Plan, gpu_nodes, plan, suspect_signals
 from sweeper.policy import HOLDING
+from sweeper.sweep import claims as outside_claims
+from sweeper.sweep import depth
 from sweeper.sweep.record import ATTEMPT_VERDICTS
 from sweeper.sweep.state import Run
 
@@ -25,7 +27,8 @@ def discover(run: Run, refill: bool = False) -> Plan:
     """`refill`: a look again within a run, which reuses the outside signals the run's first
     discovery read and marked (one query of each source a run)."""
     cfg = run.cfg
-    nodes = gpu_nodes(run.kube.list_nodes(cfg.gpu_node_selector, page_size=cfg.page_size), cfg)
+    gated, listed = gating.split(run.kube.list_nodes(cfg.gpu_node_selector, page_size=cfg.page_size), cfg)
+    nodes = gpu_nodes(listed, cfg)
     pods = run.kube.active_pods(page_size=cfg.page_size)
     settled = None if refill else resolve_platform(run, nodes, pods)
     cfg = run.cfg  # as settled
@@ -43,12 +46,20 @@ def discover(run: Run, refill: bool = False) -> Plan:
         found = replace(found, suspects=named)
         if not run.dry_run:
             nodes = mark_suspects(run, nodes, named)
+    run.claimed = outside_claims.pending(run, nodes)
+    if run.claimed:  # a node carrying an untested claim goes first, as a suspect does
+        found = replace(found, suspects={**run.claimed, **found.suspects})
     p = plan(nodes, pods, cfg, run.rec.last_swept(run.sweep.kind), run.clock.now(), found)
+    stop = ("paused", found.paused) if found.paused else ("breaker-open", found.breaker) if found.breaker else ("", "")
+    p.gate, p.gate_budget = gating.gate_plan(gated, pods, cfg, run.clock.now(), stop, found.attempts)
+    if not run.dry_run and run.id:  # a run's look (not `plan`'s): when nodes were idle, for the idle window
+        depth.observe(run.rec, cfg, p, run.clock.now())
     for d in p.skip:
         if d.warning:  # the node's own data is broken: that node is skipped, the run goes on
             run.log(d.node.name, f"warning: {d.warning}")
     # Every GPU node this pass saw, with its profile: the report's coverage counts the never swept.
-    p.profiles = {d.node.name: profiles.match(run.sweep.profiles, d.node.labels).name for d in p.take + p.skip}
+    p.profiles = {d.node.name: profiles.match(run.sweep.profiles, d.node.labels).name
+                  for d in p.take + p.skip + p.gate}
     if settled is not None:
         p.notes = [*settled.why, *p.notes]
     return p
@@ -89,7 +100,7 @@ def mark_suspects(run: Run, nodes: list[dict[str, Any]], found: dict[str, str]) 
 def suspect(run: Run, view: NodeView) -> bool:
     """A node with signs of its own trouble (a condition, a signal, GPUs the device plugin holds
     back): never the probe after a stop, whose failing would say nothing about the check."""
-    return bool(suspect_signals(view, run.cfg, run.suspects))
+    return bool(suspect_signals(view, run.cfg, {**run.claimed, **run.suspects}))
 
 
 def light_candidates(run: Run, p: Plan) -> list[NodeView]:

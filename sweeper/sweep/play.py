@@ -45,10 +45,11 @@ def context(run: Run, sweep_id: int, name: str, vars_: dict[str, Any], **kw: Any
         jobwatch=run.jobwatch, seen=run.seen.get(name, {}), **kw)
 
 
-def extra_vars(run: Run, vars_: dict[str, Any]) -> dict[str, Any]:
+def extra_vars(run: Run, vars_: dict[str, Any], level: int | None = None) -> dict[str, Any]:
+    """`level`: the DCGM level of the depth the node got (sweeper.sweep.depth), over the config's."""
     return {"node": vars_, "run_id": run.id, "check_timeout": run.cfg.check_timeout,
             "taint_key": run.cfg.taint_key, "prefix": run.cfg.prefix,
-            "default_dcgm_level": run.cfg.dcgm_level_for(vars_)}
+            "default_dcgm_level": level or run.cfg.dcgm_level_for(vars_)}
 
 
 def on_task(run: Run, name: str) -> Any:
@@ -58,7 +59,7 @@ def on_task(run: Run, name: str) -> Any:
 
 
 def play(run: Run, sweep_id: int, node: NodeView, profile: profiles.Profile,
-         playbook: Playbook | None = None) -> tuple[str, list[str], str, dict[str, Any] | None]:
+         playbook: Playbook | None = None, level: int | None = None) -> tuple[str, list[str], str, dict[str, Any] | None]:
     """Play `playbook` (the sweep's own by default) on a node; its verdict, reasons, what its
     `always` did with the node (`handed_back`) and its decision."""
     vars_ = play_vars(run, node, profile)
@@ -70,7 +71,7 @@ def play(run: Run, sweep_id: int, node: NodeView, profile: profiles.Profile,
         result(run, sweep_id, node.name, r)
     ctx.on_result = on_result
     done = Executor(run.sweep.actions, ctx, on_task(run, node.name)).run(playbook or run.sweep.playbook,
-                                                                         extra_vars(run, vars_))
+                                                                         extra_vars(run, vars_, level))
     if done.vars.get("verdict") is None and registered and not done.cancelled:
         done.vars.update(verdict_of_results(ctx, registered))  # no `decide`: the findings' verdict
     verdict, reasons, decision = verdict_of(done, "the sweep was stopped before the checks finished")
@@ -96,6 +97,8 @@ def result(run: Run, sweep_id: int, node: str, r: Result) -> None:
     run.rec.result(sweep_id, r)
     cause = tool_cause([c.to_dict() for c in r.checks])
     with run.mutex:
+        run.checks.setdefault(node, []).extend({"name": c.name, "status": c.status, "message": c.message}
+                                               for c in r.checks)
         failed = run.sweep.failed_checks
         failed[node] = failed.get(node, 0) + sum(1 for c in r.checks if c.status == "fail")
         if cause:

@@ -17,6 +17,7 @@ from sweeper import pairing, profiles
 from sweeper.errors import KubeError
 from sweeper.fleet import NodeView, Plan
 from sweeper.sweep.faults import last_stop
+from sweeper.sweep.gate import gate_node
 from sweeper.sweep.gates import discover, light_candidates, suspect
 from sweeper.sweep.pair import let_suspect_go, sweep_pair
 from sweeper.sweep.record import EVERY_PAIR_FAILED, NodeOutcome, PairRun, RunReport, every_pair_failed
@@ -63,7 +64,7 @@ def roll(run: Run, report: RunReport) -> bool:
     probe = bool(last_stop(run))
     probe_failed = taken = refill = False  # taken: this run took a node; refill: past the first plan
     last_plan = run.clock.now()
-    workers = max(1, cfg.max_nodes + cfg.light_max)
+    workers = max(1, cfg.max_nodes + cfg.light_max + cfg.gate_max_nodes)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sweep") as pool:
         def submit(unit: Unit, work: Callable[..., Any], *args: Any) -> None:
             running[pool.submit(work, run, *args)] = unit
@@ -78,6 +79,8 @@ def roll(run: Run, report: RunReport) -> bool:
                         : max(0, cfg.light_max - lights)]:
                     submit(Unit("light", (v.name,)), light_check, v)
                     seen.add(v.name)
+            if not closed(run, deadline, refill):
+                start_gated(run, p, running, seen, submit, probe)
             refill = True
             if not running:
                 report.outcomes.extend(units.end())
@@ -88,7 +91,7 @@ def roll(run: Run, report: RunReport) -> bool:
                 if unit.kind == "light":
                     report.outcomes.append(f.result())
                     continue
-                report.outcomes.extend(units.finished(unit, f.result()))
+                report.outcomes.extend([f.result()] if unit.kind == "gate" else units.finished(unit, f.result()))
                 if probe:  # the probe ran: the rest if its check ran, else stop here
                     faults = [run.tool_errors[n] for n in unit.names if n in run.tool_errors]
                     probe, probe_failed = False, bool(faults)
@@ -97,6 +100,18 @@ def roll(run: Run, report: RunReport) -> bool:
             if closed(run, deadline, True) or (run.cooling and taken):
                 continue  # no more nodes: only wait for those under test
             p, last_plan = look_again(run, p, bool(running), last_plan)
+
+
+def start_gated(run: Run, p: Plan, running: Running, seen: set[str], submit: Submit, probe: bool) -> None:
+    """The gated nodes plan `p` takes (sweeper.gating), within the gate's own budget (gate_max_nodes,
+    never the fleet's). While a probe is due after a fault of the check, one unit at most runs, and
+    a gated node may be that probe."""
+    if probe and any(u.kind != "light" for u in running.values()):
+        return
+    free = run.cfg.gate_max_nodes - sum(1 for u in running.values() if u.kind == "gate")
+    for d in [d for d in p.gate if d.take and d.node.name not in seen][: min(free, 1) if probe else free]:
+        submit(Unit("gate", (d.node.name,)), gate_node, d)
+        seen.add(d.node.name)
 
 
 def look_again(run: Run, p: Plan, busy: bool, last_plan: float) -> tuple[Plan, float]:
@@ -177,7 +192,8 @@ class NodeUnits:
 
 
 def group(run: Run, view: NodeView) -> pairing.GroupKey:
-    return pairing.group_key(profiles.match(run.sweep.profiles, view.labels).name, view.labels, run.cfg.pair_labels)
+    return pairing.group_key(profiles.match(run.sweep.profiles, view.labels).name, view.labels, run.cfg.pair_labels,
+                             dra=bool(view.dra.get("devices")))
 
 
 def partners(run: Run, p: Plan) -> dict[str, str]:

@@ -12,7 +12,7 @@ from sweeper.errors import LockLost
 from sweeper.fleet import Gates, Plan
 from sweeper.lock import SweepLock
 from sweeper.platforms import Found
-from sweeper.sweep import faults, gates, play, queue
+from sweeper.sweep import depth, faults, gates, play, queue
 from sweeper.sweep.reconcile import reconcile
 from sweeper.sweep.record import FencedRecorder, NodeOutcome, Recorder, RunReport, new_run_id
 from sweeper.sweep.state import Run, SweepBase
@@ -68,11 +68,15 @@ class Sweep(SweepBase):
             p = report.plan = gates.discover(run)
             self.emit("plan", {"run_id": run.id, "take": [d.node.name for d in p.take], "gpu_nodes": p.gpu_nodes,
                                "held": p.held, "budget": p.budget,
-                               "recheck": [d.node.name for d in p.take if d.reason == "recheck"]})
+                               "recheck": [d.node.name for d in p.take if d.reason == "recheck"],
+                               "gate": [f"{d.node.name} ({d.reason})" for d in p.gate if d.take]})
             if self.dry_run:
                 for d in p.take:
                     run.rec.action(run.id, d.node.name, self.clock.now(), "would-sweep", d.detail, dry_run=True)
                     report.outcomes.append(NodeOutcome(d.node.name, "", [d.detail], "would-take"))
+                for d in [d for d in p.gate if d.take]:
+                    run.rec.action(run.id, d.node.name, self.clock.now(), "would-gate", d.detail, dry_run=True)
+                    report.outcomes.append(NodeOutcome(d.node.name, "", [d.detail], "would-gate"))
             else:
                 self._roll(run, report)
         except LockLost as exc:
@@ -117,6 +121,10 @@ class Sweep(SweepBase):
 
     def gates(self) -> Gates:
         return gates.gates(self._outside())
+
+    def depth(self, view: Any, now: float, cache: dict[str, Any]) -> Any:
+        """The depth a run would give node `view` now (sweeper.window.Choice)."""
+        return depth.choose(self.rec, self.cfg, self.rungs, view, now, cache)
 
     def partners(self, p: Plan) -> dict[str, str]:
         """For a pair playbook: the pairs a run would take first from plan `p` (each node to its partner)."""

@@ -7,9 +7,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from sweeper import profiles, signals
+from sweeper import profiles, signals, window
 from sweeper.actions import load_all
 from sweeper.actions.jobwatch import RunWatch
+from sweeper.claims import Catalog, Claim, load_catalog
 from sweeper.clock import Clock, WallClock
 from sweeper.config import Config
 from sweeper.control import Controls
@@ -43,8 +44,17 @@ class SweepBase:
         self.profiles = profiles.load_profiles(config.path("profiles"))
         self.playbook = load(str(config.playbook_file(config.playbook)), self.actions)
         self.sources = [signals.Source.from_dict(s) for s in config.suspect_sources]  # a bad one fails here
+        self.rungs = window.ladder(config.depth_ladder)  # light to deep (sweeper.sweep.depth)
+        self.rung_books = {r.name: load(str(config.playbook_file(r.playbook)), self.actions) for r in self.rungs}
+        # what other tools' conditions and taints claim, and the test of each (a bad catalogue fails here)
+        self.claims_catalog: Catalog | None = load_catalog(config.claims_catalog) if config.claims_test else None
         self.light_playbook = (load(str(config.playbook_file(config.light_playbook)), self.actions)
                                if config.light_playbook else None)
+        # The gate's playbooks: a new node's deep sweep, and the soak of a node back from its reboot or reset.
+        self.gate_playbook = load(str(config.playbook_file(config.gate_playbook)), self.actions) \
+            if config.gate_taint else None
+        self.soak_playbook = load(str(config.playbook_file(config.soak_playbook)), self.actions) \
+            if config.gate_taint else None
         self.remediator = Remediator(kube, config, self.clock, dry_run=dry_run,
                                      log=lambda m: self.emit("log", {"node": "-", "msg": m}),
                                      cancelled=self.stop.is_set)  # a run puts its own test in while it goes
@@ -84,6 +94,10 @@ class Run:
         self.probe_waits = False  # after a stop, every due node was a suspect: none was tried
         self.cooling = False  # the last discovery found the breaker's cooldown in force
         self.suspects: dict[str, str] = {}  # node -> why an outside signal names it, as this run first read
+        self.windows: dict[str, Any] = {}  # pool -> its idle window, as this run first estimated it
+        self.claims: dict[str, list[Claim]] = {}  # node -> its outside claims not yet settled, at the last discovery
+        self.claimed: dict[str, str] = {}  # node -> why those claims send it first
+        self.checks: dict[str, list[dict[str, Any]]] = {}  # node -> its sweep's checks so far (claims judge them)
 
     @property
     def cfg(self) -> Config:

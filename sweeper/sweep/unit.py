@@ -14,6 +14,8 @@ from sweeper.fleet import NodeView
 from sweeper.notify import message
 from sweeper.policy import HOLDING
 from sweeper.remedy import Remedy
+from sweeper.sweep import depth
+from sweeper.sweep.claims import judge_node
 from sweeper.sweep.faults import count_tool_error
 from sweeper.sweep.hold import hand_back, hold_one
 from sweeper.sweep.play import event, node_vars, play
@@ -25,7 +27,8 @@ def sweep_node(run: Run, view: NodeView) -> NodeOutcome:
     """One node's sweep: hold, play, verdict, hand back, act."""
     t0 = time.monotonic()
     name = view.name
-    playbook = run.sweep.playbook
+    choice = depth.choose(run.rec, run.cfg, run.sweep.rungs, view, run.clock.now(), run.windows)
+    playbook = depth.playbook_of(run.sweep, choice)
     profile = profiles.match(run.sweep.profiles, view.labels)
     if run.tool_stop:
         return NodeOutcome(name, "", [f"not taken: {run.tool_stop}"], "skipped")
@@ -34,11 +37,17 @@ def sweep_node(run: Run, view: NodeView) -> NodeOutcome:
         assert lost is not None
         return lost
     sweep_id = run.rec.sweep_started(run.id, name, run.clock.now(), playbook.name, profile.name)
-    event(run, node, "SweepStarted", f"held by run {run.id} for {playbook.name}", "Normal")
+    with run.mutex:
+        run.checks.pop(name, None)
+    event(run, node, "SweepStarted", f"held by run {run.id} for {playbook.name}"
+          + (f" at depth {choice.why}" if choice.rung else ""), "Normal")
+    if run.sweep.rungs:
+        run.log(name, f"depth: {choice.why}")
     verdict, reasons, done_by_play = "error", ["the playbook did not reach a verdict"], ""
     decision: dict[str, Any] | None = None
     try:
-        verdict, reasons, done_by_play, decision = play(run, sweep_id, node, profile)
+        verdict, reasons, done_by_play, decision = play(run, sweep_id, node, profile, playbook,
+                                                        choice.rung.dcgm_level if choice.rung else None)
         verdict, reasons = cap_replacements(run, verdict, reasons)
     except PlaybookError as exc:
         verdict, reasons = "error", [f"playbook error: {exc}"]
@@ -47,6 +56,8 @@ def sweep_node(run: Run, view: NodeView) -> NodeOutcome:
     finally:
         action = hand_back(run, name, verdict, reasons, done_by_play)
         record_verdict(run, name, sweep_id, verdict, reasons, decision, action)
+        depth.recorded(run, name, choice, verdict)
+        judge_node(run, name, sweep_id, verdict)
     after_verdict(run, node, profile, verdict, reasons, decision, action)
     return NodeOutcome(name, verdict, reasons, action, time.monotonic() - t0)
 

@@ -230,3 +230,74 @@ def test_abort_on_demand_stops_a_check_for_a_workload_kueue_keeps_waiting(make_s
     report = run_sweep(sim, history, cfg)
     [outcome] = report.outcomes
     assert "kueue workload training/job-big-" in " ".join(outcome.reasons), outcome
+
+
+def _pair_vars(sim: Sim, name: str) -> dict[str, Any]:
+    from sweeper.profiles import load_profile
+    from tests.cluster.test_pair_job import ROOT
+    obj = sim.kube.get_node(name)
+    return {"name": name, "gpus": 8, "labels": obj["metadata"].get("labels") or {},
+            "annotations": obj["metadata"].get("annotations") or {},
+            "profile": load_profile(ROOT / "profiles" / "p5.48xlarge.yaml").as_vars()}
+
+
+def _pair(sim: Sim, a: str, b: str, run_id: str = "sw-dra-pair") -> dict[str, Any]:
+    from sweeper.actions import ActionContext, load_all
+    ctx = ActionContext(config=CFG, clock=sim.cluster.clock, kube=sim.kube, node=_pair_vars(sim, a),
+                        partner=_pair_vars(sim, b), run_id=run_id, cancelled=lambda: False,
+                        intent=lambda op, phase, detail: None)
+    act = load_all()["run_pair_job"]
+    out: dict[str, Any] = act.fn(ctx, act.validate({"timeout": "30m"}, "test"))
+    return out
+
+
+def test_a_pair_of_dra_nodes_claims_each_nodes_gpus_through_sweepers_template(make_sim) -> None:
+    """A pair Job's two pods on DRA nodes each claim every GPU of the node they land on (a claim per pod
+    from the ResourceClaimTemplate, allocationMode All), and ask nvidia.com/gpu of neither: a DRA node
+    advertises no nvidia.com/gpu, so a pod asking for it would never be scheduled.
+    https://kubernetes.io/docs/concepts/scheduling-eviction/dynamic-resource-allocation/#resourceclaims-and-resourceclaimtemplates"""
+    sim: Sim = make_sim(dra_fleet(dra=2, plain=0))
+    gone: dict[str, list[dict[str, Any]]] = {}
+    sim.cluster.store.on_delete.append(lambda plural, obj: gone.setdefault(plural, []).append(obj))
+    out = _pair(sim, "dra-00", "dra-01")
+    assert out["status"] == "pass", out
+    [job] = [j for j in gone["jobs"] if j["metadata"]["name"] == out["job"]]
+    pod = job["spec"]["template"]["spec"]
+    assert pod["resourceClaims"] == [{"name": "gpus", "resourceClaimTemplateName": "sweeper-gpus"}]
+    [container] = pod["containers"]
+    assert "nvidia.com/gpu" not in container["resources"]["limits"] and container["resources"]["claims"] == [{"name": "gpus"}]
+    claims = [c for c in gone.get("resourceclaims", []) if c["metadata"]["namespace"] == "sweeper-checks"]
+    pools = sorted({r["pool"] for c in claims for r in c["status"]["allocation"]["devices"]["results"]})
+    assert len(claims) == 2 and pools == ["dra-00", "dra-01"]
+    assert all(len(c["status"]["allocation"]["devices"]["results"]) == 8 for c in claims)
+
+
+def test_a_pair_of_a_dra_node_and_a_device_plugin_node_is_refused(make_sim) -> None:
+    from sweeper.errors import PlaybookError
+    sim: Sim = make_sim(dra_fleet(dra=1, plain=1))
+    with pytest.raises(PlaybookError, match="one pod template cannot claim both"):
+        _pair(sim, "dra-00", "gpu-00")
+
+
+def test_a_held_nodes_slices_are_asked_for_by_node_and_the_template_once_a_run(make_sim, history: History) -> None:
+    """When a node's variables lack its DRA devices, its ResourceSlices are asked for by field selector
+    on spec.nodeName and spec.driver, which the API serves for ResourceSlices ("A field selector can be
+    used to list only ResourceSlice objects belonging to a certain node"), not as a cluster-wide list per
+    Job; and the ResourceClaimTemplate is created once a run, not once a Job.
+    https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/resource-slice-v1/"""
+    sim: Sim = make_sim(dra_fleet(dra=3, plain=0))
+    only = sim.kube.list_resource_slices(node="dra-01", driver="gpu.nvidia.com")
+    assert [s["spec"]["nodeName"] for s in only] == ["dra-01"]
+    assert sim.kube.list_resource_slices(node="dra-01", driver="gpu.example.com") == []
+    from sweeper.actions import ActionContext
+    from sweeper.actions.jobs import dra_of
+    ctx = ActionContext(config=CFG, clock=sim.cluster.clock, kube=sim.kube, node={"name": "dra-02", "gpus": 0},
+                        run_id="sw-x", cancelled=lambda: False, intent=lambda *a: None)
+    before = len(sim.cluster.store.field_selectors)
+    assert dra_of(ctx) == {"driver": "gpu.nvidia.com", "pool": "dra-02", "devices": 8}
+    assert sim.cluster.store.field_selectors[before:] == [
+        ("/apis/resource.k8s.io/v1/resourceslices", "spec.nodeName=dra-02,spec.driver=gpu.nvidia.com")]
+    report = run_sweep(sim, history, CFG)
+    assert {o.verdict for o in report.outcomes} == {"pass"} and len(report.outcomes) == 3
+    posts = [p for m, p in sim.cluster.store.requests if m == "POST" and p.endswith("/resourceclaimtemplates")]
+    assert len(posts) == 1, posts

@@ -248,7 +248,9 @@ def test_sweep_pushes_to_a_pushgateway(make_sim, tmp_path, catcher: Any) -> None
 
 def test_a_reboot_then_a_recheck_when_the_node_is_back(make_sim, history: History) -> None:
     sim: Sim = make_sim(nodes=1, faults={"gpu-00": {"xids": [{"code": 79, "gpu": 2}]}})
-    cfg = replace(TEST_CONFIG, remediate_reboots=True)
+    # Without the gate (gate_taint ""), the node is re-checked with the fleet's playbook; with it, it is
+    # soaked first (tests/cluster/test_gate.py).
+    cfg = replace(TEST_CONFIG, remediate_reboots=True, gate_taint="")
     # The node is down for 300 simulated seconds (half a real second at this speed), which a busy
     # machine could let pass before the next sweep looks. So simulated time stops the moment the
     # reboot Job is created, and from then on moves only when the test steps it.

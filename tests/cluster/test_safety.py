@@ -720,10 +720,11 @@ def test_abort_on_demand_and_the_replacement_cap(make_sim, history: History) -> 
                                          "gpu-03": {"hung_check": True}})
     cfg = replace(TEST_CONFIG, max_replacements_per_hour=1, check_timeout=3000, abort_on_demand=True)
 
-    def demand() -> None:  # a job too big for any free node arrives while the hung check still runs
+    def demand() -> None:  # a job that only the hung check's node can host arrives while that check runs
         pod = client.V1Pod(metadata=client.V1ObjectMeta(name="big", namespace="training"),
-                           spec=client.V1PodSpec(containers=[client.V1Container(
-                               name="c", image="i", resources=client.V1ResourceRequirements(limits={"nvidia.com/gpu": "16"}))]))
+                           spec=client.V1PodSpec(node_selector={"kubernetes.io/hostname": "gpu-03"},
+                                                 containers=[client.V1Container(
+                               name="c", image="i", resources=client.V1ResourceRequirements(limits={"nvidia.com/gpu": "8"}))]))
         threading.Thread(target=lambda: sim.core.create_namespaced_pod("training", pod)).start()
 
     # When the three checks that finish have had their Jobs deleted (their results are read), not

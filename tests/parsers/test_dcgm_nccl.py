@@ -228,3 +228,32 @@ def test_dcgm_json_test_summary_fail_over_passing_entities() -> None:
     assert own.status == "error" and own.checks[-1].code == "DCGM_INTERNAL"
     words = dcgm.parse(summary_only("Fail", {"warning": "Couldn't parse json output from the child"}), "n1", NOW)
     assert words.status == "error"
+
+
+def test_nccl_one_rank_measures_no_link() -> None:
+    """Captured on a real H100 (nccl-tests 2.19.6, NCCL 2.28.9, one GPU): all_reduce's bus bandwidth is 0 with
+    one rank (busbw = algbw * 2(n-1)/n), and sendrecv to itself in place is a no-op that reports 194,233 GB/s.
+    A floor judged on either would fail a healthy node or pass a broken link."""
+    real = Path(__file__).parent / "fixtures" / "real"
+    one = nccl.parse((real / "nccl-h100-allreduce-one-rank-floor.txt").read_text(), "n1", NOW, min_busbw=300)
+    floor = next(c for c in one.checks if c.name == "nccl.busbw")
+    assert one.status == "error" and floor.status == "error" and floor.code == "ONE_RANK"
+    assert nccl.parse((real / "nccl-h100-allreduce-one-rank-floor.txt").read_text(), "n1", NOW).status == "pass"
+    selfcopy = nccl.parse((real / "nccl-h100-sendrecv-one-rank.txt").read_text(), "n1", NOW)
+    m = {x.name: x.value for x in selfcopy.metrics}
+    assert m["nccl.busbw_largest"] == 1314.7 and m["nccl.busbw_ip_largest"] == 194233
+    floor = nccl.parse((real / "nccl-h100-sendrecv-one-rank.txt").read_text(), "n1", NOW, min_busbw=300)
+    assert floor.status == "error" and any(c.code == "ONE_RANK" for c in floor.checks)
+    # Several ranks listed (eight here): the floor is judged as before.
+    assert nccl.parse(read("nccl-allreduce-h100.txt"), "n1", NOW, min_busbw=460).status == "fail"
+
+
+def test_the_pair_image_on_a_real_gpu_that_is_not_there_aborts_on_the_node() -> None:
+    """images/nccl-pair's allreduce_bench.py run by torchrun with two ranks on a machine of one H100
+    (torch 2.11, NCCL 2.28.9): rank 1 asks for a GPU the node lacks, and torch says so in its own
+    words ("torch.AcceleratorError: CUDA error: invalid device ordinal"); rank 0 is stopped. The pair
+    reader fails the pair as aborted and quotes CUDA, never passes it."""
+    from sweeper.parsers import pair
+    log = (Path(__file__).parent / "fixtures" / "pair-bench-h100-second-gpu-missing.txt").read_text()
+    r = pair.parse(["", log], "n1", NOW, partner="n2", exit_codes=[1, 1], min_busbw=300)
+    assert r.status == "fail" and any(c.code == "ABORTED" and "invalid device ordinal" in c.message for c in r.checks)
