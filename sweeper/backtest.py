@@ -51,6 +51,13 @@ class Decision:
     reasons: list[str]
     partner: str | None = None  # a sweep of a pair: the other node, and the pair's mode (sweep, repair)
     mode: str | None = None
+    cluster: str | None = None  # set where several clusters are replayed (backtest_fleet)
+
+    @property
+    def key(self) -> str:
+        """The node as the replay names it: `cluster/node` where several clusters are replayed (node
+        names repeat across clusters; Kubernetes names hold no '/')."""
+        return f"{self.cluster}/{self.node}" if self.cluster is not None else self.node
 
     @property
     def differs(self) -> bool:
@@ -64,12 +71,12 @@ class Backtest:
     decisions: list[Decision] = field(default_factory=list)
 
     def first_holds(self, which: str) -> dict[str, Decision]:
-        """Node to its first holding decision, recorded or replayed."""
+        """Node (its `key`) to its first holding decision, recorded or replayed."""
         out: dict[str, Decision] = {}
         for d in self.decisions:
             v = d.recorded if which == "recorded" else d.replayed
-            if v in HOLDING and d.node not in out:
-                out[d.node] = d
+            if v in HOLDING and d.key not in out:
+                out[d.key] = d
         return out
 
     def pair_changes(self) -> list[Decision]:
@@ -88,11 +95,23 @@ class Backtest:
         return {"policy": self.policy, "since": self.since, "sweeps": len(self.decisions),
                 "differ": sum(d.differs for d in self.decisions),
                 "recorded": self.counts("recorded"), "replayed": self.counts("replayed"),
-                "decisions": [{"node": d.node, "at": d.at, "recorded": d.recorded, "replayed": d.replayed,
+                "decisions": [{"node": d.node, **({"cluster": d.cluster} if d.cluster is not None else {}), "at": d.at, "recorded": d.recorded, "replayed": d.replayed,
                                "rules": d.rules, "reasons": d.reasons,
                                **({"pair": {"partner": d.partner, "mode": d.mode}} if d.partner is not None else {})}
                               for d in self.decisions if d.differs or d.replayed in HOLDING or d.recorded in HOLDING],
                 "pair_changes": len(self.pair_changes())}
+
+
+def backtest_fleet(history: Any, policy: Policy, since: float) -> Backtest:
+    """Every cluster of the history replayed, each on its own rows (a node's past is its cluster's),
+    the decisions in time order, each naming its cluster."""
+    out = Backtest(policy.name, since)
+    for cluster in history.clusters():
+        for d in backtest(history.for_cluster(cluster), policy, since).decisions:
+            d.cluster = cluster
+            out.decisions.append(d)
+    out.decisions.sort(key=lambda d: d.at)
+    return out
 
 
 def backtest(history: Any, policy: Policy, since: float) -> Backtest:

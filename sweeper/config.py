@@ -81,6 +81,9 @@ class Config:
     prefix: str = setting("sweeper.dev", "prefix of Sweeper's taint, labels and annotations", min_length=1)
     cluster_name: str = setting("", "the name on every history row, so several clusters share one PostgreSQL "
                                 "history (\"\": $SWEEPER_CLUSTER, else the kubeconfig context, else `default`)")
+    state: str = setting("", "the history: a SQLite path or a postgresql:// URL, as --state (which wins, then "
+                         "$SWEEPER_STATE, then this; \"\": state/<kubeconfig context>.db). Prefer $SWEEPER_STATE "
+                         "from a Secret for a URL with a password")
     gpu_node_selector: str = setting("", "optional label selector narrowing the GPU nodes, which are found by capacity")
     gpu_resources: tuple[str, ...] = setting(("nvidia.com/gpu", "amd.com/gpu"), "resources that make a pod a GPU pod")
     gpu_resource_prefixes: tuple[str, ...] = setting(("nvidia.com/mig-",), "resource name prefixes that do too")

@@ -14,7 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sweeper.config import Config
-from sweeper.history import History
+from sweeper.history import History, is_url, redact
 from sweeper.kube import Kube, RetryPolicy
 from sweeper.output import clean
 from sweeper.policy import load_policy
@@ -32,9 +32,13 @@ DEMO_CONFIG = Config(playbook="sweep-nccl.yaml", max_nodes=4, max_percent=25, mi
                      remediation={"default": "manual", "by_pool": {"gpu": "karpenter"}, "by_profile": {}})
 
 
-def run_demo(console: Console, state: Path, *, cycles: int, hours_between: float,
+def run_demo(console: Console, state: Path | str, *, cycles: int, hours_between: float,
              printer: Callable[[str, dict[str, Any]], None], print_history: Callable[[Console, dict[str, Any]], None],
-             fleet_spec: dict[str, Any] | None = None) -> dict[str, Any]:
+             fleet_spec: dict[str, Any] | None = None, cluster_name: str | None = None,
+             report_file: Path | None = None) -> dict[str, Any]:
+    """`state`: a SQLite path or a postgresql:// URL; `cluster_name`: the name its rows carry (several demos
+    share one database under different names); `report_file`: where the HTML goes (default: report.html
+    beside a SQLite file, in a temporary directory beside a URL)."""
     t0 = time.monotonic()
     fleet = parse_fleet(fleet_spec or DEMO_FLEET, "demo fleet")
     cluster = SimCluster(fleet)
@@ -47,7 +51,7 @@ def run_demo(console: Console, state: Path, *, cycles: int, hours_between: float
         kc = server.write_kubeconfig(Path(tmp) / "kubeconfig")
         kube = Kube.from_config(str(kc), clock=cluster.clock)
         kube.retry = RetryPolicy(attempts=6, base=1.0)
-        hist = History(state)
+        hist = History(state, cluster_name)
         for cycle in range(1, cycles + 1):
             _rule(console, f"cycle {cycle} of {cycles}  (simulated {time.strftime('%a %H:%M', time.gmtime(cluster.clock.now()))})")
             sweep = Sweep(kube, DEMO_CONFIG, hist, clock=cluster.clock, emit=printer)
@@ -78,16 +82,19 @@ def run_demo(console: Console, state: Path, *, cycles: int, hours_between: float
             _rule(console, f"sweeper history {node} --check {metric.split('.')[0]}: replaced on its trend, "
                          "before it failed")
             print_history(console, hist.node_history(node, check=metric.split(".")[0]))
-        page = Path(state).with_name("report.html")
+        page = report_file or (Path(tempfile.mkdtemp(prefix="sweeper-demo-")) / "report.html" if is_url(state)
+                          else Path(state).with_name("report.html"))
         data = gather(hist, policy, 0.0, cluster.clock.now(), cfg.interval, {"p5.48xlarge": 460.0},
                       gpu_nodes=cluster_gpu_nodes(kube, cfg), node_source="the cluster")
         page.write_text(render(data, "Sweeper demo fleet"))
-        # a path is text (`--state 'runs[1].db'` is not markup), and a command stays on one line to copy
-        console.print(f"\nhistory: {state}   (sweeper history NODE --state {state})", markup=False, soft_wrap=True)
+        # a path is text (`--state 'runs[1].db'` is not markup), and a command stays on one line to copy;
+        # a URL's password is never printed
+        where = redact(str(state)) + (f" --cluster {cluster_name}" if cluster_name else "")
+        console.print(f"\nhistory: {where}   (sweeper history NODE --state {where})", markup=False, soft_wrap=True)
         console.print(f"fleet report: {page}", markup=False, soft_wrap=True)
         console.print("  open it in a browser: coverage, every sweep on a time axis, the trend"
                       + (f" that replaced {trended['node']}" if trended else "")
-                      + f", NCCL bandwidth, a page per node (sweeper report --state {state} --offline)",
+                      + f", NCCL bandwidth, a page per node (sweeper report --state {where} --offline)",
                       markup=False, soft_wrap=True)
         console.print(f"demo finished in {time.monotonic() - t0:.1f}s of real time, "
                       f"{(cluster.clock.now() - cluster.started) / 3600:.1f}h of simulated time")

@@ -36,11 +36,12 @@ def state_name(context: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", context).strip("._") or "context"
 
 
-def default_state(kubeconfig: str | None, context: str | None) -> tuple[str, str | None]:
-    """The history file when --state is not given: $SWEEPER_STATE, else `state/<context>.db` for the
-    context named or current, else `state/sweeper.db` (in a pod). Returns the path and the context
-    it is named for (None when it is not)."""
-    env = os.environ.get("SWEEPER_STATE")
+def default_state(kubeconfig: str | None, context: str | None,
+                  configured: str | None = None) -> tuple[str, str | None]:
+    """The history when --state is not given: $SWEEPER_STATE, else the config's `state` (`configured`),
+    else `state/<context>.db` for the context named or current, else `state/sweeper.db` (in a pod).
+    Returns the path or URL and the context it is named for (None when it is not)."""
+    env = os.environ.get("SWEEPER_STATE") or configured
     if env:
         return env, None
     name = context or current_context(kubeconfig)

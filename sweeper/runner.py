@@ -126,7 +126,7 @@ def run_playbook(path: Path, cfg: Config, *, kube: Any = None, node_name: str | 
     if state and node:
         from sweeper.history import History
 
-        hist = History(state)
+        hist = History(state, cfg.cluster_name or None)
         hist.run_started(run_id, clock.now(), "run")
         kind = "pair" if partner else "sweep"
         sweep_id = hist.sweep_started(run_id, node["name"], clock.now(), playbook.name, node["profile"]["name"],

@@ -149,6 +149,38 @@ def report_page(hist: Any, cfg: Config, policy: Policy, since: float, *, gpu: di
     return render(data, title, refresh), len(data.pages)
 
 
+def fleet_report(hist: Any, cfg: Config, policy: Policy, since: float, stem: str,
+                 gpu: tuple[str, dict[str, str] | None, str] | None = None) -> tuple[str, dict[str, str]]:
+    """The fleet page over every cluster of the history, and each cluster's report by file name
+    (`<stem>-<cluster>.html`, beside it). `gpu`: (cluster, its GPU nodes, where from) for the cluster
+    that answered; every other cluster's GPU nodes come from its last run's plan."""
+    from sweeper.report import overview, page_name, render_fleet
+
+    now = time.time()
+    pages: dict[str, str] = {}
+    links: dict[str, str] = {}
+    taken: set[str] = set()
+    for cluster in hist.clusters():
+        nodes, source = (gpu[1], gpu[2]) if gpu is not None and gpu[0] == cluster else (None, "")
+        page, _ = report_page(hist.for_cluster(cluster), cfg, policy, since, gpu=nodes, source=source,
+                              title=f"Sweeper: cluster {cluster}")
+        links[cluster] = page_name(stem, cluster, taken)
+        pages[links[cluster]] = page
+    rows = overview(hist.for_cluster(None), since, now)
+    generated = max([now] + [r["last_run"] or 0.0 for r in rows])
+    return render_fleet(rows, links, generated, since), pages
+
+
+def fleet_node_rows(hist: Any, cfg: Config, kube: Any = None, now: float | None = None) -> list[dict[str, Any]]:
+    """`nodes --cluster all`: every cluster's rows, each led by its cluster; the cluster's own GPU
+    nodes (`kube`) only for the cluster this history writes as (the one the kubeconfig reaches)."""
+    rows: list[dict[str, Any]] = []
+    for cluster in hist.clusters():
+        rows += [{"cluster": cluster, **r} for r in fleet_rows(hist.for_cluster(cluster), cfg,
+                                                                kube if cluster == hist.cluster else None, now)]
+    return rows
+
+
 def profile_rows(cfg: Config, kube: Any = None) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
     """The hardware profiles, and with `kube` which one each GPU node of the cluster gets (by
     instance type, then GPU product label, then the conservative default)."""

@@ -13,6 +13,7 @@ import click
 from sweeper.cli import printer
 from sweeper.cli.app import main
 from sweeper.cli.options import (
+    cluster_choice,
     cluster_options,
     config_for,
     examples,
@@ -23,6 +24,8 @@ from sweeper.cli.options import (
     output_options,
     reads_the_cluster,
     run_cli,
+    scoped,
+    shown,
     since_cutoff,
     state_options,
     stderr_out,
@@ -34,22 +37,26 @@ from sweeper.output import Out, iso_times
 
 
 @main.command("nodes", epilog=examples("sweeper nodes", "sweeper nodes --offline -o wide",
-                                       "sweeper nodes --no-headers | grep held"))
+                                       "sweeper nodes --no-headers | grep held",
+                                       "sweeper nodes --state postgresql://sweeper@db/sweeper --cluster all"))
 @cluster_options
+@cluster_choice
 @click.option("--offline", is_flag=True, help="From the history alone, without asking the cluster.")
 @output_options
 @run_cli
 @reads_the_cluster
-def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | None, state: str, offline: bool,
-              out: Out) -> None:
+def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | None, state: str,
+              cluster: str | None, offline: bool, out: Out) -> None:
     """The fleet as a table: each GPU node's last sweep and verdict, when it is due, whether it is a
     suspect and whether Sweeper holds it.
 
     With no local history for the kubeconfig context (no --state, no SWEEPER_STATE), the history
     the cluster's `sweeper serve` keeps, read through the API server; when that cannot be read,
-    what the nodes' labels and annotations say of their last sweep. It says which.
+    what the nodes' labels and annotations say of their last sweep. It says which. With every
+    cluster of a shared history (`--cluster all`), each row names its cluster; only the cluster
+    this kubeconfig reaches is asked for its nodes.
     """
-    from sweeper.views import cluster_fleet_rows, fleet_rows
+    from sweeper.views import cluster_fleet_rows, fleet_node_rows, fleet_rows
 
     cfg = config_for(config_path)
     now = time.time()
@@ -59,8 +66,12 @@ def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
         rows, source = read.value, read.source
         _said(read, state)
     else:
-        rows = fleet_rows(history_at(state, create=False), cfg,
-                          None if offline else kube_for(kubeconfig, context, cfg), now)
+        hist, every = scoped(history_at(state, create=False, cluster=cfg.cluster_name), cluster, cfg)
+        kube = None if offline else kube_for(kubeconfig, context, cfg)
+        if every and (cluster is not None or len(hist.clusters()) > 1):
+            rows = fleet_node_rows(hist, cfg, kube, now)
+        else:
+            rows = fleet_rows(hist, cfg, kube, now)
     if out.structured:
         out.document(iso_times({"nodes": rows, **({"source": source} if source else {})}))
     else:
@@ -77,10 +88,10 @@ def _reader(kubeconfig: str | None, context: str | None, cfg: Any) -> Any:
 def _said(read: Any, state: str) -> None:
     """Where a reading command read from, on stderr; and why not the cluster's history, when not."""
     if read.why:
-        stderr_out().write(f"no history at {state}, and the cluster's Sweeper could not be read ({read.why}); "
+        stderr_out().write(f"no history at {shown(state)}, and the cluster's Sweeper could not be read ({read.why}); "
                            f"showing {read.source}", "warn")
     else:
-        stderr_out().write(f"no history at {state}: read from {read.source}")
+        stderr_out().write(f"no history at {shown(state)}: read from {read.source}")
 
 
 @main.command(epilog=examples("sweeper history gpu-p5-04", "sweeper history gpu-p5-04 --since 7d --check ecc -o wide",
@@ -89,6 +100,7 @@ def _said(read: Any, state: str) -> None:
                               "sweeper history gpu-p5-04 --evidence 20260301-0200-ab12 --to - | tar tzf -"))
 @click.argument("node")
 @cluster_options
+@cluster_choice
 @click.option("--since", help="Only what happened within this long (e.g. 7d, 12h).")
 @click.option("--check", "check", default="", help="Only findings and metrics whose name starts with this "
               "(e.g. ecc, nvlink, xid, nccl).")
@@ -101,14 +113,17 @@ def _said(read: Any, state: str) -> None:
 @run_cli
 @reads_the_cluster
 def history(node: str, config_path: str | None, kubeconfig: str | None, context: str | None, state: str,
-            since: str | None, check: str, evidence_run: str | None, to: str | None, force: bool, out: Out) -> None:
+            cluster: str | None, since: str | None, check: str, evidence_run: str | None, to: str | None,
+            force: bool, out: Out) -> None:
     """A node's sweeps, verdicts and the rules behind them, pair runs (partner, mode, bus
     bandwidth), failed checks, actions and metric trends (sparklines). A node the history has
     never seen is exit 2.
 
     With no local history for the kubeconfig context (no --state, no SWEEPER_STATE), the history
     the cluster's `sweeper serve` keeps, read through the API server; when that cannot be read,
-    what the node's labels and annotations say of its last sweep. It says which.
+    what the node's labels and annotations say of its last sweep. It says which. In a history several
+    clusters share, a node is its cluster's: a name recorded in more than one cluster read needs
+    --cluster.
 
     The runs that kept the node's evidence (held for reboot, replacement or a person) are listed;
     --evidence RUN writes that bundle out, from the local history (or S3 where it went there),
@@ -129,9 +144,11 @@ def history(node: str, config_path: str | None, kubeconfig: str | None, context:
         h, known, where = read.value, read.value.pop("known", True), read.source
     else:
         need_state(state)
-        hist = history_at(state)
+        hist = _one_node_cluster(scoped(history_at(state), cluster, config_for(config_path))[0], node, "")
         h = hist.node_history(node, since_cutoff(since), check=check)
-        known, where = hist.knows(node), f"the history at {state}"
+        known, where = hist.knows(node), f"the history at {shown(state)}"
+        if hist.scope is not None and cluster is not None:
+            h["cluster"] = hist.scope
         h.pop("known", None)
         h["evidence"] = hist.evidence_runs(node)
     if not (h["sweeps"] or h["actions"] or h["pruned_days"]) and not known:
@@ -170,8 +187,10 @@ def _write_evidence(node: str, run_id: str, to: str | None, force: bool, config_
 
 
 @main.command("report", epilog=examples("sweeper report", "sweeper report --since 7d -o /tmp/fleet.html",
-                                        "sweeper report --node gpu-p5-06 -o gpu-p5-06.html --offline"))
+                                        "sweeper report --node gpu-p5-06 -o gpu-p5-06.html --offline",
+                                        "sweeper report --state postgresql://sweeper@db/sweeper --cluster all -o fleet.html"))
 @cluster_options
+@cluster_choice
 @click.option("--since", default="30d", show_default=True, help="How far back the report looks.")
 @click.option("--policy", "policy_name", help="Policy whose trend rules the report charts (default: the config's).")
 @click.option("-o", "--output", default="sweeper-report.html", show_default=True, type=click.Path(dir_okay=False),
@@ -181,8 +200,9 @@ def _write_evidence(node: str, run_id: str, to: str | None, force: bool, config_
 @click.option("--offline", is_flag=True, help="Do not ask the cluster for its GPU nodes: use the last run's plan.")
 @run_cli
 @reads_the_cluster
-def report_cmd(config_path: str | None, kubeconfig: str | None, context: str | None, state: str, since: str,
-               policy_name: str | None, output: str, node: str | None, offline: bool) -> None:
+def report_cmd(config_path: str | None, kubeconfig: str | None, context: str | None, state: str,
+               cluster: str | None, since: str, policy_name: str | None, output: str, node: str | None,
+               offline: bool) -> None:
     """The fleet at a glance as one self-contained HTML file (opens with no network): coverage of
     every GPU node per profile, every sweep on a time axis, the nodes held and why, nodes replaced,
     trends behind decisions, per-profile NCCL bandwidth, and a page per node.
@@ -190,6 +210,9 @@ def report_cmd(config_path: str | None, kubeconfig: str | None, context: str | N
     GPU nodes come from the cluster when it answers, else from the last run's recorded plan. With
     no local history for the kubeconfig context (no --state, no SWEEPER_STATE), the report the
     cluster's `sweeper serve` draws from its history, read through the API server.
+
+    `--cluster all`: the fleet page over every cluster of a shared history (nodes, held, failures
+    per node-day, last run, trend) at -o, and each cluster's report beside it (`<name>-<cluster>.html`).
     """
     from sweeper.report import cluster_gpu_nodes
     from sweeper.views import policy_for, report_page
@@ -200,7 +223,7 @@ def report_cmd(config_path: str | None, kubeconfig: str | None, context: str | N
         cfg = config_for(config_path)
         reader = RemoteHistory(_reader(kubeconfig, context, cfg), cfg.namespace)
         cutoff = since_cutoff(since) or 0.0
-        stderr_out().write(f"no history at {state}: the report of {reader.where}")
+        stderr_out().write(f"no history at {shown(state)}: the report of {reader.where}")
         _write_page(reader.report(time.time() - cutoff, node), output, None)
         return
     need_state(state)
@@ -213,12 +236,42 @@ def report_cmd(config_path: str | None, kubeconfig: str | None, context: str | N
             gpu, source = cluster_gpu_nodes(kube, cfg), "the cluster"
         except SweeperError as exc:
             stderr_out().write(f"GPU nodes from the last run's plan: the cluster did not answer ({exc})")
-    hist = history_at(state)
-    if node is not None and not hist.node_history(node)["sweeps"]:
-        raise ConfigError(f"--node: no sweep of {node!r} in {state}")
+    hist, every = scoped(history_at(state, cluster=cfg.cluster_name), cluster, cfg)
+    if every and (cluster is not None or len(hist.clusters()) > 1) and node is None:
+        _write_fleet(hist, cfg, policy_for(cfg, policy_name), since_cutoff(since) or 0.0, output,
+                     None if gpu is None else (hist.cluster, gpu, source))
+        return
+    if node is not None:
+        hist = _one_node_cluster(hist, node, "--node: ")
+        if not hist.node_history(node)["sweeps"]:
+            raise ConfigError(f"--node: no sweep of {node!r} in {shown(state)}")
     page, pages = report_page(hist, cfg, policy_for(cfg, policy_name), since_cutoff(since) or 0.0, gpu=gpu,
                               source=source, node=node)
     _write_page(page, output, pages)
+
+
+def _one_node_cluster(hist: Any, node: str, what: str) -> Any:
+    """The history read as the node's one cluster, where every cluster is read: a name recorded in
+    several clusters is several nodes, and the reader must say which."""
+    if hist.scope is not None:
+        return hist
+    clusters = hist.node_clusters(node)
+    if len(clusters) > 1:
+        raise ConfigError(f"{what}{node!r} is recorded in clusters {', '.join(clusters)}: name one with --cluster")
+    return hist.for_cluster(clusters[0]) if clusters else hist
+
+
+def _write_fleet(hist: Any, cfg: Any, policy: Any, since: float, output: str, gpu: Any) -> None:
+    """The fleet page at `output`, each cluster's report beside it."""
+    from sweeper.views import fleet_report
+
+    if output == "-":
+        raise ConfigError("--cluster all writes a page per cluster beside the fleet page: name a file with -o")
+    path = Path(output)
+    fleet, pages = fleet_report(hist, cfg, policy, since, path.stem, gpu)
+    for name, page in pages.items():
+        _write_page(page, str(path.with_name(name)), None)
+    _write_page(fleet, output, None)
 
 
 def _write_page(page: str, output: str, pages: int | None) -> None:
@@ -238,19 +291,24 @@ def _write_page(page: str, output: str, pages: int | None) -> None:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="SWEEPER_CONFIG",
               help="Sweeper config YAML (default: $SWEEPER_CONFIG).")
 @state_options
+@cluster_choice
 @click.option("--policy", "policy_name", required=True, help="The policy to try: a file, or a name in policies/.")
 @click.option("--since", default="90d", show_default=True, help="How much history to replay.")
 @output_options
 @run_cli
-def backtest_cmd(config_path: str | None, state: str, policy_name: str, since: str, out: Out) -> None:
+def backtest_cmd(config_path: str | None, state: str, cluster: str | None, policy_name: str, since: str,
+                 out: Out) -> None:
     """Replay the recorded history under another policy: which nodes it would have held, rebooted
-    or replaced, and when, next to what actually happened. Changes nothing."""
-    from sweeper.backtest import backtest
+    or replaced, and when, next to what actually happened. Changes nothing. `--cluster all`
+    replays each cluster of a shared history on its own rows, naming each node `cluster/node`."""
+    from sweeper.backtest import backtest, backtest_fleet
     from sweeper.views import policy_for
 
     need_state(state)
     cfg = config_for(config_path)
-    bt = backtest(history_at(state), policy_for(cfg, policy_name), since_cutoff(since) or 0.0)
+    hist, every = scoped(history_at(state, cluster=cfg.cluster_name), cluster, cfg)
+    replay = backtest_fleet if every and (cluster is not None or len(hist.clusters()) > 1) else backtest
+    bt = replay(hist, policy_for(cfg, policy_name), since_cutoff(since) or 0.0)
     if out.structured:
         out.document(iso_times(bt.to_dict()))
     else:
@@ -333,7 +391,7 @@ def ingest_cmd(node: str, file: str, fmt: str, profile_name: str | None, exit_co
     except RecursionError as exc:  # json.loads on a document nested thousands deep
         raise ConfigError(f"{file}: nested too deeply to read (deeper than Python's recursion limit)") from exc
     if not no_record:
-        record(history_at(state), node, found, result, file)
+        record(history_at(state, cluster=config_for(config_path).cluster_name), node, found, result, file)
     printer.result_document(out, f"{node}: {found} -> {result.status}", result)
     sys.exit(0 if result.status in ("pass", "warn", "skip") else 1)
 

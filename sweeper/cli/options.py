@@ -60,8 +60,31 @@ def history_exists(state: str) -> bool:
     return state_exists(state)
 
 
-STATE_HELP = ("history: a SQLite file or a postgresql:// URL (default: $SWEEPER_STATE, else "
-              "state/<kubeconfig context>.db, in a pod without a kubeconfig state/sweeper.db).")
+STATE_HELP = ("history: a SQLite file or a postgresql:// URL (default: $SWEEPER_STATE, else the config's "
+              "`state`, else state/<kubeconfig context>.db, in a pod without a kubeconfig state/sweeper.db).")
+
+
+def shown(state: str | None) -> str:
+    """`state` fit to print: a URL's password masked (`postgresql://u:***@host/db`), a path as it is.
+    Plain string work: the reading commands print it before any database library is imported."""
+    import re
+
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*):[^/@]*@", r"\1:***@", state or "")
+
+
+def config_state(config_path: str | None) -> str | None:
+    """The `state` key of the config file, read as plain YAML (the command checks the whole file when it
+    loads it): the history when neither --state nor $SWEEPER_STATE names one."""
+    if not config_path:
+        return None
+    import yaml
+
+    try:
+        doc = yaml.safe_load(Path(config_path).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None  # the config's own loading says what is wrong with it
+    value = doc.get("state") if isinstance(doc, dict) else None
+    return value if isinstance(value, str) and value else None
 
 
 def state_option() -> Callable[..., Any]:
@@ -81,13 +104,14 @@ def with_state(fn: Callable[..., Any]) -> Callable[..., Any]:
         if kwargs.get("state") is None:
             from sweeper.kubeconfig import default_state
 
-            kwargs["state"], context = default_state(kwargs.get("kubeconfig"), kwargs.get("context"))
+            kwargs["state"], context = default_state(kwargs.get("kubeconfig"), kwargs.get("context"),
+                                                     config_state(kwargs.get("config_path")))
             ctx = click.get_current_context(silent=True)
             if ctx is not None:
                 ctx.params["state"] = kwargs["state"]
                 ctx.meta["sweeper.state_context"] = context
             if context and (history_exists(kwargs["state"]) or not getattr(fn, "reads_the_cluster", False)):
-                click.echo(clean_lines(f"history {kwargs['state']}: named for the kubeconfig context {context} "
+                click.echo(clean_lines(f"history {shown(kwargs['state'])}: named for the kubeconfig context {context} "
                                        "(--state or SWEEPER_STATE to choose another)"), err=True)
         for name in ("kubeconfig", "context"):
             if name not in takes:
@@ -148,7 +172,7 @@ def run_cli(fn: Callable[..., Any]) -> Callable[..., Any]:
             _fail(exc, 2, f"{_inputs()}: {_what(exc)}")
         except Exception as exc:
             if type(exc).__module__ == "sqlite3":  # the CLI never imports sqlite3; the history should have mapped it
-                _fail(exc, 3, f"history {_param('state') or ''}: {_what(exc)}")
+                _fail(exc, 3, f"history {shown(_param('state'))}: {_what(exc)}")
             if type(exc).__name__ == "MarkupError":  # text from a file or a node taken for rich markup
                 _fail(exc, 2, f"{_inputs()}: could not print: {_what(exc)}")
             _fail(exc, EXIT_BUG, f"internal error, a bug in Sweeper (please report it): {_what(exc)}")
@@ -215,14 +239,44 @@ def kube_for(kubeconfig: str | None, context: str | None, cfg: Config) -> Any:
     return kube
 
 
-def history_at(state: str, create: bool = True) -> Any:
-    """The history at `state`. create=False (plan, --dry-run): a missing file is not created; an
+def history_at(state: str, create: bool = True, cluster: str | None = None) -> Any:
+    """The history at `state`, writing as `cluster` (the config's cluster_name; None: $SWEEPER_CLUSTER,
+    else the kubeconfig context). create=False (plan, --dry-run): a missing file is not created; an
     empty history in memory stands in for it, so a command that changes nothing leaves no file."""
     from sweeper.history import History
 
     if not create and not history_exists(state):
-        return History(":memory:")
-    return History(state)
+        return History(":memory:", cluster or None)
+    return History(state, cluster or None)
+
+
+ALL_CLUSTERS = ("all", "*")
+
+
+def cluster_choice(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`--cluster NAME|all`: whose rows a reading command shows, in a history several clusters share."""
+    return click.option("--cluster", "cluster", metavar="NAME|all",
+                        help="The cluster whose rows to read, in a history several clusters share; `all` (or `*`) "
+                        "reads every cluster, with a CLUSTER column (default: the config's cluster_name, else "
+                        "$SWEEPER_CLUSTER, else every cluster the history holds).")(fn)
+
+
+def scoped(hist: Any, cluster: str | None, cfg: Config | None = None) -> tuple[Any, bool]:
+    """The history as `--cluster` reads it, and whether every cluster is read. A name the history does
+    not hold is bad input (exit 2), naming those it does."""
+    if cluster is not None and not cluster.strip():
+        raise ConfigError("--cluster: empty; name a cluster, or `all`")
+    if cluster in ALL_CLUSTERS:
+        return hist.for_cluster(None), True
+    name = cluster or (cfg.cluster_name if cfg is not None else "") or hist.scope
+    if name is None:
+        return hist.for_cluster(None), True
+    if cluster is not None:
+        known = hist.clusters()
+        if known and name not in known:
+            raise ConfigError(f"--cluster: no cluster {name!r} in the history at {shown(hist.state)} "
+                              f"(it holds {', '.join(known)}; or `all`)")
+    return hist.for_cluster(name), False
 
 
 common_cluster = [
@@ -244,7 +298,7 @@ def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def need_state(state: str) -> None:
     if not history_exists(state):
-        raise ConfigError(f"no history at {state} (set --state or SWEEPER_STATE)")
+        raise ConfigError(f"no history at {shown(state)} (set --state, SWEEPER_STATE or the config's `state`)")
 
 
 def since_cutoff(since: str | None, default: float | None = None) -> float | None:

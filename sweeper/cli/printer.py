@@ -251,16 +251,19 @@ def _rule(rules: list[str] | None, verdict: str | None) -> str:
 
 
 def nodes(out: Out, rows: list[dict[str, Any]], now: float, source: str = "", in_cluster: bool = True) -> None:
-    """The fleet (sweeper.views.fleet_rows): one row per GPU node. `source`: where the rows came
-    from, when not from this history and the cluster."""
-    out.title(f"{len(rows)} GPU nodes" + (f" (from {source})" if source else ""))
-    out.table((Col("node"), Col("profile"), Col("last sweep"), Col("verdict"), Col("rule"), Col("due"),
+    """The fleet (sweeper.views.fleet_rows): one row per GPU node, led by its cluster where the rows
+    carry one (`--cluster all`). `source`: where the rows came from, when not from this history and
+    the cluster."""
+    every = any("cluster" in r for r in rows)
+    out.title(f"{len(rows)} GPU nodes" + (f" in {len({r['cluster'] for r in rows})} clusters" if every else "")
+              + (f" (from {source})" if source else ""))
+    out.table(((Col("cluster"),) if every else ()) + (Col("node"), Col("profile"), Col("last sweep"), Col("verdict"), Col("rule"), Col("due"),
                Col("overdue", wide=True), Col("in cluster", wide=True), Col("suspect", cut=True), Col("held")),
-              ([r["node"], r["profile"] or "-", out.when(r["last_sweep"], "never"), r["verdict"] or "-",
+              ([*([r["cluster"]] if every else []), r["node"], r["profile"] or "-", out.when(r["last_sweep"], "never"), r["verdict"] or "-",
                 _rule(r["rules"], r["verdict"]), "now" if r["due"] is not None and r["due"] <= now else out.when(r["due"]),
                 "yes" if r["overdue"] else "no", ("yes" if r["in_cluster"] else "no") if in_cluster else "-",
                 r["suspect"], "held" if r["held"] else ""] for r in rows),
-              colour=[3, 9])
+              colour=[4, 10] if every else [3, 9])
 
 
 def profiles(out: Out, rows: list[dict[str, Any]], nodes: list[dict[str, str]]) -> None:
@@ -291,19 +294,20 @@ def backtest(out: Out, bt: Any) -> None:
     out.title(f"policy {bt.policy} on {len(bt.decisions)} recorded sweeps: "
               f"{sum(d.differs for d in bt.decisions)} decisions differ")
     rows = []
+    every = any(d.cluster is not None for d in bt.decisions)
     for node in sorted(set(rec) | set(rep)):
         a, b = rep.get(node), rec.get(node)
         rows.append([node, a.replayed if a else "never held", out.when(a.at if a else None, ""),
                      ", ".join(a.rules) if a else "", b.recorded if b else "never held",
                      out.when(b.at if b else None, "")])
-    out.table((Col("node"), Col("would have"), Col("when"), Col("rule"), Col("actually"), Col("when")), rows,
-              colour=[1, 4])
+    out.table((Col("cluster/node" if every else "node"), Col("would have"), Col("when"), Col("rule"), Col("actually"),
+               Col("when")), rows, colour=[1, 4])
     pairs = bt.pair_changes()
     if pairs:
         out.title(f"{len(pairs)} decisions on pairs differ")
         out.table((Col("node"), Col("when"), Col("partner"), Col("mode"), Col("would have"), Col("rule"),
                    Col("actually")),
-                  [[d.node, out.when(d.at, ""), d.partner or "", d.mode or "", d.replayed, ", ".join(d.rules),
+                  [[d.key, out.when(d.at, ""), d.partner or "", d.mode or "", d.replayed, ", ".join(d.rules),
                     d.recorded] for d in pairs], colour=[4, 6])
     for which in ("recorded", "replayed"):
         c = bt.counts(which)

@@ -64,13 +64,19 @@ def sim_serve(fleet_path: str | None, port: int, kubeconfig_out: str, speed: flo
         server.stop()
 
 
-@main.command(epilog=examples("sweeper demo", "sweeper demo --cycles 8 --hours-between 12 --state demo.db"))
+@main.command(epilog=examples("sweeper demo", "sweeper demo --cycles 8 --hours-between 12 --state demo.db",
+                              "sweeper demo --state postgresql://postgres@127.0.0.1/sweeper --cluster-name east "
+                              "--report east.html"))
 @click.option("--cycles", type=int, default=5, show_default=True, help="Sweep cycles to run.")
 @click.option("--hours-between", type=float, default=6.0, show_default=True,
               help="Simulated hours between cycles.")
-@click.option("--state", help="History file (default: a fresh temporary one).")
+@click.option("--state", help="History: a SQLite file or a postgresql:// URL (default: a fresh temporary file).")
+@click.option("--cluster-name", "cluster", help="The cluster name on the history's rows, so that several demos share "
+              "one history (default: $SWEEPER_CLUSTER, else the kubeconfig context, else `default`).")
+@click.option("--report", "report", type=click.Path(dir_okay=False), help="Where to write the HTML report "
+              "(default: report.html beside the history file; for a URL, in a temporary directory).")
 @run_cli
-def demo(cycles: int, hours_between: float, state: str | None) -> None:
+def demo(cycles: int, hours_between: float, state: str | None, cluster: str | None, report: str | None) -> None:
     """The whole product on the embedded simulated cluster: a 16-node p5 fleet in a Karpenter pool
     with injected faults, several sweep cycles in simulated time (checks, verdicts, reboots and
     re-checks, a GPU reset, a replacement), then the fleet, a held node's history and the fleet
@@ -80,9 +86,13 @@ def demo(cycles: int, hours_between: float, state: str | None) -> None:
     from rich.console import Console
 
     from sweeper.demo import run_demo
+    from sweeper.history import is_url
 
-    state_path = Path(state) if state else Path(tempfile.mkdtemp(prefix="sweeper-demo-")) / "history.db"
+    if cluster is not None and not cluster.strip():
+        raise ConfigError("--cluster-name: empty")
+    where: Path | str = (state if is_url(state) else Path(state)) if state else \
+        Path(tempfile.mkdtemp(prefix="sweeper-demo-")) / "history.db"
     console = Console(highlight=False)
-    run_demo(console, state_path, cycles=cycles, hours_between=hours_between, printer=printer.progress(console),
-             print_history=printer.print_history)
+    run_demo(console, where, cycles=cycles, hours_between=hours_between, printer=printer.progress(console),
+             print_history=printer.print_history, cluster_name=cluster, report_file=Path(report) if report else None)
 

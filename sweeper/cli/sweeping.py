@@ -41,7 +41,7 @@ def sweep(config_path: str | None, kubeconfig: str | None, context: str | None, 
     from sweeper.sweep import Sweep
 
     cfg = config_for(config_path, max_nodes=max_nodes)
-    sw = Sweep(kube_for(kubeconfig, context, cfg), cfg, history_at(state, create=not dry_run),
+    sw = Sweep(kube_for(kubeconfig, context, cfg), cfg, history_at(state, create=not dry_run, cluster=cfg.cluster_name),
                emit=None if out.structured else printer.progress(stderr_out()), dry_run=dry_run)
     signal.signal(signal.SIGTERM, lambda *_: sw.stop.set())
     report = sw.run()
@@ -81,7 +81,7 @@ def plan_cmd(config_path: str | None, kubeconfig: str | None, context: str | Non
     from sweeper.views import plan_view
 
     cfg = config_for(config_path)
-    view = plan_view(kube_for(kubeconfig, context, cfg), cfg, history_at(state, create=False))
+    view = plan_view(kube_for(kubeconfig, context, cfg), cfg, history_at(state, create=False, cluster=cfg.cluster_name))
     if out.fmt == "json":
         click.echo(json.dumps(view.doc, indent=2))
     elif out.structured:
@@ -120,7 +120,7 @@ def serve_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    serve(cfg, kube, history_at(state), port, address, lambda m: err.write(f"{iso(time.time())} {m}"), stop)
+    serve(cfg, kube, history_at(state, cluster=cfg.cluster_name), port, address, lambda m: err.write(f"{iso(time.time())} {m}"), stop)
 
 
 @main.command("release", epilog=examples(
@@ -146,7 +146,7 @@ def release_cmd(nodes: tuple[str, ...], everything: bool, reason: str, dry_run: 
     recorder = None
     if history_exists(state):
         try:
-            recorder = history_at(state)
+            recorder = history_at(state, cluster=cfg.cluster_name)
         except StateError as exc:
             stderr_out().write(f"history unavailable ({exc}); releasing from the cluster alone", "warn")
     rows = release(kube, cfg, list(nodes), everything, reason, WallClock(), recorder, dry_run)

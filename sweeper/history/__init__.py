@@ -6,9 +6,10 @@ protocol. Every row carries its cluster's name.
 - `schema`: the migrations, one set for both backends, and the tables they leave;
 - `store` and `refusals`: opening (and refusing a store that holds what the migrations never make);
 - `recorder`: the sweep's writes and what it reads back; `reading`: a node's story and the
-  policy's past; `fleet`: the report's and the backtest's reads; `retention`: pruning; `idle`: the
-  nodes' idle spells and depths of test, for the idle-window estimate; `claims`: outside claims
-  judged, and each source's precision; `evidence`: held nodes' evidence bundles."""
+  policy's past; `fleet`: the report's, the fleet page's and the backtest's reads; `retention`: pruning;
+  `idle`: the nodes' idle spells and depths of test, for the idle-window estimate; `claims`: outside
+  claims judged, and each source's precision; `evidence`: held nodes' evidence bundles; `bulk`: loading
+  many rows at once (benchmarks, imports)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sweeper.history.bulk import Bulk
 from sweeper.history.claims import Claims
 from sweeper.history.evidence import Evidence
 from sweeper.history.fleet import Fleet
@@ -38,7 +40,7 @@ from sweeper.history.schema import (
 from sweeper.history.store import Link, cluster_name, is_url, redact, state_exists
 
 
-class History(Recorder, Reading, Fleet, Retention, Idle, Claims, Evidence):
+class History(Recorder, Reading, Fleet, Retention, Idle, Claims, Evidence, Bulk):
     """The history at `state`: a SQLite path (`:memory:` for none) or a `postgresql://` URL.
 
     `cluster`: the name written on every row, and the only cluster read. Without it the name is

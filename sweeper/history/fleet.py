@@ -7,10 +7,10 @@ import json
 from typing import Any
 
 from sweeper.history.base import Base
-from sweeper.history.schema import CONCLUSIVE_PAIRS
+from sweeper.history.schema import CONCLUSIVE_PAIRS, CONCLUSIVE_SWEEP
 from sweeper.history.store import locked
 
-CONCLUSIVE = "finished is not null and dry_run = 0 and kind in ('sweep', 'light', 'pair')"
+CONCLUSIVE = CONCLUSIVE_SWEEP
 
 
 class Fleet(Base):
@@ -20,11 +20,51 @@ class Fleet(Base):
         rows = self._rows(
             "select s.* from node_sweeps s join (select cluster, node, max(started) as last from node_sweeps "
             f"where {CONCLUSIVE}{self._in()} group by cluster, node) l on s.cluster = l.cluster "
-            "and s.node = l.node and s.started = l.last order by s.node, s.cluster")
+            f"and s.node = l.node and s.started = l.last where 1 = 1{self._in('s.')} order by s.node, s.cluster")
         for r in rows:
             r["reasons"] = json.loads(r["reasons"] or "[]")
             r["rules"] = json.loads(r.get("rules") or "[]")
         return rows
+
+    @locked
+    def cluster_overview(self, since: float, failing: tuple[str, ...]) -> list[dict[str, Any]]:
+        """One row per cluster in the store, whatever this view reads (the fleet page): cluster,
+        nodes (with a conclusive sweep), held (whose latest conclusive verdict is in `failing`),
+        failures (conclusive sweeps since `since` with a verdict in `failing`), first (its first
+        conclusive failing sweep or run since `since`), daily (day since `since` -> failures), last_run and
+        last_status (its latest run)."""
+        verdicts = ", ".join(f":v{i}" for i in range(len(failing))) or "null"
+        p: dict[str, Any] = {"since": since, **{f"v{i}": v for i, v in enumerate(failing)}}
+        out: dict[str, dict[str, Any]] = {}
+        for cluster, nodes, held in self._tuples(
+                f"select s.cluster, count(*), sum(case when s.verdict in ({verdicts}) then 1 else 0 end) "
+                "from node_sweeps s join (select cluster, node, max(started) as last from node_sweeps "
+                f"where {CONCLUSIVE} group by cluster, node) l on s.cluster = l.cluster and s.node = l.node "
+                "and s.started = l.last group by s.cluster", p):
+            out[cluster] = {"cluster": cluster, "nodes": int(nodes), "held": int(held or 0), "failures": 0,
+                            "first": None, "daily": {}, "last_run": None, "last_status": None}
+        # the failing sweeps alone, through the (verdict, finished) index: a fleet's passes are never read
+        for cluster, day, failures, first in self._tuples(
+                "select cluster, cast((started - :since) / 86400 as integer) as day, count(*), min(started) "
+                f"from node_sweeps where verdict in ({verdicts}) and finished >= :since and started >= :since "
+                f"and {CONCLUSIVE} group by cluster, day", p):
+            row = out.get(cluster)
+            if row is not None:
+                row["failures"] += int(failures)
+                row["daily"][int(day)] = int(failures)
+                row["first"] = first if row["first"] is None else min(row["first"], first)
+        # where the window starts for each cluster: its first run in it (runs are few)
+        for cluster, first in self._tuples("select cluster, min(started) from runs where started >= :since "
+                                           "group by cluster", p):
+            row = out.get(cluster)
+            if row is not None:
+                row["first"] = first if row["first"] is None else min(row["first"], first)
+        for cluster, started, status in self._tuples(
+                "select r.cluster, r.started, r.status from runs r join (select cluster, max(started) as last "
+                "from runs group by cluster) l on r.cluster = l.cluster and r.started = l.last"):
+            if cluster in out:
+                out[cluster].update(last_run=started, last_status=status)
+        return [out[c] for c in sorted(out)]
 
     @locked
     def verdict_matrix(self, since: float) -> dict[str, list[tuple[float, str]]]:

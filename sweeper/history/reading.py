@@ -27,13 +27,17 @@ class Reading(Base):
         p: dict[str, Any] = {"node": node, "since": since or 0.0, "limit": limit, "check": check + "%"}
         sweeps = self._rows(f"select * from node_sweeps where node = :node and started >= :since{self._in()} "
                             "order by started desc limit :limit", p)
+        ids, idp = _names("sw", [s["id"] for s in sweeps])
+        problems: dict[int, list[dict[str, Any]]] = {}
+        for r in self._rows(  # one query for every sweep's findings: one round trip, not one a sweep
+                "select sweep_id, source, name, status, severity, gpu, code, message from checks where sweep_id in "
+                f"({ids}) and status in ('fail', 'error', 'warn') and name like :check order by id", {**p, **idp}):
+            problems.setdefault(r.pop("sweep_id"), []).append(r)
         for s in sweeps:
             s["reasons"] = json.loads(s["reasons"] or "[]")
             s["rules"] = json.loads(s.get("rules") or "[]")
             s["causes"] = json.loads(s.get("causes") or "[]")
-            s["problems"] = self._rows(
-                "select source, name, status, severity, gpu, code, message from checks where sweep_id = :id "
-                "and status in ('fail', 'error', 'warn') and name like :check order by id", {**p, "id": s["id"]})
+            s["problems"] = problems.get(s["id"], [])
         actions = self._rows("select run_id, ts, action, detail, dry_run from actions where node = :node "
                              f"and ts >= :since{self._in()} order by ts desc limit :limit", p)
         metrics: dict[str, list[tuple[float, float]]] = {}
@@ -63,6 +67,14 @@ class Reading(Base):
         """Whether anything was ever recorded of the node (a sweep, an action, a pruned day's summary)."""
         return any(self._rows(f"select 1 from {table} where node = :node{self._in()} limit 1", {"node": node})
                    for table in ("node_sweeps", "actions", "summaries"))
+
+    @locked
+    def node_clusters(self, node: str) -> list[str]:
+        """The clusters read that recorded something of a node by this name (names repeat across
+        clusters: each is its own node)."""
+        return [c for (c,) in self._tuples(" union ".join(
+            f"select cluster from {t} where node = :node{self._in()}" for t in ("node_sweeps", "actions", "summaries"))
+            + " order by 1", {"node": node})]
 
     @locked
     def counts(self) -> dict[str, int]:

@@ -17,6 +17,8 @@ Text, Float, Int = sa.Text, sa.Float, sa.Integer
 MIGRATIONS_TABLE = "_sqlite_migrations"  # the name sqlite_utils.Migrations gave it: files it wrote keep theirs
 MIGRATION_SET = "sweeper"
 CONCLUSIVE_PAIRS = ("pass", "warn", "fail")  # a pair's statuses that say something about the fabric
+# A sweep that says something about its node (the readers' condition, and a partial index's)
+CONCLUSIVE_SWEEP = "finished is not null and dry_run = 0 and kind in ('sweep', 'light', 'pair')"
 
 Migration = Callable[[Connection, str], None]
 
@@ -159,8 +161,23 @@ def m009_evidence(conn: Connection, cluster: str) -> None:
             C("cluster", Text, nullable=False, server_default=""), indexes=[("node", "run_id"), ("cluster", "ts")])
 
 
+def m010_fleet_indexes(conn: Connection, cluster: str) -> None:
+    """The reads of a store shared by a fleet key on (cluster, node): a node's story (`history NODE`),
+    each node's latest sweep (`nodes`, the report) and each cluster's overview (the fleet page). Node
+    names repeat across clusters, so an index led by the node alone walks every cluster's rows."""
+    _index(conn, "node_sweeps", "cluster", "node", "started")
+    # Each node's latest conclusive sweep and its verdict, and each cluster's failures a day, read from
+    # the index alone: a partial index whose condition is the readers' own text (CONCLUSIVE_SWEEP:
+    # SQLite matches a partial index by its terms).
+    conn.execute(sa.text("create index idx_node_sweeps_conclusive on node_sweeps (cluster, node, started, verdict) "
+                         f"where {CONCLUSIVE_SWEEP}"))
+    _index(conn, "actions", "cluster", "node", "ts")
+    _index(conn, "metrics", "cluster", "node", "ts")
+
+
 MIGRATIONS: tuple[Migration, ...] = (m001_initial, m002_controls, m003_sweep_kind, m004_policy, m005_pairs,
-                                     m006_cluster, m007_idle_spells, m008_claims, m009_evidence)
+                                     m006_cluster, m007_idle_spells, m008_claims, m009_evidence,
+                                     m010_fleet_indexes)
 KNOWN = [m.__name__ for m in MIGRATIONS]
 
 
