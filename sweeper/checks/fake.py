@@ -11,6 +11,7 @@ from typing import Any
 
 import pynvml
 
+from sweeper.checks.fake_tools import fi_info_output, topo_output  # noqa: F401 - imported from here too
 from sweeper.checks.host import JOURNAL_DIRS
 
 
@@ -53,6 +54,9 @@ class FakeGpu:
     lost: bool = False
     fabric_state: int | None = None  # NVSwitch fabric registration (3: completed); None: no fabric to join
     fabric_status: int = 0  # an NVML return code: 0 is success
+    vbios: str = "96.00.DA.00.0C"  # an H100 80GB HBM3's, as NVML read it on one (driver 580.159.04)
+    serial: str = ""  # "": one made from the index
+    board_part_number: str = "692-2G520-0200-000"
 
 
 @dataclass
@@ -62,6 +66,7 @@ class FakeNvml:
     gpus: list[FakeGpu] = field(default_factory=list)
     driver: str = "570.133.20"
     library_present: bool = True
+    cuda: int | None = 12080  # nvmlSystemGetCudaDriverVersion: 1000 * major + 10 * minor; None: not supported
 
     def __getattr__(self, name: str) -> Any:
         # The constants and exception classes are the real bindings' own; functions are not,
@@ -79,6 +84,20 @@ class FakeNvml:
 
     def nvmlSystemGetDriverVersion(self) -> str:
         return self.driver
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        if self.cuda is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self.cuda
+
+    def nvmlDeviceGetVbiosVersion(self, h: FakeGpu) -> str:
+        return self._alive(h).vbios
+
+    def nvmlDeviceGetSerial(self, h: FakeGpu) -> str:
+        return self._alive(h).serial or f"16529240{h.index:05d}"
+
+    def nvmlDeviceGetBoardPartNumber(self, h: FakeGpu) -> str:
+        return self._alive(h).board_part_number
 
     def nvmlDeviceGetCount(self) -> int:
         return len(self.gpus)
@@ -355,43 +374,3 @@ def netdev(name: str, driver: str, mtu: int, up: bool = True) -> dict[str, str]:
     return {f"{base}/mtu": f"{mtu}\n", f"{base}/operstate": "up\n" if up else "down\n",
             f"{base}/device/uevent": f"DRIVER={driver}\nPCI_SLOT_NAME=0000:00:05.0\n"}
 
-
-def fi_info_output(devices: list[str]) -> str:
-    """`fi_info -p efa -t FI_EP_RDM` for these devices, libfabric 1.x layout."""
-    if not devices:
-        return "fi_getinfo: -61 (No data available)\n"
-    blocks = [f"provider: efa\n    fabric: efa\n    domain: {d}-rdm\n    version: 120.0\n"
-              f"    type: FI_EP_RDM\n    protocol: FI_PROTO_EFA\n" for d in devices]
-    return "".join(blocks)
-
-
-def topo_output(gpus: int, nvlinks: int, nics: int, nic_path: str = "PXB", far: bool = False) -> str:
-    """`nvidia-smi topo -m` for `gpus` GPUs joined by `nvlinks` NVLinks each and `nics` NICs
-    spread over the PCIe switches; `far` puts every NIC across the CPU socket (SYS)."""
-    cols = [f"GPU{i}" for i in range(gpus)] + [f"NIC{k}" for k in range(nics)]
-    head = "\t" + "\t".join(cols) + "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID"
-    per_switch = max(1, gpus // max(1, nics)) if nics else 1
-
-    def gpu_nic(g: int, k: int) -> str:
-        if far:
-            return "SYS"
-        if g // per_switch == k:
-            return nic_path
-        return "NODE" if (g < gpus // 2) == (k < nics // 2) else "SYS"
-
-    lines = [head]
-    for g in range(gpus):
-        cells = [" X " if g == h else (f"NV{nvlinks}" if nvlinks else "SYS") for h in range(gpus)]
-        cells += [gpu_nic(g, k) for k in range(nics)]
-        cpus = "0-47,96-143" if g < gpus // 2 else "48-95,144-191"
-        lines.append(f"GPU{g}\t" + "\t".join(cells) + f"\t{cpus}\t{0 if g < gpus // 2 else 1}\t\tN/A")
-    for k in range(nics):
-        cells = [gpu_nic(g, k) for g in range(gpus)]
-        cells += [" X " if k == j else "SYS" for j in range(nics)]
-        lines.append(f"NIC{k}\t" + "\t".join(cells))
-    legend = ["", "Legend:", "", "  X    = Self", "  SYS  = Connection traversing PCIe as well as the SMP "
-              "interconnect between NUMA nodes (e.g., QPI/UPI)", "  PXB  = Connection traversing multiple PCIe "
-              "bridges (without traversing the PCIe Host Bridge)", "  NV#  = Connection traversing a bonded set "
-              "of # NVLinks", "", "NIC Legend:", ""]
-    legend += [f"  NIC{k}: mlx5_{k}" for k in range(nics)]
-    return "\n".join(lines + legend) + "\n"

@@ -6,13 +6,14 @@ protocol. Every row carries its cluster's name.
 - `schema`: the migrations, one set for both backends, and the tables they leave;
 - `store` and `refusals`: opening (and refusing a store that holds what the migrations never make);
 - `recorder`: the sweep's writes and what it reads back; `reading`: a node's story and the
-  policy's past; `fleet`: the report's and the backtest's reads; `retention`: pruning."""
+  policy's past; `fleet`: the report's and the backtest's reads; `cohorts`: the rows `sweeper cohorts` reads; `retention`: pruning."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from sweeper.history.cohorts import Cohorts
 from sweeper.history.fleet import Fleet
 from sweeper.history.reading import Reading
 from sweeper.history.recorder import Recorder
@@ -31,7 +32,7 @@ from sweeper.history.schema import (
 from sweeper.history.store import Link, cluster_name, is_url, redact, state_exists
 
 
-class History(Recorder, Reading, Fleet, Retention):
+class History(Recorder, Reading, Fleet, Cohorts, Retention):
     """The history at `state`: a SQLite path (`:memory:` for none) or a `postgresql://` URL.
 
     `cluster`: the name written on every row, and the only cluster read. Without it the name is

@@ -77,7 +77,7 @@ class Retention(Base):
         self._run(f"delete from checks where sweep_id in ({marks})", p)
         self._run(f"delete from metrics where sweep_id in ({marks})", p)
         self._run(f"delete from node_sweeps where {OLD}{c}", p)
-        for table in ("actions", "pairs", "pair_latest", "intents"):
+        for table in ("actions", "pairs", "pair_latest", "intents", "facts"):
             self._run(f"delete from {table} where ts < :before{c}", p)
         self._run(f"delete from runs where finished is not null and finished < :before{c} and id not in "
                   "(select distinct run_id from node_sweeps where run_id is not null)", p)

@@ -129,8 +129,18 @@ def m006_cluster(conn: Connection, cluster: str) -> None:
     _index(conn, "node_sweeps", "cluster", "finished")
 
 
+def m007_facts(conn: Connection, cluster: str) -> None:
+    # The node's hardware and software as a sweep read them (NVML's driver, CUDA, VBIOS, serials and
+    # board; DCGM's version; the node's zone, instance type and topology labels), one row a fact a
+    # node a run: what `sweeper cohorts` reads failures by. Older sweeps simply have none.
+    C = sa.Column
+    _create(conn, "facts", C("cluster", Text, nullable=False, server_default=""), C("node", Text), C("run_id", Text),
+            C("key", Text), C("value", Text), C("ts", Float), pk=("cluster", "node", "run_id", "key"),
+            indexes=[("cluster", "key", "node")])
+
+
 MIGRATIONS: tuple[Migration, ...] = (m001_initial, m002_controls, m003_sweep_kind, m004_policy, m005_pairs,
-                                     m006_cluster)
+                                     m006_cluster, m007_facts)
 KNOWN = [m.__name__ for m in MIGRATIONS]
 
 
@@ -162,6 +172,8 @@ def _current() -> sa.MetaData:
           C("mode", Text), C("busbw", Float), C("detail", Text), C("node_sweep_id", Int), C("partner_sweep_id", Int))
     table("pair_latest", C("node", Text), C("ts", Float), C("pair_id", Int), C("partner", Text), C("status", Text),
           C("mode", Text), C("role", Text), pk=("cluster", "node"))
+    table("facts", C("node", Text), C("run_id", Text), C("key", Text), C("value", Text), C("ts", Float),
+          pk=("cluster", "node", "run_id", "key"))
     return md
 
 
