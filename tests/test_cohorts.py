@@ -237,3 +237,24 @@ def test_cli_cohorts(tmp_path: Any) -> None:
     bad = runner.invoke(main, ["cohorts", "--state", state, "--by", "no such key;"])
     assert bad.exit_code == 2 and "--by" in bad.output
     assert "Fisher exact" in runner.invoke(main, ["cohorts", "--help"]).output
+
+
+def test_report_shows_the_flagged_cohort_and_escapes_the_facts(tmp_path: Any) -> None:
+    """The fleet report's section: the cohort that stands apart, its failing checks, the tables; a
+    fact written by someone else (a label) is shown as text under the page's CSP, never as markup."""
+    from sweeper.history import History
+    from sweeper.policy import load_policy
+    from sweeper.report import render
+    from sweeper.report import gather as gather_report
+    from tests.weeks import ROOT
+
+    records = fleet(3, nodes=60, days=20, rollout=0.4)
+    for r in records:
+        r["facts"]["zone"] = '<script>alert(1)</script>"' if r["node"].endswith("7") else r["facts"]["zone"]
+    h = History(tmp_path / "h.db")
+    record(h, records)
+    page = render(gather_report(h, load_policy(ROOT / "policies" / "default.yaml"), T0, T0 + 20 * DAY, DAY))
+    section = page[page.index("<h2>Failures by cohort</h2>"):]
+    assert f"<b>driver {NEW_DRIVER}</b> stands apart" in section and "dcgm.pcie (" in section
+    assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in section
+    h.close()

@@ -34,6 +34,7 @@ class ReportData:
     more_pages: int = 0  # nodes left without a page (see `sweeper report --node`)
     pairs: dict[str, Any] = field(default_factory=dict)  # history.pair_overview: counts, failures, culprits
     suspects: dict[str, str] = field(default_factory=dict)  # node -> the partner of its failed pair, waiting
+    cohorts: list[dict[str, Any]] = field(default_factory=list)  # sweeper.cohorts.cohort_report, one a fact
     _states: dict[str, dict[str, Any]] | None = None
 
 
@@ -104,6 +105,10 @@ def gather(history: Any, policy: Policy, since: float, now: float, interval: flo
     data.bandwidth = [b for b in history.metric_latest(BANDWIDTH, since) if _number(b["value"])]
     data.pairs = history.pair_overview(since)
     data.suspects = history.pair_suspects(since)
+    if node is None:
+        from sweeper.report.cohorts import gather_cohorts
+
+        data.cohorts = gather_cohorts(history, since)
     states = node_states(data)
     if node is not None:
         chosen = [node]

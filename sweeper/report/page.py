@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sweeper.report.cohorts import cohorts_section
 from sweeper.report.data import (
     BANDWIDTH,
     ReportData,
@@ -177,6 +178,7 @@ def render(data: ReportData, title: str = "Sweeper fleet report", refresh: int =
             f"<h2>Trends behind decisions</h2>{_trends(data, pages)}"
             f"<h2>NCCL bus bandwidth by profile</h2>{_bandwidth(data, pages)}"
             f"<h2>Pair sweeps</h2>{_pairs(data, pages)}"
+            f"<h2>Failures by cohort</h2>{cohorts_section(data.cohorts)}"
             f"<h2>Nodes</h2>{more}" + "".join(_node_page(p, pages) for p in data.pages) +
             "</body></html>\n")
 
