@@ -134,8 +134,8 @@ def m007_facts(conn: Connection, cluster: str) -> None:
     # board; DCGM's version; the node's zone, instance type and topology labels), one row a fact a
     # node a run: what `sweeper cohorts` reads failures by. Older sweeps simply have none.
     C = sa.Column
-    _create(conn, "facts", C("cluster", Text, nullable=False, server_default=""), C("node", Text), C("run_id", Text),
-            C("key", Text), C("value", Text), C("ts", Float), pk=("cluster", "node", "run_id", "key"),
+    _create(conn, "facts", C("node", Text), C("run_id", Text), C("key", Text), C("value", Text), C("ts", Float),
+            C("cluster", Text, nullable=False, server_default=""), pk=("cluster", "node", "run_id", "key"),
             indexes=[("cluster", "key", "node")])
 
 
