@@ -198,11 +198,12 @@ def fact_key(by: str) -> str:
 
 
 def cohort_report(history: Any, by: str, since: float, until: float | None = None, backtest: str | None = None,
-                  alpha: float = ALPHA, min_days: int = MIN_DAYS) -> dict[str, Any]:
+                  alpha: float = ALPHA, min_days: int = MIN_DAYS, rows: Any = None) -> dict[str, Any]:
     """The document `sweeper cohorts` prints and the report shows: the cohorts of fact `by` over the
-    window, flagged ones first, and (with `backtest`) the replay of that cohort's rollout."""
+    window, flagged ones first, and (with `backtest`) the replay of that cohort's rollout. `rows`:
+    the history's cohort_rows for `by`, when read already."""
     key = fact_key(by)
-    days = node_days(history.cohort_rows(key, since, until), since)
+    days = node_days(history.cohort_rows(key, since, until) if rows is None else rows, since)
     cohorts = analyse(days, alpha, min_days)
     doc: dict[str, Any] = {
         "by": key, "since": since, "node_days": len(days), "failures": sum(d.failed for d in days),

@@ -258,3 +258,24 @@ def test_report_shows_the_flagged_cohort_and_escapes_the_facts(tmp_path: Any) ->
     assert f"<b>driver {NEW_DRIVER}</b> stands apart" in section and "dcgm.pcie (" in section
     assert "<script>alert" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in section
     h.close()
+
+
+def test_facts_are_written_when_they_change_and_carry_into_the_window(new_state: Any) -> None:
+    """A fleet's facts change at a rollout, not every day: one row a fact a node until it changes; a
+    window that starts after the last change still knows each node's value, after a prune too."""
+    from sweeper.history import History
+
+    records = fleet(2, nodes=20, days=12, rollout=0.5, start=6)
+    h = History(new_state("h.db"))
+    record(h, records)
+    rows = h.query("select node, key, run_id from facts")
+    assert len(rows) == 20 * 4 + 10  # driver, zone, rack, vbios on day 0; the new driver on day 6 for 10 nodes
+    assert {r["run_id"] for r in rows if r["key"] == "driver"} == {"sw-000", "sw-006"}
+    since = T0 + 8 * DAY
+    doc = cohort_report(h, "driver", since, min_days=1)
+    assert {c["value"]: c["nodes"] for c in doc["cohorts"]} == {NEW_DRIVER: 10, BASE_DRIVER: 10}
+    h.prune(T0 + 7 * DAY)
+    assert {c["value"]: c["nodes"] for c in cohort_report(h, "driver", since, min_days=1)["cohorts"]} == \
+        {NEW_DRIVER: 10, BASE_DRIVER: 10}
+    assert len(h.query("select node from facts where key = 'driver'")) == 20  # the superseded 570 rows went
+    h.close()

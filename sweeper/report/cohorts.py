@@ -15,7 +15,9 @@ MAX_ROWS = 12
 def gather_cohorts(history: Any, since: float) -> list[dict[str, Any]]:
     from sweeper.cohorts import cohort_report
 
-    return [doc for key in REPORT_BY if (doc := cohort_report(history, key, since))["node_days"]]
+    keys = [key for key in REPORT_BY if history.has_facts(key, since)]
+    rows = history.cohort_rows_by(keys, since) if keys else {}
+    return [doc for key in keys if (doc := cohort_report(history, key, since, rows=rows[key]))["node_days"]]
 
 
 def _pct(x: float) -> str:
