@@ -23,7 +23,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from sweeper.cohort_stats import holm, hypergeom_sf, wilson
 
@@ -74,8 +74,7 @@ def label_facts(labels: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-@dataclass(frozen=True)
-class NodeDay:
+class NodeDay(NamedTuple):
     node: str
     day: int  # days since the window's start
     cohort: str
@@ -84,27 +83,31 @@ class NodeDay:
 
 
 def node_days(rows: Iterable[Sequence[Any]], since: float) -> list[NodeDay]:
-    """Node-days from the history's rows (node, started, verdict, causes JSON, value), oldest first
+    """Node-days from the history's rows (node, time, verdict, causes JSON, value), oldest first
     (sweeper.history `cohort_rows`)."""
     latest: dict[str, str] = {}
-    days: dict[tuple[str, int], dict[str, Any]] = {}
+    days: dict[tuple[str, int], list[Any]] = {}  # (node, day) -> [cohort, failed, causes]
     for node, started, verdict, causes, value in rows:
         if value:
-            latest[node] = str(value)
+            latest[node] = value if isinstance(value, str) else str(value)
         if verdict not in CONCLUSIVE or started < since:
             continue
-        d = days.setdefault((node, int((started - since) // DAY)), {"cohort": UNKNOWN, "failed": False, "causes": []})
-        d["cohort"] = latest.get(node, UNKNOWN)
+        key = (node, int((started - since) // DAY))
+        d = days.get(key)
+        if d is None:
+            days[key] = d = [latest.get(node, UNKNOWN), False, ()]
+        else:
+            d[0] = latest.get(node, UNKNOWN)
         if verdict in HOLDING:
-            d["failed"] = True
-            d["causes"] += [str(c) for c in json.loads(causes or "[]")]
+            d[1] = True
+            d[2] += tuple(str(c) for c in json.loads(causes or "[]"))
     out, done = [], set()
-    for (n, day), d in sorted(days.items(), key=lambda kv: (kv[0][1], kv[0][0])):
-        if (n, d["cohort"]) in done:  # failed in this cohort already: no longer at risk of a first failure in it
+    for (n, day), (cohort, failed, why) in sorted(days.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        if (n, cohort) in done:  # failed in this cohort already: no longer at risk of a first failure in it
             continue
-        if d["failed"]:
-            done.add((n, d["cohort"]))
-        out.append(NodeDay(n, day, d["cohort"], d["failed"], tuple(d["causes"])))
+        if failed:
+            done.add((n, cohort))
+        out.append(NodeDay(n, day, cohort, failed, why))
     return out
 
 

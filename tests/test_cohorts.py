@@ -279,3 +279,37 @@ def test_facts_are_written_when_they_change_and_carry_into_the_window(new_state:
         {NEW_DRIVER: 10, BASE_DRIVER: 10}
     assert len(h.query("select node from facts where key = 'driver'")) == 20  # the superseded 570 rows went
     h.close()
+
+
+def test_the_dcgm_version_is_a_fact_of_every_layout() -> None:
+    """DCGM 4.x JSON (metadata.version), 3.x JSON (version) and the printed table (DCGM Version)."""
+    from pathlib import Path
+
+    from sweeper.parsers import dcgm
+
+    fixtures = Path(__file__).parent / "parsers" / "fixtures"
+    for name, version in (("dcgm-4x-l2-pass.json", "4.2.3"), ("dcgm-3x-mixed.json", "3.3.9"),
+                          ("real/dcgm-table-331-metadata-deployment-pass.txt", "3.3.1")):
+        assert dict(dcgm.parse((fixtures / name).read_text(), "n", 0.0).facts)["dcgm"] == version, name
+
+
+def test_nvml_facts_are_read_never_guessed() -> None:
+    """The check's facts from NVML: a reading that fails is left out (no fact), and the node's VBIOS
+    is every distinct value its GPUs report."""
+    import pynvml
+
+    from sweeper.checks import run_node_checks
+    from sweeper.checks.fake import FakeGpu, FakeNvml
+    from sweeper.checks.options import CheckOptions
+
+    class NoVbios(FakeNvml):
+        def nvmlDeviceGetVbiosVersion(self, h: FakeGpu) -> str:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    opts = CheckOptions(node="n", expect_gpus=2, skip_kernel_log="test")
+    facts = dict(run_node_checks(opts, FakeNvml(gpus=[FakeGpu(0), FakeGpu(1, vbios="96.00.99.00.01")], cuda=13000),
+                                 None, now=0.0).facts)
+    assert facts["vbios"] == "96.00.99.00.01,96.00.DA.00.0C" and facts["cuda"] == "13.0"
+    assert facts["gpu.1.serial"] != facts["gpu.0.serial"] and facts["board"] == "692-2G520-0200-000"
+    facts = dict(run_node_checks(opts, NoVbios(gpus=[FakeGpu(0), FakeGpu(1)], cuda=None), None, now=0.0).facts)
+    assert "vbios" not in facts and "gpu.0.vbios" not in facts and "cuda" not in facts and facts["driver"]
