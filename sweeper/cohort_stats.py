@@ -34,10 +34,12 @@ def hypergeom_sf(k: int, total: int, successes: int, draws: int) -> float:
         return 0.0
     base = log_comb(total, draws)
     logs: list[float] = []
+    top = -math.inf
     for i in range(k, hi + 1):
         term = log_comb(successes, i) + log_comb(total - successes, draws - i) - base
         logs.append(term)
-        if len(logs) > 1 and term < logs[0] - 46 and term < logs[-2]:  # past the mode, below 1e-20 of the first
+        top = max(top, term)
+        if term < top - 46:  # past the mode (terms fall from there on), below 1e-20 of the largest
             break
     return min(1.0, math.exp(_logsumexp(logs)))
 
