@@ -244,8 +244,8 @@ def test_report_shows_the_flagged_cohort_and_escapes_the_facts(tmp_path: Any) ->
     fact written by someone else (a label) is shown as text under the page's CSP, never as markup."""
     from sweeper.history import History
     from sweeper.policy import load_policy
-    from sweeper.report import render
     from sweeper.report import gather as gather_report
+    from sweeper.report import render
     from tests.weeks import ROOT
 
     records = fleet(3, nodes=60, days=20, rollout=0.4)

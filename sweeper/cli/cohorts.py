@@ -20,8 +20,9 @@ BY_HELP = ("The fact to group nodes by: driver, cuda, vbios, board, dcgm, zone, 
            "or any fact key the sweeps recorded (e.g. gpu.0.vbios).")
 
 
-@main.command("cohorts", epilog=examples("sweeper cohorts --by driver", "sweeper cohorts --by rack --since 14d -o json",
-                                         "sweeper cohorts --by driver --backtest 580.65.06"))
+@main.command("cohorts", short_help="Failure rate by a shared fact (driver, rack): who stands apart.",
+              epilog=examples("sweeper cohorts --by driver", "sweeper cohorts --by rack --since 14d -o json",
+                              "sweeper cohorts --by driver --backtest 580.65.06"))
 @state_options
 @click.option("--by", default="driver", show_default=True, help=BY_HELP)
 @click.option("--since", default="30d", show_default=True, help="The window read (a duration back from now).")
