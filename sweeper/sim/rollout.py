@@ -16,7 +16,7 @@ BLOCK = 4  # racks a block
 
 
 class Rollout(BaseModel):
-    """A fleet file's `rollouts` entry: `share` of the GPU nodes (picked with the fleet's seed) run
+    """A fleet file's `rollouts` entry: `share` of the fleet's nodes (picked with its seed) run
     `driver`, and each fails its check on a simulated day with probability `fail_rate`."""
 
     model_config = ConfigDict(extra="forbid")
@@ -47,7 +47,7 @@ def topology_labels(platform: str, name: str) -> dict[str, str]:
 
 def apply_rollouts(nodes: list[Any], rollouts: list[Rollout], seed: int, fail_rate: float) -> None:
     """Every node fails a day with `fail_rate` (the fleet's baseline); each rollout moves its share of
-    the GPU nodes not yet moved to its driver, with its own rate."""
+    the nodes not yet moved to its driver, with its own rate."""
     rng = random.Random(f"{seed}/rollouts")
     for n in nodes:
         n.fail_rate = fail_rate
