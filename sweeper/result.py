@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,6 +11,27 @@ SCHEMA = "sweeper.dev/result/v1"
 STATUSES = ("pass", "warn", "fail", "error", "skip")
 SEVERITIES = ("info", "warning", "critical", "fatal")
 _RANK = {"skip": 0, "pass": 1, "warn": 2, "error": 3, "fail": 4}
+# v1 gained an optional `facts` map (the node's hardware and software as read: driver, VBIOS, GPU
+# serials, DCGM version, zone, rack...): a document without it is still v1, and a v1 reader that
+# predates it ignores it. Facts are strings someone else wrote (NVML, node labels): capped, never code.
+FACTS_MAX, FACT_KEY_MAX, FACT_VALUE_MAX = 64, 80, 160
+_FACT_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+
+
+def clean_facts(facts: Any) -> tuple[tuple[str, str], ...]:
+    """Facts as sorted (key, value) pairs: keys of letters, digits and `._/-` (others dropped), values
+    as text without control characters, each capped; at most FACTS_MAX of them."""
+    items = facts.items() if isinstance(facts, dict) else facts or ()
+    out: dict[str, str] = {}
+    for key, value in items:
+        if not isinstance(key, str) or not _FACT_KEY.match(key) or len(key) > FACT_KEY_MAX:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            continue
+        text = "".join(ch for ch in str(value) if ch.isprintable()).strip()[:FACT_VALUE_MAX]
+        if text:
+            out[key] = text
+    return tuple(sorted(out.items())[:FACTS_MAX])
 
 
 def worst(statuses: list[str]) -> str:
@@ -69,8 +91,10 @@ class Result:
     checks: tuple[CheckResult, ...] = ()
     metrics: tuple[Metric, ...] = ()
     status: str = field(default="")
+    facts: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "facts", clean_facts(self.facts))
         if not self.status:
             object.__setattr__(self, "status", worst([c.status for c in self.checks]))
 
@@ -90,6 +114,7 @@ class Result:
             "status": self.status,
             "checks": [c.to_dict() for c in self.checks],
             "metrics": [m.to_dict() for m in self.metrics],
+            **({"facts": dict(self.facts)} if self.facts else {}),
         }
 
     def to_json(self) -> str:

@@ -68,7 +68,7 @@ ANY_LENGTH = {"clusterUuid"}
 
 def healthy_h100_as_captured() -> FakeNvml:
     return FakeNvml([FakeGpu(index=0, bus_id="00000000:00:06.0", nvlinks=0, fabric_state=0)],
-                    driver="580.159.04", cuda_driver_version=13000)
+                    driver="580.159.04", cuda=13000)
 
 
 def same_shape(real: Any, fake: Any, path: str, problems: list[str]) -> None:

@@ -120,7 +120,7 @@ def run_node_checks(opts: CheckOptions, nvml: Any, kernel_log: str | None, *, no
         if opts.uccl:
             uccl_checks(opts, host, c, len(bus_to_gpu))
     return Result(node=opts.node, source="sweeper-check", started=now, finished=now,
-                  checks=tuple(c.checks), metrics=tuple(c.metrics))
+                  checks=tuple(c.checks), metrics=tuple(c.metrics), facts=tuple(c.facts.items()))
 
 
 def _xid_checks(opts: CheckOptions, kernel_log: str | None, why: str, uptime: float | None,

@@ -13,10 +13,14 @@ class Collector:
     def __init__(self) -> None:
         self.checks: list[CheckResult] = []
         self.metrics: list[Metric] = []
+        self.facts: dict[str, str] = {}  # the node's hardware and software as read (sweeper.checks.facts)
 
     def check(self, name: str, status: str, message: str = "", severity: str = "info",
               gpu: int | None = None, code: str | None = None) -> None:
         self.checks.append(CheckResult(name, status, message, severity, gpu, code))
+
+    def fact(self, key: str, value: str) -> None:
+        self.facts[key] = value
 
     def metric(self, name: str, value: float, unit: str = "", gpu: int | None = None) -> None:
         self.metrics.append(Metric(name, float(value), unit, gpu))

@@ -71,9 +71,6 @@ class FakeGpu:
     power_mw: int = 70_000
     power_limit_mw: int = 700_000
     recovery_action: int | None = 0  # None: the driver does not report it
-    vbios: str = "96.00.99.00.01"
-    serial: str = ""
-    board_part_number: str = "692-2G520-0200-000"
     pci_device_id: int = 0x233010DE  # H100 SXM5 80GB (device 0x2330, vendor 0x10de)
     pci_subsystem_id: int = 0x16C110DE
     lost: bool = False
@@ -81,6 +78,9 @@ class FakeGpu:
     # with state 0, NVML_GPU_FABRIC_STATE_NOT_SUPPORTED); None: a GPU whose NVML does not report it at all
     fabric_state: int | None = None
     fabric_status: int = 0  # an NVML return code: 0 is success
+    vbios: str = "96.00.DA.00.0C"  # an H100 80GB HBM3's, as NVML read it on one (driver 580.159.04)
+    serial: str = ""  # "": one made from the index
+    board_part_number: str = "692-2G520-0200-000"
 
 
 @dataclass
@@ -89,8 +89,8 @@ class FakeNvml:
 
     gpus: list[FakeGpu] = field(default_factory=list)
     driver: str = "570.133.20"
-    cuda_driver_version: int = 12080  # what nvmlSystemGetCudaDriverVersion returns (13000 on driver 580)
     library_present: bool = True
+    cuda: int | None = 12080  # nvmlSystemGetCudaDriverVersion: 1000 * major + 10 * minor; None: not supported
 
     def __getattr__(self, name: str) -> Any:
         # The constants and exception classes are the real bindings' own; functions are not,
@@ -110,10 +110,12 @@ class FakeNvml:
         return self.driver
 
     def nvmlSystemGetNVMLVersion(self) -> str:
-        return f"{self.cuda_driver_version // 1000}.{self.driver}"  # "13.580.159.04" on driver 580
+        return f"{(self.cuda or 0) // 1000}.{self.driver}"  # "13.580.159.04" on driver 580
 
     def nvmlSystemGetCudaDriverVersion(self) -> int:
-        return self.cuda_driver_version
+        if self.cuda is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return self.cuda
 
     def nvmlDeviceGetCount(self) -> int:
         return len(self.gpus)

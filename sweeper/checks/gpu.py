@@ -11,6 +11,7 @@ from typing import Any
 import pynvml
 
 from sweeper.checks.collect import Collector, GpuLost, nvml_call
+from sweeper.checks.facts import gpu_facts, system_facts
 from sweeper.checks.options import CheckOptions
 from sweeper.parsers.kernel_log import normalise_pci
 from sweeper.parsers.nvidia_smi import RECOVERY, recovery_verdict  # noqa: F401 (RECOVERY: kept importable here)
@@ -53,6 +54,7 @@ def gpu_checks(opts: CheckOptions, nvml: Any, c: Collector, uptime: float | None
                     "critical")
         else:
             c.check("gpu.count", "pass", f"{count} GPUs")
+        system_facts(nvml, c)
         state, driver = nvml_call(nvml, nvml.nvmlSystemGetDriverVersion)
         if state == "ok":
             c.check("driver.version", "pass", str(driver))
@@ -65,6 +67,7 @@ def gpu_checks(opts: CheckOptions, nvml: Any, c: Collector, uptime: float | None
                     c.check("gpu.handle", "fail", f"GPU {i} does not answer: {h}", "critical", gpu=i)
                     continue
                 one_gpu(opts, nvml, h, i, c, bus_to_gpu, uptime)
+                gpu_facts(nvml, h, i, c)
             except GpuLost as exc:
                 c.check("gpu.lost", "fail", str(exc), "critical", gpu=i, code=exc.code)
     except GpuLost as exc:

@@ -4,7 +4,7 @@ history, authoring checks and playbooks, and the simulated cluster."""
 
 from __future__ import annotations
 
-from sweeper.cli import authoring, history, simulator, sweeping  # noqa: F401 - each registers its commands
+from sweeper.cli import authoring, cohorts, history, simulator, sweeping  # noqa: F401 - each registers its commands
 from sweeper.cli.app import main
 from sweeper.cli.printer import print_history
 from sweeper.cli.printer import progress as _printer

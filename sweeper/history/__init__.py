@@ -20,6 +20,7 @@ from typing import Any
 
 from sweeper.history.bulk import Bulk
 from sweeper.history.claims import Claims
+from sweeper.history.cohorts import Cohorts
 from sweeper.history.evidence import Evidence
 from sweeper.history.fleet import Fleet
 from sweeper.history.idle import Idle
@@ -40,7 +41,7 @@ from sweeper.history.schema import (
 from sweeper.history.store import Link, cluster_name, is_url, redact, state_exists
 
 
-class History(Recorder, Reading, Fleet, Retention, Idle, Claims, Evidence, Bulk):
+class History(Recorder, Reading, Fleet, Cohorts, Retention, Idle, Claims, Evidence, Bulk):
     """The history at `state`: a SQLite path (`:memory:` for none) or a `postgresql://` URL.
 
     `cluster`: the name written on every row, and the only cluster read. Without it the name is

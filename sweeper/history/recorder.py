@@ -62,6 +62,30 @@ class Recorder(Base):
         self._insert_many("metrics", [
             {"sweep_id": sweep_id, "node": result.node, "ts": result.finished, "name": m.name, "gpu": m.gpu,
              "value": m.value, "unit": m.unit} for m in result.metrics])
+        if result.facts:
+            self._facts(sweep_id, result.node, result.finished, dict(result.facts))
+
+    @locked
+    def facts(self, sweep_id: int | None, node: str, ts: float, facts: dict[str, str]) -> None:
+        """The node's facts as this sweep found them (its labels, its NVML readings), keyed by the
+        sweep's run: only those that differ from the node's latest recorded value (a fleet's facts
+        change at a rollout, not every day); a later reading in the same run replaces an earlier one."""
+        self._facts(sweep_id, node, ts, facts)
+
+    def _facts(self, sweep_id: int | None, node: str, ts: float, facts: dict[str, str]) -> None:
+        from sweeper.result import clean_facts
+
+        run_id = self._scalar("select run_id from node_sweeps where id = :id", {"id": sweep_id}) \
+            if sweep_id is not None else None
+        known = dict(self._tuples("select key, value from facts where cluster = :c and node = :node order by ts",
+                                  {"c": self.cluster, "node": node}))
+        for key, value in clean_facts(facts):
+            if known.get(key) == value:
+                continue
+            self._run("insert into facts (cluster, node, run_id, key, value, ts) values (:c, :node, :run, :key, "
+                      ":value, :ts) on conflict (cluster, node, run_id, key) do update set value = excluded.value, "
+                      "ts = excluded.ts", {"c": self.cluster, "node": node, "run": run_id or "", "key": key,
+                                           "value": value, "ts": ts})
 
     @locked
     def action(self, run_id: str, node: str, ts: float, action: str, detail: str, dry_run: bool = False) -> None:

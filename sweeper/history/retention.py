@@ -80,6 +80,10 @@ class Retention(Base):
         for table in ("actions", "pairs", "pair_latest", "intents", "claims", "evidence"):
             self._run(f"delete from {table} where ts < :before{c}", p)
         self._run(f"delete from idle_spells where ended is not null and ended < :before{c}", p)
+        # A fact is written when it changes: the value a node had at `before` is kept, its older ones go.
+        self._run("delete from facts where ts < :before and exists (select 1 from facts g where g.cluster = "
+                  "facts.cluster and g.node = facts.node and g.key = facts.key and g.ts > facts.ts and "
+                  f"g.ts < :before){c}", p)
         self._run(f"delete from runs where finished is not null and finished < :before{c} and id not in "
                   "(select distinct run_id from node_sweeps where run_id is not null)", p)
         return counts

@@ -175,9 +175,19 @@ def m010_fleet_indexes(conn: Connection, cluster: str) -> None:
     _index(conn, "metrics", "cluster", "node", "ts")
 
 
+def m011_facts(conn: Connection, cluster: str) -> None:
+    # The node's hardware and software as a sweep read them (NVML's driver, CUDA, VBIOS, serials and
+    # board; DCGM's version; the node's zone, instance type and topology labels), one row a fact a
+    # node a run: what `sweeper cohorts` reads failures by. Older sweeps simply have none.
+    C = sa.Column
+    _create(conn, "facts", C("node", Text), C("run_id", Text), C("key", Text), C("value", Text), C("ts", Float),
+            C("cluster", Text, nullable=False, server_default=""), pk=("cluster", "node", "run_id", "key"),
+            indexes=[("cluster", "key", "node")])
+
+
 MIGRATIONS: tuple[Migration, ...] = (m001_initial, m002_controls, m003_sweep_kind, m004_policy, m005_pairs,
                                      m006_cluster, m007_idle_spells, m008_claims, m009_evidence,
-                                     m010_fleet_indexes)
+                                     m010_fleet_indexes, m011_facts)
 KNOWN = [m.__name__ for m in MIGRATIONS]
 
 
@@ -215,6 +225,8 @@ def _current() -> sa.MetaData:
           C("evidence", Text))
     table("evidence", _id(), C("run_id", Text), C("node", Text), C("ts", Float), C("bytes", Int),
           C("sha256", Text), C("location", Text), C("manifest", Text), C("data", sa.LargeBinary))
+    table("facts", C("node", Text), C("run_id", Text), C("key", Text), C("value", Text), C("ts", Float),
+          pk=("cluster", "node", "run_id", "key"))
     return md
 
 

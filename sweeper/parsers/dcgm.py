@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 from typing import Any
 
 from sweeper.result import CheckResult, Metric, Result, error_result
@@ -56,12 +57,27 @@ def parse(text: str, node: str, now: float, exit_code: int | None = None, expect
     if doc is None:
         table = parse_table(text, node, now, exit_code, expect_gpus)
         if table is not None:
-            return table
+            m = _TABLE_VERSION.search(text)
+            return _with_version(table, m.group(1) if m else None)
         return error_result(node, "dcgm", why or "no JSON object and no dcgmi diag table in the output", now)
     try:
-        return _parse_doc(doc, node, now, exit_code, expect_gpus)
+        result = _parse_doc(doc, node, now, exit_code, expect_gpus)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         return error_result(node, "dcgm", f"unexpected DCGM JSON layout: {exc!r}", now)
+    meta = doc.get("metadata")
+    return _with_version(result, (meta.get("version") if isinstance(meta, dict) else None) or doc.get("version"))
+
+
+# The DCGM version a diagnostic reports (4.x JSON: metadata.version; 3.x JSON: version; the table's
+# "DCGM Version" row): a fact of the node's software, so that failures can be read by DCGM release
+# (an upgrade that failed a whole fleet's PCIe test at once: NVIDIA/DCGM#253).
+_TABLE_VERSION = re.compile(r"^\W*DCGM Version\s*\|\s*([0-9][\w.+-]*)\s*\|", re.M)
+
+
+def _with_version(result: Result, version: Any) -> Result:
+    if not isinstance(version, str) or not version.strip():
+        return result
+    return replace(result, facts=(*result.facts, ("dcgm", version)))
 
 
 _ROOTS = ('"DCGM Diagnostic"', '"DCGM GPU Diagnostic"', '"iterations"')

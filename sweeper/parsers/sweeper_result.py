@@ -7,7 +7,16 @@ import math
 from typing import Any
 
 from sweeper.clock import parse_iso
-from sweeper.result import SCHEMA, SEVERITIES, STATUSES, CheckResult, Metric, Result, error_result
+from sweeper.result import (
+    SCHEMA,
+    SEVERITIES,
+    STATUSES,
+    CheckResult,
+    Metric,
+    Result,
+    clean_facts,
+    error_result,
+)
 
 MAX_BYTES = 8 * 1024 * 1024
 
@@ -46,7 +55,8 @@ def from_dict(doc: Any, node: str) -> Result:
     if status not in STATUSES:
         raise ValueError(f"overall status {status!r}")
     result = Result(node=node, source=_text(doc, "source", "sweeper"), started=parse_iso(doc["started"]),
-                    finished=parse_iso(doc["finished"]), checks=tuple(checks), metrics=tuple(metrics))
+                    finished=parse_iso(doc["finished"]), checks=tuple(checks), metrics=tuple(metrics),
+                    facts=_facts(doc))
     if result.status != status:
         raise ValueError(f"overall status {status!r} disagrees with its checks ({result.status!r})")
     return result
@@ -99,6 +109,18 @@ def _metric(m: Any) -> Metric:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TypeError(f"metric {str(m.get('name'))[:80]!r} has value {str(value)[:40]!r}, not a finite number")
     return Metric(name=_text(m, "name"), value=float(value), unit=_text(m, "unit", ""), gpu=_gpu(m))
+
+
+def _facts(doc: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The optional `facts` map (absent in documents written before it): an object of strings,
+    cleaned and capped by sweeper.result.clean_facts."""
+    facts = doc.get("facts", {})
+    if not isinstance(facts, dict):
+        raise TypeError(f"'facts' is {type(facts).__name__}, not an object")
+    for key, value in facts.items():
+        if not isinstance(value, str):
+            raise TypeError(f"fact {str(key)[:80]!r} is {type(value).__name__}, not a string")
+    return clean_facts(facts)
 
 
 def _snippet(text: str, n: int = 120) -> str:

@@ -37,6 +37,7 @@ class ReportData:
     suspects: dict[str, str] = field(default_factory=dict)  # node -> the partner of its failed pair, waiting
     claims: list[dict[str, Any]] = field(default_factory=list)  # other tools' claims judged, per source and code
     claim_docs: dict[str, str] = field(default_factory=dict)  # source -> its documentation
+    cohorts: list[dict[str, Any]] = field(default_factory=list)  # sweeper.cohorts.cohort_report, one a fact
     _states: dict[str, dict[str, Any]] | None = None
 
 
@@ -109,6 +110,10 @@ def gather(history: Any, policy: Policy, since: float, now: float, interval: flo
     data.suspects = history.pair_suspects(since)
     data.claims = history.claim_precision(since)
     data.claim_docs = {s.name: s.doc for s in load_catalog().sources.values()}
+    if node is None:
+        from sweeper.report.cohorts import gather_cohorts
+
+        data.cohorts = gather_cohorts(history, since)
     states = node_states(data)
     if node is not None:
         chosen = [node]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from sweeper.report.claims import claims_section
+from sweeper.report.cohorts import cohorts_section
 from sweeper.report.data import (
     BANDWIDTH,
     ReportData,
@@ -179,6 +180,7 @@ def render(data: ReportData, title: str = "Sweeper fleet report", refresh: int =
             f"<h2>NCCL bus bandwidth by profile</h2>{_bandwidth(data, pages)}"
             f"<h2>Pair sweeps</h2>{_pairs(data, pages)}"
             f"<h2>Other tools' claims, tested</h2>{claims_section(data.claims, data.claim_docs)}"
+            f"<h2>Failures by cohort</h2>{cohorts_section(data.cohorts)}"
             f"<h2>Nodes</h2>{more}" + "".join(_node_page(p, pages) for p in data.pages) +
             "</body></html>\n")
 

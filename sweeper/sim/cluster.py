@@ -60,6 +60,7 @@ from sweeper.sim.podspec import (
     tolerates,
     valid_image,
 )
+from sweeper.sim.rollout import fails_on, topology_labels
 from sweeper.sim.store import Store
 
 RUN_SECONDS = "sim.sweeper.dev/run-seconds"
@@ -226,6 +227,7 @@ class SimCluster:
             "kubernetes.io/hostname": spec.name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
             "node.kubernetes.io/instance-type": spec.instance_type,
             "topology.kubernetes.io/zone": spec.zone, "topology.kubernetes.io/region": spec.zone[:-1],
+            **(topology_labels(self.fleet.platform, spec.name) if hw["gpus"] else {}),
         }
         if hw["gpus"] and spec.gpu_operator:  # GPU feature discovery's labels, only with the GPU Operator
             labels.update({"nvidia.com/gpu.present": "true", "nvidia.com/gpu.count": str(hw["gpus"]),
@@ -1492,6 +1494,8 @@ class SimCluster:
         f = spec.faults
         days = max(0.0, now - self.started) / 86400.0
         failed = f.ecc_fail_at is not None and now >= self.started + f.ecc_fail_at
+        bad_day = fails_on(self.fleet.seed, node_name, int(days), spec.fail_rate)  # fleet `fail_rate`, `rollouts`
+        serial = int(hashlib.sha1(node_name.encode()).hexdigest()[:6], 16) % 10**6
         gpus = []
         for i in range(max(0, hw["gpus"] - f.missing_gpus)):
             corrected = 3 * i + int(f.ecc_growth.get(i, 0.0) * days)
@@ -1506,13 +1510,15 @@ class SimCluster:
                 remapped_uncorrected=1 if (i in f.remap_pending or i in f.remap_failure) else 0,
                 nvlinks=hw["nvlinks"], nvlink_down=[3] if i in f.nvlink_down else [],
                 pcie_max_gen=hw["pcie_gen"], pcie_width=8 if i in f.pcie_downtrained else 16,
-                pcie_replays=100_000 if i in f.pcie_replay else 0,
+                pcie_replays=100_000 if i in f.pcie_replay or (bad_day and i == 0) else 0,
+                serial=f"165{serial:06d}{i:04d}",
                 clock_reasons=0x1 | (0x40 if i in f.thermal else 0) | (0x8 if i in f.throttle else 0),
                 margin=-5 if i in f.thermal else 38 - i, recovery_action=f.recovery_action.get(i, 0),
                 lost=i in f.gpu_lost, pci_device_id=int(f"{hw.get('device_id') or '2330'}10DE", 16),
                 # HGX Hopper and Blackwell baseboards join an NVSwitch fabric; the A100's NVML does not report it.
                 fabric_state=(1 if f.fabric_manager_down else 3) if hw.get("nvswitch_fabric") else None))
-        return FakeNvml(gpus=gpus, driver=spec.driver)
+        cuda = CUDA_OF_BRANCH.get(branch_of(spec.driver) or 0, "12.8").split(".")
+        return FakeNvml(gpus=gpus, driver=spec.driver, cuda=1000 * int(cuda[0]) + 10 * int(cuda[1]))
 
     @staticmethod
     def _host_paths(pod: dict[str, Any]) -> frozenset[str]:

@@ -23,6 +23,7 @@ from sweeper.schema import (
 from sweeper.sim.claims import OutsideClaim
 from sweeper.sim.demofleet import DEMO_FLEET as DEMO_FLEET
 from sweeper.sim.dra import KueueWorkload
+from sweeper.sim.rollout import Rollout, apply_rollouts
 
 # What each instance type *is* (the simulated hardware), not what Sweeper expects of it.
 # `fabric_resources`: what the node's fabric device plugin advertises. AWS's EFA device plugin names
@@ -267,6 +268,8 @@ class FleetFile(_Strict):
     mpi_operator: Annotated[bool, Strict()] = False
     kueue: Annotated[bool, Strict()] = False  # Kueue is installed: kueue.x-k8s.io/v1beta1 Workloads are served
     kueue_workloads: list[KueueWorkload] | None = None  # pending ones (sweeper.sim.dra)
+    fail_rate: _Rate = 0.0  # each node's chance to fail its check on a simulated day (sweeper.sim.rollout)
+    rollouts: list[Rollout] | None = None  # a driver on part of the fleet, failing at its own rate
 
 
 @dataclass
@@ -285,6 +288,7 @@ class NodeSpec:
     dra: bool = False  # its GPUs are published as a DRA ResourceSlice (node group key `dra`)
     startup_taints: list[dict[str, str]] = field(default_factory=list)  # node group key `startup_taints`
     boot: float = 0.0  # node group key `boot`: NotReady, no GPU advertised, this long after launch
+    fail_rate: float = 0.0  # chance a simulated day that its check fails (PCIe replays): fleet `fail_rate`, `rollouts`
 
 
 @dataclass
@@ -347,9 +351,9 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
     assert isinstance(spec, FleetFile)
     api = spec.api_faults or _ApiFaults()
     fleet = Fleet(name=spec.name, seed=spec.seed, speed=spec.speed, speed_given="speed" in spec.model_fields_set,
-                  namespace=spec.namespace,
-                  check_seconds=spec.check_seconds, api_fault_rate=api.rate, api_lost_reply_rate=api.lost_reply_rate,
-                  api_latency=api.latency, api_slow_rate=api.slow_rate, api_drop_rate=api.drop_rate)
+                  namespace=spec.namespace, check_seconds=spec.check_seconds, api_fault_rate=api.rate,
+                  api_lost_reply_rate=api.lost_reply_rate, api_latency=api.latency, api_slow_rate=api.slow_rate,
+                  api_drop_rate=api.drop_rate)
     managed = spec.platform != "generic"
     for group in spec.node_groups or []:
         prefix = group.instance_type.split(".")[0] + "-" if group.name_prefix is None else group.name_prefix
@@ -369,14 +373,13 @@ def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) 
     fleet.missing_images = list(registry.missing)
     fleet.image_lacks = {k: list(v) for k, v in registry.lacking.items()}
     fleet.cuda_builds = {k: list(v) for k, v in registry.cuda_builds.items()}
-    fleet.runtime_classes = list(spec.runtime_classes) if "runtime_classes" in spec.model_fields_set or not managed \
-        else []
+    fleet.runtime_classes = list(spec.runtime_classes) if "runtime_classes" in spec.model_fields_set or not managed else []
     fleet.default_runtime = spec.default_runtime if "default_runtime" in spec.model_fields_set \
         else "runc" if spec.platform == "gke" else "nvidia"
     fleet.mpi_operator = spec.mpi_operator
+    apply_rollouts(fleet.nodes, list(spec.rollouts or []), spec.seed, spec.fail_rate)
     fleet.kueue, fleet.dra = spec.kueue or bool(spec.kueue_workloads), any(n.dra for n in fleet.nodes)
-    fleet.kueue_workloads = [w.model_dump() for w in spec.kueue_workloads or []]
-    by_name = {n.name: n for n in fleet.nodes}
+    fleet.kueue_workloads, by_name = [w.model_dump() for w in spec.kueue_workloads or []], {n.name: n for n in fleet.nodes}
     for name, faults in (spec.faults or {}).items():
         if name not in by_name:
             line, _ = locate(node, ("faults", name))

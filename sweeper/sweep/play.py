@@ -10,6 +10,7 @@ from sweeper import profiles
 from sweeper.actions import ActionContext
 from sweeper.actions import node as node_actions
 from sweeper.actions.decide import verdict_of_results
+from sweeper.cohorts import label_facts
 from sweeper.errors import KubeError
 from sweeper.fleet import NodeView
 from sweeper.playbook.executor import Executor, TaskOutcome
@@ -63,6 +64,7 @@ def play(run: Run, sweep_id: int, node: NodeView, profile: profiles.Profile,
     """Play `playbook` (the sweep's own by default) on a node; its verdict, reasons, what its
     `always` did with the node (`handed_back`) and its decision."""
     vars_ = play_vars(run, node, profile)
+    run.rec.facts(sweep_id, node.name, run.clock.now(), label_facts(node.labels))  # the check's own readings follow
     ctx = context(run, sweep_id, node.name, vars_)
     registered: list[Result] = []  # what the play's checks reported: its verdict when no `decide` ran
 

@@ -1,0 +1,53 @@
+"""The history's side of `sweeper cohorts`: every conclusive sweep of a window with the value of a
+fact as the node had it then (sweeper.cohorts reads them into node-days). Facts are written when they
+change (sweeper.history.recorder), so a sweep's value is its own run's fact, else the latest before."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sweeper.history.base import Base
+from sweeper.history.store import locked
+
+
+class Cohorts(Base):
+    @locked
+    def cohort_rows(self, key: str, since: float, until: float | None = None) -> list[tuple[Any, ...]]:
+        """(node, time, verdict, causes as JSON text, value of fact `key` or None), oldest first: each
+        finished, non-dry-run node or pair sweep that started in [since, until) with the fact its run
+        recorded, and (verdict None) each change of the fact recorded outside those sweeps, the ones
+        before the window included, so that a node's value carries into it. Two queries, one pass.
+        Across clusters (no scope) a node is `cluster/node`."""
+        return self._cohort_rows((key,), since, until)[key]
+
+    @locked
+    def cohort_rows_by(self, keys: Sequence[str], since: float, until: float | None = None) -> dict[str, Any]:
+        """cohort_rows for several facts, reading the sweeps once (the report's section)."""
+        return self._cohort_rows(keys, since, until)
+
+    def _cohort_rows(self, keys: Sequence[str], since: float, until: float | None) -> dict[str, Any]:
+        p: dict[str, Any] = {"since": since, "until": until if until is not None else 1e18,
+                             **{f"k{i}": k for i, k in enumerate(keys)}}
+        sweeps = self._tuples(
+            "select s.cluster, s.node, s.started, s.verdict, s.causes, s.run_id from node_sweeps s where s.started >= "
+            ":since and s.started < :until and s.finished is not null and s.dry_run = 0 and s.kind in ('sweep', 'pair')"
+            f"{self._in('s.')} order by s.started, s.id", p)
+        marks = ", ".join(f":k{i}" for i in range(len(keys))) or "null"
+        facts = self._tuples(f"select cluster, node, run_id, key, value, ts from facts where key in ({marks}) and "
+                             f"ts < :until{self._in()} order by ts", p)
+        name = (lambda c, n: n) if self.scope is not None else (lambda c, n: f"{c}/{n}" if c else n)
+        runs = {(c, n, r) for c, n, _, _, _, r in sweeps}
+        out: dict[str, Any] = {}
+        for key in keys:
+            mine = [(c, n, r, v, ts) for c, n, r, k, v, ts in facts if k == key]
+            by_run = {(c, n, r): v for c, n, r, v, _ in mine}
+            rows = [(name(c, n), st, vd, cs, by_run.get((c, n, r))) for c, n, st, vd, cs, r in sweeps]
+            carry = [(name(c, n), ts, None, None, v) for c, n, r, v, ts in mine if (c, n, r) not in runs]
+            out[key] = sorted(carry + rows, key=lambda row: row[1]) if carry else rows
+        return out
+
+    @locked
+    def has_facts(self, key: str, since: float) -> bool:
+        """Whether any fact `key` was recorded (the report skips a fact no sweep read)."""
+        return self._scalar(f"select 1 from facts where key = :key{self._in()} limit 1", {"key": key}) is not None
