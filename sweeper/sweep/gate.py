@@ -18,7 +18,7 @@ from sweeper.sweep.hold import hand_back, hold_one, release
 from sweeper.sweep.play import event, play
 from sweeper.sweep.record import NodeOutcome
 from sweeper.sweep.state import Run
-from sweeper.sweep.unit import after_verdict, cap_replacements, record_verdict
+from sweeper.sweep.unit import after_verdict, cap_replacements, keep_if_held, record_verdict
 
 PASSING = ("pass", "warn")  # the verdicts that hand a node back to work
 NEW_NODE_FAILS = ("reboot", "quarantine")  # on a new node, these are a replacement
@@ -71,6 +71,7 @@ def gate_node(run: Run, d: Decision) -> NodeOutcome:
         ungate(run, name, verdict)
     elif verdict not in PASSING:
         run.log(name, f"gate: {verdict}; the gate's taint stays ({'; '.join(reasons)[:300]})")
+    keep_if_held(run, node, profile, sweep_id, verdict, action)
     after_verdict(run, node, profile, verdict, reasons, decision, action)
     return NodeOutcome(name, verdict, reasons, action, time.monotonic() - t0)
 

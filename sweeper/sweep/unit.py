@@ -59,13 +59,19 @@ def sweep_node(run: Run, view: NodeView) -> NodeOutcome:
         record_verdict(run, name, sweep_id, verdict, reasons, decision, action)
         depth.recorded(run, name, choice, verdict)
         judge_node(run, name, sweep_id, verdict)
-    if verdict in HOLDING and action == "held":  # before a remedy takes the node away
-        try:
-            keep_evidence(run, node, profile, sweep_id)
-        except SweeperError as exc:  # kept for people: never in the way of the verdict or its remedy
-            run.log(name, f"no evidence kept: {exc}")
+    keep_if_held(run, node, profile, sweep_id, verdict, action)
     after_verdict(run, node, profile, verdict, reasons, decision, action)
     return NodeOutcome(name, verdict, reasons, action, time.monotonic() - t0)
+
+
+def keep_if_held(run: Run, node: NodeView, profile: Any, sweep_id: int, verdict: str, action: str) -> None:
+    """A node held for reboot, replacement or a person keeps its evidence, before a remedy takes it
+    away; a bundle that cannot be kept is said, never in the way of the verdict or its remedy."""
+    if verdict in HOLDING and action == "held":
+        try:
+            keep_evidence(run, node, profile, sweep_id)
+        except SweeperError as exc:
+            run.log(node.name, f"no evidence kept: {exc}")
 
 
 def record_verdict(run: Run, name: str, sweep_id: int, verdict: str, reasons: list[str],

@@ -89,6 +89,8 @@ def test_a_new_node_that_fails_is_held_and_replaced_not_rebooted(make_sim, histo
     assert not sim.kube.list_jobs(KARPENTER.remediation_namespace, ""), "no reboot Job"
     acts = {a["action"] for a in history.db.query("select action from actions where node = 'new-00'")}
     assert "remediate-karpenter" in acts and "ungate" not in acts
+    # issue 25, point 3: the evidence is kept before Karpenter takes the node away, as for a fleet node
+    assert [r["run_id"] for r in history.evidence_runs("new-00")] == [report.run_id]
 
 
 def test_a_node_not_ready_waits_then_fails_past_the_deadline(make_sim, history: History) -> None:
