@@ -20,7 +20,7 @@ from sweeper.sweep.hold import hand_back, hold_one, release
 from sweeper.sweep.play import context, event, extra_vars, node_vars, on_task, play_vars, result, verdict_of
 from sweeper.sweep.record import NodeOutcome, PairRun
 from sweeper.sweep.state import Run
-from sweeper.sweep.unit import after_verdict, cap_replacements, record_verdict
+from sweeper.sweep.unit import after_verdict, cap_replacements, keep_if_held, record_verdict
 
 
 def sweep_pair(run: Run, a: NodeView, b: NodeView, mode: str, held: bool | None = None) -> PairRun:
@@ -121,6 +121,7 @@ def _pair_node(run: Run, call: pairing.NodeCall, view: NodeView, prof: profiles.
         action = hand_back(run, name, verdict, reasons)
     finally:
         record_verdict(run, name, sweep_id, verdict, reasons, decision, action)
+    keep_if_held(run, view, prof, sweep_id, verdict, action)
     after_verdict(run, view, prof, verdict, reasons, decision, action)
     return NodeOutcome(name, verdict, reasons, action, time.monotonic() - t0)
 

@@ -231,6 +231,9 @@ def test_a_node_that_failed_with_enough_partners_is_held_without_a_re_pair(make_
     held = history.node_history("gpu-00")["sweeps"][0]
     assert held["verdict"] == "quarantine" and held["rules"] == ["fails-with-three-partners"], \
         "the history names the pair rule that held the node"
+    # issue 25, point 3: a node a pair sweep holds keeps its evidence too; its partner, handed back, none
+    assert [r["run_id"] for r in history.evidence_runs("gpu-00")] == [report.run_id]
+    assert history.evidence_runs("gpu-01") == []
 
 
 # -- SIGKILL at every step of a pair sweep -------------------------------------------------------
