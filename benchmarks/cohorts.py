@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.history import timed
 from sweeper.cohorts import DAY, backtest_rollout, cohort_report, node_days
 from sweeper.history import History
 from sweeper.report.cohorts import gather_cohorts
@@ -63,15 +63,6 @@ def build(path: Path, nodes: int, days: int, seed: int = 1) -> tuple[float, int]
     h.db.execute("analyze")
     h.close()
     return time.perf_counter() - t0, facts_rows
-
-
-def timed(fn, repeat: int) -> float:  # type: ignore[no-untyped-def]
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:

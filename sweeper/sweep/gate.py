@@ -12,10 +12,10 @@ from typing import Any
 
 from sweeper import gating, profiles
 from sweeper.actions import holding
-from sweeper.errors import KubeError, PlaybookError
+from sweeper.errors import KubeError
 from sweeper.fleet import Decision
 from sweeper.sweep.hold import hand_back, hold_one, release
-from sweeper.sweep.play import event, play
+from sweeper.sweep.play import PLAY_FAULTS, event, play, play_fault
 from sweeper.sweep.record import NodeOutcome
 from sweeper.sweep.state import Run
 from sweeper.sweep.unit import after_verdict, cap_replacements, keep_if_held, record_verdict
@@ -60,10 +60,8 @@ def gate_node(run: Run, d: Decision) -> NodeOutcome:
         capped = cap_replacements(run, verdict, reasons)
         if capped[0] != verdict:
             (verdict, reasons), done_by_play = capped, ""
-    except PlaybookError as exc:
-        verdict, reasons = "error", [f"playbook error: {exc}"]
-    except KubeError as exc:
-        verdict, reasons = "error", [f"cluster error during checks: {exc}"]
+    except PLAY_FAULTS as exc:
+        verdict, reasons = play_fault(exc)
     finally:
         action = hand_back(run, name, verdict, reasons, done_by_play)
         record_verdict(run, name, sweep_id, verdict, reasons, decision, action)

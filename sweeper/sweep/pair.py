@@ -11,13 +11,24 @@ from typing import Any, cast
 from sweeper import pairing, profiles
 from sweeper.actions import ActionContext
 from sweeper.actions.decide import policy_for
-from sweeper.errors import KubeError, PlaybookError
+from sweeper.errors import KubeError
 from sweeper.fleet import NodeView
 from sweeper.playbook.executor import Executor
 from sweeper.policy import HOLDING, pair_rule
 from sweeper.result import Result
 from sweeper.sweep.hold import hand_back, hold_one, release
-from sweeper.sweep.play import context, event, extra_vars, node_vars, on_task, play_vars, result, verdict_of
+from sweeper.sweep.play import (
+    PLAY_FAULTS,
+    context,
+    event,
+    extra_vars,
+    node_vars,
+    on_task,
+    play_fault,
+    play_vars,
+    result,
+    verdict_of,
+)
 from sweeper.sweep.record import NodeOutcome, PairRun
 from sweeper.sweep.state import Run
 from sweeper.sweep.unit import after_verdict, cap_replacements, keep_if_held, record_verdict
@@ -64,10 +75,8 @@ def sweep_pair(run: Run, a: NodeView, b: NodeView, mode: str, held: bool | None 
     out = PairRun([])
     try:
         verdict, reasons, busbw, decision = _play_pair(run, (ids[0], ids[1]), first, second, profs, mode)
-    except PlaybookError as exc:
-        verdict, reasons = "error", [f"playbook error: {exc}"]
-    except KubeError as exc:
-        verdict, reasons = "error", [f"cluster error during checks: {exc}"]
+    except PLAY_FAULTS as exc:
+        verdict, reasons = play_fault(exc)
     finally:
         status = pairing.pair_status(verdict)
         run.rec.pair_result(run.id, run.clock.now(), first.name, second.name, status, mode, busbw,

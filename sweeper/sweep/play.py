@@ -11,13 +11,22 @@ from sweeper.actions import ActionContext
 from sweeper.actions import node as node_actions
 from sweeper.actions.decide import verdict_of_results
 from sweeper.cohorts import label_facts
-from sweeper.errors import KubeError
+from sweeper.errors import KubeError, PlaybookError
 from sweeper.fleet import NodeView
 from sweeper.playbook.executor import Executor, TaskOutcome
 from sweeper.playbook.model import Playbook
 from sweeper.result import Metric, Result, tool_cause
 from sweeper.sweep.gates import dismissal
 from sweeper.sweep.state import Run
+
+PLAY_FAULTS = (PlaybookError, KubeError)  # what ends a play without a verdict of the node's
+
+
+def play_fault(exc: Exception) -> tuple[str, list[str]]:
+    """The verdict and reason of a play a PLAY_FAULTS exception ended: `error`, the tool's, never the node's."""
+    if isinstance(exc, PlaybookError):
+        return "error", [f"playbook error: {exc}"]
+    return "error", [f"cluster error during checks: {exc}"]
 
 
 def node_vars(node: NodeView, profile: profiles.Profile) -> dict[str, Any]:

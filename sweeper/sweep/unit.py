@@ -19,7 +19,7 @@ from sweeper.sweep.claims import judge_node
 from sweeper.sweep.evidence import keep_evidence
 from sweeper.sweep.faults import count_tool_error
 from sweeper.sweep.hold import hand_back, hold_one
-from sweeper.sweep.play import event, node_vars, play
+from sweeper.sweep.play import PLAY_FAULTS, event, node_vars, play, play_fault
 from sweeper.sweep.record import NodeOutcome
 from sweeper.sweep.state import Run
 
@@ -50,10 +50,8 @@ def sweep_node(run: Run, view: NodeView) -> NodeOutcome:
         verdict, reasons, done_by_play, decision = play(run, sweep_id, node, profile, playbook,
                                                         choice.rung.dcgm_level if choice.rung else None)
         verdict, reasons = cap_replacements(run, verdict, reasons)
-    except PlaybookError as exc:
-        verdict, reasons = "error", [f"playbook error: {exc}"]
-    except KubeError as exc:
-        verdict, reasons = "error", [f"cluster error during checks: {exc}"]
+    except PLAY_FAULTS as exc:
+        verdict, reasons = play_fault(exc)
     finally:
         action = hand_back(run, name, verdict, reasons, done_by_play)
         record_verdict(run, name, sweep_id, verdict, reasons, decision, action)
