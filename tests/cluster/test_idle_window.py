@@ -33,11 +33,18 @@ LOAD_ONLY = {"gpu-01": {"dcgm_fail": {3: "targeted_stress"}}}  # found under str
 
 
 def past_spells(history: History, now: float, lengths: list[float], pool: str = POOL) -> None:
-    """Idle spells of other nodes of the pool that began at this hour on earlier days."""
-    for day, length in enumerate(lengths, start=1):
-        start = now - day * 86400.0
-        history.idle_seen(start, {f"old-{day}": (pool, True)})
-        history.idle_seen(start + length, {f"old-{day}": (pool, False)})
+    """Idle spells of other nodes of the pool on earlier days, one beginning in every hour of the
+    day: whichever hour the sweep's clock has reached when it chooses (the simulated clock runs
+    600x, so a sweep begun at 23:58 chooses at 00:0x), that hour holds one spell a day.
+
+    A spell only in the hour the test began failed when the simulated clock crossed the hour
+    between writing the spells and choosing the depth (about one run in twelve)."""
+    with history.batch():
+        for day, length in enumerate(lengths, start=1):
+            for hour in range(-12, 12):
+                start = now - day * 86400.0 + hour * 3600.0
+                history.idle_seen(start, {f"old-{day}-{hour}": (pool, True)})
+                history.idle_seen(start + length, {f"old-{day}-{hour}": (pool, False)})
 
 
 def depths(history: History) -> dict[str, str]:
@@ -47,7 +54,9 @@ def depths(history: History) -> dict[str, str]:
 
 def test_long_windows_get_the_deep_test_that_finds_a_load_only_fault(make_sim: Any, history: History) -> None:
     sim: Sim = make_sim(nodes=2, faults=LOAD_ONLY)
-    past_spells(history, sim.cluster.clock.now(), [3 * 3600.0] * 6)
+    clock = sim.cluster.clock
+    clock.advance(3600.0 - clock.now() % 3600.0 - 20.0)  # 20 s before the hour: the choice falls after it
+    past_spells(history, clock.now(), [3 * 3600.0] * 6)
     report = run_sweep(sim, history, CFG)
     got = {o.node: o for o in report.outcomes}
     assert got["gpu-00"].verdict == "pass" and got["gpu-01"].verdict != "pass", report.outcomes
