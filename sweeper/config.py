@@ -203,6 +203,11 @@ class Config:
                                 "and each claim is recorded confirmed, refuted or inconclusive")
     claims_catalog: str = setting("", "the claims catalogue to read (empty: the shipped one, "
                                   "sweeper/data/claims-catalog.yaml)")
+    claims_pair_playbook: str = setting(
+        "auto", "the pair playbook that also tests an NVLink or fabric claim (a catalogue test with `pair: true`): "
+        "after the node's own checks, the node is paired with an idle known-good partner, and the claim is "
+        "refuted only when both passed. `auto`: the pair playbook of a `schedules` entry, if one is; "
+        "empty: none (the node's own checks alone settle such a claim)")
     suspect_sources: tuple[dict[str, Any], ...] = setting(
         (), "outside signals: Prometheus or Loki queries", annotation=Deferred(lambda: _shapes()["suspect_sources"]),
         allowed="list of {type: prometheus|loki, url, query, node_label, window, timeout}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from sweeper.claims import Claim, claims_on, judge
+from sweeper.claims import Claim, claims_on, judge, judge_pair
 from sweeper.sweep.state import Run
 
 
@@ -37,14 +37,40 @@ def pending(run: Run, nodes: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def judge_node(run: Run, node: str, sweep_id: int, verdict: str) -> None:
-    """Judge each untested claim the node carried at discovery from this sweep's checks, and record it."""
+    """Judge each untested claim the node carried at discovery from this sweep's checks, and record
+    it. An NVLink or fabric claim (a test with `pair`) that the node's own checks did not confirm
+    waits, where a pair playbook is configured, for a pair run with a known-good partner (run.fabric,
+    taken by the queue) when the node went back; a node kept held or a sweep that did not pass has
+    no pair, and its claim is settled now."""
     checks = run.checks.pop(node, [])
+    boot = run.boots.pop(node, None)
     catalog = run.sweep.claims_catalog
     if catalog is None or run.dry_run or not run.claims.get(node):
         return
+    paired = run.sweep.claims_pair_playbook is not None
     for claim in run.claims[node]:
-        outcome, evidence = judge(claim, catalog.tests[claim.test], checks, verdict)
-        run.rec.claim_result(run.id, sweep_id, node, run.clock.now(), asdict(claim), outcome, evidence)
-        run.log(node, f"claim of {claim.source} {claim.code}: {outcome} ({evidence})")
-        run.emit("claim", {"node": node, "source": claim.source, "code": claim.code, "outcome": outcome,
-                           "evidence": evidence})
+        test = catalog.tests[claim.test]
+        outcome, evidence = judge(claim, test, checks, verdict, boot)
+        if test.pair and paired and outcome != "confirmed":
+            if verdict in ("pass", "warn"):
+                with run.mutex:
+                    run.fabric.setdefault(node, []).append((claim, outcome, evidence, sweep_id))
+                continue
+            outcome, evidence = judge_pair((outcome, evidence), "", f"the node's sweep ended {verdict}", "")
+        record_claim(run, node, sweep_id, claim, outcome, evidence)
+
+
+def judge_fabric(run: Run, node: str, status: str, why: str, partner: str = "") -> None:
+    """Settle the node's NVLink and fabric claims that waited for a pair: from the pair run's status
+    with known-good `partner` ("" when none ran, and `why` says why not)."""
+    with run.mutex:
+        waiting = run.fabric.pop(node, [])
+    for claim, outcome, evidence, sweep_id in waiting:
+        record_claim(run, node, sweep_id, claim, *judge_pair((outcome, evidence), status, why, partner))
+
+
+def record_claim(run: Run, node: str, sweep_id: int, claim: Claim, outcome: str, evidence: str) -> None:
+    run.rec.claim_result(run.id, sweep_id, node, run.clock.now(), asdict(claim), outcome, evidence)
+    run.log(node, f"claim of {claim.source} {claim.code}: {outcome} ({evidence})")
+    run.emit("claim", {"node": node, "source": claim.source, "code": claim.code, "outcome": outcome,
+                       "evidence": evidence})
