@@ -25,7 +25,10 @@ CATALOG = "claims-catalog.yaml"
 OUTCOMES = ("confirmed", "refuted", "inconclusive")
 # The kubelet's own conditions: no other tool's claim, never matched and never cleared.
 KUBELET_CONDITIONS = frozenset({"Ready", "MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable"})
-CLEAR = ("never",)  # what Sweeper may do with a refuted claim (clearing is the owner's)
+# What Sweeper may do with a refuted claim, by what its owner documents: `never` (no way the owner
+# documents that Sweeper can take), `restart-plugin` (the owner's recovery is a restart of its node
+# agent, which re-evaluates health and publishes again: NVIDIA's DRA driver's kubelet plugin).
+CLEAR = ("never", "restart-plugin")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:/=+-]")
 _Text = Annotated[str, Strict(), Field(min_length=1, max_length=300)]
 
@@ -42,7 +45,14 @@ class _Strict(BaseModel):
 class _Source(_Strict):
     doc: _Text
     clear: Literal[CLEAR] = "never"  # type: ignore[valid-type]
+    clear_doc: Annotated[str, Strict(), Field(max_length=300)] = ""  # where the owner documents its recovery
     note: Annotated[str, Strict()] = ""
+
+    @model_validator(mode="after")
+    def _documented(self) -> _Source:
+        if self.clear != "never" and not self.clear_doc.startswith("https://"):
+            raise ValueError(f"clear: {self.clear} needs clear_doc, the owner's documentation of it (https://...)")
+        return self
 
 
 class _Test(_Strict):
@@ -105,6 +115,7 @@ class Source:
     doc: str
     clear: str
     note: str
+    clear_doc: str = ""
 
 
 @dataclass(frozen=True)
@@ -143,7 +154,7 @@ def parse_catalog(raw: Any, origin: str = CATALOG, node: Any = None) -> Catalog:
     rules = tuple(Rule(r.source, kind, str(getattr(r, kind)), r.status,
                        r.reason if kind == "condition" else r.value, tuple(r.effects), r.test)
                   for r in spec.rules for kind in ("condition", "taint", "device_taint") if getattr(r, kind))
-    return Catalog(sources={k: Source(k, s.doc, s.clear, s.note) for k, s in spec.sources.items()},
+    return Catalog(sources={k: Source(k, s.doc, s.clear, s.note, s.clear_doc) for k, s in spec.sources.items()},
                    tests={k: Test(k, tuple(t.checks), tuple(t.needs), t.pair, t.boot)
                           for k, t in spec.tests.items()}, rules=rules)
 

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from sweeper.claims import Claim, claims_on, judge, judge_pair
+from sweeper.errors import KubeError
 from sweeper.sweep.state import Run
 
 
@@ -48,6 +49,7 @@ def judge_node(run: Run, node: str, sweep_id: int, verdict: str) -> None:
     if catalog is None or run.dry_run or not run.claims.get(node):
         return
     paired = run.sweep.claims_pair_playbook is not None
+    refuted: list[Claim] = []
     for claim in run.claims[node]:
         test = catalog.tests[claim.test]
         outcome, evidence = judge(claim, test, checks, verdict, boot)
@@ -58,6 +60,9 @@ def judge_node(run: Run, node: str, sweep_id: int, verdict: str) -> None:
                 continue
             outcome, evidence = judge_pair((outcome, evidence), "", f"the node's sweep ended {verdict}", "")
         record_claim(run, node, sweep_id, claim, outcome, evidence)
+        if outcome == "refuted":
+            refuted.append(claim)
+    clear(run, node, refuted)
 
 
 def judge_fabric(run: Run, node: str, status: str, why: str, partner: str = "") -> None:
@@ -65,8 +70,13 @@ def judge_fabric(run: Run, node: str, status: str, why: str, partner: str = "") 
     with known-good `partner` ("" when none ran, and `why` says why not)."""
     with run.mutex:
         waiting = run.fabric.pop(node, [])
+    refuted: list[Claim] = []
     for claim, outcome, evidence, sweep_id in waiting:
-        record_claim(run, node, sweep_id, claim, *judge_pair((outcome, evidence), status, why, partner))
+        got = judge_pair((outcome, evidence), status, why, partner)
+        record_claim(run, node, sweep_id, claim, *got)
+        if got[0] == "refuted":
+            refuted.append(claim)
+    clear(run, node, refuted)
 
 
 def record_claim(run: Run, node: str, sweep_id: int, claim: Claim, outcome: str, evidence: str) -> None:
@@ -74,3 +84,41 @@ def record_claim(run: Run, node: str, sweep_id: int, claim: Claim, outcome: str,
     run.log(node, f"claim of {claim.source} {claim.code}: {outcome} ({evidence})")
     run.emit("claim", {"node": node, "source": claim.source, "code": claim.code, "outcome": outcome,
                        "evidence": evidence})
+
+
+def clear(run: Run, node: str, refuted: list[Claim]) -> None:
+    """Clear the claims a test refuted, where the config's `claims_clear` names their source and its
+    owner documents a way (the catalogue's `clear`): NVIDIA's DRA driver's device taints stay until
+    its kubelet plugin restarts, which then taints again only what NVML still reports
+    (dra-driver-nvidia-gpu, docs/guides/gpu-health-checking.md, "Recovering from an unhealthy
+    device"), so its pod on this node is deleted and its DaemonSet starts another. A claim that
+    comes back is a new claim, tested again. A restart that fails is said; it is no finding."""
+    catalog = run.sweep.claims_catalog
+    if catalog is None:
+        return
+    plugin = sorted({c.source for c in refuted if c.kind == "device_taint" and c.source in run.cfg.claims_clear
+                     and catalog.sources[c.source].clear == "restart-plugin"})
+    if not plugin:
+        return
+    try:
+        pods = []
+        for entry in run.cfg.claims_dra_plugin_pods:
+            namespace, _, selector = entry.partition("/")
+            pods += [(namespace, p["metadata"]["name"]) for p in run.kube.list_pods(
+                field_selector=f"spec.nodeName={node}", label_selector=selector)
+                     if p["metadata"].get("namespace") == namespace]
+        if not pods:
+            raise KubeError(f"no kubelet plugin pod on the node matches claims_dra_plugin_pods "
+                            f"({', '.join(run.cfg.claims_dra_plugin_pods)})")
+        for namespace, name in pods:
+            run.rec.intent(run.id, node, run.clock.now(), "delete-pod", "before", f"{namespace}/{name}")
+            run.kube.delete_pod(namespace, name)
+            run.rec.intent(run.id, node, run.clock.now(), "delete-pod", "after", f"{namespace}/{name}")
+        what = (f"{', '.join(plugin)}: kubelet plugin {', '.join(f'{ns}/{n}' for ns, n in pods)} restarted "
+                f"to clear refuted device taints ({', '.join(c.code for c in refuted if c.kind == 'device_taint')})")
+        run.rec.action(run.id, node, run.clock.now(), "claim-cleared", what[:1000])
+    except KubeError as exc:
+        what = f"{', '.join(plugin)}: refuted device taints not cleared: {exc}"
+        run.rec.action(run.id, node, run.clock.now(), "claim-not-cleared", what[:1000])
+    run.log(node, what)
+    run.emit("claim-clear", {"node": node, "sources": plugin, "detail": what})

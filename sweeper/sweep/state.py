@@ -51,6 +51,12 @@ class SweepBase:
         # what other tools' conditions and taints claim, and the test of each (a bad catalogue fails here)
         self.claims_catalog: Catalog | None = load_catalog(config.claims_catalog) if config.claims_test else None
         self.claims_pair_playbook = self._claims_pair(config) if self.claims_catalog else None
+        sources = self.claims_catalog.sources if self.claims_catalog else {}
+        for name in config.claims_clear if self.claims_catalog else ():
+            source = sources.get(name)
+            if source is None or source.clear == "never":
+                raise ConfigError(f"claims_clear: {name}: " + ("no such source in the claims catalogue" if source is None
+                                  else "its owner documents no way to clear its claims that Sweeper may take"))
         self.light_playbook = (load(str(config.playbook_file(config.light_playbook)), self.actions)
                                if config.light_playbook else None)
         # The gate's playbooks: a new node's deep sweep, and the soak of a node back from its reboot or reset.

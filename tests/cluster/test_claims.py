@@ -18,9 +18,11 @@ import json
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from sweeper.cli import main
+from sweeper.errors import ConfigError
 from sweeper.history import History
 from tests.conftest import TEST_CONFIG, Sim, fleet_spec, run_sweep
 
@@ -85,6 +87,66 @@ def test_a_dra_device_taint_is_tested_by_the_kernel_log(make_sim, history: Histo
     run_sweep(sim, history)
     assert judged(history) == {("gpu-00", "nvidia-dra-driver", "gpu.nvidia.com/xid=79"): "refuted",
                                ("gpu-01", "nvidia-dra-driver", "gpu.nvidia.com/xid=79"): "confirmed"}
+
+
+def device_taints(sim: Sim, node: str) -> list[tuple[str, str]]:
+    """(device, taint key) in the node's ResourceSlice, from the simulated cluster's store."""
+    with sim.cluster.store.lock:
+        rslice = next(s for s in sim.cluster.store.iter("resourceslices") if s["spec"]["nodeName"] == node)
+        return [(d["name"], t["key"]) for d in rslice["spec"]["devices"] for t in d.get("taints") or []]
+
+
+def plugin_pods(sim: Sim, node: str) -> list[str]:
+    with sim.cluster.store.lock:
+        return [p["metadata"]["uid"] for p in sim.cluster.store.iter("pods")
+                if p["metadata"].get("namespace") == "dra-driver-nvidia-gpu" and p["spec"].get("nodeName") == node]
+
+
+def test_a_refuted_dra_device_taint_is_cleared_only_where_configured(make_sim, history: History) -> None:
+    """The DRA driver's guide documents its recovery: device taints stay until the GPU kubelet plugin
+    restarts, which re-evaluates health and taints again only what NVML still reports
+    (https://github.com/kubernetes-sigs/dra-driver-nvidia-gpu/blob/main/site/content/docs/guides/gpu-health-checking.md,
+    "Recovering from an unhealthy device"). With `claims_clear: [nvidia-dra-driver]` Sweeper restarts
+    the plugin on the node whose taint it refuted (its pod there; the DaemonSet starts another), and
+    leaves the confirmed one alone; by default it clears nothing."""
+    taint = {"device_taint": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule", "device": "gpu-3"}
+    spec = fleet_spec(nodes=2, faults={"gpu-00": {"outside_claims": [taint]},
+                                       "gpu-01": {**XID79, "outside_claims": [taint]}})
+    spec["node_groups"][0]["dra"] = True
+    sim: Sim = make_sim(spec)
+    sim.wait_for(lambda: all(plugin_pods(sim, n) for n in ("gpu-00", "gpu-01")), what="the plugin pods")
+    before = {n: plugin_pods(sim, n) for n in ("gpu-00", "gpu-01")}
+    run_sweep(sim, history, replace(TEST_CONFIG, claims_clear=("nvidia-dra-driver",)))
+    code = "gpu.nvidia.com/xid=79"
+    assert judged(history)[("gpu-00", "nvidia-dra-driver", code)] == "refuted"
+    assert judged(history)[("gpu-01", "nvidia-dra-driver", code)] == "confirmed"
+    sim.wait_for(lambda: plugin_pods(sim, "gpu-00") and plugin_pods(sim, "gpu-00") != before["gpu-00"],
+                 what="gpu-00's kubelet plugin restarted")
+    assert device_taints(sim, "gpu-00") == [], "the restarted plugin publishes no taint NVML does not report"
+    assert device_taints(sim, "gpu-01") == [("gpu-3", "gpu.nvidia.com/xid")], "a confirmed claim is never cleared"
+    assert plugin_pods(sim, "gpu-01") == before["gpu-01"]
+    cleared = history.query("select node, action, detail from actions where action like 'claim-%'")
+    assert [(r["node"], r["action"]) for r in cleared] == [("gpu-00", "claim-cleared")], cleared
+    assert "kubelet plugin dra-driver-nvidia-gpu/" in cleared[0]["detail"]
+
+
+def test_claims_are_never_cleared_by_default_nor_for_an_owner_that_documents_no_way(make_sim,
+                                                                                  history: History) -> None:
+    """By default (`claims_clear` empty) a refuted device taint stays; and naming a source whose owner
+    documents no way Sweeper may take (the EKS agent, NVSentinel, node-problem-detector) is refused."""
+    taint = {"device_taint": "gpu.nvidia.com/xid", "value": "79", "effect": "NoSchedule", "device": "gpu-3"}
+    spec = fleet_spec(nodes=1, faults={"gpu-00": {"outside_claims": [taint]}})
+    spec["node_groups"][0]["dra"] = True
+    sim: Sim = make_sim(spec)
+    sim.wait_for(lambda: plugin_pods(sim, "gpu-00"), what="the plugin pod")
+    before = plugin_pods(sim, "gpu-00")
+    run_sweep(sim, history)
+    assert judged(history) == {("gpu-00", "nvidia-dra-driver", "gpu.nvidia.com/xid=79"): "refuted"}
+    assert device_taints(sim, "gpu-00") == [("gpu-3", "gpu.nvidia.com/xid")]
+    assert plugin_pods(sim, "gpu-00") == before
+    for source in ("eks-node-monitoring-agent", "nvsentinel", "node-problem-detector", "no-such-tool"):
+        with pytest.raises(ConfigError, match=f"claims_clear: {source}"):
+            run_sweep(sim, history, replace(TEST_CONFIG, claims_clear=(source,)))
 
 
 def test_a_claim_whose_test_did_not_run_is_inconclusive_never_refuted(make_sim, history: History) -> None:
