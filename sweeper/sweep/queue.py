@@ -219,6 +219,8 @@ class NodeUnits:
                 busy.update((name, k))
                 seen.update((name, k))
                 left -= 2
+            elif not busy:  # nothing of this run under test: no room will free up for the pair
+                judge_fabric(run, name, "", f"the budget leaves room for {max(left, 0)} node(s), a pair takes two")
 
     def finished(self, unit: Unit, got: Any) -> list[NodeOutcome]:
         if unit.kind == "pair":

@@ -24,6 +24,8 @@ from click.testing import CliRunner
 from sweeper.cli import main
 from sweeper.errors import ConfigError
 from sweeper.history import History
+from sweeper.sim.rbac import allowed, attributes, object_name, rules_from_manifests
+from tests.cluster.test_rbac import manifest
 from tests.conftest import TEST_CONFIG, Sim, fleet_spec, run_sweep
 
 NMA = {"condition": "AcceleratedHardwareReady", "status": "False", "reason": "NvidiaXID79Error",
@@ -116,7 +118,16 @@ def test_a_refuted_dra_device_taint_is_cleared_only_where_configured(make_sim, h
     sim: Sim = make_sim(spec)
     sim.wait_for(lambda: all(plugin_pods(sim, n) for n in ("gpu-00", "gpu-01")), what="the plugin pods")
     before = {n: plugin_pods(sim, n) for n in ("gpu-00", "gpu-01")}
+    start = len(sim.cluster.store.requests)
     run_sweep(sim, history, replace(TEST_CONFIG, claims_clear=("nvidia-dra-driver",)))
+    # the one call beyond the ClusterRole is the plugin pod's delete, which deploy/claims/dra-plugin.yaml grants
+    calls = {(*a, object_name(p)) for m, p in sim.cluster.store.requests[start:]
+             if (a := attributes(m, p)) is not None}
+    base = rules_from_manifests(manifest(), "sweeper", "sweeper")
+    extra = rules_from_manifests(manifest("claims/dra-plugin.yaml"), "sweeper", "sweeper")
+    beyond = {c[:4] for c in calls if allowed(base, *c) is None}
+    assert beyond == {("", "pods", "delete", "dra-driver-nvidia-gpu")}, beyond
+    assert all(allowed(base + extra, *c) is not None for c in calls)
     code = "gpu.nvidia.com/xid=79"
     assert judged(history)[("gpu-00", "nvidia-dra-driver", code)] == "refuted"
     assert judged(history)[("gpu-01", "nvidia-dra-driver", code)] == "confirmed"
