@@ -1499,8 +1499,13 @@ class SimCluster:
 
     def reboot(self, node_name: str, now: float) -> None:
         """The node restarts: its kernel log starts again, and what a reboot clears is cleared
-        (pending remaps are applied; volatile counters reset)."""
+        (pending remaps are applied; volatile counters reset). The kubelet reports the new boot's
+        ID, and no time (NodeSystemInfo.bootID,
+        https://kubernetes.io/docs/reference/kubernetes-api/cluster-resources/node-v1/#NodeSystemInfo)."""
         self.boots[node_name] = now
+        if self.store.peek("nodes", None, node_name) is not None:
+            self.store.mutate("nodes", None, node_name,
+                              lambda n: n["status"]["nodeInfo"].update(bootID=str(uuid.uuid4())))
         f = self.specs[node_name].faults
         f.remap_pending = []
         f.ecc_dbe = {}

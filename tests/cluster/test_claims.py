@@ -25,6 +25,7 @@ from sweeper.cli import main
 from sweeper.errors import ConfigError
 from sweeper.history import History
 from sweeper.sim.rbac import allowed, attributes, object_name, rules_from_manifests
+from sweeper.sweep import Sweep
 from tests.cluster.test_rbac import manifest
 from tests.conftest import TEST_CONFIG, Sim, fleet_spec, run_sweep
 
@@ -234,6 +235,21 @@ def claim_rows(history: History) -> list[dict[str, Any]]:
     return history.query("select node, outcome, evidence from claims order by id")
 
 
+def test_the_claims_pair_playbook_is_the_pair_schedules_unless_named(make_sim, history: History) -> None:
+    """`auto` takes the pair playbook of a `sweeper serve` schedule; a named one must be a pair
+    playbook; none configured, the NVLink checks alone settle an NVLink claim (as on a fleet with
+    no pair sweeps: test_a_node_carrying_a_claim_is_swept_first)."""
+    sim: Sim = make_sim(fleet_spec(nodes=1))
+    fabric = {"name": "fabric", "cron": "0 2 * * *", "playbook": "pair-fabric.yaml"}
+    light = {"name": "full", "cron": "*/30 * * * *", "playbook": "sweep-light.yaml"}
+    book = Sweep(sim.kube, replace(TEST_CONFIG, schedules=(light, fabric)), history).claims_pair_playbook
+    assert book is not None and book.pair and book.name == "pair fabric"
+    assert Sweep(sim.kube, replace(TEST_CONFIG, schedules=(light,)), history).claims_pair_playbook is None
+    assert Sweep(sim.kube, TEST_CONFIG, history).claims_pair_playbook is None
+    with pytest.raises(ConfigError, match="not a pair playbook"):
+        Sweep(sim.kube, replace(TEST_CONFIG, claims_pair_playbook="sweep-light.yaml"), history)
+
+
 def test_an_nvlink_claim_the_nvlink_check_misses_is_confirmed_by_a_pair(make_sim, history: History) -> None:
     """The node's own NVLink check passes (its links are up); its fabric is degraded. Paired with an
     idle known-good partner, the pair fails: the claim is confirmed, and the node goes through the
@@ -307,8 +323,12 @@ def test_an_xid_claim_made_before_the_nodes_current_boot_is_not_refuted_by_its_k
                                                     "gpu-01": {"outside_claims": [NMA]},
                                                     "gpu-02": {**XID79, "outside_claims": [NMA]}}))
     sim.cluster.clock.advance(1800)
-    for node in ("gpu-00", "gpu-01"):
-        sim.cluster.reboot(node, sim.cluster.clock.now())
+    boot_ids = {n: sim.core.read_node(n).status.node_info.boot_id for n in ("gpu-00", "gpu-01", "gpu-02")}
+    with sim.cluster.store.lock:
+        for node in ("gpu-00", "gpu-01"):
+            sim.cluster.reboot(node, sim.cluster.clock.now())
+    # what the kubelet says of a boot: a new ID, no time
+    assert [n for n in boot_ids if sim.core.read_node(n).status.node_info.boot_id != boot_ids[n]] == ["gpu-00", "gpu-01"]
     run_sweep(sim, history)
     code = "AcceleratedHardwareReady:NvidiaXID79Error"
     assert judged(history) == {("gpu-00", "eks-node-monitoring-agent", code): "inconclusive",
@@ -325,7 +345,8 @@ def test_a_claim_made_before_the_boot_is_confirmed_by_dcgm(make_sim, history: Hi
     sim: Sim = make_sim(fleet_spec(nodes=2, faults={"gpu-00": {**XID79, "dcgm_fail": {3: "memory"},
                                                                "outside_claims": [NMA]}}))
     sim.cluster.clock.advance(1800)
-    sim.cluster.reboot("gpu-00", sim.cluster.clock.now())
+    with sim.cluster.store.lock:
+        sim.cluster.reboot("gpu-00", sim.cluster.clock.now())
     run_sweep(sim, history, replace(TEST_CONFIG, playbook="sweep-dcgm.yaml"))
     assert judged(history) == {("gpu-00", "eks-node-monitoring-agent", "AcceleratedHardwareReady:NvidiaXID79Error"):
                                "confirmed"}
