@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
 
-from sweeper.clock import read_iso
+from sweeper.clock import iso, read_iso
 from sweeper.kube.dra import DEVICES
 from sweeper.schema import ConfigProblems, check, read_yaml, safe_load
 
@@ -25,7 +25,10 @@ CATALOG = "claims-catalog.yaml"
 OUTCOMES = ("confirmed", "refuted", "inconclusive")
 # The kubelet's own conditions: no other tool's claim, never matched and never cleared.
 KUBELET_CONDITIONS = frozenset({"Ready", "MemoryPressure", "DiskPressure", "PIDPressure", "NetworkUnavailable"})
-CLEAR = ("never",)  # what Sweeper may do with a refuted claim (clearing is the owner's)
+# What Sweeper may do with a refuted claim, by what its owner documents: `never` (no way the owner
+# documents that Sweeper can take), `restart-plugin` (the owner's recovery is a restart of its node
+# agent, which re-evaluates health and publishes again: NVIDIA's DRA driver's kubelet plugin).
+CLEAR = ("never", "restart-plugin")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.:/=+-]")
 _Text = Annotated[str, Strict(), Field(min_length=1, max_length=300)]
 
@@ -42,12 +45,21 @@ class _Strict(BaseModel):
 class _Source(_Strict):
     doc: _Text
     clear: Literal[CLEAR] = "never"  # type: ignore[valid-type]
+    clear_doc: Annotated[str, Strict(), Field(max_length=300)] = ""  # where the owner documents its recovery
     note: Annotated[str, Strict()] = ""
+
+    @model_validator(mode="after")
+    def _documented(self) -> _Source:
+        if self.clear != "never" and not self.clear_doc.startswith("https://"):
+            raise ValueError(f"clear: {self.clear} needs clear_doc, the owner's documentation of it (https://...)")
+        return self
 
 
 class _Test(_Strict):
     checks: list[_Text] = Field(min_length=1)
     needs: list[_Text] = Field(min_length=1)
+    pair: bool = False  # a pair run with a known-good partner also speaks, where one is configured
+    boot: bool = False  # a clean result reads the current boot only (the kernel log): no word on an older claim
 
 
 class _Rule(_Strict):
@@ -82,6 +94,8 @@ class Test:
     name: str
     checks: tuple[str, ...]  # check names (patterns) whose results speak to the claim
     needs: tuple[str, ...]  # each must have a pass, warn or fail among them, else inconclusive
+    pair: bool = False  # an NVLink or fabric claim: a pair run with a known-good partner must pass too
+    boot: bool = False  # the checks read the current boot: a claim made before it is not refuted by them
 
 
 @dataclass(frozen=True)
@@ -101,6 +115,7 @@ class Source:
     doc: str
     clear: str
     note: str
+    clear_doc: str = ""
 
 
 @dataclass(frozen=True)
@@ -139,8 +154,9 @@ def parse_catalog(raw: Any, origin: str = CATALOG, node: Any = None) -> Catalog:
     rules = tuple(Rule(r.source, kind, str(getattr(r, kind)), r.status,
                        r.reason if kind == "condition" else r.value, tuple(r.effects), r.test)
                   for r in spec.rules for kind in ("condition", "taint", "device_taint") if getattr(r, kind))
-    return Catalog(sources={k: Source(k, s.doc, s.clear, s.note) for k, s in spec.sources.items()},
-                   tests={k: Test(k, tuple(t.checks), tuple(t.needs)) for k, t in spec.tests.items()}, rules=rules)
+    return Catalog(sources={k: Source(k, s.doc, s.clear, s.note, s.clear_doc) for k, s in spec.sources.items()},
+                   tests={k: Test(k, tuple(t.checks), tuple(t.needs), t.pair, t.boot)
+                          for k, t in spec.tests.items()}, rules=rules)
 
 
 @lru_cache(maxsize=8)
@@ -205,11 +221,14 @@ def _when(raw: Any) -> float:
     return (read_iso(raw) or 0.0) if isinstance(raw, str) else 0.0
 
 
-def judge(claim: Claim, test: Test, checks: list[dict[str, Any]], verdict: str) -> tuple[str, str]:
+def judge(claim: Claim, test: Test, checks: list[dict[str, Any]], verdict: str,
+          boot: float | None = None) -> tuple[str, str]:
     """(outcome, evidence) of one claim from the sweep's checks (each with `name`, `status`,
     `message`): a failing or warning check of the test confirms it; a clean run of every needed
     check refutes it; a check that errored or was skipped, a needed one missing, or a sweep that
-    was stopped leaves it inconclusive."""
+    was stopped leaves it inconclusive. So does a clean run of a `boot` test (the kernel log of
+    the current boot) on a claim made before the node's current boot (`boot`, epoch seconds):
+    that boot's log cannot hold what the claim saw."""
     if verdict == "inconclusive":
         return "inconclusive", "the sweep was stopped before its checks finished"
     speaking = [c for c in checks if any(fnmatchcase(str(c.get("name", "")), p) for p in test.checks)]
@@ -225,7 +244,31 @@ def judge(claim: Claim, test: Test, checks: list[dict[str, Any]], verdict: str) 
     if missing:
         return "inconclusive", f"the {test.name} test needs {', '.join(missing)}, which this playbook did not run"
     names = sorted({str(c.get("name")) for c in speaking})
-    return "refuted", safe_text(f"{len(speaking)} result(s) of {', '.join(names[:8])} passed")
+    clean = f"{len(speaking)} result(s) of {', '.join(names[:8])} passed"
+    if test.boot and boot and claim.since and claim.since < boot:
+        return "inconclusive", safe_text(
+            f"the claim was made at {iso(claim.since)}, before the node's current boot at {iso(boot)}: the "
+            f"kernel log of this boot cannot hold it ({clean}); only a check that exercises the hardware "
+            "and finds the fault settles it")
+    return "refuted", safe_text(clean)
+
+
+
+def judge_pair(own: tuple[str, str], status: str, why: str, partner: str) -> tuple[str, str]:
+    """(outcome, evidence) of an NVLink or fabric claim from the node's own checks (`own`, from
+    `judge`) and a pair run with a known-good `partner` (its status, sweeper.pairing.pair_status,
+    or "" when none ran, and why): confirmed when either found the fault on the node, refuted only
+    when both ran and passed, inconclusive otherwise (no partner, a fault of the check, stopped)."""
+    outcome, evidence = own
+    if outcome == "confirmed":
+        return own
+    if status == "fail":
+        return "confirmed", safe_text(f"pair with known-good {partner} failed: {why}")
+    ran = f"pair with known-good {partner} {status}: {why}" if status else f"no pair run: {why}"
+    if outcome == "refuted" and status in ("pass", "warn"):
+        return "refuted", safe_text(f"{evidence}; {ran}")
+    return "inconclusive", safe_text(f"{ran}; own checks: {outcome} ({evidence})" if outcome != "refuted"
+                                     else f"{ran}; own checks passed ({evidence})")
 
 
 def safe_text(text: str, limit: int = 500) -> str:

@@ -203,6 +203,20 @@ class Config:
                                 "and each claim is recorded confirmed, refuted or inconclusive")
     claims_catalog: str = setting("", "the claims catalogue to read (empty: the shipped one, "
                                   "sweeper/data/claims-catalog.yaml)")
+    claims_clear: tuple[str, ...] = setting(
+        (), "the sources (claims catalogue) whose claims a test refuted Sweeper clears through the mechanism "
+        "their owner documents (the catalogue's `clear`; only nvidia-dra-driver documents one: a restart "
+        "of its kubelet plugin on the node); empty: none, every claim stays its owner's")
+    claims_dra_plugin_pods: tuple[str, ...] = setting(
+        ("dra-driver-nvidia-gpu/dra-driver-nvidia-gpu-component=kubelet-plugin",),
+        "NVIDIA's DRA driver's kubelet plugin pods, as NAMESPACE/LABEL-SELECTOR: deleted on a node to clear "
+        "a device taint its test refuted (with `claims_clear`)",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/\S+$", allowed="NAMESPACE/LABEL-SELECTOR")
+    claims_pair_playbook: str = setting(
+        "auto", "the pair playbook that also tests an NVLink or fabric claim (a catalogue test with `pair: true`): "
+        "after the node's own checks, the node is paired with an idle known-good partner, and the claim is "
+        "refuted only when both passed. `auto`: the pair playbook of a `schedules` entry, if one is; "
+        "empty: none (the node's own checks alone settle such a claim)")
     suspect_sources: tuple[dict[str, Any], ...] = setting(
         (), "outside signals: Prometheus or Loki queries", annotation=Deferred(lambda: _shapes()["suspect_sources"]),
         allowed="list of {type: prometheus|loki, url, query, node_label, window, timeout}")

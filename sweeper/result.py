@@ -66,6 +66,7 @@ class CheckResult:
 # enforced power limit) is configuration, not a count: summed over GPUs it means nothing, and it has no trend.
 NODE_SETTINGS = frozenset({"pcie.gen", "pcie.width", "gpu.power_limit"})
 NODE_LOWEST = frozenset({"gpu.thermal_margin"})
+BOOT_TIME = "host.boot_time"  # epoch seconds the running kernel booted (node_exporter's node_boot_time_seconds)
 
 
 @dataclass(frozen=True)

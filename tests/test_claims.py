@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from sweeper.claims import Claim, claims_on, judge, load_catalog, parse_catalog, precision, safe
+from sweeper.claims import Claim, claims_on, judge, judge_pair, load_catalog, parse_catalog, precision, safe
 from sweeper.errors import ConfigError
 from sweeper.history import History
 from sweeper.kube.dra import DEVICES, fold_devices
@@ -37,8 +37,29 @@ def test_the_shipped_catalogue_knows_each_source() -> None:
     cat = load_catalog()
     assert set(cat.sources) == {"eks-node-monitoring-agent", "nvsentinel", "node-problem-detector",
                                 "nvidia-dra-driver"}
-    assert all(s.clear == "never" and s.doc.startswith("https://") for s in cat.sources.values())
+    assert all(s.doc.startswith("https://") and s.clear_doc.startswith("https://") for s in cat.sources.values())
+    # only NVIDIA's DRA driver documents a recovery Sweeper may take: a restart of its kubelet plugin
+    # (dra-driver-nvidia-gpu, docs/guides/gpu-health-checking.md, "Recovering from an unhealthy device");
+    # NVSentinel's documented uncordon cancels a quarantine of a cordoned node, which Sweeper never
+    # takes (https://docs.nvidia.com/nvsentinel/components/cancelling-breakfix); AWS and
+    # node-problem-detector document none.
+    assert {k: s.clear for k, s in cat.sources.items()} == {
+        "eks-node-monitoring-agent": "never", "nvsentinel": "never", "node-problem-detector": "never",
+        "nvidia-dra-driver": "restart-plugin"}
     assert {r.test for r in cat.rules} <= set(cat.tests)
+    assert {k for k, t in cat.tests.items() if t.pair} == {"nvlink"}
+    assert {k for k, t in cat.tests.items() if t.boot} == {"xid", "gpu"}
+
+
+def test_a_clearing_source_names_the_owners_documentation() -> None:
+    raw = {"sources": {"x": {"doc": "https://example.com", "clear": "restart-plugin"}},
+           "tests": {"t": {"checks": ["xid"], "needs": ["xid"]}}, "rules": [{"source": "x", "condition": "C", "test": "t"}]}
+    with pytest.raises(ConfigError, match="clear_doc"):
+        parse_catalog(raw)
+    with pytest.raises(ConfigError, match="clear"):
+        parse_catalog({**raw, "sources": {"x": {"doc": "https://example.com", "clear": "patch-the-condition"}}})
+    raw["sources"]["x"]["clear_doc"] = "https://example.com/recovery"
+    assert parse_catalog(raw).sources["x"].clear == "restart-plugin"
 
 
 def test_the_eks_agent_claims_with_a_false_condition_and_its_reason_picks_the_test() -> None:
@@ -114,6 +135,41 @@ def test_judging_a_claim_from_the_checks() -> None:
     assert judge(claim, test, [{"name": "dcgm.memory", "status": "pass"}], "pass")[0] == "inconclusive"
     assert judge(claim, test, clean, "inconclusive")[0] == "inconclusive"
     assert judge(claim, test, [], "error")[0] == "inconclusive"
+
+
+def test_a_clean_kernel_log_does_not_refute_a_claim_made_before_the_boot() -> None:
+    """`journalctl -b` and dmesg read the current boot only
+    (https://www.freedesktop.org/software/systemd/man/latest/journalctl.html): an XID claim made
+    before the node's current boot is out of their reach, so a clean log leaves it inconclusive; a
+    check that finds the fault still confirms it. A claim made after the boot is refuted as before."""
+    cat = load_catalog()
+    test = cat.tests["xid"]
+    before = Claim("eks-node-monitoring-agent", "condition", "AcceleratedHardwareReady:NvidiaXID79Error", "xid",
+                   since=T0)
+    clean = [{"name": "xid", "status": "pass", "message": "no XID"}]
+    outcome, evidence = judge(before, test, clean, "pass", boot=T0 + 600)
+    assert outcome == "inconclusive" and "before the node's current boot" in evidence
+    assert judge(before, test, clean, "pass", boot=T0 - 600)[0] == "refuted"
+    assert judge(before, test, clean, "pass")[0] == "refuted", "no boot time read: the claim's own time rules"
+    dcgm = [*clean, {"name": "dcgm.memory", "status": "fail", "message": "GPU 3 failed"}]
+    assert judge(before, test, dcgm, "quarantine", boot=T0 + 600)[0] == "confirmed"
+    # a memory claim reads counters that outlive a reboot: its test is no `boot` test
+    memory = Claim("nvsentinel", "condition", "GpuMemWatch:GpuMemWatchIsNotHealthy", "memory", since=T0)
+    counters = [{"name": "ecc.volatile_uncorrected", "status": "pass"}, {"name": "row_remap", "status": "pass"}]
+    assert judge(memory, cat.tests["memory"], counters, "pass", boot=T0 + 600)[0] == "refuted"
+
+
+def test_an_nvlink_claim_is_refuted_only_when_its_own_checks_and_the_pair_passed() -> None:
+    own_clean = ("refuted", "3 result(s) of nvlink.state passed")
+    assert judge_pair(own_clean, "pass", "busbw 370 GB/s", "gpu-02")[0] == "refuted"
+    assert judge_pair(own_clean, "fail", "busbw 148 GB/s below 300", "gpu-02") == (
+        "confirmed", "pair with known-good gpu-02 failed: busbw 148 GB/s below 300")
+    assert judge_pair(("confirmed", "nvlink.state fail: link 3 down"), "", "no partner", "")[0] == "confirmed"
+    for status, why in (("", "no known-good partner of its group is idle"), ("error", "image not found"),
+                        ("inconclusive", "stopped for pending work")):
+        outcome, evidence = judge_pair(own_clean, status, why, "gpu-02" if status else "")
+        assert outcome == "inconclusive" and why in evidence
+    assert judge_pair(("inconclusive", "nvlink.state error"), "pass", "ok", "gpu-02")[0] == "inconclusive"
 
 
 def test_outside_text_is_kept_to_a_safe_alphabet() -> None:

@@ -55,7 +55,7 @@ def test_cronjob_manifest_validates_and_its_config_loads(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("name", ["cronjob.yaml", "serve/serve.yaml", "rbac-evictions.yaml",
                                   "rbac-karpenter.yaml", "device-plugin/gpu-operator.yaml", "device-plugin/kube-system.yaml",
-                                  "device-plugin/nvidia-device-plugin.yaml", "eks/storageclass-gp3.yaml",
+                                  "device-plugin/nvidia-device-plugin.yaml", "claims/dra-plugin.yaml", "eks/storageclass-gp3.yaml",
                                   "admission-policy.yaml"])
 def test_every_manifest_validates(name: str) -> None:
     docs = docs_of(name)

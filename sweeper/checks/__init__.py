@@ -19,7 +19,7 @@ from sweeper.checks.gpu import gpu_checks
 from sweeper.checks.host import JOURNAL_DIRS, Host
 from sweeper.checks.options import CheckOptions
 from sweeper.checks.uccl import uccl_checks
-from sweeper.result import Result
+from sweeper.result import BOOT_TIME, Result
 from sweeper.xid import judge_kernel_log
 
 
@@ -115,6 +115,8 @@ def run_node_checks(opts: CheckOptions, nvml: Any, kernel_log: str | None, *, no
             c.check(JOURNAL_CHECK, "skip", f"the journal's kernel lines {'partly ' if journal is not None else ''}"
                     f"unread: {why}; an XID only the journal kept may be missed", "warning")
     _xid_checks(opts, kernel_log, kernel_log_error, uptime, bus_to_gpu, c, now)
+    if uptime is not None:  # when this boot began: the kernel log read covers no earlier time
+        c.metric(BOOT_TIME, round(now - uptime, 1), "s")
     if host is not None:
         nic_checks(opts, host, c)
         if opts.uccl:

@@ -7,10 +7,16 @@ a reason such as NvidiaXID79Error (https://docs.aws.amazon.com/eks/latest/usergu
 NVSentinel's per-check condition, status True, reason <Check>IsNotHealthy, and its quarantine taint
 AggregatedNodeHealth=False:NoSchedule (NVIDIA/NVSentinel#753, #911); NVIDIA's DRA driver's device
 taint gpu.nvidia.com/xid=<code>:NoSchedule in the ResourceSlice
-(kubernetes-sigs/dra-driver-nvidia-gpu, docs/guides/gpu-health-checking.md)."""
+(kubernetes-sigs/dra-driver-nvidia-gpu, docs/guides/gpu-health-checking.md).
+
+That driver's GPU kubelet plugin runs as a DaemonSet pod on each DRA node (namespace and selector
+label as its Helm chart names them); its device taints stay until the plugin restarts, which then
+re-evaluates device health and taints only what NVML still reports (the guide's "Recovering from an
+unhealthy device"): here, a GPU lost now."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, Strict, model_validator
@@ -64,3 +70,34 @@ def on_slice(rslice: dict[str, Any], claims: list[dict[str, Any]], now: float) -
             device.setdefault("taints", []).append({"key": c["device_taint"], "value": c.get("value", ""),
                                                     "effect": c.get("effect", "NoSchedule"),
                                                     "timeAdded": iso(now)})
+
+
+DRA_PLUGIN_NS = "dra-driver-nvidia-gpu"
+DRA_PLUGIN_LABEL = ("dra-driver-nvidia-gpu-component", "kubelet-plugin")  # the chart's selectorLabels
+
+
+def dra_plugin_pod(node: str) -> dict[str, Any]:
+    """The DRA driver's kubelet plugin pod on a node, as its DaemonSet makes it (not yet started)."""
+    name = f"dra-driver-nvidia-gpu-kubelet-plugin-{hashlib.sha1(node.encode()).hexdigest()[:5]}"
+    return {"metadata": {"name": name, "namespace": DRA_PLUGIN_NS,
+                         "labels": {DRA_PLUGIN_LABEL[0]: DRA_PLUGIN_LABEL[1],
+                                    "app.kubernetes.io/name": "dra-driver-nvidia-gpu"},
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "DaemonSet",
+                                              "name": "dra-driver-nvidia-gpu-kubelet-plugin",
+                                              "uid": "dra-driver-nvidia-gpu-kubelet-plugin", "controller": True}]},
+            "spec": {"nodeName": node, "containers": [{"name": "gpus", "image": "registry.k8s.io/dra-driver-nvidia/"
+                                                                                "dra-driver-nvidia-gpu:v25.12.0"}],
+                     "tolerations": [{"operator": "Exists"}]},
+            "status": {"phase": "Pending"}}
+
+
+def republish(rslice: dict[str, Any], lost: list[int], now: float) -> None:
+    """The kubelet plugin started again: every device taint is gone but a lost GPU's, and the pool's
+    generation moves on (a new publication of the slice)."""
+    for device in rslice["spec"]["devices"]:
+        device.pop("taints", None)
+        index = (device.get("attributes") or {}).get("index", {}).get("int")
+        if index in lost:
+            device["taints"] = [{"key": "gpu.nvidia.com/gpu-lost", "value": "", "effect": "NoSchedule",
+                                 "timeAdded": iso(now)}]
+    rslice["spec"]["pool"]["generation"] = int(rslice["spec"]["pool"].get("generation", 1)) + 1

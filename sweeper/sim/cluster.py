@@ -158,6 +158,8 @@ class SimCluster:
         self._watched: set[str] = set()  # nodes with a lost GPU or XIDs among their faults
         self._with_operands: set[str] = set()  # nodes where the GPU Operator runs its operand pods
         self._with_plugin: set[str] = set()  # nodes where the standalone device plugin's pod runs
+        self._dra_plugin: dict[str, str] = {}  # DRA node -> its ResourceSlice; its kubelet plugin pod runs there
+        self._dra_started: set[str] = set()  # DRA nodes whose kubelet plugin started once (a new one restarts it)
         self._plugin_started: dict[str, float] = {}  # node -> when its device plugin last restarted
         self._plugin_paused: set[str] = set()  # operand nodes whose device plugin pod is gone: GPUs allocatable 0
         self._thread: threading.Thread | None = None
@@ -182,6 +184,8 @@ class SimCluster:
                                                    "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}})
         if self.fleet.dra:
             self.store.create("deviceclasses", None, dra.device_class())
+            self.store.create("namespaces", None, {"metadata": {"name": outside_claims.DRA_PLUGIN_NS},
+                                                   "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}})
         for spec in self.fleet.nodes:
             self.add_node(spec)
         for queued in self.fleet.kueue_workloads:
@@ -280,6 +284,7 @@ class SimCluster:
             rslice = dra.resource_slice(spec.name, gpus, hw["model"])
             outside_claims.on_slice(rslice, spec.faults.outside_claims, now)
             self.store.create("resourceslices", None, rslice)
+            self._dra_plugin[spec.name] = rslice["metadata"]["name"]
         if spec.operands:
             self._with_operands.add(spec.name)
             self._operands(now)
@@ -362,6 +367,7 @@ class SimCluster:
             self._device_plugin(now)
             self._operands(now)
             self._plugin_pods(now)
+            self._dra_plugin_pods(now)
             self._arrivals(now)
             self._schedule(now)
             self._kubelet(now)
@@ -484,6 +490,25 @@ class SimCluster:
                              "tolerations": [{"operator": "Exists"}]},
                     "status": {"phase": "Pending"}})
                 self.store.mutate("pods", PLUGIN_NS, pod_name, partial(self._start_pod, now=now))
+
+    def _dra_plugin_pods(self, now: float) -> None:
+        """NVIDIA's DRA driver's kubelet plugin DaemonSet: a pod on each DRA node, started again when
+        it is deleted; a restarted plugin publishes the node's ResourceSlice again
+        (sweeper.sim.claims.republish)."""
+        for name, slice_name in list(self._dra_plugin.items()):
+            if self.store.peek("nodes", None, name) is None:
+                del self._dra_plugin[name]
+                continue
+            pod = outside_claims.dra_plugin_pod(name)
+            if self.store.peek("pods", outside_claims.DRA_PLUGIN_NS, pod["metadata"]["name"]) is not None:
+                continue
+            self.store.create("pods", outside_claims.DRA_PLUGIN_NS, pod)
+            self.store.mutate("pods", outside_claims.DRA_PLUGIN_NS, pod["metadata"]["name"],
+                              partial(self._start_pod, now=now))
+            if name in self._dra_started and self.store.peek("resourceslices", None, slice_name) is not None:
+                self.store.mutate("resourceslices", None, slice_name, partial(
+                    outside_claims.republish, lost=list(self.specs[name].faults.gpu_lost), now=now))
+            self._dra_started.add(name)
 
     @staticmethod
     def is_plugin_pod(pod: dict[str, Any]) -> bool:
@@ -1474,8 +1499,13 @@ class SimCluster:
 
     def reboot(self, node_name: str, now: float) -> None:
         """The node restarts: its kernel log starts again, and what a reboot clears is cleared
-        (pending remaps are applied; volatile counters reset)."""
+        (pending remaps are applied; volatile counters reset). The kubelet reports the new boot's
+        ID, and no time (NodeSystemInfo.bootID,
+        https://kubernetes.io/docs/reference/kubernetes-api/cluster-resources/node-v1/#NodeSystemInfo)."""
         self.boots[node_name] = now
+        if self.store.peek("nodes", None, node_name) is not None:
+            self.store.mutate("nodes", None, node_name,
+                              lambda n: n["status"]["nodeInfo"].update(bootID=str(uuid.uuid4())))
         f = self.specs[node_name].faults
         f.remap_pending = []
         f.ecc_dbe = {}

@@ -14,8 +14,10 @@ from sweeper.actions.decide import policy_for
 from sweeper.errors import KubeError
 from sweeper.fleet import NodeView
 from sweeper.playbook.executor import Executor
+from sweeper.playbook.model import Playbook
 from sweeper.policy import HOLDING, pair_rule
 from sweeper.result import Result
+from sweeper.sweep.claims import judge_fabric
 from sweeper.sweep.hold import hand_back, hold_one, release
 from sweeper.sweep.play import (
     PLAY_FAULTS,
@@ -34,11 +36,12 @@ from sweeper.sweep.state import Run
 from sweeper.sweep.unit import after_verdict, cap_replacements, keep_if_held, record_verdict
 
 
-def sweep_pair(run: Run, a: NodeView, b: NodeView, mode: str, held: bool | None = None) -> PairRun:
+def sweep_pair(run: Run, a: NodeView, b: NodeView, mode: str, held: bool | None = None,
+               playbook: Playbook | None = None) -> PairRun:
     """Hold both nodes (in mode "repair", `a` is the suspect, already held by this run unless
-    `held` is False: a suspect an earlier run let go), run the pair playbook once for the two,
-    record one sweep row per node and one pair result, and hand both back, or keep a suspect
-    held for its re-pair, or a culprit with its verdict."""
+    `held` is False: a suspect an earlier run let go), run the pair playbook (the run's, or
+    `playbook`) once for the two, record one sweep row per node and one pair result, and hand both
+    back, or keep a suspect held for its re-pair, or a culprit with its verdict."""
     t0 = time.monotonic()
     held = mode == "repair" if held is None else held
     back = a if held else None  # a re-pair abandoned before it ran: the suspect waits again
@@ -62,7 +65,7 @@ def sweep_pair(run: Run, a: NodeView, b: NodeView, mode: str, held: bool | None 
             outs.append(NodeOutcome(other.name, "", [why], "skipped"))
         return PairRun(outs, back=back)
     first, second = nodes
-    playbook = run.sweep.playbook
+    playbook = playbook or run.sweep.playbook
     run.emit("pair", {"nodes": [first.name, second.name], "mode": mode})
     profs = [profiles.match(run.sweep.profiles, n.labels) for n in nodes]
     ids = tuple(run.rec.sweep_started(run.id, n.name, run.clock.now(), playbook.name, pr.name, kind="pair")
@@ -74,7 +77,7 @@ def sweep_pair(run: Run, a: NodeView, b: NodeView, mode: str, held: bool | None 
     decision: dict[str, Any] | None = None
     out = PairRun([])
     try:
-        verdict, reasons, busbw, decision = _play_pair(run, (ids[0], ids[1]), first, second, profs, mode)
+        verdict, reasons, busbw, decision = _play_pair(run, (ids[0], ids[1]), first, second, profs, mode, playbook)
     except PLAY_FAULTS as exc:
         verdict, reasons = play_fault(exc)
     finally:
@@ -136,7 +139,7 @@ def _pair_node(run: Run, call: pairing.NodeCall, view: NodeView, prof: profiles.
 
 
 def _play_pair(run: Run, ids: tuple[int, int], a: NodeView, b: NodeView, profs: list[profiles.Profile],
-               mode: str) -> tuple[str, list[str], float | None, dict[str, Any] | None]:
+               mode: str, playbook: Playbook) -> tuple[str, list[str], float | None, dict[str, Any] | None]:
     """Run the pair playbook once: `node` is A, `partner` B, `pair_mode` the mode. Each result
     is recorded on both nodes' sweep rows."""
     vars_ = play_vars(run, a, profs[0])
@@ -149,10 +152,24 @@ def _play_pair(run: Run, ids: tuple[int, int], a: NodeView, b: NodeView, profs: 
     ctx = context(run, ids[0], a.name, vars_, partner=partner_vars)
     ctx.on_result = on_result
     extra = {"node": vars_, "partner": partner_vars, "pair_mode": mode, **extra_vars(run, vars_)}
-    done = Executor(run.sweep.actions, ctx, on_task(run, a.name)).run(run.sweep.playbook, extra)
+    done = Executor(run.sweep.actions, ctx, on_task(run, a.name)).run(playbook, extra)
     found = [v["busbw"] for v in done.vars.values() if isinstance(v, dict) and v.get("busbw") is not None]
     verdict, reasons, decision = verdict_of(done, "the sweep was stopped before the pair's checks finished")
     return verdict, reasons, float(found[0]) if found else None, decision
+
+
+def claim_pair(run: Run, node: NodeView, partner: NodeView) -> PairRun:
+    """An NVLink or fabric claim's pair: the claimed node (its own sweep passed and it went back)
+    with an idle known-good partner, through the claims' pair playbook in mode "repair" (a failure is
+    the node's, and goes through the policy as a finding of Sweeper's own); then the claim is settled
+    from the node's own checks and this pair (sweeper.claims.judge_pair)."""
+    got = PairRun([])
+    try:
+        got = sweep_pair(run, node, partner, "repair", held=False, playbook=run.sweep.claims_pair_playbook)
+    finally:
+        why = got.why or "; ".join(r for o in got.outcomes for r in o.reasons)[:500] or "the pair did not run"
+        judge_fabric(run, node.name, got.status, why.split(": ", 1)[-1] if got.status else why, partner.name)
+    return got
 
 
 def let_suspect_go(run: Run, book: pairing.Repairs, name: str, why: str, verdict: str = "inconclusive") -> NodeOutcome:

@@ -15,7 +15,7 @@ from sweeper.errors import KubeError, PlaybookError
 from sweeper.fleet import NodeView
 from sweeper.playbook.executor import Executor, TaskOutcome
 from sweeper.playbook.model import Playbook
-from sweeper.result import Metric, Result, tool_cause
+from sweeper.result import BOOT_TIME, Metric, Result, tool_cause
 from sweeper.sweep.gates import dismissal
 from sweeper.sweep.state import Run
 
@@ -110,6 +110,7 @@ def result(run: Run, sweep_id: int, node: str, r: Result) -> None:
     with run.mutex:
         run.checks.setdefault(node, []).extend({"name": c.name, "status": c.status, "message": c.message}
                                                for c in r.checks)
+        run.boots.update((node, m.value) for m in r.metrics if m.name == BOOT_TIME)
         failed = run.sweep.failed_checks
         failed[node] = failed.get(node, 0) + sum(1 for c in r.checks if c.status == "fail")
         if cause:

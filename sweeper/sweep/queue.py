@@ -16,10 +16,11 @@ from typing import Any, Protocol, cast
 from sweeper import pairing, profiles
 from sweeper.errors import KubeError
 from sweeper.fleet import NodeView, Plan
+from sweeper.sweep.claims import judge_fabric
 from sweeper.sweep.faults import last_stop
 from sweeper.sweep.gate import gate_node
 from sweeper.sweep.gates import discover, light_candidates, suspect
-from sweeper.sweep.pair import let_suspect_go, sweep_pair
+from sweeper.sweep.pair import claim_pair, let_suspect_go, sweep_pair
 from sweeper.sweep.record import EVERY_PAIR_FAILED, NodeOutcome, PairRun, RunReport, every_pair_failed
 from sweeper.sweep.state import Run
 from sweeper.sweep.unit import light_check, sweep_node
@@ -148,10 +149,12 @@ def room(run: Run, p: Plan, busy: set[str]) -> int:
 
 
 class NodeUnits:
-    """The queue of a node playbook: one node a unit."""
+    """The queue of a node playbook: one node a unit, and the pair of a node whose NVLink or fabric
+    claim waits for one (sweeper.sweep.claims.judge_node) with an idle known-good partner."""
 
     def __init__(self, run: Run) -> None:
         self.run = run
+        self.known_good: set[str] | None = None  # read from the history at the first claim's pair
 
     def doubt(self) -> bool:
         return False
@@ -159,7 +162,8 @@ class NodeUnits:
     def start(self, p: Plan, running: Running, seen: set[str], submit: Submit, one: bool) -> bool:
         """The due nodes of plan `p` that may be taken now, started. `one`: the probe after a
         fault of the check, a node with no sign of its own trouble."""
-        take = self.due(p, {u.names[0] for u in running.values() if u.kind == "sweep"}, seen)
+        self.claim_pairs(p, running, seen, submit)
+        take = self.due(p, {n for u in running.values() if u.kind in ("sweep", "pair") for n in u.names}, seen)
         if one:
             due, take = bool(take), [v for v in take if not suspect(self.run, v)][:1]
             self.run.probe_waits = due and not take
@@ -181,13 +185,57 @@ class NodeUnits:
                 left -= 1
         return out
 
+    def claim_pairs(self, p: Plan, running: Running, seen: set[str], submit: Submit) -> None:
+        """Each node whose NVLink or fabric claim waits for a pair, paired with an idle known-good
+        partner of its group (two against the budget; it waits for room, or for a partner this run
+        is sweeping now); with none to come, or the node no longer idle, the claim is settled
+        inconclusive."""
+        run = self.run
+        pairing_now = {u.names[0] for u in running.values() if u.kind == "pair"}
+        waiting = [n for n in list(run.fabric) if n not in pairing_now]
+        if not waiting:
+            return
+        if self.known_good is None:
+            self.known_good = set(run.rec.known_good(run.clock.now() - run.cfg.pair_known_good_window))
+        busy = {n for u in running.values() if u.kind != "light" for n in u.names}
+        left = room(run, p, busy)
+        listed = {d.node.name: d for d in (*p.take, *p.skip)}
+        idle = [d for d in listed.values() if d.reason in ("idle", "over-budget", "not-due")]
+        keyed = [(d.node.name, group(run, d.node)) for d in idle]
+        for name in waiting:
+            d = listed.get(name)
+            if d is None or d.reason not in ("idle", "over-budget", "not-due"):
+                judge_fabric(run, name, "", f"the node was not idle after its sweep ({d.reason if d else 'gone'})")
+                continue
+            g = group(run, d.node)
+            k = pairing.choose_partner(name, g, keyed, self.known_good, busy | set(run.fabric))
+            if k is None:
+                # one of this run's units holds a known-good partner now: the claim waits for it
+                if not any(n in busy and n != name and group(run, listed[n].node) == g
+                           for n in self.known_good if n in listed):
+                    judge_fabric(run, name, "", "no known-good partner of its group is idle")
+            elif left >= 2:
+                submit(Unit("pair", (name, k), group(run, d.node)), claim_pair, d.node, listed[k].node)
+                busy.update((name, k))
+                seen.update((name, k))
+                left -= 2
+            elif not busy:  # nothing of this run under test: no room will free up for the pair
+                judge_fabric(run, name, "", f"the budget leaves room for {max(left, 0)} node(s), a pair takes two")
+
     def finished(self, unit: Unit, got: Any) -> list[NodeOutcome]:
+        if unit.kind == "pair":
+            got = cast(PairRun, got)
+            if got.status in ("pass", "warn") and self.known_good is not None:
+                self.known_good.update(got.passed)
+            return list(got.outcomes)
         return [cast(NodeOutcome, got)]
 
     def after(self, running: Running) -> None:
         pass
 
     def end(self) -> list[NodeOutcome]:
+        for name in list(self.run.fabric):  # the run stopped taking nodes before their pair
+            judge_fabric(self.run, name, "", "the run took no more nodes before its pair")
         return []
 
 

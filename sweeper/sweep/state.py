@@ -14,10 +14,12 @@ from sweeper.claims import Catalog, Claim, load_catalog
 from sweeper.clock import Clock, WallClock
 from sweeper.config import Config
 from sweeper.control import Controls
+from sweeper.errors import ConfigError
 from sweeper.kube import Kube
 from sweeper.lock import SweepLock
 from sweeper.notify import Webhook
 from sweeper.playbook.executor import load
+from sweeper.playbook.model import Playbook
 from sweeper.remedy import Remediator, Remedy
 from sweeper.sweep.record import Recorder
 
@@ -48,6 +50,13 @@ class SweepBase:
         self.rung_books = {r.name: load(str(config.playbook_file(r.playbook)), self.actions) for r in self.rungs}
         # what other tools' conditions and taints claim, and the test of each (a bad catalogue fails here)
         self.claims_catalog: Catalog | None = load_catalog(config.claims_catalog) if config.claims_test else None
+        self.claims_pair_playbook = self._claims_pair(config) if self.claims_catalog else None
+        sources = self.claims_catalog.sources if self.claims_catalog else {}
+        for name in config.claims_clear if self.claims_catalog else ():
+            source = sources.get(name)
+            if source is None or source.clear == "never":
+                raise ConfigError(f"claims_clear: {name}: " + ("no such source in the claims catalogue" if source is None
+                                  else "its owner documents no way to clear its claims that Sweeper may take"))
         self.light_playbook = (load(str(config.playbook_file(config.light_playbook)), self.actions)
                                if config.light_playbook else None)
         # The gate's playbooks: a new node's deep sweep, and the soak of a node back from its reboot or reset.
@@ -62,6 +71,21 @@ class SweepBase:
         self.webhook = Webhook(url, config.webhook_attempts) if url else None
         self.remedies: list[Remedy] = []  # every run's, for the metrics
         self.failed_checks: dict[str, int] = {}  # node -> failed checks, every run's, for the metrics
+
+    def _claims_pair(self, config: Config) -> Playbook | None:
+        """The pair playbook that tests NVLink and fabric claims: the configured one (which must be a
+        pair playbook), or under `auto` the first of the schedules' that is one; None for none."""
+        name = config.claims_pair_playbook
+        if name != "auto":
+            book = load(str(config.playbook_file(name)), self.actions) if name else None
+            if book is not None and not book.pair:
+                raise ConfigError(f"claims_pair_playbook: {name} is not a pair playbook (`pair: true`)")
+            return book
+        for entry in config.schedules:
+            book = load(str(config.playbook_file(str(entry.get("playbook") or config.playbook))), self.actions)
+            if book.pair:
+                return book
+        return None
 
     @property
     def kind(self) -> str:
@@ -98,6 +122,8 @@ class Run:
         self.claims: dict[str, list[Claim]] = {}  # node -> its outside claims not yet settled, at the last discovery
         self.claimed: dict[str, str] = {}  # node -> why those claims send it first
         self.checks: dict[str, list[dict[str, Any]]] = {}  # node -> its sweep's checks so far (claims judge them)
+        self.boots: dict[str, float] = {}  # node -> when its current boot began, as its check read it
+        self.fabric: dict[str, list[tuple[Claim, str, str, int]]] = {}  # node -> NVLink/fabric claims waiting for a pair
 
     @property
     def cfg(self) -> Config:
