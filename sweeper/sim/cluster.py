@@ -1403,6 +1403,9 @@ class SimCluster:
             cap = int(argv[argv.index("--max-bytes") + 1]) if "--max-bytes" in argv else evidence.DEFAULT_CAP
         except (ValueError, IndexError):
             return 2, "sweeper evidence: error: --max-bytes\n", ""
+        spec = self.specs.get(node_name)
+        if spec and spec.faults.forged_evidence:
+            return 0, evidence.emit(sim_evidence.forged(spec.faults.forged_evidence)), ""
         nvml = self.fake_nvml(node_name, now) if self._sees_gpus(pod) else None
         host = sim_evidence.EvidenceHost(self.fake_host(node_name, now, self._host_paths(pod)), nvml,
                                          self.kernel_log(node_name, now), now)

@@ -167,6 +167,8 @@ class Faults:
                                  "asks for GPUs (e.g. \"nvidia-container-cli: initialization error: nvml error: "
                                  "driver/library version mismatch: unknown\"): every such container on the node "
                                  "fails to start, StartError with exit 128, as containerd reports it")
+    forged_evidence: str = setting("", "the node's evidence pod prints this forgery instead of its bundle (a hostile "
+                                   "node writes its own log)", choices=("", "longname-bomb", "pax-bomb"))
     outside_claims: list[dict[str, Any]] = setting(help="other tools' claims of the node: conditions, taints, DRA "
                                                    "device taints (sweeper.sim.claims)", factory=list,
                                                    annotation=list[OutsideClaim], allowed="list of OutsideClaim")
