@@ -1353,6 +1353,8 @@ class SimCluster:
             argv = self._last_command(self._argv(pod))
             prog = argv[0].rsplit("/", 1)[-1] if argv else ""
             spec = self.specs.get(node_name)
+            if spec and spec.faults.forged_output and prog in ("dcgmi", "all_reduce_perf"):
+                return 0, spec.faults.forged_output, ""
             if prog == "dcgmi" and spec:
                 image = ((pod["spec"].get("containers") or [{}])[0]).get("image", "")
                 builds = self.fleet.cuda_builds.get(image)
@@ -1378,6 +1380,8 @@ class SimCluster:
             return 0, "" if prog in ("true", "sleep") else "training finished\n", ""
         spec = self.specs.get(node_name)
         faults = spec.faults if spec else None
+        if faults and faults.forged_output:
+            return 0, faults.forged_output, ""
         if faults and faults.garbage_output:
             return 0, "NVRM: API mismatch\x1b[0m ]]} <<garbage>> 0xdeadbeef\n", ""
         if faults and faults.check_crash:

@@ -41,3 +41,16 @@ def test_a_last_result_annotation_nested_too_deep_reads_as_none(make_sim) -> Non
                                                 "annotations": {f"{p}/last-result": DEEP}}})
     rows = LabelHistory(sim.kube.list_nodes(TEST_CONFIG.gpu_node_selector, devices=False), TEST_CONFIG).fleet()
     assert [(r["node"], r["verdict"], r["rules"]) for r in rows] == [("gpu-01", "pass", [])]
+
+
+def test_a_check_log_nested_past_the_json_parsers_depth_is_an_error_result_not_a_crash(make_sim,
+                                                                                      history: History) -> None:
+    """A hostile node prints its own check log: a JSON object whose value nests 5000 arrays deep.
+    json's decoder raises RecursionError, not ValueError, there; the parser makes it an `error`
+    result of that node (input we cannot read is never a pass), and the run goes on."""
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"forged_output": '{"schema": ' + DEEP}})
+    report = run_sweep(sim, history, replace(TEST_CONFIG, light_playbook=""))
+    verdicts = {o.node: o.verdict for o in report.outcomes}
+    assert verdicts == {"gpu-00": "pass", "gpu-01": "error"}, report.outcomes
+    said = [r["message"] for r in history.db.query("select message from checks where node = 'gpu-01'")]
+    assert any("unreadable JSON" in m and "nested" in m for m in said), said
