@@ -12,7 +12,7 @@ import functools
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from sweeper import resources
@@ -342,10 +342,19 @@ class Config:
 
     def playbook_file(self, name: str) -> Path:
         """A playbook by name: in the author's `playbook_dir` first, then among the shipped ones
-        (`$SWEEPER_HOME/playbooks`, else the package's)."""
-        if self.playbook_dir and (Path(self.playbook_dir) / name).is_file():
-            return Path(self.playbook_dir) / name
-        return home() / "playbooks" / name
+        (`$SWEEPER_HOME/playbooks`, else the package's). As a job template's: an absolute path, a `..`,
+        or a file whose real path (symlinks followed) leaves its folder is refused."""
+        parts = PurePosixPath(name)
+        if not name or "\x00" in name or "\\" in name or parts.is_absolute() or name.startswith("~") \
+                or ".." in parts.parts:
+            raise ConfigError(f"playbook {name!r}: not a playbook name; name a file of playbook_dir or of the "
+                              "shipped playbooks/ (no absolute path, no '..')")
+        folders = [Path(self.playbook_dir)] * bool(self.playbook_dir) + [home() / "playbooks"]
+        folder = next((f for f in folders if (f / name).is_file()), folders[-1])
+        if (folder / name).exists() and not (folder / name).resolve().is_relative_to(folder.resolve()):
+            raise ConfigError(f"playbook {name!r}: {folder / name} leaves its folder {folder} (it points at another "
+                              "place); a playbook must be a file inside the folder")
+        return folder / name
 
     def with_overrides(self, **kw: Any) -> Config:
         return replace(self, **{k: v for k, v in kw.items() if v is not None})

@@ -62,7 +62,7 @@ class Controls:
         for key, text in data.items():
             try:
                 value = json.loads(text)
-            except ValueError:
+            except (ValueError, RecursionError):
                 value = {"unreadable": text[:200]}  # a hand edit gone wrong: shown, never a crash
             out[key] = value if isinstance(value, dict) else {"value": value}
         return out

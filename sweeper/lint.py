@@ -120,8 +120,17 @@ def ladder_problems(cfg: Config, path: str) -> list[str]:
         window.ladder(cfg.depth_ladder)
     except ConfigError as exc:
         return [f"{path}: {exc}"]
-    return [f"{path}: depth_ladder: {r['name']!r}: no playbook {r['playbook']!r} (playbook_dir, then the shipped ones)"
-            for r in cfg.depth_ladder if not cfg.playbook_file(r["playbook"]).is_file()]
+    out = []
+    for r in cfg.depth_ladder:
+        try:
+            found = cfg.playbook_file(r["playbook"]).is_file()
+        except ConfigError as exc:
+            out.append(f"{path}: depth_ladder: {r['name']!r}: {exc}")
+            continue
+        if not found:
+            out.append(f"{path}: depth_ladder: {r['name']!r}: no playbook {r['playbook']!r} (playbook_dir, then the "
+                       "shipped ones)")
+    return out
 
 
 def _all_lines(exc: ConfigError, path: str) -> list[str]:

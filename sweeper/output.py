@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 import unicodedata
@@ -314,3 +315,29 @@ def sparkline(values: list[float]) -> str:
     if hi == lo:
         return SPARK[0] * len(values)
     return "".join(SPARK[int((v - lo) / (hi - lo) * (len(SPARK) - 1))] for v in values)
+
+
+# A URL's password as SQLAlchemy reads it (the text between `user:` and the first `@`, which may hold
+# `/` and `:`), and libpq's password parameters in its query (https://www.postgresql.org/docs/current/
+# libpq-connect.html#LIBPQ-CONNSTRING-URIS: any connection parameter may be given there, its key
+# percent-encoded or not).
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:/]*):[^@]*@")
+_SECRET_KEYS = frozenset({"password", "sslpassword"})
+
+
+def hide_password(state: str) -> str:
+    """`state` fit to print: a URL's password, in its user part or its query, as `***`; a path as it is."""
+    if "://" not in state:
+        return state
+    masked = _USERINFO.sub(r"\1:***@", state)
+    base, sep, query = masked.partition("?")
+    if not sep:
+        return masked
+    from urllib.parse import unquote_plus
+
+    def one(item: str) -> str:
+        key, eq, _ = item.partition("=")
+        return f"{key}=***" if eq and unquote_plus(key).strip().lower() in _SECRET_KEYS else item
+
+    return base + "?" + "&".join(one(i) for i in query.split("&"))
+

@@ -132,7 +132,7 @@ def gke_networks(fabric: dict[str, int], annotations: dict[str, str]) -> set[str
     names = {k.removeprefix(GKE_NETWORKS).removesuffix(".IP") for k in fabric if k.startswith(GKE_NETWORKS)}
     try:
         listed = json.loads(annotations.get(GKE_NORTH) or "[]")
-    except ValueError:
+    except (ValueError, RecursionError):  # the node's own words: RecursionError is `[` nested too deep
         listed = []
     names |= {str(i["network"]) for i in (listed if isinstance(listed, list) else [])
               if isinstance(i, dict) and i.get("network")}

@@ -81,7 +81,7 @@ class LabelHistory:
                 continue
             try:
                 result = json.loads(notes.get(f"{p}/last-result") or "{}")
-            except ValueError:
+            except (ValueError, RecursionError):  # the node may rewrite it: RecursionError is nesting
                 result = {}
             result = result if isinstance(result, dict) else {}
             self.rows[meta["name"]] = {

@@ -120,3 +120,29 @@ def test_fleet_file_problems_name_their_line(tmp_path: Path) -> None:
     path.write_text("node_groups:\n  - {name_prefix: n-, count: 2}\nfaults:\n  n-07: {hung_check: true}\n")
     with pytest.raises(ConfigProblems, match=rf"^{re.escape(str(path))}:4: faults.n-07: the fleet has no such node"):
         load_fleet(path)
+
+
+def test_a_playbook_name_stays_inside_its_folder(tmp_path: Path) -> None:
+    """`playbook`, `gate_playbook`, `soak_playbook`, `light_playbook`, a schedule's and a ladder rung's
+    playbook are names in `playbook_dir` or the shipped playbooks/, as a job template's are: an absolute
+    path, a `..` or a symlink out is refused (exit 2), so a config cannot load the controller's other files
+    (its service-account token, a mounted Secret) as a playbook. A ConfigMap volume's own links (each key
+    a link into `..data/`) stay inside the folder and are read."""
+    outside = tmp_path / "token"
+    outside.write_text("eyJhbGciOi.secret\n")
+    books = tmp_path / "books"
+    (books / "..2026_11_26").mkdir(parents=True)
+    (books / "..2026_11_26" / "mine.yaml").write_text("name: mine\ntasks:\n- debug: {msg: hi}\n")
+    (books / "..data").symlink_to("..2026_11_26")
+    (books / "mine.yaml").symlink_to("..data/mine.yaml")
+    (books / "out.yaml").symlink_to(outside)
+    cfg = Config(playbook_dir=str(books))
+    assert cfg.playbook_file("mine.yaml") == books / "mine.yaml"
+    assert cfg.playbook_file("sweep-light.yaml").name == "sweep-light.yaml", "the shipped ones after"
+    for name in (str(outside), "../token", "x/../../token", "~/token", "out.yaml"):
+        with pytest.raises(ConfigError, match="not a playbook name|leaves its folder"):
+            cfg.playbook_file(name)
+    config = tmp_path / "c.yaml"
+    config.write_text(f"playbook_dir: {books}\ndepth_ladder:\n- {{name: a, playbook: ../token, duration: 60}}\n")
+    res = CliRunner().invoke(main, ["lint", "--config", str(config)])
+    assert res.exit_code == 1 and "depth_ladder: 'a': playbook '../token': not a playbook name" in res.output

@@ -31,6 +31,7 @@ from sweeper.checks.evidence import (
     BEGIN,
     END,
     MANIFEST,
+    MANIFEST_LIMIT,
     BundleError,
     collect,
     emit,
@@ -134,6 +135,16 @@ def test_a_bundle_whose_first_member_is_not_its_manifest_is_refused() -> None:
     for bundle in (_tar([evil]), _tar([link])):
         with pytest.raises(BundleError, match="manifest"):
             read_manifest(bundle)
+
+
+def test_a_manifest_nested_past_the_parsers_depth_or_too_long_is_refused_in_words() -> None:
+    """json.loads raises RecursionError (no ValueError) on `[` nested a few thousand deep: a forged
+    manifest of 200 kB of `[` must be a refused bundle, not an exception that ends the run."""
+    deep, long = tarfile.TarInfo(MANIFEST), tarfile.TarInfo(MANIFEST)
+    with pytest.raises(BundleError, match="unreadable"):
+        read_manifest(_tar([deep], b"[" * 200_000))
+    with pytest.raises(BundleError, match="not its manifest"):
+        read_manifest(_tar([long], b" " * (MANIFEST_LIMIT + 1)))
 
 
 def _bundle(names: list[str]) -> tuple[bytes, dict[str, Any]]:

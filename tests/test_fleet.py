@@ -172,6 +172,28 @@ def test_a_url_password_is_never_printed() -> None:
     assert shown("state/a:b@c.db") == "state/a:b@c.db" and shown("postgresql://u@h/d") == "postgresql://u@h/d"
 
 
+@pytest.mark.parametrize("url", [
+    "postgresql://sweeper:ab/cd@127.0.0.1:1/h",  # SQLAlchemy's password is everything up to the first `@`
+    "postgresql://sweeper:ab:c/d?e@127.0.0.1:1/h",
+    "postgresql://sweeper@127.0.0.1:1/h?password=ab%2Fcd",  # libpq takes any parameter in the query
+    "postgresql://sweeper@127.0.0.1:1/h?sslmode=disable&pass%77ord=ab%2Fcd",  # its key percent-encoded
+    "postgresql:///h?host=127.0.0.1&port=1&user=sweeper&sslpassword=ab%2Fcd",
+])
+def test_a_url_password_is_masked_wherever_the_url_holds_it(url: str) -> None:
+    """The config's `state` is read by SQLAlchemy (its URL's password: the text between `user:` and the
+    first `@`, slashes included) and by libpq (a password in the query,
+    https://www.postgresql.org/docs/current/libpq-connect.html#LIBPQ-CONNSTRING-URIS): every message
+    that names the history masks it, and the command that fails to connect says so without it."""
+    from sweeper.history import redact
+
+    for text in (shown(url), redact(url)):
+        assert "ab" not in text.replace("sslmode", "").replace("disable", ""), text
+        assert "***" in text
+    res = CliRunner().invoke(main, ["history", "gpu-01", "--state", url, "-o", "json"])
+    assert res.exit_code == 3, res.output
+    assert "ab/cd" not in res.output and "ab%2Fcd" not in res.output and "***" in res.output
+
+
 def test_the_config_state_url_is_masked_in_errors(tmp_path: Path) -> None:
     cfg = tmp_path / "config.yaml"
     cfg.write_text("state: postgresql://sweeper:hunter2@127.0.0.1:1/sweeper\n")

@@ -432,6 +432,25 @@ def test_each_parser_reads_a_1mb_adversarial_line_within_a_second(parser: str) -
         assert took < 1.0, f"{parser} took {took:.2f}s on {line[:40]!r}..."
 
 
+@pytest.mark.parametrize("parser", ["auto", "sweeper", "dcgm", "nccl", "kernel-log", "nvidia-smi", "ibv-devinfo",
+                                    "topo", "fi-info", "ping"])
+def test_json_nested_past_the_decoders_depth_is_an_error_result(parser: str) -> None:
+    """json's decoder raises RecursionError, not ValueError, on arrays nested past the interpreter's
+    recursion limit: 5 kB of `[` in a check pod's log (or its 4 KiB termination message) once ended
+    the whole run. Every parser makes it an `error` result (never a pass, never an exception)."""
+    from sweeper import ingest
+    from sweeper.parsers import sweeper_result
+
+    for text in ('{"schema": ' + "[" * 5000, "{" + '"a":{' * 5000, '{"a": 1}\n{"schema": ' + "[" * 5000):
+        try:
+            _, result = ingest.ingest(text, "gpu-00", parser, T0)
+        except ConfigError:  # `auto` cannot tell the format: bad input (exit 2), no crash
+            assert parser == "auto"
+            continue
+        assert result.status in ("error", "fail"), (parser, result.status)
+    assert sweeper_result.parse_summary('{"schema": ' + "[" * 4000, "gpu-00", T0).status == "error"
+
+
 # -- 7. smaller ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("ddl", [
     "create trigger t after insert on checks begin update checks set status = 'pass' where id = new.id; end",

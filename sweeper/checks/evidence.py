@@ -19,6 +19,7 @@ import re
 import tarfile
 import tempfile
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -225,18 +226,21 @@ MANIFEST_LIMIT = 256 * 1024
 
 
 def read_manifest(bundle: bytes) -> dict[str, Any]:
-    """The manifest, the tar's first member, read in memory (nothing is extracted to disk, no other
-    member is read); a bundle whose first member is not a small manifest says so."""
+    """The manifest, the tar's first member, read in memory from the first 512-byte header as it is
+    and at most MANIFEST_LIMIT bytes after it (nothing is extracted, no other member is read). No
+    extension header is followed: tarfile reads a GNU long name's or a PAX header's data in one read
+    of the size it claims, so a few kilobytes that claim a terabyte would exhaust the controller."""
     try:
-        with tarfile.open(fileobj=io.BytesIO(bundle), mode="r:gz") as tar:
-            first = tar.next()
-            if first is None or first.name != MANIFEST or not first.isfile() or first.size > MANIFEST_LIMIT:
-                raise BundleError("the bundle's first member is not its manifest")
-            f = tar.extractfile(first)
-            doc = json.loads(f.read(MANIFEST_LIMIT)) if f is not None else None
-    except (tarfile.TarError, OSError, EOFError, ValueError) as exc:
-        if isinstance(exc, BundleError):
-            raise
+        head = zlib.decompressobj(wbits=31).decompress(bundle, tarfile.BLOCKSIZE + MANIFEST_LIMIT)
+        first = tarfile.TarInfo.frombuf(head[:tarfile.BLOCKSIZE], "utf-8", "strict")
+    except (tarfile.TarError, zlib.error, UnicodeError, ValueError) as exc:
+        raise BundleError(f"the bundle's manifest is unreadable: {exc}") from None
+    if first.name != MANIFEST or not first.isfile() or first.size > MANIFEST_LIMIT \
+            or len(head) < tarfile.BLOCKSIZE + first.size:
+        raise BundleError("the bundle's first member is not its manifest")
+    try:
+        doc = json.loads(head[tarfile.BLOCKSIZE:tarfile.BLOCKSIZE + first.size])
+    except (ValueError, RecursionError) as exc:  # RecursionError: `[` nested past the parser's depth
         raise BundleError(f"the bundle's manifest is unreadable: {exc}") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("parts"), list):
         raise BundleError("the bundle's manifest is not a Sweeper evidence manifest")

@@ -65,11 +65,11 @@ STATE_HELP = ("history: a SQLite file or a postgresql:// URL (default: $SWEEPER_
 
 
 def shown(state: str | None) -> str:
-    """`state` fit to print: a URL's password masked (`postgresql://u:***@host/db`), a path as it is.
-    Plain string work: the reading commands print it before any database library is imported."""
-    import re
+    """`state` fit to print: a URL's password masked (`postgresql://u:***@host/db`, and in its query), a
+    path as it is. Plain string work: the reading commands print it before any database library is imported."""
+    from sweeper.output import hide_password
 
-    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://[^/@:]*):[^/@]*@", r"\1:***@", state or "")
+    return hide_password(state or "")
 
 
 def config_state(config_path: str | None) -> str | None:

@@ -19,6 +19,7 @@ from sqlalchemy.pool import NullPool
 
 from sweeper.errors import StateError
 from sweeper.history.schema import KNOWN, KNOWN_TABLES, MIGRATIONS_TABLE, applied, migrate
+from sweeper.output import hide_password
 
 URL_SCHEMES = ("postgresql://", "postgresql+psycopg://", "postgres://")
 MIGRATION_LOCK = 0x5357_4545_5045_52  # 'SWEEPER': the advisory lock two PostgreSQL openers migrate under
@@ -36,8 +37,8 @@ def state_exists(state: str | Path) -> bool:
 
 
 def redact(state: str) -> str:
-    """`state` fit for a message: a URL without its password."""
-    return sa.engine.make_url(state).render_as_string(hide_password=True) if is_url(state) else state
+    """`state` fit for a message: a URL without its password (in its user part or its query)."""
+    return hide_password(state) if is_url(state) else state
 
 
 def cluster_name(configured: str | None = None) -> str:

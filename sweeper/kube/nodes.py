@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import urllib3
 from kubernetes import client
 
-from sweeper.errors import Forbidden, NotFound
+from sweeper.errors import Forbidden, NotFound, Transient
 from sweeper.kube.dra import DraCalls
 from sweeper.kube.retry import JSON_PATCH
 
@@ -88,9 +89,19 @@ class NodeCalls(DraCalls):
                                 label_selector=label_selector))
 
     def pod_log(self, namespace: str, name: str, limit_bytes: int = 8 * 1024 * 1024) -> str:
+        """The pod's log, at most `limit_bytes` of it. The kubelet applies limitBytes and the API server
+        passes its answer through: a node taken over may send more, so no more is read here either."""
         resp = self._call(f"read log of pod {namespace}/{name}", lambda: self.core.read_namespaced_pod_log(
             name, namespace, limit_bytes=limit_bytes, _preload_content=False), raw=False)
-        return resp.data.decode("utf-8", errors="replace")
+        try:
+            data = resp.read(limit_bytes)
+            if resp.read(1):  # more than asked for: the rest is never read, the connection is dropped
+                resp.close()
+        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
+            raise Transient(f"read log of pod {namespace}/{name}: connection failed: {type(exc).__name__}") from None
+        finally:
+            resp.release_conn()
+        return bytes(data).decode("utf-8", errors="replace")
 
     def evict_pod(self, namespace: str, name: str) -> None:
         """One eviction through the Eviction API; a 429 (a PodDisruptionBudget says no) is

@@ -94,6 +94,9 @@ def _find_json(text: str) -> tuple[dict[str, Any] | None, str]:
         except ValueError as exc:
             why = why or f"not JSON ({exc}); was -j given?"
             continue
+        except RecursionError:  # json raises it, not ValueError, on arrays or objects nested too deep
+            why = why or "not JSON (nested too deep)"
+            continue
         if isinstance(doc, dict):
             return doc, ""
     return None, why

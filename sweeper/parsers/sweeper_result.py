@@ -34,6 +34,8 @@ def parse(text: str, node: str, now: float) -> Result:
         doc, _ = json.JSONDecoder().raw_decode(text[start:])
     except ValueError as exc:
         return error_result(node, "sweeper", f"unreadable JSON ({exc}): " + _snippet(text), now)
+    except RecursionError:  # json raises it, not ValueError, on arrays or objects nested too deep
+        return error_result(node, "sweeper", "unreadable JSON (nested too deep): " + _snippet(text), now)
     try:
         return from_dict(doc, node)
     except (KeyError, TypeError, ValueError) as exc:
@@ -141,5 +143,5 @@ def parse_summary(text: str, node: str, now: float) -> Result:
         if result.status != doc["status"] and not doc.get("truncated"):
             raise ValueError(f"summary status {doc['status']!r} disagrees with its problems")
         return result
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: nested too deep
         return error_result(node, "sweeper", f"unreadable termination message ({exc}): {_snippet(text)}", now)

@@ -1378,6 +1378,8 @@ class SimCluster:
             argv = self._last_command(self._argv(pod))
             prog = argv[0].rsplit("/", 1)[-1] if argv else ""
             spec = self.specs.get(node_name)
+            if spec and spec.faults.forged_output and prog in ("dcgmi", "all_reduce_perf"):
+                return 0, spec.faults.forged_output, ""
             if prog == "dcgmi" and spec:
                 image = ((pod["spec"].get("containers") or [{}])[0]).get("image", "")
                 builds = self.fleet.cuda_builds.get(image)
@@ -1403,6 +1405,8 @@ class SimCluster:
             return 0, "" if prog in ("true", "sleep") else "training finished\n", ""
         spec = self.specs.get(node_name)
         faults = spec.faults if spec else None
+        if faults and faults.forged_output:
+            return 0, faults.forged_output, ""
         if faults and faults.garbage_output:
             return 0, "NVRM: API mismatch\x1b[0m ]]} <<garbage>> 0xdeadbeef\n", ""
         if faults and faults.check_crash:
@@ -1428,6 +1432,9 @@ class SimCluster:
             cap = int(argv[argv.index("--max-bytes") + 1]) if "--max-bytes" in argv else evidence.DEFAULT_CAP
         except (ValueError, IndexError):
             return 2, "sweeper evidence: error: --max-bytes\n", ""
+        spec = self.specs.get(node_name)
+        if spec and spec.faults.forged_evidence:
+            return 0, evidence.emit(sim_evidence.forged(spec.faults.forged_evidence)), ""
         nvml = self.fake_nvml(node_name, now) if self._sees_gpus(pod) else None
         host = sim_evidence.EvidenceHost(self.fake_host(node_name, now, self._host_paths(pod)), nvml,
                                          self.kernel_log(node_name, now), now)

@@ -6,6 +6,8 @@ simulator prints), `nvidia-smi nvlink -s` its links. The check image has no nvid
 
 from __future__ import annotations
 
+import gzip
+import tarfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,3 +66,15 @@ def fabric_manager_log(down: bool) -> str:
                 "will not start\n")
     return ("[Nov 20 2026 10:00:01] [INFO] [tid 1201] Fabric Manager version 570.124.06 is running\n"
             "[Nov 20 2026 10:00:04] [INFO] [tid 1201] Successfully configured all the available NVSwitches\n")
+
+
+# A hostile node's bundle: a tar.gz whose first header is an extension (a GNU long name, a PAX
+# header) claiming a terabyte of zeros. A reader that follows it asks for the whole terabyte at once.
+FORGERIES = {"longname-bomb": tarfile.GNUTYPE_LONGNAME, "pax-bomb": tarfile.XHDTYPE}
+
+
+def forged(kind: str) -> bytes:
+    """The forgery `kind` (FORGERIES), a few kilobytes compressed."""
+    info = tarfile.TarInfo("././@LongLink")
+    info.type, info.size = FORGERIES[kind], 1 << 40
+    return gzip.compress(info.tobuf(format=tarfile.GNU_FORMAT) + bytes(1 << 20), mtime=0)

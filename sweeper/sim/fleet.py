@@ -167,6 +167,9 @@ class Faults:
                                  "asks for GPUs (e.g. \"nvidia-container-cli: initialization error: nvml error: "
                                  "driver/library version mismatch: unknown\"): every such container on the node "
                                  "fails to start, StartError with exit 128, as containerd reports it")
+    forged_evidence: str = setting("", "the node's evidence pod prints this forgery instead of its bundle (a hostile "
+                                   "node writes its own log)", choices=("", "longname-bomb", "pax-bomb"))
+    forged_output: str = setting("", "what the node's check, dcgmi and all_reduce_perf print instead (a hostile node)")
     outside_claims: list[dict[str, Any]] = setting(help="other tools' claims of the node: conditions, taints, DRA "
                                                    "device taints (sweeper.sim.claims)", factory=list,
                                                    annotation=list[OutsideClaim], allowed="list of OutsideClaim")

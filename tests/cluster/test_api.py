@@ -628,3 +628,17 @@ def test_one_clock_for_the_served_simulator_and_an_outside_sweeper(tmp_path) -> 
         created = e.metadata.creation_timestamp.timestamp()
         assert all(lo <= t <= hi for t in [*written, created]), (e.reason, r, written, created)
         assert abs(created - parse_iso(e.last_timestamp.isoformat())) <= 1
+
+
+def test_a_pod_log_is_read_no_further_than_its_limit_whatever_the_server_sends(sim: Sim) -> None:
+    """limitBytes is applied by the kubelet, and the API server passes the kubelet's answer on
+    (https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/#read-log-of-the-specified-pod);
+    a node taken over sends what it likes. The simulated API server ignores limitBytes, as such a
+    kubelet would: Sweeper's adapter still holds no more than the limit, and its connections stay usable."""
+    sim.batch.create_namespaced_job("default", _job("loud", ["echo", "x" * (1 << 20)]))
+    _finished(sim, "loud")
+    pod = sim.core.list_namespaced_pod("default", label_selector="job-name=loud").items[0].metadata.name
+    raw = sim.core.read_namespaced_pod_log(pod, "default", limit_bytes=4096, _preload_content=False)
+    assert len(raw.data) > 4096, "the server sends it all"
+    assert sim.kube.pod_log("default", pod, limit_bytes=4096) == "x" * 4096
+    assert sim.kube.pod_log("default", pod) == "x" * (1 << 20) + "\n", "the next request on the pool reads whole"

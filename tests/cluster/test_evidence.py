@@ -21,6 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 from click.testing import CliRunner
 
 from sweeper.checks.evidence import read_manifest
@@ -119,3 +120,23 @@ def test_with_a_bucket_the_bundle_goes_to_s3_and_outlives_the_node(make_sim, his
                                         report.run_id, "--to", "-"])
         assert out.exit_code == 0, out.output
         assert read_manifest(out.stdout_bytes)["node"] == "gpu-01"
+
+
+@pytest.mark.parametrize("forgery", ["longname-bomb", "pax-bomb"])
+def test_a_forged_bundle_that_claims_a_terabyte_is_refused_and_the_run_goes_on(make_sim, history: History,
+                                                                                forgery: str) -> None:
+    """A hostile node prints its own evidence log: a tar.gz of a few kilobytes whose first header is
+    a GNU long name or a PAX header claiming 2**40 bytes. Python's tarfile reads such a header's data
+    in one read of the claimed size before it returns the first member (a MemoryError, or the
+    controller's 1Gi limit at a few hundred megabytes: a 1 MB gzip of zeros inflates to 1 GiB).
+    The reader takes the first 512-byte header as it is and inflates no more than the manifest's cap,
+    so the bundle is refused in words, and the verdict and the remedy stand (issue: adversarial
+    review of the evidence bundle)."""
+    sim: Sim = make_sim(pool_fleet(2, {"gpu-01": {"remap_failure": [4], "forged_evidence": forgery}}))
+    report = run_sweep(sim, history, KARPENTER)
+    assert {o.node: o.verdict for o in report.outcomes} == {"gpu-00": "pass", "gpu-01": "replace"}
+    assert "gpu-01" not in {n.metadata.name for n in sim.core.list_node().items}, "the remedy went on"
+    assert history.evidence_runs("gpu-01") == []
+    said = [a["detail"] for a in history.db.query("select detail from actions where node = 'gpu-01' "
+                                                  "and action = 'evidence'")]
+    assert said == ["none kept: the bundle's first member is not its manifest"]
