@@ -185,9 +185,35 @@ def m011_facts(conn: Connection, cluster: str) -> None:
             indexes=[("cluster", "key", "node")])
 
 
+# Each node's latest conclusive sweep (what `nodes` and the report name it by), and the start of its
+# latest full sweep (kind 'sweep', not inconclusive: what makes it not due), from the rows there.
+LATEST_COLUMNS = ("cluster", "node", "sweep_id", "run_id", "started", "finished", "verdict", "kind", "profile",
+                  "reasons", "rules", "swept")
+FILL_LATEST = (
+    f"insert into node_latest ({', '.join(LATEST_COLUMNS)}) select r.cluster, r.node, r.id, r.run_id, r.started, "
+    "r.finished, r.verdict, r.kind, r.profile, r.reasons, r.rules, f.swept from (select s.*, row_number() over "
+    "(partition by s.cluster, s.node order by s.started desc, s.id desc) as rk from node_sweeps s "
+    f"where {CONCLUSIVE_SWEEP}) as r left join (select cluster, node, max(started) as swept from node_sweeps "
+    f"where {CONCLUSIVE_SWEEP} and kind = 'sweep' and verdict != 'inconclusive' group by cluster, node) as f "
+    "on f.cluster = r.cluster and f.node = r.node where r.rk = 1")
+
+
+def m012_node_latest(conn: Connection, cluster: str) -> None:
+    """One row a node of each cluster: its latest conclusive sweep (id, run, start, end, verdict, kind,
+    profile, reasons, rules) and the start of its latest full sweep, kept as sweeps are written
+    (sweeper.history.recorder) and filled here from the sweeps already there. `nodes` and the fleet
+    page read a fleet's nodes from it, not from every sweep the fleet ever made."""
+    C = sa.Column
+    _create(conn, "node_latest", C("node", Text), C("sweep_id", RowId), C("run_id", Text), C("started", Float),
+            C("finished", Float), C("verdict", Text), C("kind", Text), C("profile", Text), C("reasons", Text),
+            C("rules", Text), C("swept", Float), C("cluster", Text, nullable=False, server_default=""),
+            pk=("cluster", "node"), indexes=[("started",)])
+    conn.execute(sa.text(FILL_LATEST))
+
+
 MIGRATIONS: tuple[Migration, ...] = (m001_initial, m002_controls, m003_sweep_kind, m004_policy, m005_pairs,
                                      m006_cluster, m007_idle_spells, m008_claims, m009_evidence,
-                                     m010_fleet_indexes, m011_facts)
+                                     m010_fleet_indexes, m011_facts, m012_node_latest)
 KNOWN = [m.__name__ for m in MIGRATIONS]
 
 
@@ -227,6 +253,9 @@ def _current() -> sa.MetaData:
           C("sha256", Text), C("location", Text), C("manifest", Text), C("data", sa.LargeBinary))
     table("facts", C("node", Text), C("run_id", Text), C("key", Text), C("value", Text), C("ts", Float),
           pk=("cluster", "node", "run_id", "key"))
+    table("node_latest", C("node", Text), C("sweep_id", RowId), C("run_id", Text), C("started", Float),
+          C("finished", Float), C("verdict", Text), C("kind", Text), C("profile", Text), C("reasons", Text),
+          C("rules", Text), C("swept", Float), pk=("cluster", "node"))
     return md
 
 
