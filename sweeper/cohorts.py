@@ -20,6 +20,7 @@ The statistic, stated once (docs/cohorts.md, `sweeper cohorts --help`):
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -108,6 +109,65 @@ def node_days(rows: Iterable[Sequence[Any]], since: float) -> list[NodeDay]:
         if failed:
             done.add((n, cohort))
         out.append(NodeDay(n, day, cohort, failed, why))
+    return out
+
+
+def node_days_by(sweeps: Sequence[Sequence[Any]], facts: Sequence[Sequence[Any]], keys: Sequence[str],
+                 since: float) -> dict[str, list[NodeDay]]:
+    """node_days for each fact of `keys` at once, from the history's rows as stored (sweeper.history
+    `cohort_tables`): sweeps (node, started, verdict, causes, run_id) in (started, id) order and facts
+    (node, run_id, key, value, ts) in time order. The same node-days as node_days over
+    cohort_rows(key), for every key: the sweeps are walked once (a node-day, its failure and causes do
+    not depend on the fact), then each key's value is looked up at each node-day's last conclusive
+    sweep, among that node's few changes of it."""
+    skeleton: dict[tuple[str, int], list[Any]] = {}  # (node, day) -> [its last conclusive sweep, failed, causes]
+    runs: dict[tuple[str, str], list[int]] = {}  # (node, run) -> its sweeps' places
+    for i, (node, started, verdict, causes, run) in enumerate(sweeps):
+        runs.setdefault((node, run), []).append(i)
+        if verdict not in CONCLUSIVE or started < since:
+            continue
+        key = (node, int((started - since) // DAY))
+        d = skeleton.get(key)
+        if d is None:
+            skeleton[key] = d = [i, False, ()]
+        else:
+            d[0] = i
+        if verdict in HOLDING:
+            d[1] = True
+            d[2] += tuple(str(x) for x in json.loads(causes or "[]"))
+    ordered = sorted(skeleton.items(), key=lambda kv: (kv[0][1], kv[0][0]))
+    out: dict[str, list[NodeDay]] = {}
+    for fact in keys:
+        # each node's values in the order cohort_rows puts them: a fact of a sweep's run at that sweep
+        # (each of them), any other at its own time, before a sweep of the same moment
+        events: dict[str, list[tuple[tuple[float, int, int], str]]] = {}
+        for j, (node, run, k, value, ts) in enumerate(facts):
+            if k != fact or not value:
+                continue
+            value = value if isinstance(value, str) else str(value)
+            mine = events.setdefault(node, [])
+            at = runs.get((node, run))
+            if at is None:
+                mine.append(((ts, 0, j), value))
+            else:
+                mine += [((sweeps[i][1], 1, i), value) for i in at]
+        marks: dict[str, list[tuple[float, int, int]]] = {}
+        for node, evs in events.items():
+            evs.sort(key=lambda e: e[0])
+            marks[node] = [e[0] for e in evs]
+        days, done = [], set()
+        for (node, day), (i, failed, why) in ordered:
+            evs = events.get(node)
+            cohort = UNKNOWN
+            if evs:
+                at = bisect_right(marks[node], (sweeps[i][1], 1, i))
+                cohort = evs[at - 1][1] if at else UNKNOWN
+            if (node, cohort) in done:  # failed in this cohort already: no longer at risk of a first failure in it
+                continue
+            if failed:
+                done.add((node, cohort))
+            days.append(NodeDay(node, day, cohort, failed, why))
+        out[fact] = days
     return out
 
 
@@ -201,12 +261,15 @@ def fact_key(by: str) -> str:
 
 
 def cohort_report(history: Any, by: str, since: float, until: float | None = None, backtest: str | None = None,
-                  alpha: float = ALPHA, min_days: int = MIN_DAYS, rows: Any = None) -> dict[str, Any]:
+                  alpha: float = ALPHA, min_days: int = MIN_DAYS, rows: Any = None,
+                  days: Sequence[NodeDay] | None = None) -> dict[str, Any]:
     """The document `sweeper cohorts` prints and the report shows: the cohorts of fact `by` over the
     window, flagged ones first, and (with `backtest`) the replay of that cohort's rollout. `rows`:
-    the history's cohort_rows for `by`, when read already."""
+    the history's cohort_rows for `by`, or `days`: its node-days (node_days_by), when read already."""
     key = fact_key(by)
-    days = node_days(history.cohort_rows(key, since, until) if rows is None else rows, since)
+    if days is None:
+        days = node_days(rows, since) if rows is not None else \
+            node_days_by(*history.cohort_tables((key,), since, until), (key,), since)[key]
     cohorts = analyse(days, alpha, min_days)
     doc: dict[str, Any] = {
         "by": key, "since": since, "node_days": len(days), "failures": sum(d.failed for d in days),

@@ -26,7 +26,23 @@ class Cohorts(Base):
         """cohort_rows for several facts, reading the sweeps once (the report's section)."""
         return self._cohort_rows(keys, since, until)
 
-    def _cohort_rows(self, keys: Sequence[str], since: float, until: float | None) -> dict[str, Any]:
+    @locked
+    def cohort_tables(self, keys: Sequence[str], since: float,
+                      until: float | None = None) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+        """What cohort_rows merges, as stored, for sweeper.cohorts.node_days_by: the sweeps (node, started,
+        verdict, causes as JSON text, run_id) in (started, id) order, and the changes of the facts
+        `keys` (node, run_id, key, value, ts) in time order, those before the window included. Two
+        queries, whatever the number of facts; across clusters (no scope) a node is `cluster/node`."""
+        sweeps, facts = self._cohort_read(keys, since, until)
+        name = self._cohort_name()
+        return [(name(c, n), st, vd, cs, r) for c, n, st, vd, cs, r in sweeps], \
+            [(name(c, n), r, k, v, ts) for c, n, r, k, v, ts in facts]
+
+    def _cohort_name(self) -> Any:
+        return (lambda c, n: n) if self.scope is not None else (lambda c, n: f"{c}/{n}" if c else n)
+
+    def _cohort_read(self, keys: Sequence[str], since: float,
+                     until: float | None) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
         p: dict[str, Any] = {"since": since, "until": until if until is not None else 1e18,
                              **{f"k{i}": k for i, k in enumerate(keys)}}
         sweeps = self._tuples(
@@ -35,8 +51,12 @@ class Cohorts(Base):
             f"{self._in('s.')} order by s.started, s.id", p)
         marks = ", ".join(f":k{i}" for i in range(len(keys))) or "null"
         facts = self._tuples(f"select cluster, node, run_id, key, value, ts from facts where key in ({marks}) and "
-                             f"ts < :until{self._in()} order by ts", p)
-        name = (lambda c, n: n) if self.scope is not None else (lambda c, n: f"{c}/{n}" if c else n)
+                             f"ts < :until{self._in()} order by ts, cluster, node, run_id, key", p)  # ties: one order
+        return sweeps, facts
+
+    def _cohort_rows(self, keys: Sequence[str], since: float, until: float | None) -> dict[str, Any]:
+        sweeps, facts = self._cohort_read(keys, since, until)
+        name = self._cohort_name()
         runs = {(c, n, r) for c, n, _, _, _, r in sweeps}
         out: dict[str, Any] = {}
         for key in keys:
@@ -46,6 +66,16 @@ class Cohorts(Base):
             carry = [(name(c, n), ts, None, None, v) for c, n, r, v, ts in mine if (c, n, r) not in runs]
             out[key] = sorted(carry + rows, key=lambda row: row[1]) if carry else rows
         return out
+
+    @locked
+    def facts_recorded(self, keys: Sequence[str]) -> list[str]:
+        """The facts of `keys` that any sweep recorded, in their order: one query for them all."""
+        if not keys:
+            return []
+        found = {int(i) for (i,) in self._tuples(" union all ".join(
+            f"select {i} as i where exists (select 1 from facts where key = :k{i}{self._in()})"
+            for i in range(len(keys))), {f"k{i}": k for i, k in enumerate(keys)})}
+        return [k for i, k in enumerate(keys) if i in found]
 
     @locked
     def has_facts(self, key: str, since: float) -> bool:
