@@ -157,11 +157,11 @@ def node_days_by(sweeps: Sequence[Sequence[Any]], facts: Sequence[Sequence[Any]]
             marks[node] = [e[0] for e in evs]
         days, done = [], set()
         for (node, day), (i, failed, why) in ordered:
-            evs = events.get(node)
+            seen = events.get(node)
             cohort = UNKNOWN
-            if evs:
-                at = bisect_right(marks[node], (sweeps[i][1], 1, i))
-                cohort = evs[at - 1][1] if at else UNKNOWN
+            if seen:
+                n = bisect_right(marks[node], (sweeps[i][1], 1, i))
+                cohort = seen[n - 1][1] if n else UNKNOWN
             if (node, cohort) in done:  # failed in this cohort already: no longer at risk of a first failure in it
                 continue
             if failed:
@@ -267,9 +267,11 @@ def cohort_report(history: Any, by: str, since: float, until: float | None = Non
     window, flagged ones first, and (with `backtest`) the replay of that cohort's rollout. `rows`:
     the history's cohort_rows for `by`, or `days`: its node-days (node_days_by), when read already."""
     key = fact_key(by)
-    if days is None:
-        days = node_days(rows, since) if rows is not None else \
-            node_days_by(*history.cohort_tables((key,), since, until), (key,), since)[key]
+    if days is None and rows is not None:
+        days = node_days(rows, since)
+    elif days is None:
+        sweeps, facts = history.cohort_tables((key,), since, until)
+        days = node_days_by(sweeps, facts, (key,), since)[key]
     cohorts = analyse(days, alpha, min_days)
     doc: dict[str, Any] = {
         "by": key, "since": since, "node_days": len(days), "failures": sum(d.failed for d in days),

@@ -16,7 +16,10 @@ def gather_cohorts(history: Any, since: float) -> list[dict[str, Any]]:
     from sweeper.cohorts import cohort_report, node_days_by
 
     keys = history.facts_recorded(REPORT_BY)
-    days = node_days_by(*history.cohort_tables(keys, since), keys, since) if keys else {}
+    if not keys:
+        return []
+    sweeps, facts = history.cohort_tables(keys, since)
+    days = node_days_by(sweeps, facts, keys, since)
     return [doc for key in keys if (doc := cohort_report(history, key, since, days=days[key]))["node_days"]]
 
 
