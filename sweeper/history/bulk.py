@@ -49,6 +49,7 @@ class Bulk(Base):
         (node_latest, which the Recorder keeps as it writes) made again from the sweeps loaded, and
         the query planner's statistics refreshed."""
         with self._link.transaction() as conn:
+            conn.exec_driver_sql("analyze")  # the fill's plan needs the loaded rows' statistics
             conn.exec_driver_sql("delete from node_latest")
             conn.execute(sa.text(FILL_LATEST))
             if self.backend == "postgresql":

@@ -189,13 +189,13 @@ def m011_facts(conn: Connection, cluster: str) -> None:
 # latest full sweep (kind 'sweep', not inconclusive: what makes it not due), from the rows there.
 LATEST_COLUMNS = ("cluster", "node", "sweep_id", "run_id", "started", "finished", "verdict", "kind", "profile",
                   "reasons", "rules", "swept")
-FILL_LATEST = (
-    f"insert into node_latest ({', '.join(LATEST_COLUMNS)}) select r.cluster, r.node, r.id, r.run_id, r.started, "
-    "r.finished, r.verdict, r.kind, r.profile, r.reasons, r.rules, f.swept from (select s.*, row_number() over "
-    "(partition by s.cluster, s.node order by s.started desc, s.id desc) as rk from node_sweeps s "
-    f"where {CONCLUSIVE_SWEEP}) as r left join (select cluster, node, max(started) as swept from node_sweeps "
-    f"where {CONCLUSIVE_SWEEP} and kind = 'sweep' and verdict != 'inconclusive' group by cluster, node) as f "
-    "on f.cluster = r.cluster and f.node = r.node where r.rk = 1")
+FILL_LATEST = (  # the latest of each node ranked over the narrow columns alone, its row then read by id
+    f"insert into node_latest ({', '.join(LATEST_COLUMNS)}) select s.cluster, s.node, s.id, s.run_id, s.started, "
+    "s.finished, s.verdict, s.kind, s.profile, s.reasons, s.rules, f.swept from (select id, row_number() over "
+    "(partition by cluster, node order by started desc, id desc) as rk from node_sweeps "
+    f"where {CONCLUSIVE_SWEEP}) as r join node_sweeps s on s.id = r.id left join (select cluster, node, "
+    f"max(started) as swept from node_sweeps where {CONCLUSIVE_SWEEP} and kind = 'sweep' and verdict != "
+    "'inconclusive' group by cluster, node) as f on f.cluster = s.cluster and f.node = s.node where r.rk = 1")
 
 
 def m012_node_latest(conn: Connection, cluster: str) -> None:
