@@ -149,3 +149,19 @@ def test_a_store_with_sweeps_before_the_migration_fills_node_latest(new_state: C
     got = {(r["cluster"], r["node"]): (r["started"], r["verdict"], r["swept"]) for r in _agrees(h)}
     assert got[("a", "gpu-01")] == (1000.0, "pass", 1000.0) and got[("a", "gpu-00")] == (400.0, "pass", 350.0)
     h.close()
+
+
+def test_a_bulk_load_makes_node_latest_from_the_rows_loaded(new_state: Callable[[str], str]) -> None:
+    """Rows loaded in bulk (an import, the benchmarks) pass no Recorder: analyze() makes node_latest
+    from them, as the migration does."""
+    h = History(new_state("bulk.db"), cluster="a")
+    h.insert_rows("node_sweeps", [
+        {"cluster": c, "run_id": "sw-0", "node": f"gpu-{n}", "started": float(t), "finished": float(t) + 60,
+         "playbook": "p", "profile": "p5", "verdict": v, "reasons": "[]", "dry_run": 0, "kind": k, "causes": "[]",
+         "rules": "[]"}
+        for c in ("a", "b") for n in range(3)
+        for t, v, k in ((300 - 100 * n, "pass", "sweep"), (100, "reboot", "sweep"), (200 + n, "inconclusive", "pair"))])
+    assert h.fleet() == []
+    h.analyze()
+    assert len(_agrees(h)) == 6
+    h.close()

@@ -51,7 +51,8 @@ class Bulk(Base):
         with self._link.transaction() as conn:
             conn.exec_driver_sql("analyze")  # the fill's plan needs the loaded rows' statistics
             conn.exec_driver_sql("delete from node_latest")
-            conn.execute(sa.text(FILL_LATEST))
+            for sql in FILL_LATEST:
+                conn.execute(sa.text(sql))
             if self.backend == "postgresql":
                 for t in CURRENT.tables.values():
                     if "id" in t.c and t.c.id.autoincrement is True:

@@ -189,13 +189,15 @@ def m011_facts(conn: Connection, cluster: str) -> None:
 # latest full sweep (kind 'sweep', not inconclusive: what makes it not due), from the rows there.
 LATEST_COLUMNS = ("cluster", "node", "sweep_id", "run_id", "started", "finished", "verdict", "kind", "profile",
                   "reasons", "rules", "swept")
-FILL_LATEST = (  # the latest of each node ranked over the narrow columns alone, its row then read by id
+FILL_LATEST = (  # the latest of each node ranked over the narrow columns alone, its row then read by id;
+    # then each node's latest full sweep, one index range a node (no join a stale plan could repeat per row)
     f"insert into node_latest ({', '.join(LATEST_COLUMNS)}) select s.cluster, s.node, s.id, s.run_id, s.started, "
-    "s.finished, s.verdict, s.kind, s.profile, s.reasons, s.rules, f.swept from (select id, row_number() over "
+    "s.finished, s.verdict, s.kind, s.profile, s.reasons, s.rules, null from (select id, row_number() over "
     "(partition by cluster, node order by started desc, id desc) as rk from node_sweeps "
-    f"where {CONCLUSIVE_SWEEP}) as r join node_sweeps s on s.id = r.id left join (select cluster, node, "
-    f"max(started) as swept from node_sweeps where {CONCLUSIVE_SWEEP} and kind = 'sweep' and verdict != "
-    "'inconclusive' group by cluster, node) as f on f.cluster = s.cluster and f.node = s.node where r.rk = 1")
+    f"where {CONCLUSIVE_SWEEP}) as r join node_sweeps s on s.id = r.id where r.rk = 1",
+    "update node_latest set swept = (select max(s.started) from node_sweeps s where s.cluster = node_latest.cluster "
+    "and s.node = node_latest.node and s.finished is not null and s.dry_run = 0 and s.kind = 'sweep' "
+    "and s.verdict != 'inconclusive')")
 
 
 def m012_node_latest(conn: Connection, cluster: str) -> None:
@@ -208,7 +210,8 @@ def m012_node_latest(conn: Connection, cluster: str) -> None:
             C("finished", Float), C("verdict", Text), C("kind", Text), C("profile", Text), C("reasons", Text),
             C("rules", Text), C("swept", Float), C("cluster", Text, nullable=False, server_default=""),
             pk=("cluster", "node"), indexes=[("started",)])
-    conn.execute(sa.text(FILL_LATEST))
+    for sql in FILL_LATEST:
+        conn.execute(sa.text(sql))
 
 
 MIGRATIONS: tuple[Migration, ...] = (m001_initial, m002_controls, m003_sweep_kind, m004_policy, m005_pairs,
