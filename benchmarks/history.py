@@ -161,7 +161,7 @@ def build_fleet(state: str, scale: Scale) -> float:
     h.execute("insert into facts (cluster, node, run_id, key, value, ts) select cluster, node, run_id, 'driver', "
               f"'580.95.05', started from node_sweeps where started >= {half} and started < {half} + {DAY} "
               "and id % 4 = 0")
-    h.analyze()
+    h.analyze()  # and each node's latest sweep (node_latest) made from the sweeps loaded, as the Recorder keeps it
     h.close()
     return time.perf_counter() - t0
 

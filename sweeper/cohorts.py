@@ -20,6 +20,7 @@ The statistic, stated once (docs/cohorts.md, `sweeper cohorts --help`):
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -108,6 +109,70 @@ def node_days(rows: Iterable[Sequence[Any]], since: float) -> list[NodeDay]:
         if failed:
             done.add((n, cohort))
         out.append(NodeDay(n, day, cohort, failed, why))
+    return out
+
+
+def node_days_by(sweeps: Sequence[Sequence[Any]], facts: Sequence[Sequence[Any]], keys: Sequence[str],
+                 since: float) -> dict[str, list[NodeDay]]:
+    """node_days for each fact of `keys` at once, from the history's rows as stored (sweeper.history
+    `cohort_tables`): sweeps (node, started, verdict, causes, id) in (started, id) order, and facts
+    (node, key, value, ts, and where its run has a sweep in the window that sweep's started and id)
+    in time order. The same node-days as node_days over cohort_rows(key), for every key: the sweeps
+    are walked once (a node-day, its failure and causes do not depend on the fact), then each key's
+    value is looked up at each node-day's last conclusive sweep, among that node's few changes of it."""
+    skeleton: dict[tuple[int, str], list[Any]] = {}  # (day, node) -> [its last conclusive sweep, failed, causes]
+    for node, started, verdict, causes, sweep_id in sweeps:
+        if verdict not in CONCLUSIVE or started < since:
+            continue
+        key = (int((started - since) // DAY), node)
+        d = skeleton.get(key)
+        if d is None:
+            skeleton[key] = d = [(started, 1, sweep_id), False, ()]
+        else:
+            d[0] = (started, 1, sweep_id)
+        if verdict in HOLDING:
+            d[1] = True
+            d[2] += tuple(str(x) for x in json.loads(causes or "[]"))
+    ordered = sorted(skeleton.items())
+    first: dict[str, tuple[float, int, int]] = {}  # each node's first conclusive node-day's sweep
+    for (_day, node), (anchor, _failed, _why) in ordered:
+        if node not in first or anchor < first[node]:
+            first[node] = anchor
+    out: dict[str, list[NodeDay]] = {}
+    make = tuple.__new__  # a NodeDay from its fields in order, without NamedTuple's constructor (150,000 a report)
+    for fact in keys:
+        # each node's values in the order cohort_rows puts them: a fact of a sweep's run at that sweep
+        # (each of them), any other at its own time, before a sweep of the same moment
+        events: dict[str, list[tuple[tuple[float, int, int], str]]] = {}
+        for j, (node, k, value, ts, at_started, at_id) in enumerate(facts):
+            if k == fact and value:
+                events.setdefault(node, []).append(
+                    ((ts, 0, j) if at_id is None else (at_started, 1, at_id), value if isinstance(value, str)
+                     else str(value)))
+        # a node whose value last changed before its first node-day has that value all through (most do)
+        fixed = dict.fromkeys(first, UNKNOWN)
+        marks: dict[str, list[tuple[float, int, int]]] = {}
+        for node, evs in events.items():
+            evs.sort(key=lambda e: e[0])
+            if node in first and evs[-1][0] <= first[node]:
+                fixed[node] = evs[-1][1]
+            elif node in first:
+                del fixed[node]
+                marks[node] = [e[0] for e in evs]
+        days: list[NodeDay] = []
+        done: dict[str, set[str]] = {}
+        for (day, node), (anchor, failed, why) in ordered:
+            cohort = fixed.get(node)
+            if cohort is None:
+                n = bisect_right(marks[node], anchor)
+                cohort = events[node][n - 1][1] if n else UNKNOWN
+            gone = done.get(node)
+            if gone is not None and cohort in gone:  # failed in this cohort already: no longer at risk in it
+                continue
+            if failed:
+                done.setdefault(node, set()).add(cohort)
+            days.append(make(NodeDay, (node, day, cohort, failed, why)))
+        out[fact] = days
     return out
 
 
@@ -201,12 +266,17 @@ def fact_key(by: str) -> str:
 
 
 def cohort_report(history: Any, by: str, since: float, until: float | None = None, backtest: str | None = None,
-                  alpha: float = ALPHA, min_days: int = MIN_DAYS, rows: Any = None) -> dict[str, Any]:
+                  alpha: float = ALPHA, min_days: int = MIN_DAYS, rows: Any = None,
+                  days: Sequence[NodeDay] | None = None) -> dict[str, Any]:
     """The document `sweeper cohorts` prints and the report shows: the cohorts of fact `by` over the
     window, flagged ones first, and (with `backtest`) the replay of that cohort's rollout. `rows`:
-    the history's cohort_rows for `by`, when read already."""
+    the history's cohort_rows for `by`, or `days`: its node-days (node_days_by), when read already."""
     key = fact_key(by)
-    days = node_days(history.cohort_rows(key, since, until) if rows is None else rows, since)
+    if days is None and rows is not None:
+        days = node_days(rows, since)
+    elif days is None:
+        sweeps, facts = history.cohort_tables((key,), since, until)
+        days = node_days_by(sweeps, facts, (key,), since)[key]
     cohorts = analyse(days, alpha, min_days)
     doc: dict[str, Any] = {
         "by": key, "since": since, "node_days": len(days), "failures": sum(d.failed for d in days),

@@ -34,10 +34,14 @@ def fleet_rows(hist: Any, cfg: Config, kube: Any = None, now: float | None = Non
     profile it would get); without, the nodes the history knows."""
     now = time.time() if now is None else now
     latest = {r["node"]: r for r in hist.fleet()}
-    # a light check of a busy node shows, but only a full sweep makes a node not due (the planner's rule);
-    # the history is asked again only where a latest row is not one
-    full = hist.last_swept() if any(r.get("kind") != "sweep" or r.get("verdict") == "inconclusive"
-                                    for r in latest.values()) else {n: r["started"] for n, r in latest.items()}
+    # a light check of a busy node shows, but only a full sweep makes a node not due (the planner's rule):
+    # each row's `swept` where the history keeps it, else the history is asked again where a latest row is not one
+    if all("swept" in r for r in latest.values()):
+        full = {n: r["swept"] for n, r in latest.items() if r["swept"] is not None}
+    elif any(r.get("kind") != "sweep" or r.get("verdict") == "inconclusive" for r in latest.values()):
+        full = hist.last_swept()
+    else:
+        full = {n: r["started"] for n, r in latest.items()}
     views: list[NodeView] = []
     profile_of: dict[str, str] = {}
     if kube is not None:

@@ -313,3 +313,49 @@ def test_nvml_facts_are_read_never_guessed() -> None:
     assert facts["gpu.1.serial"] != facts["gpu.0.serial"] and facts["board"] == "692-2G520-0200-000"
     facts = dict(run_node_checks(opts, NoVbios(gpus=[FakeGpu(0), FakeGpu(1)], cuda=None), None, now=0.0).facts)
     assert "vbios" not in facts and "gpu.0.vbios" not in facts and "cuda" not in facts and facts["driver"]
+
+
+def test_the_report_reads_every_fact_at_once_into_the_same_node_days(new_state: Any) -> None:
+    """node_days_by (the report's section: the sweeps read once, each fact looked up at each node-day)
+    gives each fact the node-days node_days gives over cohort_rows: with several sweeps a day, verdicts
+    that say nothing of the node, a value changed within a day, facts recorded outside any sweep of the
+    window (before it and in it, some at a sweep's very moment), a node with no value, and two clusters
+    read together, one of them alone too."""
+    from sweeper.cohorts import node_days_by
+    from sweeper.history import History
+    from sweeper.result import CheckResult, Result
+
+    rng = random.Random(7)
+    h = History(new_state("h.db"), cluster="east")
+    keys = ("driver", "rack", "zone")
+    with h.batch():
+        for cluster in ("east", "west"):
+            w = h.for_cluster(cluster)
+            for n in range(6):
+                node = f"gpu-{n}"
+                if n != 5:  # gpu-5 never records a driver or a zone
+                    w.facts(None, node, T0 - 3 * DAY, {"driver": "550", "zone": f"z{n % 2}"})
+            for day in range(8):
+                run = f"{cluster}-{day}"
+                w.run_started(run, T0 + day * DAY, "sweep")
+                for n in range(6):
+                    node = f"gpu-{n}"
+                    for k in range(rng.choice((1, 1, 2))):
+                        t = T0 + day * DAY + 600 * n + 3000 * k
+                        sid = w.sweep_started(run, node, t, "sweep-light.yaml", "p5", kind=rng.choice(("sweep", "pair")))
+                        facts = {"rack": f"r{rng.randrange(3)}"} if rng.random() < 0.3 else {}
+                        if n != 5 and rng.random() < 0.15:
+                            facts["driver"] = rng.choice(("570", "580"))
+                        w.result(sid, Result(node, "sweeper-check", t, t, (CheckResult("gpu.count", "pass"),),
+                                             facts=facts))
+                        verdict = rng.choice(("pass", "pass", "pass", "replace", "reboot", "error", "inconclusive"))
+                        w.sweep_finished(sid, t + 60, verdict, [], {"causes": [f"xid|{rng.randrange(3)}"]})
+                        if n != 5 and rng.random() < 0.1:  # a change seen outside a sweep, at a sweep's moment
+                            w.facts(None, node, t, {"driver": rng.choice(("570", "580", "590"))})
+    since = T0 + DAY
+    for view in (h.for_cluster(None), h.for_cluster("west")):
+        fast = node_days_by(*view.cohort_tables(keys, since), keys, since)
+        for key in keys:
+            assert fast[key] == node_days(view.cohort_rows(key, since), since), key
+        assert UNKNOWN in {d.cohort for d in fast["driver"]} and len({d.cohort for d in fast["driver"]}) >= 3
+    h.close()

@@ -11,7 +11,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from sweeper.history.base import Base
-from sweeper.history.schema import CURRENT
+from sweeper.history.schema import CURRENT, FILL_LATEST
 from sweeper.history.store import locked
 
 BATCH = 20_000  # rows a round trip: executemany on SQLite, psycopg's pipelined executemany on PostgreSQL
@@ -45,9 +45,14 @@ class Bulk(Base):
 
     def analyze(self) -> None:
         """After a bulk load: each row id's sequence moved past the ids loaded (PostgreSQL's BIGSERIAL
-        does not see ids given explicitly; SQLite's rowid needs nothing), and the query planner's
-        statistics refreshed."""
+        does not see ids given explicitly; SQLite's rowid needs nothing), each node's latest sweep
+        (node_latest, which the Recorder keeps as it writes) made again from the sweeps loaded, and
+        the query planner's statistics refreshed."""
         with self._link.transaction() as conn:
+            conn.exec_driver_sql("analyze")  # the fill's plan needs the loaded rows' statistics
+            conn.exec_driver_sql("delete from node_latest")
+            for sql in FILL_LATEST:
+                conn.execute(sa.text(sql))
             if self.backend == "postgresql":
                 for t in CURRENT.tables.values():
                     if "id" in t.c and t.c.id.autoincrement is True:

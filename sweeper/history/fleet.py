@@ -16,11 +16,11 @@ CONCLUSIVE = CONCLUSIVE_SWEEP
 class Fleet(Base):
     @locked
     def fleet(self) -> list[dict[str, Any]]:
-        """Every node's latest conclusive sweep: node, cluster, profile, started, verdict, reasons, kind."""
-        rows = self._rows(
-            "select s.* from node_sweeps s join (select cluster, node, max(started) as last from node_sweeps "
-            f"where {CONCLUSIVE}{self._in()} group by cluster, node) l on s.cluster = l.cluster "
-            f"and s.node = l.node and s.started = l.last where 1 = 1{self._in('s.')} order by s.node, s.cluster")
+        """Every node's latest conclusive sweep: id, node, cluster, run_id, profile, started, finished,
+        verdict, reasons, rules, kind, and `swept` (the start of its latest full sweep, or None). Read from
+        node_latest, which the Recorder keeps as sweeps finish: one row a node, not every sweep."""
+        rows = self._rows("select sweep_id as id, node, cluster, run_id, profile, started, finished, verdict, reasons, "
+                          f"rules, kind, swept from node_latest where 1 = 1{self._in()} order by node, cluster")
         for r in rows:
             r["reasons"] = json.loads(r["reasons"] or "[]")
             r["rules"] = json.loads(r.get("rules") or "[]")
@@ -37,10 +37,8 @@ class Fleet(Base):
         p: dict[str, Any] = {"since": since, **{f"v{i}": v for i, v in enumerate(failing)}}
         out: dict[str, dict[str, Any]] = {}
         for cluster, nodes, held in self._tuples(
-                f"select s.cluster, count(*), sum(case when s.verdict in ({verdicts}) then 1 else 0 end) "
-                "from node_sweeps s join (select cluster, node, max(started) as last from node_sweeps "
-                f"where {CONCLUSIVE} group by cluster, node) l on s.cluster = l.cluster and s.node = l.node "
-                "and s.started = l.last group by s.cluster", p):
+                f"select cluster, count(*), sum(case when verdict in ({verdicts}) then 1 else 0 end) from node_latest "
+                "group by cluster", p):
             out[cluster] = {"cluster": cluster, "nodes": int(nodes), "held": int(held or 0), "failures": 0,
                             "first": None, "daily": {}, "last_run": None, "last_status": None}
         # the failing sweeps alone, through the (verdict, finished) index: a fleet's passes are never read

@@ -8,7 +8,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from sweeper.history.base import Base
-from sweeper.history.schema import CONCLUSIVE_PAIRS
+from sweeper.history.schema import CONCLUSIVE_PAIRS, CONCLUSIVE_SWEEP
 from sweeper.history.store import locked
 
 if TYPE_CHECKING:
@@ -52,6 +52,29 @@ class Recorder(Base):
                         "decided": decision.get("decided"), "policy": decision.get("policy"),
                         "policy_verdict": decision.get("verdict")})
         self._write("node_sweeps", row, where_id=sweep_id)
+        self._keep_latest(sweep_id)
+
+    def _keep_latest(self, sweep_id: int) -> None:
+        """node_latest as this sweep leaves it: the node's row becomes this sweep where it is conclusive
+        and the latest (by start, then id: a sweep finished late never overwrites a later one), and its
+        `swept` moves on where this is a later full sweep. The same upserts on both backends
+        (https://www.sqlite.org/lang_upsert.html, https://www.postgresql.org/docs/current/sql-insert.html)."""
+        rows = self._rows(f"select * from node_sweeps where id = :id and {CONCLUSIVE_SWEEP}", {"id": sweep_id})
+        if not rows:
+            return
+        s = rows[0]
+        full = s["started"] if s["kind"] == "sweep" and s["verdict"] != "inconclusive" else None
+        self._run("insert into node_latest (cluster, node, sweep_id, run_id, started, finished, verdict, kind, profile, "
+                  "reasons, rules, swept) values (:cluster_, :node, :id, :run_id, :started, :finished, :verdict, :kind, "
+                  ":profile, :reasons, :rules, :swept) on conflict (cluster, node) do update set sweep_id = "
+                  "excluded.sweep_id, run_id = excluded.run_id, started = excluded.started, finished = excluded.finished, "
+                  "verdict = excluded.verdict, kind = excluded.kind, profile = excluded.profile, reasons = "
+                  "excluded.reasons, rules = excluded.rules where excluded.started > node_latest.started or "
+                  "(excluded.started = node_latest.started and excluded.sweep_id >= node_latest.sweep_id)",
+                  {**s, "cluster_": s["cluster"], "swept": full})
+        if full is not None:
+            self._run("update node_latest set swept = :swept where cluster = :c and node = :node and "
+                      "(swept is null or swept < :swept)", {"c": s["cluster"], "node": s["node"], "swept": full})
 
     @locked
     def result(self, sweep_id: int | None, result: Result) -> None:

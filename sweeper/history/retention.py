@@ -77,6 +77,10 @@ class Retention(Base):
         self._run(f"delete from checks where sweep_id in ({marks})", p)
         self._run(f"delete from metrics where sweep_id in ({marks})", p)
         self._run(f"delete from node_sweeps where {OLD}{c}", p)
+        # node_latest as the sweeps left leave it: a node whose latest sweep went has none left; one whose
+        # latest full sweep went has no full sweep left
+        self._run(f"delete from node_latest where started < :before{c}", p)
+        self._run(f"update node_latest set swept = null where swept < :before{c}", p)
         for table in ("actions", "pairs", "pair_latest", "intents", "claims", "evidence"):
             self._run(f"delete from {table} where ts < :before{c}", p)
         self._run(f"delete from idle_spells where ended is not null and ended < :before{c}", p)

@@ -185,9 +185,38 @@ def m011_facts(conn: Connection, cluster: str) -> None:
             indexes=[("cluster", "key", "node")])
 
 
+# Each node's latest conclusive sweep (what `nodes` and the report name it by), and the start of its
+# latest full sweep (kind 'sweep', not inconclusive: what makes it not due), from the rows there.
+LATEST_COLUMNS = ("cluster", "node", "sweep_id", "run_id", "started", "finished", "verdict", "kind", "profile",
+                  "reasons", "rules", "swept")
+FILL_LATEST = (  # the latest of each node ranked over the narrow columns alone, its row then read by id;
+    # then each node's latest full sweep, one index range a node (no join a stale plan could repeat per row)
+    f"insert into node_latest ({', '.join(LATEST_COLUMNS)}) select s.cluster, s.node, s.id, s.run_id, s.started, "
+    "s.finished, s.verdict, s.kind, s.profile, s.reasons, s.rules, null from (select id, row_number() over "
+    "(partition by cluster, node order by started desc, id desc) as rk from node_sweeps "
+    f"where {CONCLUSIVE_SWEEP}) as r join node_sweeps s on s.id = r.id where r.rk = 1",
+    "update node_latest set swept = (select max(s.started) from node_sweeps s where s.cluster = node_latest.cluster "
+    "and s.node = node_latest.node and s.finished is not null and s.dry_run = 0 and s.kind = 'sweep' "
+    "and s.verdict != 'inconclusive')")
+
+
+def m012_node_latest(conn: Connection, cluster: str) -> None:
+    """One row a node of each cluster: its latest conclusive sweep (id, run, start, end, verdict, kind,
+    profile, reasons, rules) and the start of its latest full sweep, kept as sweeps are written
+    (sweeper.history.recorder) and filled here from the sweeps already there. `nodes` and the fleet
+    page read a fleet's nodes from it, not from every sweep the fleet ever made."""
+    C = sa.Column
+    _create(conn, "node_latest", C("node", Text), C("sweep_id", RowId), C("run_id", Text), C("started", Float),
+            C("finished", Float), C("verdict", Text), C("kind", Text), C("profile", Text), C("reasons", Text),
+            C("rules", Text), C("swept", Float), C("cluster", Text, nullable=False, server_default=""),
+            pk=("cluster", "node"), indexes=[("started",)])
+    for sql in FILL_LATEST:
+        conn.execute(sa.text(sql))
+
+
 MIGRATIONS: tuple[Migration, ...] = (m001_initial, m002_controls, m003_sweep_kind, m004_policy, m005_pairs,
                                      m006_cluster, m007_idle_spells, m008_claims, m009_evidence,
-                                     m010_fleet_indexes, m011_facts)
+                                     m010_fleet_indexes, m011_facts, m012_node_latest)
 KNOWN = [m.__name__ for m in MIGRATIONS]
 
 
@@ -227,6 +256,9 @@ def _current() -> sa.MetaData:
           C("sha256", Text), C("location", Text), C("manifest", Text), C("data", sa.LargeBinary))
     table("facts", C("node", Text), C("run_id", Text), C("key", Text), C("value", Text), C("ts", Float),
           pk=("cluster", "node", "run_id", "key"))
+    table("node_latest", C("node", Text), C("sweep_id", RowId), C("run_id", Text), C("started", Float),
+          C("finished", Float), C("verdict", Text), C("kind", Text), C("profile", Text), C("reasons", Text),
+          C("rules", Text), C("swept", Float), pk=("cluster", "node"))
     return md
 
 

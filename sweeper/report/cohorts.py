@@ -13,11 +13,14 @@ MAX_ROWS = 12
 
 
 def gather_cohorts(history: Any, since: float) -> list[dict[str, Any]]:
-    from sweeper.cohorts import cohort_report
+    from sweeper.cohorts import cohort_report, node_days_by
 
-    keys = [key for key in REPORT_BY if history.has_facts(key, since)]
-    rows = history.cohort_rows_by(keys, since) if keys else {}
-    return [doc for key in keys if (doc := cohort_report(history, key, since, rows=rows[key]))["node_days"]]
+    keys = history.facts_recorded(REPORT_BY)
+    if not keys:
+        return []
+    sweeps, facts = history.cohort_tables(keys, since)
+    days = node_days_by(sweeps, facts, keys, since)
+    return [doc for key in keys if (doc := cohort_report(history, key, since, days=days[key]))["node_days"]]
 
 
 def _pct(x: float) -> str:
