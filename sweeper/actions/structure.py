@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from jinja2 import TemplateError, nodes
 
 from sweeper.actions.safety import SWEEPER_VARS
 from sweeper.errors import PlaybookError
 from sweeper.schema import safe_load_all
-from sweeper.templating import JobTemplate, render_template
+from sweeper.templating import ENV, JobTemplate, render_template
 
 CLUSTER_VARS = ("node", "partner")  # the held node(s) as the cluster reports them
 # ... except their profile: Sweeper's own file (profiles/), chosen by the node's labels, in which the
@@ -154,3 +155,44 @@ def check_structure(path: Path, template: str, real_text: str, neutral_text: str
     raise PlaybookError(f"{path}: unsafe Job: the template {template} lets cluster data change the Job's structure "
                         f"({found}): {named}; cluster data may only fill a value, written with | tojson "
                         "(docs/security.md, Jobs a playbook cannot aim)")
+
+
+def bare_cluster_values(text: str) -> list[tuple[int, str]]:
+    """(line, expression) of each `{{ ... }}` that reads `node` or `partner` (beyond the profile, the
+    GPU count and the name, which are Sweeper's or a DNS name) and does not end in `| tojson`: the
+    render check refuses the Job if such a value ever carries YAML, so `sweeper lint` says it before."""
+    try:
+        tree = ENV.parse(text)
+    except TemplateError:
+        return []  # a syntax error is reported as such
+    out: list[tuple[int, str]] = []
+    for output in tree.find_all(nodes.Output):
+        for expr in output.nodes:
+            if isinstance(expr, nodes.TemplateData) or (isinstance(expr, nodes.Filter) and expr.name in _QUOTING):
+                continue
+            read = [_dotted(g) for g in expr.find_all(nodes.Getattr | nodes.Getitem)]  # type: ignore[arg-type]
+            names = {n.name for n in expr.find_all(nodes.Name)}
+            if isinstance(expr, nodes.Name | nodes.Getattr | nodes.Getitem):
+                read.append(_dotted(expr))
+            if names & set(CLUSTER_VARS) and not all(r.startswith(_HARMLESS) for r in read if r.split(".")[0] in CLUSTER_VARS):
+                out.append((expr.lineno, max((r for r in read if r.split(".")[0] in CLUSTER_VARS), key=len, default="node")))
+    return out
+
+
+_QUOTING = ("tojson", "to_json")
+_HARMLESS = tuple(f"{v}.{k}" for v in CLUSTER_VARS for k in ("profile", "gpus", "name"))
+
+
+def _dotted(expr: Any) -> str:
+    """`node.annotations.x` for node.annotations['x'] or node.annotations.x; '' for what is no path."""
+    parts: list[str] = []
+    while isinstance(expr, nodes.Getattr | nodes.Getitem):
+        if isinstance(expr, nodes.Getattr):
+            parts.append(expr.attr)
+        else:
+            parts.append(str(expr.arg.value) if isinstance(expr.arg, nodes.Const) else "?")
+        expr = expr.node
+    if isinstance(expr, nodes.Name):
+        parts.append(expr.name)
+        return ".".join(reversed(parts))
+    return ""
