@@ -149,12 +149,17 @@ def check_structure(path: Path, template: str, real_text: str, neutral_text: str
         found = next((d for d in (differences(a, b, "") for a, b in zip(real, neutral_docs, strict=True)) if d), "")
     if not found:
         return
-    suspects = [p for v, p in marks.paths.items() if not _PLAIN.match(v) and v in real_text][:3]
+    suspects = [p for v, p in marks.paths.items() if not _PLAIN.match(v) and _shows(v, real_text)][:3]
     named = (f"the value of {', '.join(suspects)}" if suspects else
              "a value of node, partner or the playbook's vars (a branch, loop or key on it)")
     raise PlaybookError(f"{path}: unsafe Job: the template {template} lets cluster data change the Job's structure "
                         f"({found}): {named}; cluster data may only fill a value, written with | tojson "
                         "(docs/security.md, Jobs a playbook cannot aim)")
+
+
+def _shows(value: str, text: str) -> bool:
+    """Whether the rendered text holds the value, or one of its lines (a filter may have changed the rest)."""
+    return value in text or any(len(line.strip()) > 3 and line.strip() in text for line in value.splitlines())
 
 
 def bare_cluster_values(text: str) -> list[tuple[int, str]]:
