@@ -107,8 +107,11 @@ def test_a_playbooks_vars_carrying_node_text_are_checked_too(tmp_path: Path) -> 
     folder = authors_check(tmp_path, "          workingDir: {{ note }}")
     with pytest.raises(PlaybookError, match="unsafe Job.*the value of note"):
         render_job(ctx(folder), "mine.yaml.j2", 900, {"note": INJECTED})
-    job = render_job(ctx(folder), "mine.yaml.j2", 900, {"note": "scratch"})  # a plain word is the playbook's
-    assert container(job)["workingDir"] == "scratch"
+    for plain in ("scratch", "--level=3", "-q"):  # a plain word or a flag is the playbook's, kept as it is
+        job = render_job(ctx(folder), "mine.yaml.j2", 900, {"note": plain})
+        assert container(job)["workingDir"] == plain
+    with pytest.raises(PlaybookError, match="unsafe Job"):
+        render_job(ctx(folder), "mine.yaml.j2", 900, {"note": "- x"})  # a list item of its own
 
 
 @pytest.mark.parametrize(("value", "note"), [("{{ partner.annotations['x'] }}", INJECTED),

@@ -10,7 +10,8 @@ a mapping was and a list where a list was; a scalar may differ only where the pl
 it (a cluster value inside a string). Anything else is refused as an unsafe Job, before anything
 reaches the cluster. A playbook's `vars` may carry cluster text too (`vars: {note: "{{
 node.annotations.x }}"}`): each of their strings that is more than a plain word (letters, digits,
-`.`, `_`, `/`, `=`, `+`, `-` and spaces, starting with a letter or digit) is replaced as well.
+`.`, `_`, `/`, `=`, `+`, `-` and spaces, starting with a letter or digit, or a flag such as `--level=3`)
+is replaced as well.
 
 The check does not depend on the author's `tojson`: a value that arrives bare, concatenated or
 filtered (`~`, `upper`, `replace`) is followed by its placeholder, and a value that changes what
@@ -36,7 +37,8 @@ CLUSTER_VARS = ("node", "partner")  # the held node(s) as the cluster reports th
 # cluster changes only counts (the NICs the node advertises); a template may branch on it (`nic`)
 OWN_PARTS = frozenset({"profile"})
 MARK = "zqsweepercluster"  # every placeholder starts with it: letters only, no YAML reads it as more
-_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._/=+-]*\Z")
+# a plain word, or a flag (`-q`, `--level=3`): YAML reads it as one plain scalar wherever it lands
+_PLAIN = re.compile(r"(?:--?)?[A-Za-z0-9][A-Za-z0-9 ._/=+-]*\Z")
 
 
 class _Placeholders:
