@@ -16,6 +16,7 @@ from sweeper.actions import ActionContext, load_all
 from sweeper.actions.jobs import render_job, template_of
 from sweeper.actions.pair import mpijob_pods, render_pair
 from sweeper.actions.safety import REMEDIATION_TEMPLATES, SWEEPER_VARS
+from sweeper.actions.structure import bare_cluster_values
 from sweeper.config import UNPUBLISHED, Config, load_config
 from sweeper.errors import ConfigError, PlaybookError
 from sweeper.playbook.model import Task, load_playbook
@@ -85,6 +86,9 @@ def lint_paths(paths: list[Path], cfg: Config, config_file: Path | None = None) 
         report.checked.append(str(f))
         if f.suffix == ".j2":
             report.problems += lint_template(f, cfg)
+            report.warnings += [f"{f}:{line}: warning: {{{{ {what} }}}} is written without | tojson: a value the node can "
+                                "write (an annotation, a label) that holds YAML makes the Job refused at run time"
+                                for line, what in bare_cluster_values(f.read_text())]
             continue
         try:
             raw = safe_load(f.read_text())

@@ -46,6 +46,7 @@ from sweeper.actions.safety import (
     problems,
     protected,
 )
+from sweeper.actions.structure import render_checked
 from sweeper.clock import parse_duration
 from sweeper.config import home
 from sweeper.demand import holds_gpus
@@ -54,7 +55,7 @@ from sweeper.formats import FORMATS, detect, read
 from sweeper.parsers import dcgm, nccl, sweeper_result
 from sweeper.result import Result, error_result
 from sweeper.schema import safe_load, safe_load_all
-from sweeper.templating import JobTemplate, render_template, resolve_template
+from sweeper.templating import JobTemplate, resolve_template
 
 
 def job_name(node: str, run_id: str, template: str) -> str:
@@ -187,7 +188,7 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
         **image_vars(ctx)}
     protected(extra, own, "run_job")
     variables = {**extra, **own}  # Sweeper's values last: nothing a playbook passes replaces them
-    rendered = render_template(found, variables)
+    rendered = render_checked(found, variables)  # cluster data fills values, never shapes the Job
     job = load_rendered(rendered, path)
     if not isinstance(job, dict) or job.get("kind") != "Job":
         raise PlaybookError(f"{path}: the template must render a batch/v1 Job")

@@ -49,11 +49,11 @@ from sweeper.actions.pairspec import (  # noqa: F401  (re-exported: their old ho
 )
 from sweeper.actions.podstate import finished, start_failure
 from sweeper.actions.safety import protected
+from sweeper.actions.structure import render_checked
 from sweeper.clock import parse_duration
 from sweeper.errors import KubeError, PlaybookError
 from sweeper.parsers import pair as pair_parser
 from sweeper.result import Result, tool_result
-from sweeper.templating import render_template
 
 INDEX = "batch.kubernetes.io/job-completion-index"
 
@@ -120,7 +120,7 @@ def render_pair(ctx: ActionContext, template: str, timeout: float,
     found = template_of(ctx, template)
     path = found.path
     variables = pair_variables(ctx, template, timeout, extra)
-    docs = load_rendered(render_template(found, variables), path, many=True)
+    docs = load_rendered(render_checked(found, variables), path, many=True)
     kinds = [d.get("kind") if isinstance(d, dict) else None for d in docs]
     # Sweeper's own values, not the variables: the workers go to the two held nodes, the launcher
     # (no GPU) to either of them.

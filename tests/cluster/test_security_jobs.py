@@ -102,3 +102,71 @@ def test_the_shipped_check_still_runs(make_sim: Any, tmp_path: Path) -> None:
     sim: Sim = make_sim(nodes=1)
     res = run_play(sim, tmp_path, "    run_job: {template: sweeper-check.yaml.j2}\n")
     assert res.exit_code == 0, res.output
+
+
+# -- cluster data cannot shape a Job (sweeper.actions.structure) -------------------------------
+# A kubelet may write its own Node's annotations and labels (the NodeRestriction admission plugin:
+# https://kubernetes.io/docs/reference/access-authn-authz/admission-controllers/#noderestriction):
+# here the node's annotation carries YAML for the container's command, and an author's template
+# writes it bare. Written over HTTP, as a kubelet would write it.
+INJECTED = "/tmp\n          command: [sh, -c, evil]"
+BROKEN_OUT = '/tmp"\n          command: [sh, -c, evil]\n          terminationMessagePath: "/dev/termination-log'
+
+
+def bare_annotation(tmp_path: Path, quoted: bool) -> Path:
+    folder = tmp_path / "templates"
+    folder.mkdir()
+    text = (ROOT / "job-templates" / "sweeper-check.yaml.j2").read_text()
+    value = "\"{{ node.annotations['example.com/scratch'] }}\"" if quoted else \
+        "{{ node.annotations['example.com/scratch'] }}"
+    head, sep, tail = text.partition("          env:\n")
+    (folder / "mine.yaml.j2").write_text(f"{head}          workingDir: {value}\n{sep}{tail}")
+    return folder
+
+
+def annotate(sim: Sim, node: str, value: str) -> None:
+    sim.core.patch_node(node, {"metadata": {"annotations": {"example.com/scratch": value}}})
+
+
+@pytest.mark.parametrize(("quoted", "value"), [(False, INJECTED), (True, BROKEN_OUT)])
+def test_a_nodes_annotation_cannot_give_a_job_its_command(make_sim: Any, tmp_path: Path, quoted: bool,
+                                                          value: str) -> None:
+    sim: Sim = make_sim(nodes=1)
+    annotate(sim, "gpu-00", value)
+    folder = bare_annotation(tmp_path, quoted)
+    res = run_play(sim, tmp_path, "    run_job: {template: mine.yaml.j2}\n", f"template_dir: {folder}\n")
+    assert res.exit_code == 2 and "unsafe Job" in res.output, res.output
+    assert "mine.yaml.j2" in res.output and "node['annotations']['example.com/scratch']" in res.output, res.output
+    nothing_created(sim)
+
+
+def test_a_sweep_records_the_refused_job_as_an_error_and_hands_the_node_back(make_sim: Any, tmp_path: Path) -> None:
+    """Neither pass nor fail: a refused Job is the tool's fault (the author's template), never the
+    node's; the node with a plain annotation is checked as before."""
+    from dataclasses import replace
+
+    from sweeper.history import History
+    from tests.conftest import TEST_CONFIG, run_sweep
+
+    sim: Sim = make_sim(nodes=2)
+    annotate(sim, "gpu-00", "scratch")
+    annotate(sim, "gpu-01", INJECTED)
+    folder = bare_annotation(tmp_path, quoted=False)
+    (folder / "check.yaml").write_text("name: mine\ntasks:\n  - run_job: {template: mine.yaml.j2, timeout: 10m}\n")
+    cfg = replace(TEST_CONFIG, template_dir=str(folder), playbook_dir=str(folder), playbook="check.yaml",
+                  light_playbook="")
+    start = len(sim.cluster.store.requests)
+    h = History(tmp_path / "sweep.db")
+    try:
+        report = run_sweep(sim, h, cfg)
+    finally:
+        h.close()
+    verdicts = {o.node: o.verdict for o in report.outcomes}
+    assert verdicts == {"gpu-00": "pass", "gpu-01": "error"}, report.outcomes
+    refused = next(o for o in report.outcomes if o.node == "gpu-01")
+    assert any("unsafe Job" in r and "node['annotations']['example.com/scratch']" in r for r in refused.reasons), refused
+    # no Job of gpu-01's was ever asked for (each is named sweep-<node>-...); gpu-00's ran
+    paths = [p for _, p in sim.cluster.store.requests[start:] if "/jobs" in p]
+    assert not [p for p in paths if "sweep-gpu-01-" in p] and [p for p in paths if "sweep-gpu-00-" in p], paths
+    taints = sim.core.read_node("gpu-01").spec.taints or []
+    assert not [t for t in taints if t.key == cfg.taint_key], taints
