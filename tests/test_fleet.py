@@ -72,6 +72,20 @@ def test_the_overview_counts_each_cluster_on_its_own(shared: str) -> None:
     h.close()
 
 
+def test_a_failure_late_in_a_day_counts_on_that_day_on_either_backend(new_state: Callable[[str], str]) -> None:
+    """The fleet page's daily failures (its trend and spark line): a failure 18 hours into the window's
+    first day is on day 0. PostgreSQL's cast of a float to integer rounds (to day 1), SQLite's truncates."""
+    h = History(new_state("late.db"), cluster="east")
+    h.run_started("r", T0, "sweep")
+    for node, hours in (("gpu-00", 18.0), ("gpu-01", 36.0)):
+        sid = h.sweep_started("r", node, T0 + hours * 3600, "sweep-light.yaml", "p5.48xlarge")
+        h.sweep_finished(sid, T0 + hours * 3600 + 60, "reboot", ["xid (GPU 3): XID 79"])
+    h.run_finished("r", T0 + 40 * 3600, "done", 2, {})
+    [row] = h.cluster_overview(T0, ("reboot", "replace", "quarantine"))
+    h.close()
+    assert row["daily"] == {0: 1, 1: 1}, row
+
+
 def _run(*argv: str, env: dict[str, str] | None = None) -> object:
     return CliRunner().invoke(main, list(argv), env=env, catch_exceptions=False)
 
