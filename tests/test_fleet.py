@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,8 +20,11 @@ from sweeper.cli.options import shown
 from sweeper.history import History
 from sweeper.result import CheckResult, Result
 
-T0 = 1_800_000_000.0
 DAY = 86400.0
+# The runs begin 30 and a half days from now and `--since 0d` reads from now, so the report's window
+# always holds them all and ends at the fleet's last run, and no day of it starts near a run. A fixed
+# T0 (1_800_000_000, 2027-01-15) read with `--since 0d` would have found no run at all from that date on.
+T0 = float(int(time.time())) + 30.5 * DAY
 EVIL = '<script>alert(1)</script>"/../x'
 
 
