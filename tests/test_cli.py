@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def write_config(tmp_path: Path, **over: object) -> Path:
-    cfg = {"max_nodes": 4, "max_percent": 100, "poll_interval": 0.02, "check_timeout": 120, **over}
+    """check_timeout 1800 simulated seconds, 3 s of real time at the fleets' 600x (as TEST_CONFIG's): at 120,
+    a fifth of a second, a loaded machine turned a check into one that "never started before its deadline"."""
+    cfg = {"max_nodes": 4, "max_percent": 100, "poll_interval": 0.02, "check_timeout": 1800, **over}
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,8 +20,11 @@ from sweeper.cli.options import shown
 from sweeper.history import History
 from sweeper.result import CheckResult, Result
 
-T0 = 1_800_000_000.0
 DAY = 86400.0
+# The runs begin 30 and a half days from now and `--since 0d` reads from now, so the report's window
+# always holds them all and ends at the fleet's last run, and no day of it starts near a run. A fixed
+# T0 (1_800_000_000, 2027-01-15) read with `--since 0d` would have found no run at all from that date on.
+T0 = float(int(time.time())) + 30.5 * DAY
 EVIL = '<script>alert(1)</script>"/../x'
 
 
@@ -70,6 +74,20 @@ def test_the_overview_counts_each_cluster_on_its_own(shared: str) -> None:
     assert [s["verdict"] for s in h.for_cluster("west").node_history("gpu-01")["sweeps"]] == ["pass"] * 5
     assert {s["cluster"] for s in h.for_cluster(None).node_history("gpu-02")["sweeps"]} == {"east", "west", EVIL}
     h.close()
+
+
+def test_a_failure_late_in_a_day_counts_on_that_day_on_either_backend(new_state: Callable[[str], str]) -> None:
+    """The fleet page's daily failures (its trend and spark line): a failure 18 hours into the window's
+    first day is on day 0. PostgreSQL's cast of a float to integer rounds (to day 1), SQLite's truncates."""
+    h = History(new_state("late.db"), cluster="east")
+    h.run_started("r", T0, "sweep")
+    for node, hours in (("gpu-00", 18.0), ("gpu-01", 36.0)):
+        sid = h.sweep_started("r", node, T0 + hours * 3600, "sweep-light.yaml", "p5.48xlarge")
+        h.sweep_finished(sid, T0 + hours * 3600 + 60, "reboot", ["xid (GPU 3): XID 79"])
+    h.run_finished("r", T0 + 40 * 3600, "done", 2, {})
+    [row] = h.cluster_overview(T0, ("reboot", "replace", "quarantine"))
+    h.close()
+    assert row["daily"] == {0: 1, 1: 1}, row
 
 
 def _run(*argv: str, env: dict[str, str] | None = None) -> object:

@@ -41,9 +41,13 @@ class Fleet(Base):
                 "group by cluster", p):
             out[cluster] = {"cluster": cluster, "nodes": int(nodes), "held": int(held or 0), "failures": 0,
                             "first": None, "daily": {}, "last_run": None, "last_status": None}
-        # the failing sweeps alone, through the (verdict, finished) index: a fleet's passes are never read
+        # the failing sweeps alone, through the (verdict, finished) index: a fleet's passes are never read.
+        # The day is floored on both backends: PostgreSQL's cast of a float to integer rounds, so a
+        # failure in the second half of a day fell into the next (SQLite's truncates).
+        day_of = "floor((started - :since) / 86400)" if self.backend == "postgresql" else \
+            "cast((started - :since) / 86400 as integer)"
         for cluster, day, failures, first in self._tuples(
-                "select cluster, cast((started - :since) / 86400 as integer) as day, count(*), min(started) "
+                f"select cluster, {day_of} as day, count(*), min(started) "
                 f"from node_sweeps where verdict in ({verdicts}) and finished >= :since and started >= :since "
                 f"and {CONCLUSIVE} group by cluster, day", p):
             row = out.get(cluster)

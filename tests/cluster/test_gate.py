@@ -95,14 +95,18 @@ def test_a_new_node_that_fails_is_held_and_replaced_not_rebooted(make_sim, histo
 
 def test_a_node_not_ready_waits_then_fails_past_the_deadline(make_sim, history: History) -> None:
     """Not Ready, or no GPU advertised (device plugin not up), is no failure of the node until gate_deadline."""
-    sim: Sim = make_sim(gated_fleet(boot="3h"))
-    cfg = replace(KARPENTER, gate_deadline=1200)
+    # The first look must fall before the deadline and the second before the node is Ready. At 600x a
+    # deadline of 1200 simulated seconds was 2 s of real time, which a loaded machine spent between the
+    # node's join and the plan ("not Ready 1778s after it joined"): 2 hours (12 s) and a boot of 6 hours
+    # leave each look room for a machine six times slower.
+    sim: Sim = make_sim(gated_fleet(boot="6h"))
+    cfg = replace(KARPENTER, gate_deadline=7200)
     first = run_sweep(sim, history, cfg)
     assert first.outcomes == []
     [d] = first.plan.gate
     assert d.reason == "gate-waiting" and "not Ready" in d.detail
     assert [t["key"] for t in taints(sim, "new-00")] == [GATE]
-    sim.cluster.clock.advance(1300)
+    sim.cluster.clock.advance(7300)
     second = run_sweep(sim, history, cfg)
     [out] = second.outcomes
     assert (out.node, out.verdict) == ("new-00", "replace") and "gate_deadline" in out.reasons[0]

@@ -33,8 +33,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_config(tmp_path: Path) -> Path:
+    """check_timeout 1800 simulated seconds, 3 s of real time at the fleets' 600x (as TEST_CONFIG's): at 120,
+    a fifth of a second, a loaded machine left a check pod "never started before its deadline", inconclusive."""
     path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump({"max_nodes": 4, "max_percent": 100, "poll_interval": 0.02, "check_timeout": 120}))
+    path.write_text(yaml.safe_dump({"max_nodes": 4, "max_percent": 100, "poll_interval": 0.02, "check_timeout": 1800}))
     return path
 
 
