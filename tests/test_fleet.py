@@ -242,3 +242,27 @@ def test_two_demos_share_one_postgresql_history_and_one_fleet_report(postgres_da
     both = json.loads(_run("nodes", "--offline", "--state", url, "--cluster", "all",  # type: ignore[attr-defined]
                            "-o", "json").output)["nodes"]
     assert {r["cluster"] for r in both} == {"east", "west"}
+
+
+def test_the_last_day_of_the_trend_is_the_day_that_ends_now() -> None:
+    """A 30-day window: the spark line's last point and the trend's week end at `now`. Counted from
+    `since`, day 30 begins at `now` itself; it was taken for today, so the spark line always ended
+    at 0 and a failure an hour ago was in neither week's count."""
+    from sweeper.report.fleet import TREND_DAYS, overview
+
+    now, day = 1_900_000_000.0, 86400.0
+    since = now - 30 * day
+    ago = {"hour": now - 3600, "six days": now - 6.5 * day, "eight days": now - 7.5 * day}
+
+    class Rows:
+        def cluster_overview(self, since_: float, failing: tuple[str, ...]) -> list[dict[str, object]]:
+            daily: dict[int, int] = {}
+            for t in ago.values():
+                d = int((t - since_) // day)
+                daily[d] = daily.get(d, 0) + 1
+            return [{"cluster": "east", "nodes": 4, "held": 1, "failures": 3, "first": since_, "daily": daily,
+                     "last_run": now - 60, "last_status": "done"}]
+
+    [row] = overview(Rows(), since, now)
+    assert row["spark"][-1] == 1 and len(row["spark"]) == 2 * TREND_DAYS
+    assert (row["recent"], row["before"]) == (2, 1)

@@ -4,6 +4,7 @@ node-day, the last run, the trend), linking to each cluster's own report. Cluste
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -36,7 +37,10 @@ def overview(history: Any, since: float, now: float) -> list[dict[str, Any]]:
         days = max(1.0, (now - start) / 86400)
         nodes = max(1, r["nodes"])
         r["per_node_day"] = r["failures"] / (nodes * days)
-        today = int((now - since) // 86400)
+        # the day that holds the moment just before `now` (days count from `since`): with a window of
+        # whole days, `(now - since) // 86400` is the day that begins at `now`, always empty, which
+        # left the spark line ending at 0 and the last week six days long
+        today = max(0, math.ceil((now - since) / 86400) - 1)
         recent = sum(v for d, v in r["daily"].items() if today - d < TREND_DAYS)
         before = sum(v for d, v in r["daily"].items() if TREND_DAYS <= today - d < 2 * TREND_DAYS)
         if r["first"] is None or now - r["first"] < 2 * TREND_DAYS * 86400:
