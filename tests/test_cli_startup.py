@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -86,3 +87,23 @@ def test_every_command_is_in_the_map_of_its_module() -> None:
         assert cmd is not None and cmd.callback is not None, name
         assert cmd.callback.__module__ == f"sweeper.cli.{module}", (name, cmd.callback.__module__)
     assert set(main.list_commands(ctx)) == {*_Main.MODULES, *_Main.LAZY} == set(_Main.SHORT)
+
+
+def test_a_sweep_imports_no_reader_it_does_not_use(make_sim: Any, tmp_path: Path) -> None:
+    """A sweep's checks report in Sweeper's own format: the readers of other tools' output, the node
+    side's checks and NVML (an evidence Job's bundle is read with them, when a node is held), and
+    kubernetes-validate (which the Kubernetes client's dynamic client imports when it is installed;
+    `sweeper lint` uses it) stay out of a sweep that holds no node."""
+    sim = make_sim(nodes=2)
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("max_nodes: 2\nmax_percent: 100\npoll_interval: 0.05\ncheck_timeout: 1800\n")
+    names, proc = imported("sweep", "--kubeconfig", str(sim.kubeconfig), "--state", str(tmp_path / "h.db"),
+                           "--config", str(cfg), "--json")
+    assert proc.returncode == 0 and '"gpu-01"' in proc.stdout, proc.stdout + proc.stderr[-3000:]
+    assert {"kubernetes", "sqlalchemy", "sweeper.sweep", "sweeper.parsers.sweeper_result"} <= names
+    assert not {"jsonschema", "pynvml", "sweeper.checks", "rich"} & names  # jsonschema: kubernetes-validate's
+    # the readers a sweep needs: its own format, the XID catalogue's kernel-log lines (the policy's
+    # findings), the pair runs' (NCCL, ping); not those of a node's tools, which `sweeper ingest` reads
+    readers = {n for n in names if n.startswith("sweeper.parsers.")}
+    assert not readers & {f"sweeper.parsers.{m}" for m in ("dcgm", "nvidia_smi", "ibv_devinfo", "fi_info", "topo")}, \
+        readers
