@@ -8,17 +8,20 @@ from collections.abc import Iterable
 from typing import Any
 
 from sweeper.errors import ConfigError
-from sweeper.parsers import dcgm, fi_info, ibv_devinfo, nccl, nvidia_smi, ping, sweeper_result, topo
-from sweeper.parsers import kernel_log as kernel_log_format
-from sweeper.parsers.paste import strip_escapes
 from sweeper.result import Result
-from sweeper.xid import judge_kernel_log
 
+# Each reader is imported when a text is read, not with this list: `sweeper ingest --format` and
+# `run_job`'s `parser` name the formats at start-up, and a sweep's checks report in Sweeper's own
+# format, so a command that reads no other (every sweep, `history`) does not import them all.
 FORMATS = ("auto", "dcgm", "nccl", "kernel-log", "sweeper", "nvidia-smi", "ibv-devinfo", "topo", "fi-info", "ping")
 
 
 def detect(text: str) -> str:
     """The format of `text`, from what each format's own lines look like (terminal escapes taken off)."""
+    from sweeper.parsers import dcgm, fi_info, ibv_devinfo, nccl, nvidia_smi, ping, topo
+    from sweeper.parsers import kernel_log as kernel_log_format
+    from sweeper.parsers.paste import strip_escapes
+
     head = strip_escapes(text[:200_000])
     if '"DCGM Diagnostic"' in head or '"DCGM GPU Diagnostic"' in head or '"iterations"' in head:
         return "dcgm"
@@ -47,6 +50,8 @@ def detect(text: str) -> str:
 def kernel_log(text: str | Iterable[str], node: str, now: float) -> Result:
     """XIDs and lost GPUs in a kernel log (dmesg, journal or syslog), judged as `sweeper check`
     judges them."""
+    from sweeper.xid import judge_kernel_log
+
     checks, metrics = judge_kernel_log(text)
     return Result(node=node, source="kernel-log", started=now, finished=now, checks=tuple(checks),
                   metrics=tuple(metrics))
@@ -54,6 +59,9 @@ def kernel_log(text: str | Iterable[str], node: str, now: float) -> Result:
 
 def read(text: str, node: str, fmt: str, now: float | None = None, **options: Any) -> tuple[str, Result]:
     """The result of `text` read as `fmt` (`auto`: detected), and the format it was read as."""
+    from sweeper.parsers import dcgm, fi_info, ibv_devinfo, nccl, nvidia_smi, ping, sweeper_result, topo
+    from sweeper.parsers.paste import strip_escapes
+
     now = time.time() if now is None else now
     if fmt not in FORMATS:
         raise ConfigError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")

@@ -31,7 +31,7 @@ def write_config(tmp_path: Path, **over: object) -> Path:
 
 def test_every_command_is_documented_in_the_readme() -> None:
     readme = (ROOT / "README.md").read_text()
-    for name, cmd in main.commands.items():
+    for name, cmd in main.all_commands().items():
         assert f"sweeper {name}" in readme, f"`sweeper {name}` is not in the README"
         assert cmd.help, f"`sweeper {name}` has no help text"
 

@@ -12,7 +12,6 @@ from sweeper.actions import ActionContext
 from sweeper.actions.follow import Shape, follow, job_created, watched
 from sweeper.actions.jobs import EVIDENCE_TEMPLATE, render_job
 from sweeper.actions.podstate import finished
-from sweeper.checks.evidence import BundleError, extract, read_manifest
 from sweeper.errors import KubeError
 from sweeper.result import Result, error_result
 
@@ -31,6 +30,9 @@ class Evidence:
 
 def collect_evidence(ctx: ActionContext, cap: int, timeout: float) -> Evidence:
     """Run the evidence Job on the held node `ctx.node` and read its bundle (at most `cap` bytes)."""
+    # Here, not above: the node-side checks it sits beside (NVML among them) are no part of a sweep's start.
+    from sweeper.checks.evidence import BundleError, extract, read_manifest
+
     node = str((ctx.node or {}).get("name", ""))
     job = render_job(ctx, EVIDENCE_TEMPLATE, timeout, {"evidence_max_bytes": cap})
     namespace, name = ctx.config.check_namespace, job["metadata"]["name"]

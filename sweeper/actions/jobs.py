@@ -52,7 +52,7 @@ from sweeper.config import home
 from sweeper.demand import holds_gpus
 from sweeper.errors import ConfigError, KubeError, PlaybookError
 from sweeper.formats import FORMATS, detect, read
-from sweeper.parsers import dcgm, nccl, sweeper_result
+from sweeper.parsers import sweeper_result
 from sweeper.result import Result, error_result
 from sweeper.schema import safe_load, safe_load_all
 from sweeper.templating import JobTemplate, resolve_template
@@ -260,11 +260,15 @@ def _read_result(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]],
                                 code="UNKNOWN_FORMAT")
     if parser not in ("sweeper", "dcgm", "nccl"):
         return _read_other(log or message, node, now, parser, exit_code, parser_args)
-    if parser == "dcgm":
+    if parser == "dcgm":  # the readers of other tools' output are imported by the checks that use them
+        from sweeper.parsers import dcgm
+
         expect = parser_args.get("expect_gpus")
         return dcgm.parse(log or message, node, now, exit_code=exit_code,
                           expect_gpus=None if expect in (None, "") else int(expect))
     if parser == "nccl":
+        from sweeper.parsers import nccl
+
         floor = parser_args.get("min_busbw")
         return nccl.parse(log or message, node, now, min_busbw=None if floor in (None, "") else float(floor),
                           exit_code=exit_code)

@@ -3,6 +3,8 @@ when asked for. The commands themselves live beside it, by what they serve."""
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from sweeper import __version__
@@ -10,15 +12,27 @@ from sweeper.cli.options import DEBUG
 
 
 class _Main(click.Group):
-    """The command group. `check` takes its options from the node checks' own table, so it is built
-    (and the checks imported) only when it runs or its help is asked for: other commands start fast."""
+    """The command group. Each command's module is imported only when that command runs or its help
+    is asked for (`MODULES`), so a command loads what it uses and nothing another needs: `history`
+    on a local history imports no Kubernetes client, `sweeper --help` no command at all (it lists
+    `SHORT`). `check` takes its options from the node checks' own table, so it is built (and the
+    checks imported) only when it runs or its help is asked for."""
 
     LAZY = {"check": "Run the node-local checks (inside a Job on the node) and print one result document."}
+    # command -> the module of sweeper.cli that registers it on import
+    MODULES = {
+        "backtest": "history", "breaker": "sweeping", "cohorts": "cohorts", "demo": "simulator",
+        "evidence": "authoring", "history": "history", "ingest": "ingest", "lint": "authoring",
+        "nodes": "history", "pause": "sweeping", "plan": "sweeping", "profiles": "authoring",
+        "release": "sweeping", "report": "history", "resume": "sweeping", "run": "authoring",
+        "serve": "sweeping", "sim": "simulator", "state": "history", "sweep": "sweeping",
+    }
     # What `sweeper --help` lists: whole on 80 columns, where click would cut each first sentence with "...".
     SHORT = {
         "backtest": "Replay the history under another policy.",
         "breaker": "The circuit breaker: status, reset.",
         "check": "The node-local checks, run inside a check Job.",
+        "cohorts": "Failure rate by a shared fact (driver, rack): who stands apart.",
         "demo": "The whole product on the embedded simulated cluster.",
         "evidence": "Collect a held node's evidence bundle (inside a Job on the node).",
         "history": "A node's sweeps, verdicts, pairs, findings, actions and trends.",
@@ -39,20 +53,27 @@ class _Main(click.Group):
     }
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted({*self.commands, *self.LAZY})
+        return sorted({*self.commands, *self.LAZY, *self.MODULES})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.MODULES and cmd_name not in self.commands:
+            importlib.import_module(f"sweeper.cli.{self.MODULES[cmd_name]}")
         if cmd_name in self.LAZY and cmd_name not in self.commands:
             from sweeper.cli.authoring import check_command
 
             self.add_command(check_command(), cmd_name)
         return self.commands.get(cmd_name)
 
+    def all_commands(self) -> dict[str, click.Command]:
+        """Every command, each module imported (the docs' and the README's tests walk them all)."""
+        ctx = click.Context(self)
+        return {name: cmd for name in self.list_commands(ctx) if (cmd := self.get_command(ctx, name)) is not None}
+
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         names = self.list_commands(ctx)
         limit = formatter.width - 6 - max(len(n) for n in names)
-        rows = [(n, self.SHORT.get(n) or (self.commands.get(n) or click.Command(n, help=self.LAZY[n]))
-                 .get_short_help_str(limit))
+        rows = [(n, self.SHORT.get(n) or (self.commands.get(n) or self.get_command(ctx, n)
+                                          or click.Command(n, help=self.LAZY[n])).get_short_help_str(limit))
                 for n in names if n not in self.commands or not self.commands[n].hidden]
         with formatter.section("Commands"):
             formatter.write_dl(rows)

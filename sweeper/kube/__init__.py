@@ -12,6 +12,7 @@ The package: `adapter` (the connection and the one retry loop), `retry` (errors 
 
 from __future__ import annotations
 
+from sweeper.kube import imports  # noqa: F401  first: the client without what Sweeper never uses
 from sweeper.kube.nodes import NodeCalls, slim_pod
 from sweeper.kube.records import RecordCalls
 from sweeper.kube.retry import JSON_PATCH, MERGE_PATCH, MPIJOB, UNSERVED, RetryPolicy, translate

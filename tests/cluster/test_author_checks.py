@@ -25,7 +25,7 @@ def test_run_job_takes_every_format_ingest_reads() -> None:
     """One list of formats, used by `run_job`'s `parser` and by `sweeper ingest --format`."""
     parser = next(a for a in load_all()["run_job"].args if a.name == "parser")
     assert tuple(parser.choices) == FORMATS
-    ingest = next(p for p in main.commands["ingest"].params if p.name == "fmt")
+    ingest = next(p for p in main.all_commands()["ingest"].params if p.name == "fmt")
     assert isinstance(ingest.type, click.Choice) and tuple(ingest.type.choices) == FORMATS
     assert {"auto", "nvidia-smi", "kernel-log", "ibv-devinfo", "topo", "fi-info", "ping"} <= set(FORMATS)
 
