@@ -192,7 +192,11 @@ class NodeUnits:
         inconclusive."""
         run = self.run
         pairing_now = {u.names[0] for u in running.values() if u.kind == "pair"}
-        waiting = [n for n in list(run.fabric) if n not in pairing_now]
+        # A node's sweep adds it to run.fabric in its worker before the loop takes the unit off
+        # `running`; a plan looked at in between may still show it held by that sweep. It waits
+        # until the loop has taken its unit off and looked at the cluster again.
+        sweeping_now = {n for u in running.values() if u.kind == "sweep" for n in u.names}
+        waiting = [n for n in list(run.fabric) if n not in pairing_now and n not in sweeping_now]
         if not waiting:
             return
         if self.known_good is None:

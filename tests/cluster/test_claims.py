@@ -274,7 +274,7 @@ def test_an_nvlink_claim_is_refuted_only_when_the_nvlink_check_and_the_pair_both
     sim: Sim = make_sim(fleet_spec(nodes=4, faults={"gpu-00": {"outside_claims": [NVLINK]}}))
     known_good(sim, history, "gpu-02", "gpu-03")
     report = run_sweep(sim, history, with_pairs())
-    assert judged(history) == {("gpu-00", "node-problem-detector", NVLINK_CODE): "refuted"}
+    assert judged(history) == {("gpu-00", "node-problem-detector", NVLINK_CODE): "refuted"}, claim_rows(history)
     [row] = claim_rows(history)
     assert "nvlink.state" in row["evidence"] and "pair with known-good gpu-0" in row["evidence"], row
     assert {(o.node, o.action) for o in report.outcomes if o.node == "gpu-00"} == {("gpu-00", "released")}
