@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +95,38 @@ def sim(make_sim: Callable[..., Sim]) -> Sim:
 # machine once turned a live sweep's XID 79 into a hung check).
 TEST_CONFIG = Config(max_nodes=8, max_percent=100, min_node_age=600, interval=86400, poll_interval=5,
                      check_timeout=1800, run_deadline=0)
+
+
+# Karpenter replaces the nodes of NodePool "gpu"; a replacement is waited for 30 simulated minutes.
+KARPENTER = replace(TEST_CONFIG, remediation={"default": "manual", "by_pool": {"gpu": "karpenter"}, "by_profile": {}},
+                    replacement_wait=1800)
+
+
+def pool_fleet(nodes: int, faults: dict[str, Any]) -> dict[str, Any]:
+    """A fleet whose nodes belong to Karpenter's NodePool "gpu" (the pool KARPENTER replaces)."""
+    spec = fleet_spec(nodes=nodes, faults=faults)
+    spec["node_groups"][0]["labels"] = {"karpenter.sh/nodepool": "gpu"}
+    return spec
+
+
+def fake_aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Credentials moto accepts, so that boto3 never looks for real ones."""
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+
+
+@pytest.fixture
+def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """moto's S3 with the evidence bucket `gpu-evidence`."""
+    import boto3
+    from moto import mock_aws
+
+    fake_aws_credentials(monkeypatch)
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket="gpu-evidence")
+        yield client
 
 
 @pytest.fixture

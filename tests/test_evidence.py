@@ -20,10 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from click.testing import CliRunner
-from moto import mock_aws
 
 from sweeper.actions.safety import EVIDENCE_PATHS, HOST_PATHS, Rules, problems
 from sweeper.aws import EvidenceBucket
@@ -222,17 +220,6 @@ def test_history_evidence_writes_the_tar_whole_and_never_extracts_it(tmp_path: P
     assert missing.exit_code == 2 and "run-1" in missing.output, "it names the runs that have evidence"
     stray = cli.invoke(main, ["history", "gpu-1", "--state", str(state), "--force"])
     assert stray.exit_code == 2 and "--evidence" in stray.output
-
-
-@pytest.fixture
-def s3(monkeypatch: pytest.MonkeyPatch) -> Any:
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(k, v)
-    with mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket="gpu-evidence")
-        yield client
 
 
 def test_a_bundle_in_s3_is_written_out_from_there_and_checked(s3: Any, tmp_path: Path,

@@ -27,16 +27,7 @@ from click.testing import CliRunner
 from sweeper.checks.evidence import read_manifest
 from sweeper.cli import main
 from sweeper.history import History
-from tests.conftest import TEST_CONFIG, Sim, fleet_spec, run_sweep
-
-KARPENTER = replace(TEST_CONFIG, remediation={"default": "manual", "by_pool": {"gpu": "karpenter"}, "by_profile": {}},
-                    replacement_wait=1800)
-
-
-def pool_fleet(nodes: int, faults: dict[str, Any]) -> dict[str, Any]:
-    spec = fleet_spec(nodes=nodes, faults=faults)
-    spec["node_groups"][0]["labels"] = {"karpenter.sh/nodepool": "gpu"}
-    return spec
+from tests.conftest import KARPENTER, Sim, pool_fleet, run_sweep
 
 
 def members(bundle: bytes) -> dict[str, bytes]:
@@ -98,28 +89,19 @@ def test_no_evidence_is_never_a_finding_and_the_remedy_goes_on(make_sim, history
 
 
 def test_with_a_bucket_the_bundle_goes_to_s3_and_outlives_the_node(make_sim, history: History, tmp_path: Path,
-                                                                   monkeypatch) -> None:
-    import boto3
-    from moto import mock_aws
-
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(k, v)
-    with mock_aws():
-        s3 = boto3.client("s3", region_name="us-east-1")
-        s3.create_bucket(Bucket="gpu-evidence")
-        sim: Sim = make_sim(pool_fleet(2, {"gpu-01": {"remap_failure": [4]}}))
-        report = run_sweep(sim, history, replace(KARPENTER, evidence_bucket="gpu-evidence"))
-        assert "gpu-01" not in {n.metadata.name for n in sim.core.list_node().items}
-        keys = [o["Key"] for o in s3.list_objects_v2(Bucket="gpu-evidence").get("Contents", [])]
-        assert keys == [f"sweeper-evidence/{history.cluster}/gpu-01/{report.run_id}.tar.gz"]
-        row = history.evidence_of("gpu-01", report.run_id)
-        assert row is not None and row["data"] is None and row["location"] == f"s3://gpu-evidence/{keys[0]}"
-        monkeypatch.chdir(tmp_path)
-        out = CliRunner().invoke(main, ["history", "gpu-01", "--state", str(history.path), "--evidence",
-                                        report.run_id, "--to", "-"])
-        assert out.exit_code == 0, out.output
-        assert read_manifest(out.stdout_bytes)["node"] == "gpu-01"
+                                                                   monkeypatch, s3: Any) -> None:
+    sim: Sim = make_sim(pool_fleet(2, {"gpu-01": {"remap_failure": [4]}}))
+    report = run_sweep(sim, history, replace(KARPENTER, evidence_bucket="gpu-evidence"))
+    assert "gpu-01" not in {n.metadata.name for n in sim.core.list_node().items}
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="gpu-evidence").get("Contents", [])]
+    assert keys == [f"sweeper-evidence/{history.cluster}/gpu-01/{report.run_id}.tar.gz"]
+    row = history.evidence_of("gpu-01", report.run_id)
+    assert row is not None and row["data"] is None and row["location"] == f"s3://gpu-evidence/{keys[0]}"
+    monkeypatch.chdir(tmp_path)
+    out = CliRunner().invoke(main, ["history", "gpu-01", "--state", str(history.path), "--evidence",
+                                    report.run_id, "--to", "-"])
+    assert out.exit_code == 0, out.output
+    assert read_manifest(out.stdout_bytes)["node"] == "gpu-01"
 
 
 @pytest.mark.parametrize("forgery", ["longname-bomb", "pax-bomb"])

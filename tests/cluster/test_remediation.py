@@ -19,16 +19,15 @@ from sweeper.history import History
 from sweeper.metrics import Metrics
 from sweeper.remedy import Remediator, resettable
 from sweeper.sweep import Sweep
-from tests.conftest import TEST_CONFIG, Sim, fleet_spec, run_sweep
-
-KARPENTER = replace(TEST_CONFIG, remediation={"default": "manual", "by_pool": {"gpu": "karpenter"}, "by_profile": {}},
-                    replacement_wait=1800)
-
-
-def pool_fleet(nodes: int, faults: dict[str, Any]) -> dict[str, Any]:
-    spec = fleet_spec(nodes=nodes, faults=faults)
-    spec["node_groups"][0]["labels"] = {"karpenter.sh/nodepool": "gpu"}
-    return spec
+from tests.conftest import (
+    KARPENTER,
+    TEST_CONFIG,
+    Sim,
+    fake_aws_credentials,
+    fleet_spec,
+    pool_fleet,
+    run_sweep,
+)
 
 
 def claims(sim: Sim) -> dict[str, str]:
@@ -60,9 +59,7 @@ def test_replace_through_karpenter(make_sim, history: History) -> None:
 
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> Any:
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing",
-                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
-        monkeypatch.setenv(k, v)
+    fake_aws_credentials(monkeypatch)
     # moto loads its catalogue of public AMIs into every mock unless MOTO_EC2_LOAD_DEFAULT_AMIS is
     # "false" (moto/settings.py, ec2_load_default_amis): seconds of JSON per test. The group needs one
     # image, so the test registers its own.
