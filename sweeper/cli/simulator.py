@@ -47,14 +47,16 @@ def sim_serve(fleet_path: str | None, port: int, kubeconfig_out: str, speed: flo
         server = ApiServer(cluster, port=port)
     except OSError as exc:
         raise ConfigError(f"cannot listen on 127.0.0.1:{port}: {exc}") from exc
+    # The handler goes in before anything is served: a SIGTERM that came between the kubeconfig (the sign
+    # that the server listens) and the handler would end the process unflushed, its banner lost.
+    stopping = {"now": False}
+    signal.signal(signal.SIGTERM, lambda *_: stopping.__setitem__("now", True))
     server.start()
-    kc = server.write_kubeconfig(Path(kubeconfig_out), namespace=fleet.namespace)
     err = stderr_out()
     err.write(f"simulated cluster {fleet.name!r}: {len(fleet.nodes)} nodes at {server.url}, "
               f"{cluster.clock.speed:g}x real time")
+    kc = server.write_kubeconfig(Path(kubeconfig_out), namespace=fleet.namespace)
     err.write(f"kubeconfig: {kc}   (export KUBECONFIG={kc})")
-    stopping = {"now": False}
-    signal.signal(signal.SIGTERM, lambda *_: stopping.__setitem__("now", True))
     try:
         while not stopping["now"]:
             time.sleep(0.2)

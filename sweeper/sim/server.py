@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import random
 import re
 import ssl
@@ -133,7 +134,10 @@ class ApiServer:
                "contexts": [{"name": "sim", "context": {"cluster": "sim", "user": "sim", "namespace": namespace}}],
                "preferences": {}}
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        # Written whole or not at all: a reader waits for the file to appear as the sign that the server listens.
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        os.replace(tmp, path)
         return path
 
     # -- dispatch ----------------------------------------------------------------
