@@ -16,7 +16,7 @@ from typing import Any
 
 from sweeper.clock import read_iso
 from sweeper.config import Config
-from sweeper.fleet import Decision, NodeView, is_daemonset_pod, remediated_and_back
+from sweeper.fleet import Decision, NodeView, is_daemonset_pod, is_sweeper_pod, remediated_and_back
 
 TAKE = ("gate", "soak", "gate-late")  # a new node's sweep, the soak after a reboot, failing a node that never came up
 
@@ -37,16 +37,15 @@ def split(nodes: list[dict[str, Any]], cfg: Config) -> tuple[list[dict[str, Any]
     return gated, [n for n in nodes if id(n) not in ids]
 
 
-def occupants(pods: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """Node name to the pods on it that are neither a DaemonSet's nor Sweeper's own: work someone
-    let onto a gated node, which the gate does not disturb."""
+def occupants(pods: list[dict[str, Any]], cfg: Config) -> dict[str, list[str]]:
+    """Node name to the pods on it that are neither a DaemonSet's nor Sweeper's own (its label in its
+    own namespaces, fleet.is_sweeper_pod): work someone let onto a gated node, which the gate does not disturb."""
     out: dict[str, list[str]] = {}
     for p in pods:
         node = (p.get("spec") or {}).get("nodeName")
-        labels = p["metadata"].get("labels") or {}
         if not node or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
-        if is_daemonset_pod(p) or labels.get("app.kubernetes.io/managed-by") == "sweeper":
+        if is_daemonset_pod(p) or is_sweeper_pod(p, cfg):
             continue
         out.setdefault(node, []).append(f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}")
     return out
@@ -60,7 +59,7 @@ def gate_plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Conf
     failed max_attempts times waits for a person instead of another soak (and another reboot)."""
     views = sorted((NodeView.from_obj(n, cfg.gpu_resources, cfg.gpu_resource_prefixes, cfg.dra_driver)
                     for n in nodes), key=lambda v: (v.created, v.name))
-    busy = occupants(pods)
+    busy = occupants(pods, cfg)
     out: list[Decision] = []
     due: list[Decision] = []
     testing = 0
