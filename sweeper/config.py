@@ -242,7 +242,7 @@ class Config:
     gate_max_nodes: int = setting(2, "gated nodes under test at once: a budget of their own, apart from max_nodes "
                                   "and the floor (new nodes serve no work yet)", ge=0)
     gate_deadline: float = setting(1800.0, "a gated node not Ready, or with no GPU advertised, this long after it "
-                                   "joined (or came back) fails the gate", duration=True, gt=0)
+                                   "joined (or came back, or a run first saw its taint) fails the gate", duration=True, gt=0)
     replacement_wait: float = setting(900.0, "how long to follow Karpenter's termination of a replaced node",
                                       duration=True, ge=0)
     asg_action: str = setting("set-unhealthy", "what the asg provider does", choices=("set-unhealthy", "terminate"))

@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from sweeper.config import Config
+from sweeper.files import write_atomic
 from sweeper.history import History, is_url, redact
 from sweeper.kube import Kube, RetryPolicy
 from sweeper.output import clean
@@ -86,7 +87,7 @@ def run_demo(console: Console, state: Path | str, *, cycles: int, hours_between:
                           else Path(state).with_name("report.html"))
         data = gather(hist, policy, 0.0, cluster.clock.now(), cfg.interval, {"p5.48xlarge": 460.0},
                       gpu_nodes=cluster_gpu_nodes(kube, cfg), node_source="the cluster")
-        page.write_text(render(data, "Sweeper demo fleet"))
+        write_atomic(page, render(data, "Sweeper demo fleet"))
         # a path is text (`--state 'runs[1].db'` is not markup), and a command stays on one line to copy;
         # a URL's password is never printed
         where = redact(str(state)) + (f" --cluster {cluster_name}" if cluster_name else "")

@@ -185,6 +185,23 @@ def is_daemonset_pod(pod: dict[str, Any]) -> bool:
     return any(o.get("kind") == "DaemonSet" for o in pod["metadata"].get("ownerReferences") or [])
 
 
+MANAGED_BY = "app.kubernetes.io/managed-by"
+
+
+def sweeper_namespaces(cfg: Config) -> frozenset[str]:
+    """The namespaces whose pods Sweeper creates: its check Jobs (and a pair's Job or MPIJob launcher),
+    its reboot and GPU reset Jobs, and its own controller's."""
+    return frozenset((cfg.check_namespace, cfg.remediation_namespace, cfg.namespace))
+
+
+def is_sweeper_pod(pod: dict[str, Any], cfg: Config) -> bool:
+    """Sweeper's own pod: its managed-by label in one of Sweeper's namespaces. The label alone proves
+    nothing: anyone who may create a pod in a namespace of their own may set it, and a workload so
+    labelled would be invisible to the gate and to the demand that stops a sweep."""
+    md = pod["metadata"]
+    return (md.get("labels") or {}).get(MANAGED_BY) == "sweeper" and md.get("namespace") in sweeper_namespaces(cfg)
+
+
 def gpu_pods_by_node(pods: list[dict[str, Any]], cfg: Config) -> dict[str, list[str]]:
     """Node name to the non-DaemonSet pods on it that hold GPUs (workloads Sweeper must not disturb)."""
     out: dict[str, list[str]] = {}
@@ -204,8 +221,7 @@ def pending_gpu_pods(pods: list[dict[str, Any]], cfg: Config) -> list[str]:
     """Workload pods waiting for GPUs (not Sweeper's own check pods)."""
     out = []
     for p in pods:
-        labels = p["metadata"].get("labels") or {}
-        if (p.get("spec") or {}).get("nodeName") or labels.get("app.kubernetes.io/managed-by") == "sweeper":
+        if (p.get("spec") or {}).get("nodeName") or is_sweeper_pod(p, cfg):
             continue
         if (p.get("status") or {}).get("phase") == "Pending" and requests_gpu(p, cfg):
             out.append(p.get(DEMAND) or f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}")

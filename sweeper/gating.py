@@ -16,7 +16,7 @@ from typing import Any
 
 from sweeper.clock import read_iso
 from sweeper.config import Config
-from sweeper.fleet import Decision, NodeView, is_daemonset_pod, remediated_and_back
+from sweeper.fleet import Decision, NodeView, is_daemonset_pod, is_sweeper_pod, remediated_and_back
 
 TAKE = ("gate", "soak", "gate-late")  # a new node's sweep, the soak after a reboot, failing a node that never came up
 
@@ -37,35 +37,52 @@ def split(nodes: list[dict[str, Any]], cfg: Config) -> tuple[list[dict[str, Any]
     return gated, [n for n in nodes if id(n) not in ids]
 
 
-def occupants(pods: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """Node name to the pods on it that are neither a DaemonSet's nor Sweeper's own: work someone
-    let onto a gated node, which the gate does not disturb."""
+def occupants(pods: list[dict[str, Any]], cfg: Config) -> dict[str, list[str]]:
+    """Node name to the pods on it that are neither a DaemonSet's nor Sweeper's own (its label in its
+    own namespaces, fleet.is_sweeper_pod): work someone let onto a gated node, which the gate does not disturb."""
     out: dict[str, list[str]] = {}
     for p in pods:
         node = (p.get("spec") or {}).get("nodeName")
-        labels = p["metadata"].get("labels") or {}
         if not node or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
             continue
-        if is_daemonset_pod(p) or labels.get("app.kubernetes.io/managed-by") == "sweeper":
+        if is_daemonset_pod(p) or is_sweeper_pod(p, cfg):
             continue
         out.setdefault(node, []).append(f"{p['metadata'].get('namespace', '')}/{p['metadata']['name']}")
     return out
 
 
+def joined_long_ago(nodes: list[dict[str, Any]], cfg: Config, now: float) -> list[str]:
+    """The gated nodes, not held by Sweeper, created gate_deadline or longer ago: those whose wait
+    may not count from their creation (their taint may have come later, from someone else), for
+    which gate_plan wants to know when runs first saw them at the gate."""
+    out = []
+    for n in nodes:
+        v = NodeView.from_obj(n, cfg.gpu_resources, cfg.gpu_resource_prefixes, cfg.dra_driver)
+        if not v.sweep_taint(cfg.taint_key) and now - v.created >= cfg.gate_deadline:
+            out.append(v.name)
+    return out
+
+
 def gate_plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, now: float,
-              stop: tuple[str, str] = ("", ""), attempts: dict[str, int] | None = None) -> tuple[list[Decision], int]:
+              stop: tuple[str, str] = ("", ""), attempts: dict[str, int] | None = None,
+              seen: dict[str, float] | None = None) -> tuple[list[Decision], int]:
     """Every gated node's decision, oldest first, and the gate's budget left. `stop`: why no node is
     taken at all (a pause, an open breaker), as (reason, detail), said on every node that would have been.
     `attempts`: failed sweeps per node within attempt_window; a node back from its remediation that
-    failed max_attempts times waits for a person instead of another soak (and another reboot)."""
+    failed max_attempts times waits for a person instead of another soak (and another reboot).
+    `seen`: for the nodes of joined_long_ago, when runs first saw them at the gate (the history's
+    gate_seen; a node absent is seen now): a node's wait counts from the later of its creation and
+    that, so a node tainted long after it joined is not failed `gate-late` at first sight. None: from
+    its creation (no history to ask)."""
     views = sorted((NodeView.from_obj(n, cfg.gpu_resources, cfg.gpu_resource_prefixes, cfg.dra_driver)
                     for n in nodes), key=lambda v: (v.created, v.name))
-    busy = occupants(pods)
+    busy = occupants(pods, cfg)
     out: list[Decision] = []
     due: list[Decision] = []
     testing = 0
     for v in views:
-        d = _classify(v, busy.get(v.name, []), cfg, now)
+        first = None if seen is None or now - v.created < cfg.gate_deadline else seen.get(v.name, now)
+        d = _classify(v, busy.get(v.name, []), cfg, now, first)
         failed = (attempts or {}).get(v.name, 0)
         if d.reason == "soak" and failed >= cfg.max_attempts:
             d = Decision(v, False, "attempts-exhausted", f"failed {failed} time(s) within "
@@ -87,10 +104,12 @@ def gate_plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Conf
     return out, 0 if stop[0] else budget
 
 
-def _classify(v: NodeView, occupied: list[str], cfg: Config, now: float) -> Decision:
+def _classify(v: NodeView, occupied: list[str], cfg: Config, now: float, first: float | None = None) -> Decision:
     p = cfg.prefix
     held = v.sweep_taint(cfg.taint_key)
-    since = v.created
+    since, joined = v.created, "after it joined"
+    if first is not None and first > v.created and not held:
+        since, joined = first, "since runs first saw its gate taint"
     if held:
         if v.annotations.get(f"{p}/recheck") == "true":
             back, why = remediated_and_back(v, cfg, now)
@@ -106,7 +125,7 @@ def _classify(v: NodeView, occupied: list[str], cfg: Config, now: float) -> Deci
     if waiting:
         age = now - since
         if age >= cfg.gate_deadline:
-            return Decision(v, True, "gate-late", f"{waiting} {int(age)}s after it joined (gate_deadline "
+            return Decision(v, True, "gate-late", f"{waiting} {int(age)}s {joined} (gate_deadline "
                             f"{int(cfg.gate_deadline)}s)")
         return Decision(v, False, "gate-waiting", f"{waiting}; {int(age)}s of gate_deadline {int(cfg.gate_deadline)}s")
     if occupied:

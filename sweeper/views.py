@@ -106,7 +106,10 @@ def plan_view(kube: Any, cfg: Config, hist: Any, now: float | None = None) -> Pl
     gated, rest = gating.split(nodes, cfg)
     p = make_plan(rest, pods, cfg, hist.last_swept(sweep.kind), now, gates)
     stop = ("paused", gates.paused) if gates.paused else ("breaker-open", gates.breaker) if gates.breaker else ("", "")
-    p.gate, p.gate_budget = gating.gate_plan(gated, pods, cfg, now, stop, gates.attempts)
+    late = gating.joined_long_ago(gated, cfg, now)
+    asked = getattr(hist, "gate_seen", None)  # a history of nodes' labels alone keeps no runs
+    seen = (asked(late, now - cfg.gate_deadline) if late else {}) if asked else None
+    p.gate, p.gate_budget = gating.gate_plan(gated, pods, cfg, now, stop, gates.attempts, seen)
     p.notes = [*(found.why if found else ()), *p.notes]
     rows: list[dict[str, Any]] = [{"node": d.node.name, "take": d.take, "reason": d.reason, "detail": d.detail}
                                   for d in p.take + p.skip]

@@ -211,7 +211,16 @@ def test_history_evidence_writes_the_tar_whole_and_never_extracts_it(tmp_path: P
     (out_dir / "link.tar.gz").symlink_to(tmp_path / "target")
     through = cli.invoke(main, ["history", "gpu-1", "--state", str(state), "--evidence", "run-1", "--to",
                                 "link.tar.gz", "--force"])
-    assert through.exit_code == 2 and not (tmp_path / "target").exists(), "never written through a symlink"
+    # --force replaces the link itself (a rename over it, sweeper.files), never writes through it
+    assert through.exit_code == 0 and not (tmp_path / "target").exists(), "never written through a symlink"
+    assert not (out_dir / "link.tar.gz").is_symlink() and (out_dir / "link.tar.gz").read_bytes() == bundle
+    (out_dir / "link.tar.gz").unlink()
+    (out_dir / "link.tar.gz").symlink_to(tmp_path / "target")
+    refused = cli.invoke(main, ["history", "gpu-1", "--state", str(state), "--evidence", "run-1", "--to",
+                                "link.tar.gz"])
+    assert refused.exit_code == 2 and "--force" in refused.output and (out_dir / "link.tar.gz").is_symlink()
+    assert not (tmp_path / "target").exists()
+    (out_dir / "link.tar.gz").unlink()
     forced = cli.invoke(main, ["history", "gpu-1", "--state", str(state), "--evidence", "run-1", "--force"])
     assert forced.exit_code == 0
     stdout = cli.invoke(main, ["history", "gpu-1", "--state", str(state), "--evidence", "run-1", "--to", "-"])

@@ -26,6 +26,7 @@ from sweeper.actions.follow import (  # noqa: F401  (re-exported: their old home
 )
 from sweeper.actions.podstate import (  # noqa: F401  (re-exported: their old home)
     GPU_STACK,
+    LOG_LIMIT,
     NOT_GPU_STACK,
     PULL_WAITING,
     RUNTIME_CHECK,
@@ -34,6 +35,7 @@ from sweeper.actions.podstate import (  # noqa: F401  (re-exported: their old ho
     TOOL_WAITING,
     finished,
     gpu_stack_words,
+    log_cut,
     runtime_result,
     start_failure,
 )
@@ -243,13 +245,14 @@ def _read_result(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]],
     term = ((statuses[0].get("state") or {}).get("terminated") or {}) if statuses else {}
     exit_code = term.get("exitCode")
     try:
-        log = ctx.kube.pod_log(namespace, pod["metadata"]["name"])
+        log = ctx.kube.pod_log(namespace, pod["metadata"]["name"], limit_bytes=LOG_LIMIT)
     except KubeError as exc:
         log = ""
         ctx.log(f"cannot read the log of {pod['metadata']['name']}: {exc}")
     message = term.get("message") or ""
     tail = (log.strip().splitlines() or [""])[-1] if log.strip() else message.strip()
-    failure = start_failure(node, now, statuses, tail, "the check container could not start")
+    failure = start_failure(node, now, statuses, tail, "the check container could not start") or \
+        log_cut(node, now, log)
     if failure is not None:
         return failure
     if parser == "auto":
@@ -273,7 +276,8 @@ def _read_result(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]],
         return nccl.parse(log or message, node, now, min_busbw=None if floor in (None, "") else float(floor),
                           exit_code=exit_code)
     result = sweeper_result.parse(log, node, now)
-    if result.status == "error" and message.strip() and message.strip() not in log:
+    if result.status == "error" and result.checks[0].code != sweeper_result.OVERSIZE and message.strip() \
+            and message.strip() not in log:
         result = sweeper_result.parse_summary(message, node, now)  # no readable log: the short form
     crashed = exit_code not in (None, 0, 1)  # 1 is the check's own "findings"
     if crashed and result.status == "error":

@@ -10,7 +10,7 @@ from typing import Any
 from sweeper.actions import ActionContext
 from sweeper.actions.follow import MPIShape, Outcome, PollSource, follow
 from sweeper.actions.pairspec import pair_answer, pair_floor
-from sweeper.actions.podstate import finished, start_failure
+from sweeper.actions.podstate import LOG_LIMIT, finished, log_cut, start_failure
 from sweeper.errors import KubeError, NotServed
 from sweeper.parsers import pair as pair_parser
 from sweeper.result import CheckResult, Result, tool_result
@@ -88,13 +88,13 @@ def read_launcher(ctx: ActionContext, namespace: str, launchers: list[dict[str, 
     term = ((statuses[0].get("state") or {}).get("terminated") or {}) if statuses else {}
     code = term.get("exitCode")
     try:
-        log = ctx.kube.pod_log(namespace, pod["metadata"]["name"])
+        log = ctx.kube.pod_log(namespace, pod["metadata"]["name"], limit_bytes=LOG_LIMIT)
     except KubeError as exc:
         ctx.log(f"cannot read the log of {pod['metadata']['name']}: {exc}")
         log = term.get("message") or ""
     # The launcher runs only mpirun, with no GPU: its start is never the node's GPU stack's to fail.
     failure = start_failure(a, now, statuses, (log.strip().splitlines() or [""])[-1],
-                            "the launcher container could not start", gpu_stack=False)
+                            "the launcher container could not start", gpu_stack=False) or log_cut(a, now, log)
     if failure is not None:
         return failure
     floor, no_floor = pair_floor(ctx, parser_args)

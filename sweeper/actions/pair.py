@@ -47,7 +47,7 @@ from sweeper.actions.pairspec import (  # noqa: F401  (re-exported: their old ho
     pair_fabric,
     pair_floor,
 )
-from sweeper.actions.podstate import finished, start_failure
+from sweeper.actions.podstate import LOG_LIMIT, finished, log_cut, start_failure
 from sweeper.actions.safety import protected
 from sweeper.actions.structure import render_checked
 from sweeper.clock import parse_duration
@@ -220,13 +220,14 @@ def read_pair(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]], a:
         term = ((statuses[0].get("state") or {}).get("terminated") or {}) if statuses else {}
         codes[i] = term.get("exitCode")
         try:
-            logs[i] = ctx.kube.pod_log(namespace, pod["metadata"]["name"])
+            logs[i] = ctx.kube.pod_log(namespace, pod["metadata"]["name"], limit_bytes=LOG_LIMIT)
         except KubeError as exc:
             ctx.log(f"cannot read the log of {pod['metadata']['name']}: {exc}")
             logs[i] = term.get("message") or ""
         # The GPU stack of the node this pod ran on: a finding, which re-pairing pins on it.
         failure = start_failure(a, now, statuses, (logs[i].strip().splitlines() or [""])[-1],
-                                "the pair container could not start", on=str((pod.get("spec") or {}).get("nodeName") or ""))
+                                "the pair container could not start", on=str((pod.get("spec") or {}).get("nodeName") or "")) \
+            or log_cut(a, now, logs[i])
         if failure is not None:
             return failure
     if not by_index:

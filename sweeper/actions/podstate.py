@@ -10,7 +10,13 @@ from typing import Any
 
 from sweeper.actions import ActionContext
 from sweeper.errors import KubeError, NotFound
-from sweeper.result import CheckResult, Result, tool_result
+from sweeper.result import CheckResult, Result, error_result, tool_result
+
+# The most of a check pod's log that is read (limitBytes, and no further on Sweeper's side either):
+# a log that fills it was cut, and what was read of it is no verdict.
+# https://kubernetes.io/docs/reference/kubernetes-api/workload-resources/pod-v1/#get-read-log-of-the-specified-pod
+LOG_LIMIT = 8 * 1024 * 1024
+LOG_CUT = "LogTruncated"
 
 # Why a container waits without ever having run; each is a fault of the check (its image, its
 # spec, the cluster's config), not of the node's hardware.
@@ -104,6 +110,15 @@ def node_gone(ctx: ActionContext, node: str) -> str:
     except NotFound:
         return "; the node is gone (deleted while under test)"
     return ""
+
+
+def log_cut(node: str, now: float, log: str, limit: int = LOG_LIMIT) -> Result | None:
+    """An `error` when a pod's log filled the limit it was read with: its end was never read, so
+    neither a document cut short nor one followed by more output is a verdict on the node."""
+    if len(log.encode("utf-8")) < limit:  # a cut mid-character decodes to U+FFFD: never fewer bytes
+        return None
+    return error_result(node, "sweeper", f"the pod's log filled the {limit}-byte read limit and was cut: "
+                        "what was read of it is no verdict", now, code=LOG_CUT)
 
 
 def hung_result(node: str, now: float, timeout: float) -> Result:

@@ -32,6 +32,7 @@ from sweeper.cli.options import (
 )
 from sweeper.clock import iso
 from sweeper.errors import ConfigError, SweeperError
+from sweeper.files import write_atomic
 from sweeper.output import Out, iso_times
 
 
@@ -160,8 +161,8 @@ def history(node: str, config_path: str | None, kubeconfig: str | None, context:
 
 
 def _write_evidence(node: str, run_id: str, to: str | None, force: bool, config_path: str | None, state: str) -> None:
-    """The bundle as one file (O_EXCL unless --force; never through a symlink), or on stdout."""
-    import os
+    """The bundle as one file (never over an existing one unless --force; never through a symlink),
+    or on stdout."""
     import re
 
     from sweeper.views import evidence_bundle
@@ -173,15 +174,12 @@ def _write_evidence(node: str, run_id: str, to: str | None, force: bool, config_
         sys.stdout.buffer.flush()
         return
     path = to or re.sub(r"[^A-Za-z0-9._-]", "_", f"evidence-{node}-{run_id}.tar.gz")
-    flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | (os.O_TRUNC if force else os.O_EXCL)
     try:
-        fd = os.open(path, flags, 0o600)
+        write_atomic(path, data, overwrite=force, mode=0o600)
     except FileExistsError:
         raise ConfigError(f"{path} exists: --force to overwrite it") from None
     except OSError as exc:
         raise ConfigError(f"cannot write {path}: {exc.strerror}") from None
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
     stderr_out().write(f"{len(data)} bytes of evidence of {node} (run {run_id}) written to {path}")
 
 
@@ -278,7 +276,7 @@ def _write_page(page: str, output: str, pages: int | None) -> None:
         click.echo(page, nl=False)
         return
     try:
-        Path(output).write_text(page)
+        write_atomic(output, page)  # a symlink planted at `output` is replaced, never written through
     except OSError as exc:
         raise ConfigError(f"cannot write {output}: {exc}") from exc
     stderr_out().write(f"wrote {output} ({len(page) / 1024:.0f} KiB"

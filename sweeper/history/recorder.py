@@ -298,6 +298,37 @@ class Recorder(Base):
         return proven
 
     @locked
+    def gate_seen(self, nodes: list[str], since: float) -> dict[str, float]:
+        """For each of `nodes`, when runs first saw it at the gate without a break: the start of the
+        earliest of the finished runs, newest first back to the last one before `since`, whose plan
+        listed it at the gate (the `gate` of runs.summary) with every later one listing it too. A node
+        the latest run did not list is absent: first seen now. A run that recorded no gate (a
+        summary without the key) neither extends nor breaks a stretch."""
+        where = f"status = 'done' and mode != 'dry-run'{self._in()}"
+        rows = self._rows(f"select started, summary from runs where {where} and started >= :since "
+                          "order by started desc", {"since": since})
+        rows += self._rows(f"select started, summary from runs where {where} and started < :since "
+                           "order by started desc limit 1", {"since": since})
+        out: dict[str, float] = {}
+        live = set(nodes)
+        for r in rows:
+            if not live:
+                break
+            try:
+                gate = json.loads(r["summary"] or "{}").get("gate")
+            except (ValueError, AttributeError, RecursionError):
+                continue
+            if not isinstance(gate, list):
+                continue
+            listed = {g.get("node") for g in gate if isinstance(g, dict)}
+            for n in sorted(live):
+                if n in listed:
+                    out[n] = float(r["started"])
+                else:
+                    live.discard(n)
+        return out
+
+    @locked
     def last_run(self) -> dict[str, Any] | None:
         """The latest run that finished its pass (not a dry run): id, mode and summary."""
         rows = self._rows(f"select id, mode, summary from runs where status = 'done' and mode != 'dry-run'{self._in()} "

@@ -11,6 +11,7 @@ import yaml
 
 from sweeper.config import Config, home
 from sweeper.errors import ConfigError
+from sweeper.files import write_atomic
 from sweeper.manifests.objects import (
     NAMESPACE,
     PLATFORMS,
@@ -146,12 +147,9 @@ def overlay_files(root: Path | None = None, memo: dict[str, Any] | None = None) 
 
 
 def _write(path: Path, text: str) -> Path:
-    """Through a temporary file, so that a failure leaves the old file whole."""
+    """Through a temporary file (sweeper.files), so that a failure leaves the old file whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-    return path
+    return write_atomic(path, text)
 
 
 def _yaml_scalar(value: str) -> str:

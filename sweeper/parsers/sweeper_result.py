@@ -18,7 +18,14 @@ from sweeper.result import (
     error_result,
 )
 
-MAX_BYTES = 8 * 1024 * 1024
+# A result document is at most DOCUMENT_LIMIT bytes of JSON (a real check of eight GPUs prints a few
+# tens of KiB): a larger one is not read at all but is an `error` (a check that printed what no check
+# prints, a fault of the check or of a node taken over, never a pass), so the history keeps at most
+# this much of any one document. Its messages are kept to MESSAGE_MAX characters each.
+DOCUMENT_LIMIT = 1024 * 1024
+MAX_BYTES = 8 * 1024 * 1024  # the most text looked at (a pod's log is read no further, sweeper.kube)
+MESSAGE_MAX = 4096
+OVERSIZE = "ResultTooLarge"
 
 
 def parse(text: str, node: str, now: float) -> Result:
@@ -26,16 +33,21 @@ def parse(text: str, node: str, now: float) -> Result:
     if not text or not text.strip():
         return error_result(node, "sweeper", "empty output: the check printed nothing", now)
     if len(text) > MAX_BYTES:
-        return error_result(node, "sweeper", f"output of {len(text)} bytes is over the {MAX_BYTES} limit", now)
+        return error_result(node, "sweeper", f"output of {len(text)} bytes is over the {MAX_BYTES} limit", now,
+                            code=OVERSIZE)
     start = text.find("{")
     if start < 0:
         return error_result(node, "sweeper", "no JSON document in the output: " + _snippet(text), now)
     try:
-        doc, _ = json.JSONDecoder().raw_decode(text[start:])
+        doc, end = json.JSONDecoder().raw_decode(text[start:])
     except ValueError as exc:
         return error_result(node, "sweeper", f"unreadable JSON ({exc}): " + _snippet(text), now)
     except RecursionError:  # json raises it, not ValueError, on arrays or objects nested too deep
         return error_result(node, "sweeper", "unreadable JSON (nested too deep): " + _snippet(text), now)
+    size = len(text[start:start + end].encode("utf-8"))
+    if size > DOCUMENT_LIMIT:
+        return error_result(node, "sweeper", f"a result document of {size} bytes is over the {DOCUMENT_LIMIT}-byte "
+                            "limit: not read", now, code=OVERSIZE)
     try:
         return from_dict(doc, node)
     except (KeyError, TypeError, ValueError) as exc:
@@ -100,7 +112,7 @@ def _check(c: Any) -> CheckResult:
     severity = _text(c, "severity", "info")
     if severity not in SEVERITIES:
         raise ValueError(f"check {str(c.get('name'))[:80]!r} has severity {severity[:40]!r}")
-    return CheckResult(name=_text(c, "name"), status=c["status"], message=_text(c, "message", ""),
+    return CheckResult(name=_text(c, "name"), status=c["status"], message=_text(c, "message", "")[:MESSAGE_MAX],
                        severity=severity, gpu=_gpu(c), code=None if c.get("code") is None else _text(c, "code"))
 
 

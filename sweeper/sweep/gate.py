@@ -39,7 +39,7 @@ def gate_node(run: Run, d: Decision) -> NodeOutcome:
     if node is None:
         assert lost is not None
         return lost
-    occupied = gating.occupants(run.kube.active_pods(node=name)).get(name)
+    occupied = gating.occupants(run.kube.active_pods(node=name), run.cfg).get(name)
     if occupied:
         why = f"pods tolerate the gate and run here, not disturbed: {', '.join(occupied[:3])}"
         release(run, name, why, owner=run.id)

@@ -51,7 +51,9 @@ def discover(run: Run, refill: bool = False) -> Plan:
         found = replace(found, suspects={**run.claimed, **found.suspects})
     p = plan(nodes, pods, cfg, run.rec.last_swept(run.sweep.kind), run.clock.now(), found)
     stop = ("paused", found.paused) if found.paused else ("breaker-open", found.breaker) if found.breaker else ("", "")
-    p.gate, p.gate_budget = gating.gate_plan(gated, pods, cfg, run.clock.now(), stop, found.attempts)
+    late = gating.joined_long_ago(gated, cfg, run.clock.now())
+    seen = run.rec.gate_seen(late, run.clock.now() - cfg.gate_deadline) if late else {}
+    p.gate, p.gate_budget = gating.gate_plan(gated, pods, cfg, run.clock.now(), stop, found.attempts, seen)
     if not run.dry_run and run.id:  # a run's look (not `plan`'s): when nodes were idle, for the idle window
         depth.observe(run.rec, cfg, p, run.clock.now())
     for d in p.skip:

@@ -267,3 +267,37 @@ def test_sigkill_mid_gate_then_run_again(make_sim, tmp_path: Path, stage: str, m
     h = History(state)
     assert list(h.db.query("select node from node_sweeps where finished is null")) == []
     h.close()
+
+
+def test_an_old_node_tainted_later_waits_its_deadline_from_when_runs_first_saw_the_taint(make_sim,
+                                                                                        history: History) -> None:
+    """A node two days old gets the gate's taint from someone else (a person sending it back
+    through validation) while it is not Ready: its wait counts from the first run that saw it at
+    the gate, not from its creation, which would fail it `gate-late` (and replace it) at first sight."""
+    sim: Sim = make_sim(gated_fleet(new=0, faults={"gpu-01": {"not_ready": True}}))
+    sim.kube.patch_node("gpu-01", [{"op": "add", "path": "/spec/taints", "value": [
+        {"key": GATE, "effect": "NoSchedule"}]}])
+    cfg = replace(KARPENTER, gate_deadline=7200)
+    first = run_sweep(sim, history, cfg)
+    assert first.outcomes == []
+    [d] = first.plan.gate
+    assert d.reason == "gate-waiting" and "not Ready" in d.detail, d
+    sim.cluster.clock.advance(3600)
+    second = run_sweep(sim, history, cfg)
+    assert second.outcomes == [] and [d.reason for d in second.plan.gate] == ["gate-waiting"], second.plan.gate
+    sim.cluster.clock.advance(3700)
+    third = run_sweep(sim, history, cfg)
+    [out] = third.outcomes
+    assert (out.node, out.verdict) == ("gpu-01", "replace") and "since runs first saw its gate taint" in out.reasons[0]
+
+
+def test_gate_seen_is_the_start_of_the_unbroken_stretch_of_runs_that_listed_the_node(history: History) -> None:
+    """A run that did not list the node breaks its stretch (its taint came off); a run that recorded
+    no gate at all neither extends nor breaks it; the search reaches one run before `since`."""
+    listed = {"r1": ["n"], "r2": [], "r3": ["n", "m"], "r4": None, "r5": ["n", "m"], "r6": ["n"]}
+    for i, (run, nodes) in enumerate(listed.items()):
+        history.run_started(run, 1000.0 * i, "sweep")
+        summary = {} if nodes is None else {"gate": [{"node": n, "reason": "gate-waiting"} for n in nodes]}
+        history.run_finished(run, 1000.0 * i + 10, "done", 0, summary)
+    assert history.gate_seen(["n", "m", "x"], since=0.0) == {"n": 2000.0}, "m's stretch ended at r6"
+    assert history.gate_seen(["n"], since=4500.0) == {"n": 4000.0}, "r5, the run before since"

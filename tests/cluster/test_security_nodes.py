@@ -9,6 +9,7 @@ node taken over can write any annotation it likes on itself."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from sweeper.history import History
 from tests.conftest import TEST_CONFIG, Sim, fleet_spec, run_sweep
@@ -54,3 +55,59 @@ def test_a_check_log_nested_past_the_json_parsers_depth_is_an_error_result_not_a
     assert verdicts == {"gpu-00": "pass", "gpu-01": "error"}, report.outcomes
     said = [r["message"] for r in history.db.query("select message from checks where node = 'gpu-01'")]
     assert any("unreadable JSON" in m and "nested" in m for m in said), said
+
+
+def _pass_document(node: str, checks: int = 3, message: str = "ok") -> str:
+    """A well-formed result document that says pass, as a node taken over would print it."""
+    from sweeper.result import CheckResult, Result
+
+    return Result(node=node, source="sweeper", started=T, finished=T, checks=tuple(
+        CheckResult(f"gpu.ok.{i}", "pass", message) for i in range(checks))).to_json() + "\n"
+
+
+T = 1_800_000_000.0
+
+
+def _stored(history: History, node: str) -> list[dict[str, Any]]:
+    return list(history.db.query("select status, code, message from checks where node = :n", {"n": node}))
+
+
+def test_a_result_document_over_its_limit_is_an_error_and_none_of_it_is_stored(make_sim, history: History) -> None:
+    """2 MiB of a pass document (30,000 checks that each say pass, under the log's 8 MiB read
+    limit): a node taken over could fill the history this way. Over the document limit (1 MiB) it
+    is not read: the node's verdict is `error` (output no check prints, never a pass, no node fault
+    either), and what is stored of it is one short row."""
+    from sweeper.parsers.sweeper_result import DOCUMENT_LIMIT, OVERSIZE
+
+    doc = _pass_document("gpu-01", checks=30_000)
+    assert DOCUMENT_LIMIT < len(doc) < 8 * 1024 * 1024
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"forged_output": doc}})
+    report = run_sweep(sim, history, replace(TEST_CONFIG, light_playbook=""))
+    assert {o.node: o.verdict for o in report.outcomes} == {"gpu-00": "pass", "gpu-01": "error"}, report.outcomes
+    rows = _stored(history, "gpu-01")
+    assert [(r["status"], r["code"]) for r in rows] == [("error", OVERSIZE)], rows[:3]
+    assert sum(len(r["message"]) for r in rows) < 1000
+
+
+def test_a_log_cut_at_its_read_limit_is_an_error_even_after_a_whole_pass_document(make_sim, history: History) -> None:
+    """A whole pass document, then 9 MiB more: the log is read to its limit (limitBytes, 8 MiB) and
+    no further, so its end is never seen. What was read is no verdict: `error`, never the pass in it."""
+    from sweeper.actions.podstate import LOG_CUT
+
+    doc = _pass_document("gpu-01") + ("progress: still going\n" * 450_000)
+    assert len(doc) > 9 * 1024 * 1024
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"forged_output": doc}})
+    report = run_sweep(sim, history, replace(TEST_CONFIG, light_playbook=""))
+    assert {o.node: o.verdict for o in report.outcomes} == {"gpu-00": "pass", "gpu-01": "error"}, report.outcomes
+    rows = _stored(history, "gpu-01")
+    assert [(r["status"], r["code"]) for r in rows] == [("error", LOG_CUT)], rows[:3]
+
+
+def test_a_long_message_in_a_result_document_is_stored_capped(make_sim, history: History) -> None:
+    """Under the document limit, each check's message is still kept to MESSAGE_MAX characters."""
+    from sweeper.parsers.sweeper_result import MESSAGE_MAX
+
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"forged_output": _pass_document("gpu-01", 2, "m" * 500_000)}})
+    report = run_sweep(sim, history, replace(TEST_CONFIG, light_playbook=""))
+    assert {o.node: o.verdict for o in report.outcomes}["gpu-01"] == "pass"
+    assert [len(r["message"]) for r in _stored(history, "gpu-01")] == [MESSAGE_MAX, MESSAGE_MAX]
