@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +57,30 @@ def load_yaml(path: Path) -> Any:
     return parse_yaml(text, str(path))
 
 
+# Parsed playbooks by (origin, text): a sweep loads each of its playbooks (and `sweeper serve` each run
+# again) through PyYAML's pure-Python composer, which the line marks need, at some 30 ms a file. The text
+# is the key, so an edited file is parsed anew; each caller gets its own deep copy.
+_PARSED: OrderedDict[tuple[str, str], Any] = OrderedDict()
+_PARSED_MAX = 64
+_PARSED_LOCK = threading.Lock()
+
+
 def parse_yaml(text: str, origin: str) -> Any:
+    key = (origin, text)
+    with _PARSED_LOCK:
+        hit = _PARSED.get(key, _PARSED)
+        if hit is not _PARSED:
+            _PARSED.move_to_end(key)
+    if hit is _PARSED:
+        hit = _parse_yaml(text, origin)
+        with _PARSED_LOCK:
+            _PARSED[key] = hit
+            while len(_PARSED) > _PARSED_MAX:
+                _PARSED.popitem(last=False)
+    return copy.deepcopy(hit)
+
+
+def _parse_yaml(text: str, origin: str) -> Any:
     try:
         return yaml.load(text, Loader=_loader(origin))  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as exc:

@@ -5,6 +5,7 @@ model derived from the declaration (`model_of`) with the way back to the datacla
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from collections.abc import Callable
@@ -131,11 +132,18 @@ def model_of(cls: type, name: str | None = None) -> type[BaseModel]:
     return create_model(name or f"{cls.__name__}File", __config__=ConfigDict(extra="forbid"), **fields)
 
 
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """A dataclass's resolved annotations: the same for the life of the process, and each file read
+    asks for them (typing resolves every string annotation again on each call)."""
+    return typing.get_type_hints(cls)
+
+
 def runtime_values(cls: type, model: BaseModel) -> dict[str, Any]:
     """The keys a file set, as the dataclass holds them (lists as tuples, nested models as dicts)."""
     from pydantic import BaseModel
 
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     out: dict[str, Any] = {}
     by_name = {f.name: f for f in dataclasses.fields(cls)}
     for key in model.model_fields_set:

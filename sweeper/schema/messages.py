@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from pydantic import BaseModel, ValidationError
 
 from sweeper.schema.declaration import Spec, _optional, spec_of
-from sweeper.schema.yamlfile import ConfigProblems, locate
+from sweeper.schema.yamlfile import ConfigProblems, NodeRef, locate
 
 _TYPE_WORDS = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
                dict: "a mapping", type(None): "empty"}
@@ -69,7 +69,7 @@ def human_seconds(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
-def problems_of(exc: ValidationError, origin: str, node: yaml.Node | None, model: type[BaseModel],
+def problems_of(exc: ValidationError, origin: str, node: NodeRef, model: type[BaseModel],
                 cls: type | None = None) -> list[str]:
     """Each pydantic error as `file:line: key: what is wrong; allowed: what is allowed`."""
     hints = typing.get_type_hints(cls) if cls else {}
@@ -141,7 +141,7 @@ def _model_inside(tp: Any) -> Any:
     return None
 
 
-def check(model: type[BaseModel], data: Any, origin: str, node: yaml.Node | None, cls: type | None = None,
+def check(model: type[BaseModel], data: Any, origin: str, node: NodeRef, cls: type | None = None,
           what: str = "file") -> BaseModel:
     """Validate `data` against `model`; every problem raised at once as ConfigProblems."""
     from pydantic import ValidationError

@@ -66,25 +66,53 @@ class ConfigProblems(ConfigError):
 
 
 # -- reading a file with line marks -----------------------------------------------------
-def read_yaml(path: Path, what: str) -> tuple[Any, yaml.Node | None]:
-    """The file's data and its composed node tree (for line numbers)."""
+class Marks:
+    """A file's node tree, for the line a problem is on: composed by PyYAML's pure-Python composer on
+    first use, which only a problem needs (about ten times the cost of libyaml's load, and a sweep
+    reads a dozen profile files)."""
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+        self._node: yaml.Node | None = None
+        self._composed = False
+
+    @property
+    def node(self) -> yaml.Node | None:
+        if not self._composed:
+            self._composed = True
+            try:
+                self._node = yaml.compose(self._text, Loader=NoAliasLoader)
+            except (yaml.YAMLError, RecursionError):
+                self._node = None  # the data loaded, so this is not reached in practice; line 1 then
+        return self._node
+
+
+NodeRef = yaml.Node | Marks | None
+
+
+def read_yaml(path: Path, what: str) -> tuple[Any, Marks]:
+    """The file's data and its node tree (for line numbers), composed when a problem asks."""
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read {what} {path}: {exc}") from exc
     try:
-        node = yaml.compose(text, Loader=NoAliasLoader)
-        data = safe_load(text)
+        try:
+            data = safe_load(text)
+        except (yaml.YAMLError, RecursionError):
+            # Told in the words and at the line of PyYAML's own parser, as `sweeper lint` has always told it.
+            data = yaml.load(text, Loader=NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         raise ConfigProblems([f"{path}:{mark.line + 1 if mark else 1}: YAML syntax error: {exc.problem}"]) from exc
     except (yaml.YAMLError, RecursionError) as exc:
         raise ConfigProblems([f"{path}:1: not readable as YAML: {type(exc).__name__}"]) from exc
-    return data, node
+    return data, Marks(text)
 
 
-def locate(node: yaml.Node | None, loc: tuple[Any, ...]) -> tuple[int, yaml.Node | None]:
+def locate(ref: NodeRef, loc: tuple[Any, ...]) -> tuple[int, yaml.Node | None]:
     """The 1-based line of the deepest key of `loc` present in the YAML, and the node there."""
+    node = ref.node if isinstance(ref, Marks) else ref
     if node is None:
         return 1, None
     line = node.start_mark.line

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, Strict
 
 from sweeper.schema import (
     ConfigProblems,
+    NodeRef,
     check,
     duration_type,
     locate,
@@ -348,7 +348,7 @@ def load_fleet(path: Path) -> Fleet:
     return parse_fleet(data, str(path), node)
 
 
-def parse_fleet(raw: Any, origin: str = "fleet", node: yaml.Node | None = None) -> Fleet:
+def parse_fleet(raw: Any, origin: str = "fleet", node: NodeRef = None) -> Fleet:
     """A fleet from its file's data; every problem as `file:line: key: what; allowed: ...`."""
     spec = check(FleetFile, raw, origin, node, None, "fleet file")
     assert isinstance(spec, FleetFile)
