@@ -253,6 +253,7 @@ class Server:
 
         class Handler(BaseHTTPRequestHandler):
             timeout = server.socket_timeout  # each read and write of the socket; a silent client is dropped
+            disable_nagle_algorithm = True  # headers and body are two writes: no delayed-ACK wait between them
 
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
                 return
