@@ -42,10 +42,14 @@ def test_a_command_output_is_read_as_ingest_reads_it() -> None:
     assert crashed.status == "error" and "exited 2" in crashed.checks[0].message
 
 
+# The plays' Job deadlines are an hour of simulated time, 6 s of real time at the fleets' 600x. DCGM
+# level 2 runs 150 simulated seconds; at 10m (1 s real) a loaded machine that starved the simulated
+# cluster's controllers for 0.75 s between the Job's start and its pod's ended the Job at its
+# activeDeadlineSeconds: a hung check (quarantine) and an `error`, not the node's verdict.
 AUTO_DCGM = """
 name: dcgm read by detection
 tasks:
-  - run_job: {template: dcgm-diag.yaml.j2, parser: auto, vars: {level: 2}, timeout: 10m}
+  - run_job: {template: dcgm-diag.yaml.j2, parser: auto, vars: {level: 2}, timeout: 1h}
     register: diag
     ignore_errors: true
   - decide: {results: ["{{ diag }}"]}
@@ -65,7 +69,7 @@ def test_parser_auto_detects_the_output(make_sim, tmp_path: Path) -> None:
 NO_DECIDE = """
 name: dcgm without decide
 tasks:
-  - run_job: {template: dcgm-diag.yaml.j2, parser: dcgm, vars: {level: 2}, timeout: 10m}
+  - run_job: {template: dcgm-diag.yaml.j2, parser: dcgm, vars: {level: 2}, timeout: 1h}
 """
 
 
@@ -124,7 +128,7 @@ tasks:
       vars: {command: [nvidia-smi, -q, -d, ECC]}
       parser: nvidia-smi
       parser_args: {expect_gpus: "{{ node.profile.gpus }}"}
-      timeout: 5m
+      timeout: 1h
     register: ecc
     ignore_errors: true
   - name: verdict

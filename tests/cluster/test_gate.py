@@ -197,6 +197,9 @@ def test_sweeper_plan_shows_the_gates_queue(make_sim, tmp_path: Path) -> None:
     spec["node_groups"].append({"name_prefix": "boot-", "count": 1, "age": 0, "boot": "1h",
                                 "startup_taints": [{"key": GATE}]})
     sim: Sim = make_sim(spec)
+    # boot-00's hour of booting is 6 s of real time at 600x, which two `sweeper plan` runs on a loaded
+    # machine outlasted (it was Ready, and no longer gate-waiting, by the table): simulated time stands.
+    sim.cluster.clock.freeze()
     cfg = tmp_path / "config.yaml"
     cfg.write_text(yaml.safe_dump({"gate_max_nodes": 1}))
     base = ["--kubeconfig", str(sim.kubeconfig), "--state", str(tmp_path / "h.db"), "--config", str(cfg)]
