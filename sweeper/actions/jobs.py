@@ -3,6 +3,7 @@ one Job-following loop (sweeper.actions.follow), read and parse its result, and 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 from pathlib import Path
@@ -48,7 +49,7 @@ from sweeper.actions.safety import (
     problems,
     protected,
 )
-from sweeper.actions.structure import render_checked
+from sweeper.actions.structure import Recent, render_checked
 from sweeper.clock import parse_duration
 from sweeper.config import home
 from sweeper.demand import holds_gpus
@@ -203,10 +204,21 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
     return job
 
 
+# Rendered texts parsed lately: a render that CHECKED remembers gives the same text again, and parsing
+# it costs some thirty times what a copy of the result does. Each caller gets its own copy.
+PARSED = Recent(512)
+
+
 def load_rendered(rendered: str, path: Path, many: bool = False) -> Any:
     """The rendered YAML; an error names the line and column, never the text there."""
+    known = PARSED.get((rendered, many))
+    if known is not None:
+        return copy.deepcopy(known)
     try:
-        return [d for d in safe_load_all(rendered) if d is not None] if many else safe_load(rendered)
+        value = [d for d in safe_load_all(rendered) if d is not None] if many else safe_load(rendered)
+        if value is not None:
+            PARSED.put((rendered, many), copy.deepcopy(value))
+        return value
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1} of the rendered text" if mark is not None else ""
