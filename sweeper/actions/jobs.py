@@ -3,7 +3,6 @@ one Job-following loop (sweeper.actions.follow), read and parse its result, and 
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import re
 from pathlib import Path
@@ -205,19 +204,30 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
 
 
 # Rendered texts parsed lately: a render that CHECKED remembers gives the same text again, and parsing
-# it costs some thirty times what a copy of the result does. Each caller gets its own copy.
+# it costs many times what a copy of the result does. Each caller gets its own copy.
 PARSED = Recent(512)
+
+
+def _copy(value: Any) -> Any:
+    """A copy of parsed YAML, whose containers are dicts, lists and sets (the rest is immutable)."""
+    if type(value) is dict:
+        return {k: _copy(v) for k, v in value.items()}
+    if type(value) is list:
+        return [_copy(v) for v in value]
+    if type(value) is set:
+        return set(value)
+    return value
 
 
 def load_rendered(rendered: str, path: Path, many: bool = False) -> Any:
     """The rendered YAML; an error names the line and column, never the text there."""
     known = PARSED.get((rendered, many))
     if known is not None:
-        return copy.deepcopy(known)
+        return _copy(known)
     try:
         value = [d for d in safe_load_all(rendered) if d is not None] if many else safe_load(rendered)
         if value is not None:
-            PARSED.put((rendered, many), copy.deepcopy(value))
+            PARSED.put((rendered, many), _copy(value))
         return value
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
