@@ -36,7 +36,7 @@ from sweeper.actions.jobs import render_job
 from sweeper.actions.pair import render_pair
 from sweeper.config import PLATFORMS, Config, home, manifest_config
 from sweeper.drivers import CUDA_LABELS
-from sweeper.schema import safe_load_all
+from sweeper.schema import own_load_all
 
 ACCOUNT = "system:serviceaccount:sweeper:sweeper"
 MANAGED = "app.kubernetes.io/managed-by"
@@ -247,7 +247,7 @@ def nodeclaim_policy(config: Config) -> list[Any]:
 def deployed_config(root: Path) -> Config:
     """The configuration deploy/cronjob.yaml's ConfigMap holds: deploy/base.yaml's, with the images of
     deploy/base/kustomization.yaml (python -m sweeper.manifests writes them there first)."""
-    docs = safe_load_all((root / "deploy" / "cronjob.yaml").read_text())
+    docs = own_load_all((root / "deploy" / "cronjob.yaml").read_text())
     cm = next(d for d in docs if d and d["kind"] == "ConfigMap" and d["metadata"]["name"] == "sweeper-config")
     return manifest_config(yaml.safe_dump(cm))
 

@@ -205,7 +205,7 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
 
 # Rendered texts parsed lately: a render that CHECKED remembers gives the same text again, and parsing
 # it costs many times what a copy of the result does. Each caller gets its own copy.
-PARSED = Recent(512)
+PARSED = Recent(256)
 
 
 def _copy(value: Any) -> Any:

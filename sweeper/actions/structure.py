@@ -126,7 +126,7 @@ def _checked_key(found: JobTemplate, variables: dict[str, Any]) -> Any:
 # The Jobs that passed the check lately: a fleet's sweep, and the admission policy's generator (every
 # template on every platform, profile and overlay), ask for the same render many times. Only a render
 # that passed is kept, so a refusal is always worked out afresh.
-CHECKED = Recent(512)
+CHECKED = Recent(1024)
 
 
 def render_checked(found: JobTemplate, variables: dict[str, Any]) -> str:

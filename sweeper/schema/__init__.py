@@ -28,8 +28,16 @@ from sweeper.schema.declaration import (
     to_seconds,
 )
 from sweeper.schema.messages import allowed_words, check, human_seconds, problems_of, reference_table
-from sweeper.schema.yamlfile import ConfigProblems, NoAliasLoader, locate, read_yaml, safe_load, safe_load_all
+from sweeper.schema.yamlfile import (
+    ConfigProblems,
+    NoAliasLoader,
+    locate,
+    own_load_all,
+    read_yaml,
+    safe_load,
+    safe_load_all,
+)
 
 __all__ = ["DURATION_WORDS", "ConfigProblems", "Deferred", "NoAliasLoader", "Spec", "allowed_words", "check",
            "duration_type", "human_seconds", "locate", "model_of", "problems_of", "read_yaml", "reference_table", "runtime_values",
-           "safe_load", "safe_load_all", "setting", "spec_of", "to_seconds"]
+           "own_load_all", "safe_load", "safe_load_all", "setting", "spec_of", "to_seconds"]
