@@ -203,14 +203,30 @@ def differences(real: Any, neutral_: Any, where: str = "") -> str:
     return f"{here}: a value that cluster data changed without standing in it"
 
 
+# Rendered texts parsed lately, by text: the renders of one template differ in a name or a count far
+# more often than in their text (the nodes of one profile, the platforms that share a runtime), and
+# parsing costs many times what a copy does. Read-only here; load_rendered copies what it hands out.
+PARSED = Recent(256)
+
+
+def rendered_docs(text: str) -> list[Any]:
+    """The documents of a rendered text but the empty ones (yaml.YAMLError when it is not YAML); the
+    list is shared: copy before changing it."""
+    docs = PARSED.get((text, True))
+    if docs is None:
+        docs = [d for d in safe_load_all(text) if d is not None]
+        PARSED.put((text, True), docs)
+    return docs  # type: ignore[no-any-return]
+
+
 def check_structure(path: Path, template: str, real_text: str, neutral_text: str, marks: _Placeholders) -> None:
     """Refuse (PlaybookError, 'unsafe Job') when cluster data changed the rendered documents' shape."""
     try:
-        real = [d for d in safe_load_all(real_text) if d is not None]
+        real = rendered_docs(real_text)
     except yaml.YAMLError:
         real = None
     try:
-        neutral_docs = [d for d in safe_load_all(neutral_text) if d is not None]
+        neutral_docs = rendered_docs(neutral_text)
     except yaml.YAMLError:
         neutral_docs = None
     if real is None and neutral_docs is None:
