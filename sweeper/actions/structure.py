@@ -16,6 +16,10 @@ is replaced as well.
 The check does not depend on the author's `tojson`: a value that arrives bare, concatenated or
 filtered (`~`, `upper`, `replace`) is followed by its placeholder, and a value that changes what
 the template does (a branch, a loop, a key taken from cluster data) makes the two renders differ.
+
+A render that passed is remembered (CHECKED) for the same template text, variables and render
+limits, and a rendered text's parse by the text (PARSED): the admission policy's generator and a
+fleet's sweep ask for the same Jobs many times. A refusal is always worked out afresh.
 """
 
 from __future__ import annotations
