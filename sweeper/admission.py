@@ -36,6 +36,7 @@ from sweeper.actions.jobs import render_job
 from sweeper.actions.pair import render_pair
 from sweeper.config import PLATFORMS, Config, home, manifest_config
 from sweeper.drivers import CUDA_LABELS
+from sweeper.schema import own_load_all
 
 ACCOUNT = "system:serviceaccount:sweeper:sweeper"
 MANAGED = "app.kubernetes.io/managed-by"
@@ -92,9 +93,10 @@ def shapes(root: Path, config: Config) -> tuple[Shape, Shape]:
     checks, remediation = Shape(), Shape()
     special = {config.reboot_template: {}, config.gpu_reset_template: {"gpu_ids": "0"}}
     templates = sorted(p.name for p in (root / "job-templates").glob("*.j2"))
+    nodes = _nodes(root, config)  # the profiles read once, not once per platform
     for platform in PLATFORMS:
         cfg = replace(config, platform=platform, template_dir=str(root / "job-templates"))
-        for node in _nodes(root, config):
+        for node in nodes:
             partner = {**node, "name": "ip-10-0-0-2.ec2.internal",
                        "labels": {**node["labels"], "kubernetes.io/hostname": "ip-10-0-0-2"}}
             ctx = ActionContext(config=cfg, node=node, partner=partner, run_id="sw-policy-0000")
@@ -245,7 +247,7 @@ def nodeclaim_policy(config: Config) -> list[Any]:
 def deployed_config(root: Path) -> Config:
     """The configuration deploy/cronjob.yaml's ConfigMap holds: deploy/base.yaml's, with the images of
     deploy/base/kustomization.yaml (python -m sweeper.manifests writes them there first)."""
-    docs = yaml.safe_load_all((root / "deploy" / "cronjob.yaml").read_text())
+    docs = own_load_all((root / "deploy" / "cronjob.yaml").read_text())
     cm = next(d for d in docs if d and d["kind"] == "ConfigMap" and d["metadata"]["name"] == "sweeper-config")
     return manifest_config(yaml.safe_dump(cm))
 

@@ -8,7 +8,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 import yaml
 
@@ -19,6 +18,7 @@ from sweeper.config import PLATFORM_RUNTIME_CLASS, Config, load_config
 from sweeper.errors import ConfigError
 from sweeper.manifests import IMAGE_KEYS, OVERLAYS, Overlay, images, overlay_files
 from sweeper.profiles import load_profile
+from tests.k8s_schema import validate as k8s_validate
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S = "1.31"
@@ -35,7 +35,7 @@ def test_cronjob_manifest_validates_and_its_config_loads(tmp_path: Path) -> None
         + ["Role", "RoleBinding"] * 4 + ["ConfigMap", "PersistentVolumeClaim", "CronJob", "Deployment",
                                          "NetworkPolicy"] + ["ConfigMap"] * 4
     for d in docs:
-        kubernetes_validate.validate(d, K8S, strict=True)
+        k8s_validate(d, K8S, strict=True)
     cm = next(d for d in docs if d["kind"] == "ConfigMap")
     cfg_file = tmp_path / "config.yaml"
     cfg_file.write_text(cm["data"]["config.yaml"])
@@ -61,7 +61,7 @@ def test_every_manifest_validates(name: str) -> None:
     docs = docs_of(name)
     assert docs
     for d in docs:
-        kubernetes_validate.validate(d, K8S, strict=True)
+        k8s_validate(d, K8S, strict=True)
 
 
 def test_the_job_namespaces_admit_the_check_jobs() -> None:
@@ -102,7 +102,7 @@ def test_the_tolerations_storage_class_and_node_selector_are_options() -> None:
                                   {"key": "dedicated", "operator": "Exists"}]
     assert dep["nodeSelector"] == {"agentpool": "system"}
     for d in docs:
-        kubernetes_validate.validate(d, K8S, strict=True)
+        k8s_validate(d, K8S, strict=True)
     assert options(["--platform", "gke"])[1].storage_class == "standard-rwo"
     assert options(["--platform", "gke", "--storage-class", "premium-rwo"])[1].storage_class == "premium-rwo"
     with pytest.raises(ConfigError):
@@ -245,7 +245,7 @@ def test_job_templates_render_valid_jobs(template: str) -> None:
         "annotations": {}, "profile": load_profile(ROOT / "profiles" / "p5.48xlarge.yaml").as_vars()}, run_id="sw-1")
     job = render_job(ctx, template, 900, {}, remediation=template in PRIVILEGED,
                      bound=template in BOUND)
-    kubernetes_validate.validate(job, K8S, strict=True)
+    k8s_validate(job, K8S, strict=True)
     pod = job["spec"]["template"]["spec"]
     assert {"key": Config().taint_key, "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     if template in BOUND:
@@ -387,7 +387,7 @@ def test_each_overlay_renders_valid_objects_that_agree_with_its_config(name: str
     overlay = next(ov for ov in OVERLAYS if ov.name == name)
     docs = kustomize(ROOT / "deploy" / name)
     for d in docs:
-        kubernetes_validate.validate(d, K8S, strict=True)
+        k8s_validate(d, K8S, strict=True)
     cfg = rendered_config(docs, tmp_path)
     assert disagreements(docs, cfg, overlay, images(ROOT)) == []
     assert cfg.remediation["default"] == overlay.remediation

@@ -16,7 +16,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 from click.testing import CliRunner
 
@@ -27,6 +26,7 @@ from sweeper.config import Config
 from sweeper.errors import PlaybookError
 from sweeper.lint import K8S_VERSION
 from sweeper.profiles import load_profile
+from tests.k8s_schema import validate as k8s_validate
 
 ROOT = Path(__file__).resolve().parent.parent
 A, B = "ip-10-0-1-2.ec2.internal", "ip-10-0-1-3.ec2.internal"
@@ -52,7 +52,7 @@ def env_of(container: dict[str, Any]) -> dict[str, Any]:
 def test_the_pair_renders_a_headless_service_and_an_indexed_job_of_two() -> None:
     service, job, v = rendered()
     for doc in (service, job):
-        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        k8s_validate(doc, K8S_VERSION, strict=True)
     name = v["job_name"]
     assert re.fullmatch(r"sweep-pair-ip-10-0-1-2-ec2-internal-[0-9a-f]{6}", name)
     assert len(f"{name}-1") <= 63, "each pod's hostname is a DNS label"
@@ -109,7 +109,7 @@ def test_the_pair_program_and_its_environment() -> None:
 ])
 def test_each_pod_takes_every_gpu_and_the_profiles_fabric_devices(profile: str, fabric: dict[str, str]) -> None:
     _, job, _ = rendered(profile=profile)
-    kubernetes_validate.validate(job, K8S_VERSION, strict=True)
+    k8s_validate(job, K8S_VERSION, strict=True)
     res = job["spec"]["template"]["spec"]["containers"][0]["resources"]
     for kind in ("requests", "limits"):
         extended = {k: v for k, v in res[kind].items() if k not in ("cpu", "memory")}
@@ -164,7 +164,7 @@ def test_the_mpijob_is_the_mpi_operators_v2beta1() -> None:
     assert len(f"{name}-worker-1") <= 63 and name != v["service_name"], "the operator's own Service takes its name"
     launcher, worker = mpijob_pods(job)
     for pod in (launcher, worker):
-        kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+        k8s_validate(pod, K8S_VERSION, strict=True)
     assert worker["spec"]["affinity"] == v["pair_affinity"]
     assert "sweeper.dev/pair" not in launcher["metadata"]["labels"], "the Workers' anti-affinity is theirs alone"
     limits = worker["spec"]["containers"][0]["resources"]["limits"]

@@ -144,3 +144,61 @@ def test_lint_warns_of_a_bare_cluster_value(tmp_path: Path) -> None:
     assert any("node.annotations.x" in w and "without | tojson" in w for w in report.warnings), report.warnings
     report = lint_paths([ROOT / "job-templates"], Config())
     assert not report.warnings and not report.problems, (report.warnings, report.problems)
+
+
+def test_a_checked_render_is_remembered_only_for_the_same_text_variables_and_limits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """render_checked keeps a render that passed (the admission policy's generator asks for the same
+    Jobs for each overlay): asked again with the same template text, variables and limits it renders
+    nothing; another text, another value (True is not 1), other limits or a refusal render afresh."""
+    from dataclasses import replace
+
+    from sweeper.actions import structure
+    from sweeper.templating import JobTemplate, Limits, bounds
+
+    renders: list[dict[str, Any]] = []
+    real_render = structure.render_template
+
+    def counted(found: JobTemplate, variables: dict[str, Any]) -> str:
+        renders.append(variables)
+        return real_render(found, variables)
+
+    monkeypatch.setattr(structure, "render_template", counted)
+    monkeypatch.setattr(structure, "CHECKED", structure.Recent(8))
+    (tmp_path / "t.yaml.j2").write_text("kind: Job\nvalue: {{ node.annotations.x | tojson }}\nn: {{ n }}\n")
+    found = resolve_template("t.yaml.j2", ROOT / "job-templates", tmp_path)
+    variables = {"node": node(note="a"), "n": 1}
+    first = structure.render_checked(found, variables)
+    assert len(renders) == 2  # the real render and the one with placeholders
+    assert structure.render_checked(found, dict(variables)) == first and len(renders) == 2
+    assert structure.render_checked(found, {**variables, "n": True}) != first and len(renders) == 4
+    assert structure.render_checked(replace(found, text=found.text + "# more\n"), variables) and len(renders) == 6
+    monkeypatch.setattr(bounds, "LIMITS", Limits(output=1 << 19))
+    assert structure.render_checked(found, variables) == first and len(renders) == 8
+    # a value that is not plain data (its repr may not say what it holds) is never remembered
+    class Opaque:
+        def __str__(self) -> str:
+            return "o"
+    for _ in range(2):
+        structure.render_checked(found, {**variables, "n": Opaque()})
+    assert len(renders) == 12
+    (tmp_path / "b.yaml.j2").write_text("kind: Job\n{% if node.annotations.x == 'a' %}extra: 1\n{% endif %}")
+    branch = resolve_template("b.yaml.j2", ROOT / "job-templates", tmp_path)
+    for _ in range(2):
+        with pytest.raises(PlaybookError, match="unsafe Job"):
+            structure.render_checked(branch, variables)
+    assert len(renders) == 16, "a refusal is worked out each time"
+
+
+def test_a_remembered_parse_gives_each_caller_its_own_job(tmp_path: Path) -> None:
+    """load_rendered keeps the parse of a rendered text; what one caller changes in its Job (render_job
+    sets the remediation account) never reaches the next caller's."""
+    from sweeper.actions.jobs import load_rendered
+
+    text = "kind: Job\nspec: {template: {spec: {containers: [{name: c, args: [a]}]}}}\n"
+    first = load_rendered(text, tmp_path / "t")
+    first["spec"]["template"]["spec"]["serviceAccountName"] = "other"
+    first["spec"]["template"]["spec"]["containers"][0]["args"].append("b")
+    again = load_rendered(text, tmp_path / "t")
+    assert again == {"kind": "Job", "spec": {"template": {"spec": {"containers": [{"name": "c", "args": ["a"]}]}}}}
+    assert load_rendered(text, tmp_path / "t", many=True) == [again]

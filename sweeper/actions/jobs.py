@@ -48,7 +48,7 @@ from sweeper.actions.safety import (
     problems,
     protected,
 )
-from sweeper.actions.structure import render_checked
+from sweeper.actions.structure import PARSED, render_checked, rendered_docs
 from sweeper.clock import parse_duration
 from sweeper.config import home
 from sweeper.demand import holds_gpus
@@ -56,7 +56,7 @@ from sweeper.errors import ConfigError, KubeError, PlaybookError
 from sweeper.formats import FORMATS, detect, read
 from sweeper.parsers import sweeper_result
 from sweeper.result import Result, error_result
-from sweeper.schema import safe_load, safe_load_all
+from sweeper.schema import safe_load
 from sweeper.templating import JobTemplate, resolve_template
 
 
@@ -203,10 +203,28 @@ def render_job(ctx: ActionContext, template: str, timeout: float, extra: dict[st
     return job
 
 
+def _copy(value: Any) -> Any:
+    """A copy of parsed YAML, whose containers are dicts, lists and sets (the rest is immutable)."""
+    if type(value) is dict:
+        return {k: _copy(v) for k, v in value.items()}
+    if type(value) is list:
+        return [_copy(v) for v in value]
+    if type(value) is set:
+        return set(value)
+    return value
+
+
 def load_rendered(rendered: str, path: Path, many: bool = False) -> Any:
     """The rendered YAML; an error names the line and column, never the text there."""
     try:
-        return [d for d in safe_load_all(rendered) if d is not None] if many else safe_load(rendered)
+        if many:
+            return _copy(rendered_docs(rendered))
+        known = PARSED.get((rendered, False))
+        if known is None:
+            known = safe_load(rendered)
+            if known is not None:
+                PARSED.put((rendered, False), known)
+        return _copy(known)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1} of the rendered text" if mark is not None else ""

@@ -16,11 +16,17 @@ is replaced as well.
 The check does not depend on the author's `tojson`: a value that arrives bare, concatenated or
 filtered (`~`, `upper`, `replace`) is followed by its placeholder, and a value that changes what
 the template does (a branch, a loop, a key taken from cluster data) makes the two renders differ.
+
+A render that passed is remembered (CHECKED) for the same template text, variables and render
+limits, and a rendered text's parse by the text (PARSED): the admission policy's generator and a
+fleet's sweep ask for the same Jobs many times. A refusal is always worked out afresh.
 """
 
 from __future__ import annotations
 
 import re
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +36,7 @@ from jinja2 import TemplateError, nodes
 from sweeper.actions.safety import SWEEPER_VARS
 from sweeper.errors import PlaybookError
 from sweeper.schema import safe_load_all
-from sweeper.templating import ENV, JobTemplate, render_template
+from sweeper.templating import ENV, JobTemplate, bounds, render_template
 
 CLUSTER_VARS = ("node", "partner")  # the held node(s) as the cluster reports them
 # ... except their profile: Sweeper's own file (profiles/), chosen by the node's labels, in which the
@@ -69,9 +75,79 @@ class _Placeholders:
         return value
 
 
+class _Unkeyed(Exception):
+    """A value that is not plain data: its render is not remembered."""
+
+
+def _key(value: Any) -> Any:
+    """A hashable form of plain data (strings, numbers, booleans, None, lists, tuples, dicts) that
+    two values share only when they render alike: types are kept (1, 1.0 and True differ) and so is
+    the order of a mapping's keys. Anything else raises _Unkeyed (its repr may not say what it holds)."""
+    if isinstance(value, str):
+        return value
+    if value is None or type(value) in (int, float, bool):
+        return (type(value), value)
+    if type(value) is dict:
+        return ("d", tuple((_key(k), _key(v)) for k, v in value.items()))
+    if type(value) in (list, tuple):
+        return ("l" if type(value) is list else "t", tuple(_key(v) for v in value))
+    raise _Unkeyed
+
+
+class Recent:
+    """A bounded memo of pure results (least recently used first out), safe across threads."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.done: OrderedDict[Any, Any] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: Any) -> Any:
+        """The value kept for `key`, or None."""
+        with self.lock:
+            value = self.done.get(key)
+            if value is not None:
+                self.done.move_to_end(key)
+            return value
+
+    def put(self, key: Any, value: Any) -> None:
+        with self.lock:
+            self.done[key] = value
+            self.done.move_to_end(key)
+            while len(self.done) > self.size:
+                self.done.popitem(last=False)
+
+
+def _checked_key(found: JobTemplate, variables: dict[str, Any]) -> Any:
+    """What a checked render depends on: the template's text (its path only names it in errors), the
+    variables and the render limits; None when the variables are not plain data."""
+    try:
+        return (found.name, found.text, found.shipped, bounds.LIMITS, id(ENV), _key(variables))
+    except _Unkeyed:
+        return None
+
+
+# The Jobs that passed the check lately: a fleet's sweep, and the admission policy's generator (every
+# template on every platform, profile and overlay), ask for the same render many times. Only a render
+# that passed is kept, so a refusal is always worked out afresh.
+CHECKED = Recent(1024)
+
+
 def render_checked(found: JobTemplate, variables: dict[str, Any]) -> str:
     """The template rendered with the real variables, once its render with the cluster's strings
-    replaced has the same shape; otherwise an unsafe Job (PlaybookError), refused as any other."""
+    replaced has the same shape; otherwise an unsafe Job (PlaybookError), refused as any other.
+    A render that passed for the same template, variables and limits is not repeated (CHECKED)."""
+    key = _checked_key(found, variables)
+    known = None if key is None else CHECKED.get(key)
+    if known is not None:
+        return known
+    real = _render_checked(found, variables)
+    if key is not None:
+        CHECKED.put(key, real)
+    return real
+
+
+def _render_checked(found: JobTemplate, variables: dict[str, Any]) -> str:
     real = render_template(found, variables)
     swapped, marks = neutral(variables)
     try:
@@ -131,14 +207,30 @@ def differences(real: Any, neutral_: Any, where: str = "") -> str:
     return f"{here}: a value that cluster data changed without standing in it"
 
 
+# Rendered texts parsed lately, by text: the renders of one template differ in a name or a count far
+# more often than in their text (the nodes of one profile, the platforms that share a runtime), and
+# parsing costs many times what a copy does. Read-only here; load_rendered copies what it hands out.
+PARSED = Recent(256)
+
+
+def rendered_docs(text: str) -> list[Any]:
+    """The documents of a rendered text but the empty ones (yaml.YAMLError when it is not YAML); the
+    list is shared: copy before changing it."""
+    docs = PARSED.get((text, True))
+    if docs is None:
+        docs = [d for d in safe_load_all(text) if d is not None]
+        PARSED.put((text, True), docs)
+    return docs  # type: ignore[no-any-return]
+
+
 def check_structure(path: Path, template: str, real_text: str, neutral_text: str, marks: _Placeholders) -> None:
     """Refuse (PlaybookError, 'unsafe Job') when cluster data changed the rendered documents' shape."""
     try:
-        real = [d for d in safe_load_all(real_text) if d is not None]
+        real = rendered_docs(real_text)
     except yaml.YAMLError:
         real = None
     try:
-        neutral_docs = [d for d in safe_load_all(neutral_text) if d is not None]
+        neutral_docs = rendered_docs(neutral_text)
     except yaml.YAMLError:
         neutral_docs = None
     if real is None and neutral_docs is None:

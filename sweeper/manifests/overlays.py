@@ -23,6 +23,7 @@ from sweeper.manifests.objects import (
     render,
     repository,
 )
+from sweeper.schema import own_load_all
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def _policy_patches(root: Path, config: Config, memo: dict[str, Any] | None = No
     from sweeper.admission import render_policies
 
     def by_name(text: str) -> dict[tuple[str, str], dict[str, Any]]:
-        return {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(text) if d}
+        return {(d["kind"], d["metadata"]["name"]): d for d in own_load_all(text) if d}
 
     base = by_name((root / "deploy" / "admission-policy.yaml").read_text())
     out = {}
@@ -104,7 +105,7 @@ def overlay_files(root: Path | None = None, memo: dict[str, Any] | None = None) 
     for ov in OVERLAYS:
         opts = Options(storage_class=ov.storage_class, platform=ov.platform)
         base = base_text(root, opts, ov.remediation)
-        cm = next(d for d in yaml.safe_load_all(base) if d and d["kind"] == "ConfigMap"
+        cm = next(d for d in own_load_all(base) if d and d["kind"] == "ConfigMap"
                   and d["metadata"]["name"] == CONFIG_NAME)
         config_yaml = cm["data"]["config.yaml"]
         config = replace(_config_of(base), playbook_dir=str(root / "playbooks"))

@@ -34,11 +34,13 @@ from sweeper.schema.yamlfile import (
     NoAliasLoader,
     NodeRef,
     locate,
+    own_load_all,
     read_yaml,
     safe_load,
     safe_load_all,
 )
 
 __all__ = ["DURATION_WORDS", "ConfigProblems", "Deferred", "Marks", "NoAliasLoader", "NodeRef", "Spec",
-           "allowed_words", "check", "duration_type", "human_seconds", "locate", "model_of", "problems_of", "read_yaml", "reference_table", "runtime_values",
-           "safe_load", "safe_load_all", "setting", "spec_of", "to_seconds"]
+           "allowed_words", "check", "duration_type", "human_seconds", "locate", "model_of", "own_load_all",
+           "problems_of", "read_yaml", "reference_table", "runtime_values", "safe_load", "safe_load_all", "setting",
+           "spec_of", "to_seconds"]

@@ -56,6 +56,13 @@ def safe_load_all(text: str) -> list[Any]:
     return list(yaml.load_all(text, Loader=NoAliasLoader))  # noqa: S506 - a SafeLoader subclass
 
 
+def own_load_all(text: str) -> list[Any]:
+    """Every YAML document of a file Sweeper wrote itself (deploy/), as `yaml.safe_load_all` reads it,
+    aliases included (`yaml.safe_dump` writes one for a value shared in the data), with libyaml where
+    present: the manifests' generator reads its own output again for each overlay."""
+    return list(yaml.load_all(text, Loader=_CLOADER or yaml.SafeLoader))  # noqa: S506 - a SafeLoader
+
+
 class ConfigProblems(ConfigError):
     """A file with one or more problems; `problems` holds each as `file:line: key: ...`."""
 
