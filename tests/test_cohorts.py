@@ -177,20 +177,26 @@ def test_label_facts_read_each_clouds_topology() -> None:
 # -- the history, both backends ------------------------------------------------------------------
 
 def record(h: Any, records: list[dict[str, Any]]) -> None:
-    """The records as the sweep writes them: a run a day, a sweep a node, its facts, its verdict."""
+    """The records as the sweep writes them: a run a day, a sweep a node, its facts, its verdict (the
+    same calls a sweep makes; a day's in one transaction, as tests/weeks.py writes a step's, rather
+    than a commit each)."""
     from sweeper.result import CheckResult, Result
 
-    for day in sorted({r["day"] for r in records}):
+    by_day: dict[int, list[dict[str, Any]]] = {}
+    for r in records:
+        by_day.setdefault(r["day"], []).append(r)
+    for day in sorted(by_day):
         run = f"sw-{day:03d}"
-        h.run_started(run, T0 + day * DAY, "sweep")
-        for r in (r for r in records if r["day"] == day):
-            t = T0 + day * DAY + 3600
-            sid = h.sweep_started(run, r["node"], t, "sweep-light.yaml", "p5")
-            h.facts(sid, r["node"], t, {k: v for k, v in r["facts"].items() if k != "driver"})
-            h.result(sid, Result(r["node"], "sweeper-check", t, t, (CheckResult("gpu.count", "pass"),),
-                                 facts={"driver": r["facts"]["driver"]}))
-            h.sweep_finished(sid, t + 60, r["verdict"], [], {"causes": r["causes"], "decided": t + 60})
-        h.run_finished(run, T0 + day * DAY + 7200, "done", 0, {})
+        with h.batch():
+            h.run_started(run, T0 + day * DAY, "sweep")
+            for r in by_day[day]:
+                t = T0 + day * DAY + 3600
+                sid = h.sweep_started(run, r["node"], t, "sweep-light.yaml", "p5")
+                h.facts(sid, r["node"], t, {k: v for k, v in r["facts"].items() if k != "driver"})
+                h.result(sid, Result(r["node"], "sweeper-check", t, t, (CheckResult("gpu.count", "pass"),),
+                                     facts={"driver": r["facts"]["driver"]}))
+                h.sweep_finished(sid, t + 60, r["verdict"], [], {"causes": r["causes"], "decided": t + 60})
+            h.run_finished(run, T0 + day * DAY + 7200, "done", 0, {})
 
 
 def test_history_cohorts_on_both_backends(new_state: Any) -> None:
