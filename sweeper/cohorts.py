@@ -211,8 +211,9 @@ def analyse(days: Sequence[NodeDay], alpha: float = ALPHA, min_days: int = MIN_D
         out.append(Cohort(value, len({d.node for d in ds}), len(ds), k, len({d.node for d in ds if d.failed}),
                           k / len(ds), low, high))
     tested = [c for c in out if c.value != UNKNOWN and c.node_days >= min_days and c.node_days < total]
-    for c, p_adj in zip(tested, holm([_p(c, total, failed) for c in tested]), strict=True):
-        c.tested, c.p, c.p_adjusted = True, _p(c, total, failed), p_adj
+    ps = [_p(c, total, failed) for c in tested]
+    for c, p, p_adj in zip(tested, ps, holm(ps), strict=True):
+        c.tested, c.p, c.p_adjusted = True, p, p_adj
         rest_rate = (failed - c.failures) / (total - c.node_days)
         c.flagged = p_adj < alpha and c.failures >= min_failures and c.rate > rest_rate
     for c in out:
