@@ -87,13 +87,13 @@ def node_days(rows: Iterable[Sequence[Any]], since: float) -> list[NodeDay]:
     """Node-days from the history's rows (node, time, verdict, causes JSON, value), oldest first
     (sweeper.history `cohort_rows`)."""
     latest: dict[str, str] = {}
-    days: dict[tuple[str, int], list[Any]] = {}  # (node, day) -> [cohort, failed, causes]
+    days: dict[tuple[int, str], list[Any]] = {}  # (day, node) -> [cohort, failed, causes]
     for node, started, verdict, causes, value in rows:
         if value:
             latest[node] = value if isinstance(value, str) else str(value)
         if verdict not in CONCLUSIVE or started < since:
             continue
-        key = (node, int((started - since) // DAY))
+        key = (int((started - since) // DAY), node)
         d = days.get(key)
         if d is None:
             days[key] = d = [latest.get(node, UNKNOWN), False, ()]
@@ -103,12 +103,13 @@ def node_days(rows: Iterable[Sequence[Any]], since: float) -> list[NodeDay]:
             d[1] = True
             d[2] += tuple(str(c) for c in json.loads(causes or "[]"))
     out, done = [], set()
-    for (n, day), (cohort, failed, why) in sorted(days.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+    make = tuple.__new__  # a NodeDay from its fields in order, without NamedTuple's constructor
+    for (day, n), (cohort, failed, why) in sorted(days.items()):  # keys are unique: day, then node
         if (n, cohort) in done:  # failed in this cohort already: no longer at risk of a first failure in it
             continue
         if failed:
             done.add((n, cohort))
-        out.append(NodeDay(n, day, cohort, failed, why))
+        out.append(make(NodeDay, (n, day, cohort, failed, why)))
     return out
 
 
@@ -210,8 +211,9 @@ def analyse(days: Sequence[NodeDay], alpha: float = ALPHA, min_days: int = MIN_D
         out.append(Cohort(value, len({d.node for d in ds}), len(ds), k, len({d.node for d in ds if d.failed}),
                           k / len(ds), low, high))
     tested = [c for c in out if c.value != UNKNOWN and c.node_days >= min_days and c.node_days < total]
-    for c, p_adj in zip(tested, holm([_p(c, total, failed) for c in tested]), strict=True):
-        c.tested, c.p, c.p_adjusted = True, _p(c, total, failed), p_adj
+    ps = [_p(c, total, failed) for c in tested]
+    for c, p, p_adj in zip(tested, ps, holm(ps), strict=True):
+        c.tested, c.p, c.p_adjusted = True, p, p_adj
         rest_rate = (failed - c.failures) / (total - c.node_days)
         c.flagged = p_adj < alpha and c.failures >= min_failures and c.rate > rest_rate
     for c in out:

@@ -51,12 +51,30 @@ def fleet(seed: int, nodes: int = 400, days: int = 30, rollout: float = 0.0, sta
     return out
 
 
-def rows(records: list[dict[str, Any]], key: str) -> list[tuple[Any, ...]]:
-    return [(r["node"], T0 + r["day"] * DAY + 3600, r["verdict"], json.dumps(r["causes"]), r["facts"].get(key))
-            for r in records]
+Sweeps = list[tuple[str, float, str, str, dict[str, str]]]
 
 
-def flagged(records: list[dict[str, Any]], key: str) -> list[str]:
+def sweeps(records: list[dict[str, Any]]) -> Sweeps:
+    """Each record as the history's row for it reads, its facts still whole: (node, time, verdict,
+    causes JSON, facts). Made once a fleet and read for each key (a fleet's few distinct causes
+    lists are each turned into JSON once)."""
+    text: dict[tuple[str, ...], str] = {}
+    out: Sweeps = []
+    for r in records:
+        causes = tuple(r["causes"])
+        if causes not in text:
+            text[causes] = json.dumps(r["causes"])
+        out.append((r["node"], T0 + r["day"] * DAY + 3600, r["verdict"], text[causes], r["facts"]))
+    return out
+
+
+def rows(records: list[dict[str, Any]] | Sweeps, key: str) -> list[tuple[Any, ...]]:
+    """The history's rows for fact `key` (sweeper.history `cohort_rows`): node, time, verdict, causes, value."""
+    swept = sweeps(records) if records and isinstance(records[0], dict) else records
+    return [(node, t, verdict, causes, facts.get(key)) for node, t, verdict, causes, facts in swept]
+
+
+def flagged(records: list[dict[str, Any]] | Sweeps, key: str) -> list[str]:
     return [c.value for c in analyse(node_days(rows(records, key), T0)) if c.flagged]
 
 
@@ -94,13 +112,14 @@ def test_binomial_wilson_and_holm_known_values() -> None:
 
 def test_a_rollout_failing_5_percent_stands_apart_from_a_baseline_of_half_a_percent() -> None:
     for seed in range(3):
-        records = fleet(seed, rollout=0.25)
-        assert flagged(records, "driver") == [NEW_DRIVER], seed
-        cohort = next(c for c in analyse(node_days(rows(records, "driver"), T0)) if c.value == NEW_DRIVER)
+        swept = sweeps(fleet(seed, rollout=0.25))
+        cohorts = analyse(node_days(rows(swept, "driver"), T0))
+        assert [c.value for c in cohorts if c.flagged] == [NEW_DRIVER], seed
+        cohort = next(c for c in cohorts if c.value == NEW_DRIVER)
         assert cohort.low > 0.03 and cohort.p_adjusted < 1e-20
         assert {c["check"] for c in cohort.causes} == {"dcgm.pcie", "xid"}  # the checks that drive it
         for key in ("zone", "rack", "vbios"):  # facts the rollout does not follow
-            assert flagged(records, key) == [], (seed, key)
+            assert flagged(swept, key) == [], (seed, key)
 
 
 def test_a_random_5_percent_of_bad_nodes_sharing_no_fact_is_not_flagged() -> None:
@@ -108,10 +127,11 @@ def test_a_random_5_percent_of_bad_nodes_sharing_no_fact_is_not_flagged() -> Non
     apart, on any of ten seeds (and no cohort of a fleet with no bad nodes at all). Measured wider
     when the level was chosen: 0 of 160 families (40 seeds, 4 facts) flagged, with and without bad nodes."""
     for seed in range(10):
-        records = fleet(100 + seed, bad_share=0.05)
+        swept = sweeps(fleet(100 + seed, bad_share=0.05))
         for key in ("driver", "zone", "rack", "vbios"):
-            assert flagged(records, key) == [], (seed, key)
-        assert all(flagged(fleet(200 + seed), key) == [] for key in ("zone", "rack"))
+            assert flagged(swept, key) == [], (seed, key)
+        clean = sweeps(fleet(200 + seed))  # one fleet, read by each key
+        assert all(flagged(clean, key) == [] for key in ("zone", "rack"))
 
 
 def test_backtest_counts_the_nodes_a_stopped_rollout_would_have_spared() -> None:
@@ -157,20 +177,26 @@ def test_label_facts_read_each_clouds_topology() -> None:
 # -- the history, both backends ------------------------------------------------------------------
 
 def record(h: Any, records: list[dict[str, Any]]) -> None:
-    """The records as the sweep writes them: a run a day, a sweep a node, its facts, its verdict."""
+    """The records as the sweep writes them: a run a day, a sweep a node, its facts, its verdict (the
+    same calls a sweep makes; a day's in one transaction, as tests/weeks.py writes a step's, rather
+    than a commit each)."""
     from sweeper.result import CheckResult, Result
 
-    for day in sorted({r["day"] for r in records}):
+    by_day: dict[int, list[dict[str, Any]]] = {}
+    for r in records:
+        by_day.setdefault(r["day"], []).append(r)
+    for day in sorted(by_day):
         run = f"sw-{day:03d}"
-        h.run_started(run, T0 + day * DAY, "sweep")
-        for r in (r for r in records if r["day"] == day):
-            t = T0 + day * DAY + 3600
-            sid = h.sweep_started(run, r["node"], t, "sweep-light.yaml", "p5")
-            h.facts(sid, r["node"], t, {k: v for k, v in r["facts"].items() if k != "driver"})
-            h.result(sid, Result(r["node"], "sweeper-check", t, t, (CheckResult("gpu.count", "pass"),),
-                                 facts={"driver": r["facts"]["driver"]}))
-            h.sweep_finished(sid, t + 60, r["verdict"], [], {"causes": r["causes"], "decided": t + 60})
-        h.run_finished(run, T0 + day * DAY + 7200, "done", 0, {})
+        with h.batch():
+            h.run_started(run, T0 + day * DAY, "sweep")
+            for r in by_day[day]:
+                t = T0 + day * DAY + 3600
+                sid = h.sweep_started(run, r["node"], t, "sweep-light.yaml", "p5")
+                h.facts(sid, r["node"], t, {k: v for k, v in r["facts"].items() if k != "driver"})
+                h.result(sid, Result(r["node"], "sweeper-check", t, t, (CheckResult("gpu.count", "pass"),),
+                                     facts={"driver": r["facts"]["driver"]}))
+                h.sweep_finished(sid, t + 60, r["verdict"], [], {"causes": r["causes"], "decided": t + 60})
+            h.run_finished(run, T0 + day * DAY + 7200, "done", 0, {})
 
 
 def test_history_cohorts_on_both_backends(new_state: Any) -> None:

@@ -16,7 +16,7 @@ from sweeper.checks.options import CheckOptions
 from sweeper.history import History
 from sweeper.parsers import nccl
 from sweeper.policy import Policy, decide, load_policy
-from sweeper.profiles import load_profiles, match
+from sweeper.profiles import Profile, load_profiles, match
 from sweeper.sim.cluster import SimCluster
 from sweeper.sim.fleet import parse_fleet
 from sweeper.sim.tools import nccl_output
@@ -47,6 +47,16 @@ class Weeks:
         self.sim = SimCluster(parse_fleet(self.fleet))
         self.profiles = load_profiles(ROOT / "profiles")
         self.count: dict[str, int] = {}
+        self._setup: dict[str, tuple[Profile, CheckOptions]] = {}  # node -> its profile and check options
+
+    def setup(self, node: str) -> tuple[Profile, CheckOptions]:
+        """The node's profile and the check's options, as a sweep of it would pass them: the same for
+        every sweep of the node, so parsed once (an argument parser built a sweep was a tenth of a run)."""
+        if node not in self._setup:
+            spec = self.sim.specs[node]
+            profile = match(self.profiles, {"node.kubernetes.io/instance-type": spec.instance_type})
+            self._setup[node] = profile, CheckOptions.from_argv(["--node", node, *profile.check_args()])
+        return self._setup[node]
 
     def run(self, days: int, per_day: int = 1) -> None:
         for step in range(days * per_day):
@@ -58,8 +68,7 @@ class Weeks:
 
     def sweep(self, node: str, now: float) -> str:
         spec = self.sim.specs[node]
-        profile = match(self.profiles, {"node.kubernetes.io/instance-type": spec.instance_type})
-        opts = CheckOptions.from_argv(["--node", node, *profile.check_args()])
+        profile, opts = self.setup(node)
         boot = self.sim._boot(node)
         docs = [run_node_checks(opts, self.sim.fake_nvml(node, now), self.sim.kernel_log(node, now), now=now,
                                 uptime=now - boot, host=self.sim.fake_host(node))]

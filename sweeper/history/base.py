@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,13 @@ from sqlalchemy.engine import Connection
 from sweeper.errors import StateError
 from sweeper.history.schema import CURRENT
 from sweeper.history.store import Link, is_url
+
+
+@lru_cache(maxsize=1024)
+def _text(sql: str) -> sa.TextClause:
+    """A statement, parsed once: sa.text scans the string for its :names at each call, and a sweep
+    runs the same few dozen statements again and again (a TextClause is immutable: one serves all)."""
+    return sa.text(sql)
 
 
 class Base:
@@ -70,11 +78,14 @@ class Base:
         return f" and {alias}cluster = :cluster" if self.scope is not None else ""
 
     def _run(self, sql: str, params: dict[str, Any] | None = None) -> Any:
-        return self._conn.execute(sa.text(sql), {"cluster": self.scope, **(params or {})})
+        return self._conn.execute(_text(sql), {"cluster": self.scope, **(params or {})})
 
     def _rows(self, sql: str, params: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-        """Rows as dicts."""
-        return [dict(r) for r in self._run(sql, params).mappings()]
+        """Rows as dicts (zipped with the result's column names once, rather than a mapping a row
+        asked for its keys: a backtest reads tens of thousands of rows)."""
+        result = self._run(sql, params)
+        keys = tuple(result.keys())
+        return [dict(zip(keys, r, strict=True)) for r in result]
 
     def _tuples(self, sql: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
         return [tuple(r) for r in self._run(sql, params)]
