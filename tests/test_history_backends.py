@@ -38,6 +38,36 @@ def test_the_migrations_leave_the_declared_tables(new_state: Callable[[str], str
     engine.dispose()
 
 
+def test_a_new_sqlite_file_made_by_replay_is_what_the_migrations_make(tmp_path, monkeypatch) -> None:
+    """The first new SQLite history a process opens is migrated from empty, and its schema remembered;
+    the next is made by replaying that schema. Both have the same tables, columns, keys and indexes
+    (partial ones included) as SQLite keeps them, the same migrations recorded, and the replayed one
+    still takes an older file's migration path (test_history_policy's, test_security_data's)."""
+    from sweeper.history import store
+
+    monkeypatch.setattr(store, "_SQLITE_NEW", None)  # as in a new process
+    History(str(tmp_path / "migrated.db")).close()
+    assert store._SQLITE_NEW, "the migrated file's schema is remembered"
+    History(str(tmp_path / "replayed.db")).close()
+
+    def schema(name: str) -> tuple[list[tuple[str, ...]], list[str]]:
+        engine = _engine(str(tmp_path / name))
+        with engine.connect() as conn:
+            objects = sorted(tuple(r) for r in conn.exec_driver_sql(
+                "select type, name, tbl_name, sql from sqlite_master order by name"))
+            ran = [r[0] for r in conn.exec_driver_sql("select name from _sqlite_migrations order by name")]
+        engine.dispose()
+        return objects, ran
+
+    migrated, replayed = schema("migrated.db"), schema("replayed.db")
+    assert migrated == replayed
+    assert any("where finished is not null" in (o[3] or "") for o in replayed[0]), "the partial index is there"
+    h = History(str(tmp_path / "replayed.db"))  # opened again: nothing left to migrate, rows write and read
+    _sweep_run(h, "r1", 3, 1_780_000_000.0)
+    assert [s["verdict"] for s in h.node_history("gpu-00")["sweeps"]] == ["reboot"]
+    h.close()
+
+
 def _sweep_run(h: History, run: str, nodes: int, at: float) -> None:
     """What one sweep run writes: its run, a sweep with results per node, the intent log, a pair,
     a control."""

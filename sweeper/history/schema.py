@@ -296,3 +296,24 @@ def migrate(conn: Connection, cluster: str, stop_before: str | None = None) -> l
             applied_at=now))
         ran.append(fn.__name__)
     return ran
+
+
+# -- a new SQLite file at the last migration -----------------------------------------------------
+def sqlite_schema(conn: Connection) -> tuple[str, ...]:
+    """The statements that make this SQLite database's tables and indexes, as SQLite keeps them after
+    every ALTER (`sqlite_master`): tables first, then indexes, each in the order they were made."""
+    rows = conn.exec_driver_sql("select type, sql from sqlite_master where sql is not null "
+                                "and name not like 'sqlite_%' order by rowid").all()
+    return tuple(sql for kind in ("table", "index") for t, sql in rows if t == kind)
+
+
+def replay(conn: Connection, statements: tuple[str, ...]) -> list[str]:
+    """Make an empty SQLite database what the migrations made of another empty one (`sqlite_schema` of
+    it), each migration recorded as applied: the same tables, indexes and rows (an empty database has
+    none for a migration to move), without SQLAlchemy compiling some fifty DDL statements again."""
+    for sql in statements:
+        conn.exec_driver_sql(sql)
+    now = datetime.now(UTC).replace(tzinfo=None).isoformat()
+    conn.execute(_migrations_table.insert(), [{"migration_set": MIGRATION_SET, "name": n, "applied_at": now}
+                                             for n in KNOWN])
+    return list(KNOWN)

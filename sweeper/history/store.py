@@ -18,10 +18,22 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from sqlalchemy.pool import NullPool
 
 from sweeper.errors import StateError
-from sweeper.history.schema import KNOWN, KNOWN_TABLES, MIGRATIONS_TABLE, applied, migrate
+from sweeper.history.schema import (
+    KNOWN,
+    KNOWN_TABLES,
+    MIGRATIONS_TABLE,
+    applied,
+    migrate,
+    replay,
+    sqlite_schema,
+)
 from sweeper.output import hide_password
 
 URL_SCHEMES = ("postgresql://", "postgresql+psycopg://", "postgres://")
+# The schema an empty SQLite file had once this process migrated it (sqlite_schema): a later new file
+# here is made by replaying it (schema.replay), a tenth of the CPU. A process that opens one new
+# history (a CronJob's run) migrates it as ever; the suite opens hundreds.
+_SQLITE_NEW: tuple[str, ...] | None = None
 MIGRATION_LOCK = 0x5357_4545_5045_52  # 'SWEEPER': the advisory lock two PostgreSQL openers migrate under
 
 
@@ -120,8 +132,16 @@ class Link:
                     conn.exec_driver_sql("BEGIN IMMEDIATE")
                 else:
                     conn.execute(sa.text("select pg_advisory_xact_lock(:k)"), {"k": MIGRATION_LOCK})
-                self._refuse_newer(applied(conn))
+                done = applied(conn)
+                self._refuse_newer(done)
+                empty = self.backend == "sqlite" and not done and not conn.exec_driver_sql(
+                    "select count(*) from sqlite_master").scalar()
+                if empty and _SQLITE_NEW is not None:
+                    replay(conn, _SQLITE_NEW)
+                    return
                 migrate(conn, cluster)
+                if empty:
+                    _remember_new(sqlite_schema(conn))
 
     def _refuse_newer(self, done: list[str]) -> None:
         unknown = [n for n in done if n not in KNOWN]
@@ -143,6 +163,11 @@ class Link:
                     yield self.conn
             finally:
                 self.depth -= 1
+
+
+def _remember_new(statements: tuple[str, ...]) -> None:
+    global _SQLITE_NEW  # noqa: PLW0603 - one schema for the process, set once
+    _SQLITE_NEW = statements
 
 
 def _reason(exc: BaseException) -> str:
