@@ -238,7 +238,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items.sort(key=_rank)
 
 
-def pytest_unconfigure(config: pytest.Config) -> None:
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reports that it is done
+def pytest_sessionfinish(session: pytest.Session) -> None:
     """End the zygote `tests.procs` forks sweeps from (if a test started it) and reap it, so that its
     CPU time, and its children's, counts to this process as a subprocess's would."""
     import sys

@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from collections.abc import Mapping, Sequence
 from multiprocessing import context, forkserver, popen_forkserver, reduction, resource_tracker, spawn, util
@@ -125,11 +126,20 @@ def cpu_seconds() -> float:
 
 
 def stop() -> None:
-    """End the zygote and reap it, so its CPU time counts to this process's children."""
+    """End the zygote and reap it, so that its CPU time, its children's included, counts to this
+    process as a subprocess's would. SIGKILL: a graceful exit tears down an interpreter holding
+    every module of a sweep, seconds on a loaded machine, and pytest-xdist may kill a worker first
+    (the zygote would then go unreaped, and its CPU seconds uncounted)."""
     if _ctx is None:
         return
-    forkserver._forkserver._stop()  # type: ignore[attr-defined]
-    resource_tracker._resource_tracker._stop()  # type: ignore[attr-defined]
+    for server in (forkserver._forkserver, resource_tracker._resource_tracker):  # type: ignore[attr-defined]
+        pid = getattr(server, "_forkserver_pid", None) or getattr(server, "_pid", None)
+        if pid is not None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        server._stop()  # closes its pipe, reaps it
 
 
 class _Fd:
@@ -162,6 +172,8 @@ def _child(argv: list[str], env: dict[str, str], cwd: str, out: int, err: int) -
         os.close(fd)
     os.environ.clear()
     os.environ.update(env)
+    time.tzset()  # what the interpreter read from the environment at its start: the time zone,
+    tempfile.tempdir = None  # and the temporary directory once asked for
     os.chdir(cwd)
     enc = getattr(sys.__stdout__, "encoding", None) or "utf-8"
     errors = getattr(sys.__stdout__, "errors", None) or "strict"
