@@ -6,7 +6,10 @@ again. A fresh interpreter spends 1.3 to 1.5 of the 2 CPU seconds such a process
 (the Kubernetes client, SQLAlchemy, pydantic, Sweeper itself: `python -X importtime -m sweeper.cli
 sweep ...`). Here each one is forked instead from a server process that imported all of that once:
 multiprocessing's forkserver, itself a fresh interpreter started (lazily, once per pytest worker)
-by fork and exec, so a worker's threads (the simulated API server's) are never forked.
+by fork and exec, so a worker's threads (the simulated API server's) are never forked. Measured
+(a 2-core machine at a load average of about 25): one sweep of a served simulator cost 3.3 to 3.5 s
+of CPU as `python -m sweeper.cli sweep`, 1.0 to 1.2 s forked from the zygote; the three files'
+figures are in docs/testing.md ("Sweeps forked from a zygote").
 
 The children are real processes, each with its own pid, and the tests rely on that: SIGKILL,
 SIGTERM (the sweep's own handler, installed in the child's main thread), SIGSTOP/SIGCONT, their
@@ -22,8 +25,12 @@ do is tear the interpreter down (`os._exit` after a garbage collection): an obje
 global still holds is not finalized, which no test observes. Nothing the sweep reads at import
 time depends on the environment (checked: configuration, colour and width are read when used).
 
-Tests about start-up itself (`tests/test_cli_startup.py`, `tests/test_wheel.py`) and the served
-simulator (`sweeper sim serve`) keep `subprocess`.
+Tests about start-up itself (`tests/test_cli_startup.py`, `tests/test_wheel.py`), the served
+simulator (`sweeper sim serve`) and the deployed CronJob's command (`tests/cluster/test_rbac.py`)
+keep `subprocess`.
+
+`_Popen._launch` is multiprocessing's own (CPython 3.11) less the parent's `__main__`; a Python whose
+forkserver start differs fails `tests/test_procs.py` first.
 
 CPU seconds: a child's time is counted by the zygote, which reaps it, not by the pytest worker;
 `cpu_seconds()` gives the zygote's own and its children's, and `tests/cpu_times.py` adds it.
