@@ -195,6 +195,8 @@ REALTIME_ELSEWHERE = {
         "a SIGKILL sent to the worker a moment into a render",
     "tests/test_render_child.py::test_sigterm_of_the_parent_leaves_no_worker":
         "a SIGTERM to a parent process mid-render, and the worker gone within real seconds",
+    "tests/test_procs.py::test_signals_reach_a_real_process":
+        "a served simulator forked from the zygote, stopped by SIGTERM and by SIGKILL",
     "tests/test_security_data.py::test_many_requests_for_the_report_share_one_render":
         "concurrent HTTP clients and a real socket timeout",
 }
@@ -234,3 +236,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(group))
     if hasattr(config, "workerinput"):  # a pytest-xdist worker: every worker sorts alike (a stable sort)
         items.sort(key=_rank)
+
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reports that it is done
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """End the zygote `tests.procs` forks sweeps from (if a test started it) and reap it, so that its
+    CPU time, and its children's, counts to this process as a subprocess's would."""
+    import sys
+
+    zygote = sys.modules.get("tests.procs")
+    if zygote is not None:
+        zygote.stop()

@@ -4,7 +4,9 @@
 
 Each test's setup, call and teardown are timed in CPU seconds of the process that ran it (its threads
 included) and of the child processes it waited for (a sweep in a process of its own, pip, the
-wheel's demo). Wall time on a shared machine is whatever share of the CPU the run got; CPU seconds
+wheel's demo). A `sweeper` process forked by `tests.procs` is reaped by the zygote, not by the
+test's process: the zygote's CPU seconds, its reaped children's included, are read from /proc and
+counted as a child's. Wall time on a shared machine is whatever share of the CPU the run got; CPU seconds
 are what the run costs, and on a quiet machine with N cores its wall time is at least the total over
 N. At the end it prints the costliest tests and files, each worker's total (import and collection
 included) and the sum. A server the tests talk to without starting it (PostgreSQL) is not counted.
@@ -13,6 +15,7 @@ included) and the sum. A server the tests talk to without starting it (PostgreSQ
 from __future__ import annotations
 
 import resource
+import sys
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any, cast
@@ -26,7 +29,9 @@ TOP = 40
 def _now() -> tuple[float, float]:
     own = resource.getrusage(resource.RUSAGE_SELF)
     kids = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime
+    zygote = sys.modules.get("tests.procs")  # until it is reaped at the end (tests/conftest.py)
+    forked = zygote.cpu_seconds() if zygote is not None else 0.0
+    return own.ru_utime + own.ru_stime, kids.ru_utime + kids.ru_stime + forked
 
 
 def _timed(item: pytest.Item) -> Iterator[None]:

@@ -14,7 +14,6 @@ NVSentinel validates new nodes (NVIDIA/NVSentinel PR#1821)."""
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +26,7 @@ from click.testing import CliRunner
 from sweeper.cli import main
 from sweeper.fleet import NodeView
 from sweeper.history import History
+from tests import procs
 from tests.cluster.test_safety import _sweep_cmd, kill_sweep_at
 from tests.conftest import TEST_CONFIG, Sim, run_sweep
 
@@ -260,11 +260,11 @@ def test_sigkill_mid_gate_then_run_again(make_sim, tmp_path: Path, stage: str, m
 
     assert GATE in [t["key"] for t in taints(sim, "new-00")] or passed(), "ungated without a recorded pass"
     time.sleep(1.2)  # the dead run's lock expires (lock_ttl 1s)
-    again = subprocess.run(_sweep_cmd(sim.kubeconfig, state, cfg), capture_output=True, text=True, timeout=60)
+    again = procs.run(_sweep_cmd(sim.kubeconfig, state, cfg), timeout=60)
     assert again.returncode == 0, again.stderr
     assert taints(sim, "new-00") == [] or GATE in [t["key"] for t in taints(sim, "new-00")] and not passed()
     if GATE in [t["key"] for t in taints(sim, "new-00")]:  # the pass was cut short before the kill: one more run
-        again = subprocess.run(_sweep_cmd(sim.kubeconfig, state, cfg), capture_output=True, text=True, timeout=60)
+        again = procs.run(_sweep_cmd(sim.kubeconfig, state, cfg), timeout=60)
         assert again.returncode == 0, again.stderr
     assert taints(sim, "new-00") == [] and passed()
     h = History(state)

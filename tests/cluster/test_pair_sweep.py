@@ -8,7 +8,6 @@ verdicts apart from the pair Job."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -20,6 +19,7 @@ import yaml
 from sweeper.config import Config
 from sweeper.history import History
 from sweeper.sim.server import running_pods_on
+from tests import procs
 from tests.cluster.test_safety import _sweep_cmd, kill_sweep_at
 from tests.conftest import TEST_CONFIG, Sim, run_sweep
 
@@ -295,7 +295,7 @@ def test_sigkill_at_every_step_of_a_pair_sweep(make_sim, tmp_path: Path, stage: 
     state = tmp_path / "h.db"
     kill_sweep_at(sim, state, cfg, stage, method, fragment, nth, timeout=120)
     time.sleep(1.2)  # the dead run's lock expires (lock_ttl 1s)
-    again = subprocess.run(_sweep_cmd(sim.kubeconfig, state, cfg), capture_output=True, text=True, timeout=120)
+    again = procs.run(_sweep_cmd(sim.kubeconfig, state, cfg), timeout=120)
     assert again.returncode == 0, again.stderr
     assert set(tainted(sim)) <= {"gpu-00"}, f"only the degraded node may stay held: {tainted(sim)}"
     assert sim.batch.list_namespaced_job("sweeper-checks").items == []

@@ -7,8 +7,6 @@ import itertools
 import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import replace
@@ -26,6 +24,7 @@ from sweeper.history import History
 from sweeper.lock import SweepLock
 from sweeper.policy import load_policy
 from sweeper.sweep import Sweep
+from tests import procs
 from tests.cluster.test_control import set_switch, switch
 from tests.conftest import TEST_CONFIG, Sim, held_then_released_by_a_person, run_sweep
 
@@ -168,8 +167,8 @@ STEPS = [
 
 
 def _sweep_cmd(kc: Path, state: Path, cfg: Path) -> list[str]:
-    return [sys.executable, "-m", "sweeper.cli", "sweep", "--kubeconfig", str(kc), "--state", str(state),
-            "--config", str(cfg), "--json"]
+    """`sweeper sweep`'s arguments, for `tests.procs` (a process of its own, forked pre-imported)."""
+    return ["sweep", "--kubeconfig", str(kc), "--state", str(state), "--config", str(cfg), "--json"]
 
 
 def kill_sweep_at(sim: Sim, state: Path, cfg: Path, stage: str, method: str, fragment: str, nth: int,
@@ -178,7 +177,7 @@ def kill_sweep_at(sim: Sim, state: Path, cfg: Path, stage: str, method: str, fra
     method and path match (before or after the simulated API server answers it)."""
     err = state.with_name(state.name + ".stderr")
     with err.open("wb") as sink:
-        proc = subprocess.Popen(_sweep_cmd(sim.kubeconfig, state, cfg), stdout=subprocess.DEVNULL, stderr=sink)
+        proc = procs.start(_sweep_cmd(sim.kubeconfig, state, cfg), stdout=procs.DEVNULL, stderr=sink)
     seen = {"n": 0, "killed": False}
 
     def hook(st: str, m: str, path: str) -> None:
@@ -213,7 +212,7 @@ def test_sigkill_at_every_step_then_run_again(make_sim, tmp_path: Path, stage: s
     left_open = h.db.execute("select count(*) from node_sweeps where finished is null").fetchone()[0]
     h.close()
     time.sleep(1.2)  # the dead run's lock expires (lock_ttl 1s)
-    again = subprocess.run(_sweep_cmd(sim.kubeconfig, state, cfg), capture_output=True, text=True, timeout=60)
+    again = procs.run(_sweep_cmd(sim.kubeconfig, state, cfg), timeout=60)
     assert again.returncode == 0, again.stderr
     taints = sweep_taints(sim)
     assert set(taints) <= {"gpu-02"}, f"only the faulty node may stay held: {taints}"
@@ -271,7 +270,7 @@ def test_a_stalled_sweeper_does_not_hand_back_a_node_another_run_holds(make_sim,
     cfg_a.write_text(yaml.safe_dump({**base, "max_nodes": 1}))
     cfg_b.write_text(yaml.safe_dump({**base, "max_nodes": 3}))
     state = tmp_path / "h.db"
-    a = subprocess.Popen(_sweep_cmd(sim.kubeconfig, state, cfg_a), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    a = procs.start(_sweep_cmd(sim.kubeconfig, state, cfg_a), stdout=procs.PIPE, stderr=procs.PIPE)
     stopped = threading.Event()
 
     def hook(st: str, m: str, path: str) -> None:
@@ -299,7 +298,7 @@ def test_a_stalled_sweeper_does_not_hand_back_a_node_another_run_holds(make_sim,
         # A's last renewal came before the stop: past lock_ttl (1s) the Lease has expired for B, and A,
         # once resumed, can no longer vouch for it without renewing.
         time.sleep(1.5)
-        b = subprocess.run(_sweep_cmd(sim.kubeconfig, state, cfg_b), capture_output=True, text=True, timeout=120)
+        b = procs.run(_sweep_cmd(sim.kubeconfig, state, cfg_b), timeout=120)
         assert b.returncode == 0, b.stderr[-2000:]
         b_report = json.loads(b.stdout)
         assert {n["node"]: (n["verdict"], n["action"]) for n in b_report["nodes"]} == {
@@ -312,7 +311,7 @@ def test_a_stalled_sweeper_does_not_hand_back_a_node_another_run_holds(make_sim,
     assert a.returncode == 4, err.decode()[-2000:]
     assert "stopped writing" in err.decode()
     assert jobs_left(sim) == []
-    c = subprocess.run(_sweep_cmd(sim.kubeconfig, state, cfg_b), capture_output=True, text=True, timeout=120)
+    c = procs.run(_sweep_cmd(sim.kubeconfig, state, cfg_b), timeout=120)
     assert c.returncode == 0, c.stderr[-2000:]
     assert sweep_taints(sim) == {"gpu-00": b_report["run_id"]}
     h = History(state)
@@ -535,7 +534,7 @@ def test_sigterm_hands_every_node_back_and_exits(make_sim, tmp_path: Path) -> No
     cfg.write_text(yaml.safe_dump({"max_nodes": 3, "max_percent": 100, "poll_interval": 0.05,
                                    "check_timeout": 86400, "lock_ttl": 5}))
     state = tmp_path / "h.db"
-    proc = subprocess.Popen(_sweep_cmd(sim.kubeconfig, state, cfg), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = procs.start(_sweep_cmd(sim.kubeconfig, state, cfg), stdout=procs.PIPE, stderr=procs.PIPE)
     created = threading.Event()
 
     def hook(st: str, m: str, path: str) -> None:
