@@ -315,11 +315,19 @@ class Proc:
         self.communicate()
 
 
+# The zygote leans on CPython 3.11's forkserver internals (`_Popen._launch`); on another Python, or
+# with SWEEPER_TEST_ZYGOTE=0, each command is a fresh interpreter again (slower, the same tests).
+ZYGOTE = sys.version_info[:2] == (3, 11) and os.environ.get("SWEEPER_TEST_ZYGOTE", "1") != "0"
+
+
 def start(argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
-          stdout: Any = None, stderr: Any = None, text: bool = False) -> Proc:
+          stdout: Any = None, stderr: Any = None, text: bool = False) -> Proc | subprocess.Popen[Any]:
     """`sweeper ARGV` in a process of its own (see the module's docstring): stdout and stderr each
     None (this process's), DEVNULL, PIPE (read back by `communicate`), STDOUT (stderr only), a
     file object or a descriptor."""
+    if not ZYGOTE:
+        return subprocess.Popen([sys.executable, "-m", "sweeper.cli", *argv], env=env, cwd=cwd, stdout=stdout,
+                                stderr=stderr, text=text)
     return Proc(argv, env=env, cwd=cwd, stdout=stdout, stderr=stderr, text=text)
 
 
@@ -329,7 +337,7 @@ def run(argv: Sequence[str], env: Mapping[str, str] | None = None, cwd: str | Pa
     on the timeout the child is killed and TimeoutExpired raised."""
     proc = start(argv, env=env, cwd=cwd, stdout=PIPE, stderr=PIPE, text=True)
     try:
-        out, err = proc.communicate(timeout)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
