@@ -223,7 +223,8 @@ class SimCluster:
                     f"providers/Microsoft.Compute/virtualMachineScaleSets/aks-gpu-vmss/virtualMachines/{iid[-4:]}")
         return f"aws:///{spec.zone}/{iid}"
 
-    def add_node(self, spec: NodeSpec) -> dict[str, Any]:
+    def add_node(self, spec: NodeSpec, at: float | None = None) -> dict[str, Any]:
+        """The node registers (at `at`, its scheduled time, when a step comes after it)."""
         hw = HARDWARE[spec.instance_type]
         gpus = max(0, hw["gpus"] - spec.faults.missing_gpus)
         iid = "i-0" + hashlib.sha1(spec.name.encode()).hexdigest()[:16]
@@ -251,7 +252,7 @@ class SimCluster:
             annotations["networking.gke.io/north-interfaces"] = json.dumps(
                 [{"network": f"vpc{k}", "ipAddress": f"192.168.{k}.{len(self.specs) % 250 + 2}"}
                  for k in range(1, hw["nics"])])
-        now = self.clock.now()
+        now = self.clock.now() if at is None else at
         launched = spec.age == 0  # just launched: its startup taints are on, and it may still be booting
         booting = launched and spec.boot > 0
         if booting:  # the kubelet registers before the device plugin reports the GPUs
@@ -386,6 +387,12 @@ class SimCluster:
                 del self.terminating[name]
                 if self.store.peek("nodes", None, name) is not None:
                     self.store.delete("nodes", None, name)
+        # Replacements join at their scheduled time, then finish booting, in one step when the clock
+        # jumped past both (the demo's hours between cycles).
+        for when, spec in list(self.joining):
+            if now >= when:
+                self.joining.remove((when, spec))
+                self.add_node(spec, at=when)
         for name, (ready_at, gpus) in list(self.warming.items()):
             if now >= ready_at:
                 del self.warming[name]
@@ -396,10 +403,6 @@ class SimCluster:
                     n["status"]["allocatable"].update(self._allocatable(self.specs[n["metadata"]["name"]], gpus, now))
                 if self.store.peek("nodes", None, name) is not None:
                     self.store.mutate("nodes", None, name, up)
-        for when, spec in list(self.joining):
-            if now >= when:
-                self.joining.remove((when, spec))
-                self.add_node(spec)
 
     def unhealthy_gpus(self, node_name: str, now: float) -> set[int]:
         """The GPUs NVIDIA's device plugin has marked unhealthy since the node booted: a GPU NVML
