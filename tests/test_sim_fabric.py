@@ -190,7 +190,9 @@ def test_a_late_peer_within_the_timeout_joins_the_gang(make_sim: Callable[..., S
         return {int(p.metadata.annotations[INDEX]): p for p in sim.core.list_namespaced_pod(
             "default", label_selector="batch.kubernetes.io/job-name=late").items}
 
-    sim.wait_for(lambda: pods()[0].status.phase == "Running" and (pods()[1].status.conditions or [None])[0],
+    # The Job's pods appear at the controllers' next step, which a fast first list can come before.
+    sim.wait_for(lambda: len(ps := pods()) == 2 and ps[0].status.phase == "Running"
+                 and (ps[1].status.conditions or [None])[0],
                  what="rank 0 running, rank 1 unschedulable")
     assert pods()[1].spec.node_name is None
     sim.core.patch_node("gpu-01", {"spec": {"unschedulable": False}})

@@ -157,7 +157,7 @@ def test_required_anti_affinity_on_the_hostname_spreads_a_pair(make_sim: Callabl
     sim.batch.create_namespaced_job("default", _indexed_job("pr", ["sleep", "inf"], completions=3, parallelism=3,
                                                             anti_affinity=True))
     sim.wait_for(lambda: sum(1 for p in _job_pods(sim, "pr") if p.spec.node_name) == 2, what="two bound")
-    pods = sim.wait_for(lambda: (ps := _job_pods(sim, "pr")) and (ps[2].status.conditions or [None])[0] and ps,
+    pods = sim.wait_for(lambda: len(ps := _job_pods(sim, "pr")) > 2 and (ps[2].status.conditions or [None])[0] and ps,
                         what="the third considered")
     assert {p.spec.node_name for p in pods[:2]} == {"gpu-00", "gpu-01"}
     assert pods[2].spec.node_name is None
