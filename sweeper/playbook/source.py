@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import copy
-import threading
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from sweeper.actions.structure import Recent
 from sweeper.errors import PlaybookError
 from sweeper.schema import NoAliasLoader
 
@@ -60,23 +59,15 @@ def load_yaml(path: Path) -> Any:
 # Parsed playbooks by (origin, text): a sweep loads each of its playbooks (and `sweeper serve` each run
 # again) through PyYAML's pure-Python composer, which the line marks need, at some 30 ms a file. The text
 # is the key, so an edited file is parsed anew; each caller gets its own deep copy.
-_PARSED: OrderedDict[tuple[str, str], Any] = OrderedDict()
-_PARSED_MAX = 64
-_PARSED_LOCK = threading.Lock()
+_PARSED = Recent(64)
 
 
 def parse_yaml(text: str, origin: str) -> Any:
     key = (origin, text)
-    with _PARSED_LOCK:
-        hit = _PARSED.get(key, _PARSED)
-        if hit is not _PARSED:
-            _PARSED.move_to_end(key)
-    if hit is _PARSED:
+    hit = _PARSED.get(key)
+    if hit is None:
         hit = _parse_yaml(text, origin)
-        with _PARSED_LOCK:
-            _PARSED[key] = hit
-            while len(_PARSED) > _PARSED_MAX:
-                _PARSED.popitem(last=False)
+        _PARSED.put(key, hit)
     return copy.deepcopy(hit)
 
 
