@@ -296,7 +296,7 @@ def _read_result(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]],
     result = sweeper_result.parse(log, node, now)
     if result.status == "error" and result.checks[0].code != sweeper_result.OVERSIZE and message.strip() \
             and message.strip() not in log:
-        result = sweeper_result.parse_summary(message, node, now)  # no readable log: the short form
+        result = _summary(result, log, message, node, now)
     crashed = exit_code not in (None, 0, 1)  # 1 is the check's own "findings"
     if crashed and result.status == "error":
         return error_result(node, "sweeper", f"the check exited {exit_code} ({term.get('reason', '')}): "
@@ -305,6 +305,21 @@ def _read_result(ctx: ActionContext, namespace: str, pods: list[dict[str, Any]],
         return error_result(node, "sweeper", f"the check exited {exit_code} but reported {result.status}", now,
                             code=f"exit {exit_code}")
     return result
+
+
+def _summary(unread: Result, log: str, message: str, node: str, now: float) -> Result:
+    """The check's short form, its termination message, when its log cannot be read. Where there is
+    no log (gone with its node's log files) the summary is the result. Where there is one and it is
+    unreadable, the summary may say the node failed, never that it passed: a log no reader
+    recognises is `error`, and a pass written beside it is no proof of one."""
+    summary = sweeper_result.parse_summary(message, node, now)
+    if not log.strip() or summary.status == "fail":
+        return summary
+    if summary.status == "error":
+        return unread
+    first = unread.checks[0]
+    return error_result(node, "sweeper", f"{first.message}; its termination message says {summary.status}, "
+                        "which an unreadable log does not bear out", now, code=first.code)
 
 
 READ_OPTIONS = {"expect_gpus": int, "gpu_model": str, "expect_nics": int, "nic": str, "mtu": int, "nvlinks": int,

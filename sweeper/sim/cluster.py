@@ -1408,8 +1408,8 @@ class SimCluster:
             return 0, "" if prog in ("true", "sleep") else "training finished\n", ""
         spec = self.specs.get(node_name)
         faults = spec.faults if spec else None
-        if faults and faults.forged_output:
-            return 0, faults.forged_output, ""
+        if faults and (faults.forged_output or faults.forged_summary):
+            return 0, faults.forged_output, faults.forged_summary
         if faults and faults.garbage_output:
             return 0, "NVRM: API mismatch\x1b[0m ]]} <<garbage>> 0xdeadbeef\n", ""
         if faults and faults.check_crash:

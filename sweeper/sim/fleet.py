@@ -170,6 +170,7 @@ class Faults:
     forged_evidence: str = setting("", "the node's evidence pod prints this forgery instead of its bundle (a hostile "
                                    "node writes its own log)", choices=("", "longname-bomb", "pax-bomb"))
     forged_output: str = setting("", "what the node's check, dcgmi and all_reduce_perf print instead (a hostile node)")
+    forged_summary: str = setting("", "what the node's check writes as its termination message (a hostile node)")
     outside_claims: list[dict[str, Any]] = setting(help="other tools' claims of the node: conditions, taints, DRA "
                                                    "device taints (sweeper.sim.claims)", factory=list,
                                                    annotation=list[OutsideClaim], allowed="list of OutsideClaim")

@@ -111,3 +111,44 @@ def test_a_long_message_in_a_result_document_is_stored_capped(make_sim, history:
     report = run_sweep(sim, history, replace(TEST_CONFIG, light_playbook=""))
     assert {o.node: o.verdict for o in report.outcomes}["gpu-01"] == "pass"
     assert [len(r["message"]) for r in _stored(history, "gpu-01")] == [MESSAGE_MAX, MESSAGE_MAX]
+
+
+def _summary(node: str, status: str) -> str:
+    """The termination message `sweeper check` writes (Result.summary), saying `status`."""
+    from sweeper.result import CheckResult, Result
+
+    check = CheckResult("gpu.ecc", status, "volatile DBE 3 on GPU 2" if status == "fail" else "ok", gpu=2)
+    return Result(node=node, source="sweeper", started=T, finished=T, checks=(check,)).summary()
+
+
+GARBAGE = "NVRM: API mismatch ]]} <<not a result>>\n"
+
+
+def test_an_unreadable_log_with_a_pass_in_its_termination_message_is_an_error(make_sim, history: History) -> None:
+    """The container's termination message (4 KiB at most, written to terminationMessagePath by the
+    container itself, https://kubernetes.io/docs/tasks/debug/debug-application/determine-reason-pod-failure/)
+    is the check's short form, read when its log cannot be. A node taken over prints a log no reader
+    recognises and writes a pass beside it: the log decides, and what it holds is no verdict, so
+    `error`, never the pass the message claims."""
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"forged_output": GARBAGE,
+                                                    "forged_summary": _summary("gpu-01", "pass")}})
+    report = run_sweep(sim, history, replace(TEST_CONFIG, light_playbook=""))
+    assert {o.node: o.verdict for o in report.outcomes} == {"gpu-00": "pass", "gpu-01": "error"}, report.outcomes
+    [row] = _stored(history, "gpu-01")
+    assert row["status"] == "error" and "termination message says pass" in row["message"], row
+
+
+def test_a_termination_message_may_still_say_a_node_failed_or_stand_for_a_log_that_is_gone(
+        make_sim, history: History) -> None:
+    """What the short form is for: a log that is gone (empty: its node's log files rotated or lost)
+    is replaced by the summary, pass or fail; beside an unreadable log a summary that says the node
+    failed is kept, since it can only make the verdict worse."""
+    sim: Sim = make_sim(nodes=3, faults={"gpu-00": {"forged_output": GARBAGE,
+                                                    "forged_summary": _summary("gpu-00", "fail")},
+                                         "gpu-01": {"forged_summary": _summary("gpu-01", "pass")},
+                                         "gpu-02": {"forged_summary": _summary("gpu-02", "fail")}})
+    run_sweep(sim, history, replace(TEST_CONFIG, light_playbook=""))
+    said = {n: [(r["status"], r["message"]) for r in _stored(history, n)] for n in ("gpu-00", "gpu-01", "gpu-02")}
+    assert said["gpu-00"] == [("fail", "volatile DBE 3 on GPU 2")], said
+    assert said["gpu-01"] == [("pass", "1 checks passed")], said
+    assert said["gpu-02"] == [("fail", "volatile DBE 3 on GPU 2")], said
