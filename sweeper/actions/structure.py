@@ -25,8 +25,6 @@ fleet's sweep ask for the same Jobs many times. A refusal is always worked out a
 from __future__ import annotations
 
 import re
-import threading
-from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,7 @@ from jinja2 import TemplateError, nodes
 
 from sweeper.actions.safety import SWEEPER_VARS
 from sweeper.errors import PlaybookError
+from sweeper.memo import Recent
 from sweeper.schema import safe_load_all
 from sweeper.templating import ENV, JobTemplate, bounds, render_template
 
@@ -92,30 +91,6 @@ def _key(value: Any) -> Any:
     if type(value) in (list, tuple):
         return ("l" if type(value) is list else "t", tuple(_key(v) for v in value))
     raise _Unkeyed
-
-
-class Recent:
-    """A bounded memo of pure results (least recently used first out), safe across threads."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.done: OrderedDict[Any, Any] = OrderedDict()
-        self.lock = threading.Lock()
-
-    def get(self, key: Any) -> Any:
-        """The value kept for `key`, or None."""
-        with self.lock:
-            value = self.done.get(key)
-            if value is not None:
-                self.done.move_to_end(key)
-            return value
-
-    def put(self, key: Any, value: Any) -> None:
-        with self.lock:
-            self.done[key] = value
-            self.done.move_to_end(key)
-            while len(self.done) > self.size:
-                self.done.popitem(last=False)
 
 
 def _checked_key(found: JobTemplate, variables: dict[str, Any]) -> Any:

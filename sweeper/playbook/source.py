@@ -8,8 +8,8 @@ from typing import Any
 
 import yaml
 
-from sweeper.actions.structure import Recent
 from sweeper.errors import PlaybookError
+from sweeper.memo import Recent
 from sweeper.schema import NoAliasLoader
 
 
