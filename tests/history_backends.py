@@ -87,16 +87,3 @@ def state_factory(backend: str, request: pytest.FixtureRequest, base: Path) -> C
         return lambda name="h.db": str(base / name)
     database = request.getfixturevalue("postgres_database")
     return lambda name="h.db": fresh_schema(database)
-
-
-def cli_takes(h: Any) -> bool:
-    """Whether the commands can be pointed at this history in a test: a SQLite file always; a
-    PostgreSQL URL once the CLI asks `sweeper.history.state_exists` rather than for a file (the
-    library calls above them run on both backends either way)."""
-    from sweeper.history import state_exists
-
-    if h.backend == "sqlite":
-        return True
-    import sweeper.cli as cli
-
-    return "state_exists" in vars(cli) and state_exists(h.state)

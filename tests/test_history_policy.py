@@ -19,7 +19,7 @@ from sweeper.cli import main
 from sweeper.errors import ConfigError, StateError
 from sweeper.history import KNOWN, MIGRATIONS_TABLE, History, is_url, migrate
 from sweeper.policy import BUILT_IN, load_policy, parse_policy, slope_per_day
-from tests.history_backends import BACKENDS, cli_takes, state_factory
+from tests.history_backends import BACKENDS, state_factory
 from tests.weeks import ROOT, Weeks
 
 SHIPPED = load_policy(ROOT / "policies" / "default.yaml")
@@ -102,8 +102,6 @@ def test_backtesting_another_policy_shows_what_it_would_have_done(weeks: Weeks, 
     assert ("p5-01", "replace", "pass") in differ, "without the trend rule the ECC node would have passed"
     assert ("p5-02", "replace", "reboot") in differ, "two reboots allowed: the second XID 79 only reboots"
     # and through the CLI, as JSON
-    if not cli_takes(weeks.history):
-        return
     pfile = tmp_path / "looser.yaml"
     pfile.write_text(yaml.safe_dump(raw))
     res = CliRunner().invoke(main, ["backtest", "--state", weeks.history.state, "--policy", str(pfile),
@@ -117,8 +115,6 @@ def test_history_report_and_nodes_commands(weeks: Weeks, tmp_path: Path) -> None
     hist = weeks.history.node_history("p5-01", check="ecc")
     assert set(hist["metrics"]) == {"ecc.aggregate_corrected", "ecc.aggregate_uncorrected"}
     assert hist["sweeps"][0]["rules"] == ["corrected-ecc-rising"]
-    if not cli_takes(weeks.history):
-        return
     state = weeks.history.state
     res = CliRunner().invoke(main, ["history", "p5-01", "--state", state, "--check", "ecc", "--json"])
     assert res.exit_code == 0, res.output
@@ -199,10 +195,9 @@ def test_prune_keeps_daily_summaries(new_state: Callable[[str], str]) -> None:
     start = w.sim.started
     assert h.prune(start + 5 * 86400, dry_run=True)["node_sweeps"] == 15 and h.counts() == before, \
         "a dry run deletes nothing"
-    if cli_takes(h):
-        res = CliRunner().invoke(main, ["state", "prune", "--state", h.state, "--older-than", "1d", "--dry-run",
-                                        "--json"])
-        assert res.exit_code == 0 and h.counts() == before, "a dry run deletes nothing"
+    res = CliRunner().invoke(main, ["state", "prune", "--state", h.state, "--older-than", "1d", "--dry-run",
+                                    "--json"])
+    assert res.exit_code == 0 and h.counts() == before, "a dry run deletes nothing"
     counts = h.prune(start + 5 * 86400)
     after = h.counts()
     assert counts["node_sweeps"] == 15 and after["node_sweeps"] == before["node_sweeps"] - 15
@@ -226,9 +221,8 @@ def test_a_newer_history_is_refused(new_state: Callable[[str], str]) -> None:
     h.close()
     with pytest.raises(StateError, match="newer Sweeper"):
         History(state)
-    if cli_takes(h):
-        res = CliRunner().invoke(main, ["history", "x", "--state", state])
-        assert res.exit_code == 3 and "newer Sweeper" in res.stderr
+    res = CliRunner().invoke(main, ["history", "x", "--state", state])
+    assert res.exit_code == 3 and "newer Sweeper" in res.stderr
 
 
 def test_an_older_history_is_migrated_on_open_and_read_then_written(new_state: Callable[[str], str]) -> None:

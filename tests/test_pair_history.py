@@ -21,7 +21,6 @@ from sweeper.history import History
 from sweeper.policy import Policy, decide, load_policy, pair_rule, parse_policy
 from sweeper.report import gather, render
 from sweeper.result import CheckResult, Metric, Result
-from tests.history_backends import cli_takes
 from tests.weeks import ROOT, record_pair
 
 SHIPPED = load_policy(ROOT / "policies" / "default.yaml")
@@ -248,8 +247,6 @@ def test_backtest_replays_pair_decisions(h: History, tmp_path: Path) -> None:
     raw["pair_failures"] = [{"name": "two-partners", "partners": 2, "window": "1d", "then": "quarantine"}]
     raw["findings"]["checks"]["pair.nccl"] = "replace"
     pfile.write_text(yaml.safe_dump(raw))
-    if not cli_takes(h):
-        return
     args = ["backtest", "--state", h.state, "--policy", str(pfile), "--since", "3650d"]
     res = CliRunner().invoke(main, [*args, "--json"])
     assert res.exit_code == 0, res.output
@@ -274,16 +271,14 @@ def test_the_history_command_lists_the_node_s_pair_runs(h: History) -> None:
     pair(h, T0 + 3 * HOUR, "n5", "n6", "pass")
     assert [(p["partner"], p["role"], p["status"]) for p in h.node_history("n1")["pairs"]] == [
         ("n4", "node", "fail"), ("n3", "partner", "fail"), ("n2", "node", "pass")]
-    if not cli_takes(h):
-        return
-    res = CliRunner().invoke(main, ["history", "n1", "--state", str(h.path), "--json"])
+    res = CliRunner().invoke(main, ["history", "n1", "--state", h.state, "--json"])
     assert res.exit_code == 0, res.output
     doc = json.loads(res.stdout)
     assert [(p["partner"], p["mode"], p["role"], p["busbw"], p["status"]) for p in doc["pairs"]] == [
         ("n4", "repair", "node", None, "fail"), ("n3", "sweep", "partner", 52.0, "fail"),
         ("n2", "sweep", "node", 181.46, "pass")], "newest first, from either side"
     assert doc["pairs"][2]["ts"] == "2025-06-15T15:06:40Z" and doc["pairs"][1]["run_id"] == "run-b"
-    res = CliRunner().invoke(main, ["history", "n1", "--state", str(h.path)], env={"COLUMNS": "200"})
+    res = CliRunner().invoke(main, ["history", "n1", "--state", h.state], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     lines = res.stdout.splitlines()
     head = lines.index("pairs")
@@ -293,9 +288,9 @@ def test_the_history_command_lists_the_node_s_pair_runs(h: History) -> None:
         ["n4", "re-pair", "(suspect)", "fail", "pair.mtu:", "eth0", "path", "MTU"],
         ["n3", "sweep", "52.0", "fail", "pair.nccl:", "busbw", "52.0", "GB/s", "below", "the", "floor", "150"],
         ["n2", "sweep", "181.5", "pass"]]
-    res = CliRunner().invoke(main, ["history", "n4", "--state", str(h.path)], env={"COLUMNS": "200"})
+    res = CliRunner().invoke(main, ["history", "n4", "--state", h.state], env={"COLUMNS": "200"})
     assert "re-pair (known-good)" in res.stdout
-    res = CliRunner().invoke(main, ["history", "n1", "--state", str(h.path), "--since", "3650d", "--json"])
+    res = CliRunner().invoke(main, ["history", "n1", "--state", h.state, "--since", "3650d", "--json"])
     assert len(json.loads(res.stdout)["pairs"]) == 3
 
 

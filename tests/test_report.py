@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,6 @@ from sweeper.history import History
 from sweeper.policy import load_policy
 from sweeper.report import gather, render
 from sweeper.result import Metric, Result
-from tests.history_backends import cli_takes
 from tests.weeks import ROOT, record_pair
 
 POLICY = load_policy(ROOT / "policies" / "default.yaml")
@@ -84,8 +82,6 @@ def test_without_a_plan_or_cluster_a_replaced_node_is_still_not_held(new_state: 
 def test_report_node_writes_one_node_page_with_its_metric_per_gpu(plan_history: History, tmp_path: Path) -> None:
     page = render(gather(plan_history, POLICY, 0.0, T0 + HOUR, 20 * HOUR, node="gpu-03"))
     assert 'id="node-gpu-03"' in page and page.count("<section class=node") == 1
-    if not cli_takes(plan_history):
-        return
     out = tmp_path / "gpu-03.html"
     res = CliRunner().invoke(main, ["report", "--state", plan_history.state, "--node", "gpu-03", "--since",
                                     "3650d", "-o", str(out)])
@@ -244,8 +240,6 @@ def test_the_report_command_on_the_demo_history_offline(demo: dict[str, Any], tm
 
 
 def test_an_unreachable_cluster_falls_back_to_the_recorded_plan(plan_history: History, tmp_path: Path) -> None:
-    if not cli_takes(plan_history):
-        pytest.skip("a command's test: the CLI does not take a PostgreSQL URL yet (sweeper.history.state_exists)")
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "dead",
@@ -328,12 +322,9 @@ def test_a_history_without_pairs_says_so(plan_history: History) -> None:
 
 def test_the_pair_report_in_headless_chromium(pair_history: History, tmp_path: Path) -> None:
     out = tmp_path / "pairs.html"
-    if cli_takes(pair_history):
-        res = CliRunner().invoke(main, ["report", "--state", pair_history.state, "--offline", "--since", "3650d",
-                                        "-o", str(out)])
-        assert res.exit_code == 0, res.output
-    else:  # what the command writes, from the library
-        out.write_text(render(gather(pair_history, POLICY, 0.0, time.time(), 86400.0)))
+    res = CliRunner().invoke(main, ["report", "--state", pair_history.state, "--offline", "--since", "3650d",
+                                    "-o", str(out)])
+    assert res.exit_code == 0, res.output
     browser = _browser()
     try:
         browser.get(out.as_uri())
