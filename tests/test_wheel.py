@@ -115,10 +115,13 @@ def test_a_wheel_installed_outside_the_repository_lints_and_runs_the_demo(tmp_pa
     assert lint.returncode == 0, lint.stdout + lint.stderr
     assert "0 problem(s)" in lint.stdout + lint.stderr
 
-    demo = run([sweeper, "demo", "--state", str(work / "demo.db")], work, env)
+    # Two cycles reach a reboot, a replacement through Karpenter and the report; the whole story (five
+    # cycles) is the in-process demo's test (tests/test_cli.py), from the same files.
+    demo = run([sweeper, "demo", "--cycles", "2", "--state", str(work / "demo.db")], work, env)
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
-    assert "cycle 5 of 5" in demo.stdout and "gpu-p5-04: reboot -> held" in demo.stdout
+    assert "cycle 2 of 2" in demo.stdout and "gpu-p5-04: reboot -> held" in demo.stdout
     assert "gpu-p5-09: karpenter: nodeclaim-deleted" in demo.stdout
+    assert "<svg" in (work / "report.html").read_text(), "the report, from the templates the wheel carries"
 
     # SWEEPER_HOME still overrides what the package carries.
     mine = tmp_path / "mine"
