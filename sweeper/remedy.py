@@ -8,8 +8,8 @@
   the node stays held and the next sweep checks it again once it is back (a new boot id, Ready).
   Both Jobs are followed by the loop that follows every Job (sweeper.actions.follow); the reboot
   Job until its reboot began (its container ran, the node went NotReady, or its boot id changed).
-  A reboot Job that cannot start (an image that cannot be pulled, a pod refused or never
-  scheduled) is a fault of the tool, not of the node: the Job is deleted, so that it cannot
+  A reboot Job that cannot start (an image that cannot be pulled, a pod refused by admission or
+  never scheduled) is a fault of the tool, not of the node: the Job is deleted, so that it cannot
   reboot the node later unseen, and the node, not rebooted, is held for a person.
   NVIDIA's own tools hold the GPUs open, and `nvidia-smi --gpu-reset` refuses a GPU in use: on a
   GPU Operator node the reset first pauses the operands that do (device plugin, GPU feature
@@ -270,7 +270,8 @@ class Remediator:
             return ended(cond, []) if cond else tool_result(at, now, "Lost", f"Job {ns}/{name} was deleted")
 
         source = PollSource(ctx, lambda: kube.get_job(ns, name), lambda: kube.namespaced_pods(ns, f"job-name={name}"),
-                            lambda job: down() or job_condition(job), gone)
+                            lambda job: down() or job_condition(job), gone,
+                            lambda fault, now: fault.see_events(ctx, ns, name, now))  # admission refused its pod
         outcome = follow(ctx, source, RebootShape(node), JOB_TIMEOUT, False, ended)
         if outcome.result is None:  # never scheduled, never started, or the sweep was stopped
             return False, outcome.inconclusive, not self.cancelled()

@@ -307,13 +307,15 @@ class WatchSource:
 
 
 class PollSource:
-    """A Job read by polling, every `poll_interval` on the run's clock: `get` reads it (NotFound:
-    gone), `pods` lists its pods, `condition` says when it is finished, `gone` words its loss."""
+    """A Job read by polling, every `poll_interval` on the run's clock: `get` reads it (NotFound: gone),
+    `pods` lists its pods, `condition` says when it is finished, `gone` words its loss, `refused`
+    tells a Fault of the Job's FailedCreate Events (by default none are read: the pods say it)."""
 
     def __init__(self, ctx: ActionContext, get: Callable[[], dict[str, Any]], pods: Callable[[], Pods],
-                 condition: Callable[[dict[str, Any]], dict[str, Any] | None],
-                 gone: Callable[[str, float], Result]) -> None:
+                 condition: Callable[[dict[str, Any]], dict[str, Any] | None], gone: Callable[[str, float], Result],
+                 refused: Callable[[Fault, float], None] = lambda fault, now: None) -> None:
         self.ctx, self._get, self._pods, self._condition, self._gone = ctx, get, pods, condition, gone
+        self.refused = refused
 
     def look(self) -> tuple[dict[str, Any] | None, Pods, bool]:
         try:
@@ -327,9 +329,6 @@ class PollSource:
 
     def settle(self, need: int) -> Pods:
         return self._pods()
-
-    def refused(self, fault: Fault, now: float) -> None:
-        pass  # no Events are read: what the poll sees of the pods says it
 
     def demand(self, polls: int) -> Pods:
         return self.ctx.kube.pending_pods() if polls % DEMAND_EVERY == 0 else []  # type: ignore[no-any-return]

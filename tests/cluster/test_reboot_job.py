@@ -111,6 +111,18 @@ def test_a_reboot_pod_that_never_schedules_is_given_up_on(make_sim, history: His
                                           "untolerated taint")
 
 
+def test_a_reboot_pod_refused_by_admission_is_a_fault_of_the_tool(make_sim, history: History) -> None:
+    """A namespace labelled pod-security.kubernetes.io/enforce=baseline refuses the privileged
+    reboot pod at creation: no pod exists, only the Job controller's FailedCreate Event with the
+    apiserver's words. https://kubernetes.io/docs/concepts/security/pod-security-admission/"""
+    sim: Sim = make_sim(nodes=1, faults=XID_79)
+    sim.core.patch_namespace(NS, {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "baseline"}}})
+    boot = sim.core.read_node("gpu-00").status.node_info.boot_id
+    report = run_sweep(sim, history, CFG)
+    assert_held_for_a_person_not_rebooted(sim, history, report, boot, "the reboot Job pod was refused at creation",
+                                          'violates PodSecurity "baseline:latest"')
+
+
 def test_a_node_that_reboots_before_its_pod_is_seen_running_began_its_reboot(make_sim, history: History) -> None:
     """A real node may go down before the kubelet posts the reboot pod Running: its new boot id is
     the sign. Here the pod cannot even start, and the node boots again all the same."""
