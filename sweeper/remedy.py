@@ -6,6 +6,11 @@
 - `reboot`: a GPU reset Job when every cause is one a reset clears (a pending row remap, the
   driver asking for a reset, an XID whose catalogue action is a GPU reset), else a reboot Job;
   the node stays held and the next sweep checks it again once it is back (a new boot id, Ready).
+  Both Jobs are followed by the loop that follows every Job (sweeper.actions.follow); the reboot
+  Job until its reboot began (its container ran, the node went NotReady, or its boot id changed).
+  A reboot Job that cannot start (an image that cannot be pulled, a pod refused by admission or
+  never scheduled) is a fault of the tool, not of the node: the Job is deleted, so that it cannot
+  reboot the node later unseen, and the node, not rebooted, is held for a person.
   NVIDIA's own tools hold the GPUs open, and `nvidia-smi --gpu-reset` refuses a GPU in use: on a
   GPU Operator node the reset first pauses the operands that do (device plugin, GPU feature
   discovery, DCGM, dcgm-exporter) through their nvidia.com/gpu.deploy.* labels, waits for their
@@ -26,7 +31,7 @@ from sweeper.actions import ActionContext
 from sweeper.actions.follow import PollSource, Shape, follow
 from sweeper.actions.jobs import render_job
 from sweeper.actions.node import meta_op, patch_node
-from sweeper.actions.podstate import job_condition
+from sweeper.actions.podstate import container_ran, job_condition, node_gone
 from sweeper.clock import Clock, iso
 from sweeper.config import Config
 from sweeper.errors import ConfigError, KubeError, NotFound, SweeperError
@@ -52,6 +57,26 @@ RESET_LINE = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.
 # Causes a GPU reset clears, without rebooting the node.
 RESETTABLE_CODES = {"row_remap|REMAP_PENDING", "gpu.recovery_action|RECOVERY_RESET", "xid|RECOVERY_RESET", "dcgm.software|85",
                     "dcgm.memory|85", "dcgm.software|84"}
+
+
+JOB_TIMEOUT = 600.0  # a reboot or GPU reset Job's activeDeadlineSeconds, and how long it is followed (and a grace)
+
+
+class RebootShape(Shape):
+    """A reboot Job: its outcome is decided once its container ran. The node may go down before the
+    kubelet ever posts the pod Running; after the reboot the pod is Failed or Unknown, and a Job with
+    backoffLimit 0 may say Failed: that is a reboot begun, not a failed one."""
+
+    need = 0  # nothing is read from a finished pod
+    decided_by_run = True
+    what = "the reboot Job"
+    part = "reboot Job"
+
+    def never_scheduled(self, ctx: ActionContext, why: str) -> str:
+        return f"the reboot Job's pod never scheduled ({why})" + node_gone(ctx, self.node)
+
+    def never_started(self, ctx: ActionContext) -> str:
+        return "the reboot Job's pod never started before its deadline" + node_gone(ctx, self.node)
 
 
 @dataclass
@@ -191,17 +216,70 @@ class Remediator:
                          extra: dict[str, Any], bound: bool = False) -> dict[str, Any]:
         """A reboot or GPU reset Job: in its own namespace (remediation_namespace, apart from the
         check Jobs'), under its own service account, which has no RBAC and no token mounted."""
-        return render_job(self._context(run_id, node_vars), template, 600, extra, remediation=True,
+        return render_job(self._context(run_id, node_vars), template, JOB_TIMEOUT, extra, remediation=True,
                           bound=bound or template == self.cfg.gpu_reset_template)
 
     def reboot(self, run_id: str, view: NodeView, node_vars: dict[str, Any]) -> Remedy:
         job = self._remediation_job(run_id, node_vars, self.cfg.reboot_template, {})
+        name = job["metadata"]["name"]
         if self.dry_run:
-            return Remedy("reboot", "would-reboot", f"would run {job['metadata']['name']}", dry_run=True)
-        self._mark(view.name, "reboot", view.boot_id, recheck=True)
+            return Remedy("reboot", "would-reboot", f"would run {name}", dry_run=True)
+        self._mark(view.name, "reboot", view.boot_id, recheck=True)  # before the create: a reboot is never unsaid
         self.kube.create_job(self.cfg.remediation_namespace, job)
-        return Remedy("reboot", "reboot-started", f"Job {job['metadata']['name']} reboots the node; it is "
-                      "checked again when it is back")
+        began, words, tool = self._follow_reboot(name, view)
+        if began:
+            return Remedy("reboot", "reboot-started", f"Job {name}: the reboot began ({words}); the node is "
+                          "checked again when it is back")
+        self.kube.delete_job(self.cfg.remediation_namespace, name)  # it must not reboot the node later, unseen
+        self._mark(view.name, "reboot-failed", view.boot_id, recheck=False)  # no reboot for discovery to wait for
+        return Remedy("reboot", "failed", f"the reboot Job {name} " + ("could not start (a fault of the tool, not of "
+                      "the node)" if tool else "did not start") + ": the Job was deleted, and the node, not rebooted, "
+                      f"is held (tainted) for a person; {words}", ok=False)
+
+    def _follow_reboot(self, name: str, view: NodeView) -> tuple[bool, str, bool]:
+        """Follow the reboot Job until its reboot began: (True, how it shows), or until it is given
+        up on: (False, why, whether that is a fault of the tool rather than of the node or a stop)."""
+        ns, kube, node = self.cfg.remediation_namespace, self.kube, view.name
+        ctx = ActionContext(config=self.cfg, clock=self.clock, kube=kube, log=self.log, cancelled=self.cancelled)
+
+        def down() -> dict[str, Any] | None:
+            """The node as a sign that the reboot began: NotReady, or booted since (a new boot id)."""
+            try:
+                now = NodeView.from_obj(kube.get_node(node))
+            except NotFound:
+                return {"type": "Rebooting", "message": "the node is gone (deleted)"}
+            if now.boot_id and now.boot_id != view.boot_id:
+                return {"type": "Rebooting", "message": f"its boot id changed from {view.boot_id or '(none)'}"}
+            return None if now.ready else {"type": "Rebooting", "message": "the node went NotReady"}
+
+        def ended(cond: dict[str, Any], pods: list[dict[str, Any]]) -> Result:
+            at = self.clock.now()
+            ran = any(container_ran(p) for p in pods)
+            if ran or cond.get("type") == "Rebooting":
+                how = "its container ran" if ran else cond.get("message", "")
+                return Result(node=node, source="reboot", started=at, finished=at,
+                              checks=(CheckResult("node.reboot", "pass", str(how)),))
+            # Failed with no container run (backoffLimit 0): the pod's own words say why, where it has them
+            # (the kubelet's UnexpectedAdmissionError, an eviction).
+            said = [f"{st['reason']}: {st.get('message', '')}" for p in pods if (st := p.get("status") or {}).get("reason")]
+            return tool_result(node, at, str(cond.get("reason") or "Failed"), "the reboot Job failed before its "
+                               "container ran", "; ".join([str(cond.get("message") or ""), *said]).strip("; "))
+
+        def gone(at: str, now: float) -> Result:
+            cond = down()
+            return ended(cond, []) if cond else tool_result(at, now, "Lost", f"Job {ns}/{name} was deleted")
+
+        source = PollSource(ctx, lambda: kube.get_job(ns, name), lambda: kube.namespaced_pods(ns, f"job-name={name}"),
+                            lambda job: down() or job_condition(job), gone,
+                            lambda fault, now: fault.see_events(ctx, ns, name, now))  # admission refused its pod
+        outcome = follow(ctx, source, RebootShape(node), JOB_TIMEOUT, False, ended)
+        if outcome.result is None:  # never scheduled, never started, or the sweep was stopped
+            return False, outcome.inconclusive, not self.cancelled()
+        if outcome.result.status == "pass":
+            return True, outcome.result.checks[0].message, False
+        bad = outcome.result.failed_checks[0]
+        # A tool fault is `error`; the node's GPU stack refusing the container is a finding (`fail`).
+        return False, bad.message, bad.status == "error" and bad.code != "Lost"
 
     def gpu_reset(self, run_id: str, view: NodeView, node_vars: dict[str, Any], gpus: list[int]) -> Remedy:
         ids = ",".join(str(g) for g in sorted(gpus))
@@ -223,7 +301,7 @@ class Remediator:
                     self.log(f"GPU reset: {', '.join(holders)} still on the node: rebooting instead")
                     return self.reboot(run_id + "-r", view, node_vars)
             self.kube.create_job(self.cfg.remediation_namespace, job)
-            status = self._wait_job(name, 600, view.name)
+            status = self._wait_job(name, JOB_TIMEOUT, view.name)
             if status == "Complete":
                 status = self._confirm_reset(name, gpus)
             try:

@@ -133,3 +133,36 @@ def test_an_mpijob_past_its_deadline_whose_launcher_never_ran_is_not_a_hung_chec
     out = run(shape, lambda now: OVER if now >= 600 else RUNNING, pods)
     (check,) = out.result.checks
     assert check.name != "check.deadline" and out.result.status == "error", out.result
+
+
+class Decided(Shape):
+    """A shape whose outcome a container that ran decides (sweeper.remedy.RebootShape's rule)."""
+
+    need = 0
+    decided_by_run = True
+    part = "reboot Job"
+
+
+FAILED = {"metadata": {"name": "j"}, "status": {"conditions": [
+    {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}}
+
+
+def test_a_container_that_ran_decides_whatever_the_job_says_after() -> None:
+    """A reboot's pod fails as its node goes down, and a Job with backoffLimit 0 is then Failed
+    (https://kubernetes.io/docs/concepts/workloads/controllers/job/#pod-backoff-failure-policy): once
+    its container ran, `read` decides, with the Job's condition, or {} while it has none."""
+    seen: list[Any] = []
+
+    def read(cond: dict[str, Any], pods: list[dict[str, Any]]) -> Result:
+        seen.append(cond.get("reason"))
+        return Result(node="gpu-00", source="test", started=0, finished=0)
+
+    for job, reason in ((lambda now: RUNNING, None), (lambda now: FAILED, "BackoffLimitExceeded")):
+        run(Decided("gpu-00"), job, [pod({"terminated": {"exitCode": 137, "reason": "Error"}}, phase="Failed")],
+            read=read)
+        assert seen.pop() == reason
+    # A start that failed is no run: the fault of the tool is named in the shape's words.
+    out = run(Decided("gpu-00"), lambda now: RUNNING, [pod(waiting("ImagePullBackOff", 'Back-off pulling image "x"'))])
+    (check,) = out.result.checks
+    assert (check.status, check.code) == ("error", "ErrImagePull") and "a fault of the reboot Job" in check.message
+    assert check.message.startswith('the reboot Job image "registry.example/check@sha256:')

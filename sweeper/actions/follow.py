@@ -1,14 +1,16 @@
-"""One loop follows every Job Sweeper waits on: a node's check Job, a pair's Indexed Job, and an
-MPIJob with its launcher. Its rules are written here once: the Job's own deadline and the client's,
-a stopped sweep, pending GPU work that aborts an abortable check, a pod that never lands, and a
-container that cannot start (a fault of the tool, or of the node's GPU stack, never taken for the
-other).
+"""One loop follows every Job Sweeper waits on: a node's check Job, a pair's Indexed Job, an MPIJob
+with its launcher, and a remedy's GPU reset or reboot Job. Its rules are written here once: the Job's
+own deadline and the client's, a stopped sweep, pending GPU work that aborts an abortable check, a pod
+that never lands, and a container that cannot start (a fault of the tool, or of the node's GPU stack,
+never taken for the other).
 
 What differs between Jobs is said by two small objects, not by the rules:
 - a `Shape`: what the Job's pods are (one check pod; two pair pods that wait for each other; an
-  MPIJob's launcher and workers) and the words its outcomes use;
+  MPIJob's launcher and workers), the words its outcomes use, and whether a container that ran
+  decides the outcome (a reboot's: its node goes down under the pod, which then fails);
 - a source: how the Job is seen and how the loop waits (`WatchSource`, the run's watch of its Jobs,
-  which wakes the wait on each change; `PollSource`, a read every `poll_interval`).
+  which wakes the wait on each change; `PollSource`, a read every `poll_interval`, whose `condition`
+  may read more than the Job: a reboot's reads the node, down or with a new boot id).
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from sweeper.actions.podstate import (
     finished,
     hung_result,
     job_condition,
-    never_ran_result,
     node_gone,
     unscheduled,
 )
@@ -38,9 +39,8 @@ from sweeper.result import Result
 SCHEDULE_TIMEOUT = 300.0
 MAX_POLL = 30.0
 CLIENT_GRACE = 60.0
-# How long a finished Job waits for its pod's last state to come through the pod watch before
-# listing the pods (the pod may be gone): the wait ends at the pod's event, so it is this long only
-# when the pod was deleted.
+# How long a finished Job waits for its pod's last state from the pod watch before listing the pods
+# (the pod may be gone): the wait ends at the pod's event, so it is this long only if it was deleted.
 POD_LAG = 60.0
 DEMAND_EVERY = 6  # pending pods (abort_on_demand) are listed once per this many poll intervals, per run
 TOOL_FAULT_GRACE = 120.0  # a container that cannot start for this long is given up on (the kubelet retries)
@@ -65,7 +65,9 @@ class Shape:
     # The pods wait for each other (a pair): a pod that cannot land decides the outcome, whatever the
     # Job's condition says, since the other may have given up on the rendezvous.
     rendezvous = False
+    decided_by_run = False  # a container that ran decides: `read` then gets the Job's condition or {}
     what = "the check"
+    part = "check"  # what a fault of the tool names: "the check image ...", "a fault of the check"
 
     def __init__(self, *nodes: str) -> None:
         self.nodes = nodes
@@ -84,9 +86,7 @@ class Shape:
 
     def why(self, pods: Pods, started: bool, last: str) -> str:
         """The scheduler's word on a pod that cannot land, from the last time there were pods."""
-        if not pods:
-            return last
-        return "" if started else unscheduled(pods) or last
+        return last if not pods else "" if started else unscheduled(pods) or last
 
     def ask_events(self, pods: Pods, started: bool) -> bool:
         """Whether the Job's lack of pods is worth asking its Events about (admission refused them)."""
@@ -195,7 +195,7 @@ def _follow(ctx: ActionContext, source: Source, shape: Shape, timeout: float, ar
             read: Callable[[dict[str, Any], Pods], Result]) -> Outcome:
     node = shape.node
     start = ctx.clock.now()
-    fault = Fault()  # why the container cannot start, or why the pod is not even created
+    fault = Fault(shape.part)  # why the container cannot start, or why the pod is not even created
     polls = 0
     started = ran = False
     why = ""  # the scheduler's word on a pod that cannot land
@@ -214,6 +214,8 @@ def _follow(ctx: ActionContext, source: Source, shape: Shape, timeout: float, ar
             fault.see(pods, now)
             if shape.ask_events(pods, started) and polls % EVENTS_EVERY == 0:  # no pod after a while: refused?
                 source.refused(fault, now)
+        if ran and shape.decided_by_run:
+            return Outcome(read(cond or {}, pods))
         if gone:
             return Outcome(source.gone(node, now))
         if cond is not None:
@@ -225,7 +227,7 @@ def _follow(ctx: ActionContext, source: Source, shape: Shape, timeout: float, ar
             if deadline and not started:
                 return Outcome(inconclusive=shape.never_started(ctx))
             if deadline:
-                return Outcome(hung_result(node, now, timeout) if ran else never_ran_result(node, now, pods))
+                return Outcome(hung_result(node, now, timeout) if ran else fault.never_ran(node, now, pods))
             return Outcome(read(cond, pods))
         elapsed = now - start
         if fault.code and not ran and now - fault.since > min(TOOL_FAULT_GRACE, timeout * 0.5):
@@ -248,7 +250,7 @@ def _follow(ctx: ActionContext, source: Source, shape: Shape, timeout: float, ar
                 continue
         if elapsed > timeout + CLIENT_GRACE:
             return Outcome(hung_result(node, now, timeout) if ran else fault.result(node, now) if fault.code
-                           else never_ran_result(node, now, pods))
+                           else fault.never_ran(node, now, pods))
         # A watch wakes this wait on every change of the Job or its pods; the pause only bounds how
         # late a deadline, a stop or a pod that cannot land is noticed.
         pause = max(ctx.config.poll_interval, min(MAX_POLL, elapsed / 10))
@@ -305,13 +307,15 @@ class WatchSource:
 
 
 class PollSource:
-    """A Job read by polling, every `poll_interval` on the run's clock: `get` reads it (NotFound:
-    gone), `pods` lists its pods, `condition` says when it is finished, `gone` words its loss."""
+    """A Job read by polling, every `poll_interval` on the run's clock: `get` reads it (NotFound: gone),
+    `pods` lists its pods, `condition` says when it is finished, `gone` words its loss, `refused`
+    tells a Fault of the Job's FailedCreate Events (by default none are read: the pods say it)."""
 
     def __init__(self, ctx: ActionContext, get: Callable[[], dict[str, Any]], pods: Callable[[], Pods],
-                 condition: Callable[[dict[str, Any]], dict[str, Any] | None],
-                 gone: Callable[[str, float], Result]) -> None:
+                 condition: Callable[[dict[str, Any]], dict[str, Any] | None], gone: Callable[[str, float], Result],
+                 refused: Callable[[Fault, float], None] = lambda fault, now: None) -> None:
         self.ctx, self._get, self._pods, self._condition, self._gone = ctx, get, pods, condition, gone
+        self.refused = refused
 
     def look(self) -> tuple[dict[str, Any] | None, Pods, bool]:
         try:
@@ -325,9 +329,6 @@ class PollSource:
 
     def settle(self, need: int) -> Pods:
         return self._pods()
-
-    def refused(self, fault: Fault, now: float) -> None:
-        pass  # no Events are read: what the poll sees of the pods says it
 
     def demand(self, polls: int) -> Pods:
         return self.ctx.kube.pending_pods() if polls % DEMAND_EVERY == 0 else []  # type: ignore[no-any-return]
@@ -378,10 +379,7 @@ def job_created(ctx: ActionContext, namespace: str, job: dict[str, Any]) -> Iter
         yield
     finally:
         ctx.intent("delete-job", "before", ref)
-        try:
-            ctx.kube.delete_job(namespace, job["metadata"]["name"])
-        except NotFound:
-            pass
+        ctx.kube.delete_job(namespace, job["metadata"]["name"])  # False, not NotFound, when it is gone already
         ctx.intent("delete-job", "after", ref)
 
 

@@ -139,9 +139,11 @@ def container_ran(pod: dict[str, Any]) -> bool:
 
 class Fault:
     """What keeps a check from running, as first seen: a container's waiting reason and message
-    from the pod's status, or the Job controller's FailedCreate Event (admission refused the pod)."""
+    from the pod's status, or the Job controller's FailedCreate Event (admission refused the pod).
+    `what` is what its words name ("the check image ...", "a fault of the check")."""
 
-    def __init__(self) -> None:
+    def __init__(self, what: str = "check") -> None:
+        self.what = what
         self.code = ""
         self.summary = ""
         self.detail = ""
@@ -162,7 +164,7 @@ class Fault:
                 if reason in PULL_WAITING:
                     # ErrImagePull carries the registry's answer; ImagePullBackOff only says it waits.
                     detail = f"{reason}: {msg}" if reason == "ErrImagePull" or not self.detail else self.detail
-                    self._set("ErrImagePull", f'the check image "{cs.get("image", "")}" cannot be pulled', detail, now)
+                    self._set("ErrImagePull", f'the {self.what} image "{cs.get("image", "")}" cannot be pulled', detail, now)
                     return
                 last = (cs.get("lastState") or {}).get("terminated") or {}
                 words = gpu_stack_words(msg) if reason in TOOL_WAITING else \
@@ -172,7 +174,7 @@ class Fault:
                     self.on = str((p.get("spec") or {}).get("nodeName") or "")
                     return
                 if reason in TOOL_WAITING:
-                    self._set(reason, f"the check container cannot start: {reason}: {msg}", "", now)
+                    self._set(reason, f"the {self.what} container cannot start: {reason}: {msg}", "", now)
                     return
         if pods and self.code and self.code != "FailedCreate":
             self.code, self.node_words = "", ""  # the container got past it
@@ -191,21 +193,24 @@ class Fault:
         last = max(events, key=lambda e: e.get("lastTimestamp") or "")
         text = str(last.get("message") or "")
         words = re.sub(r'^(?:Error creating: )?pods "[^"]*" is forbidden: ', "", text)
-        self._set("FailedCreate", f"the check pod was refused at creation: {words}", text, now)
+        self._set("FailedCreate", f"the {self.what} pod was refused at creation: {words}", text, now)
 
     def result(self, node: str, now: float) -> Result:
         if self.node_words:
             return runtime_result(node, now, self.code, self.node_words, self.on)
-        return tool_result(node, now, self.code, self.summary + "; a fault of the check, not of the node",
+        return tool_result(node, now, self.code, self.summary + f"; a fault of the {self.what}, not of the node",
                            self.detail)
 
+    def never_ran(self, node: str, now: float, pods: list[dict[str, Any]]) -> Result:
+        return never_ran_result(node, now, pods, self.what)
 
-def never_ran_result(node: str, now: float, pods: list[dict[str, Any]]) -> Result:
+
+def never_ran_result(node: str, now: float, pods: list[dict[str, Any]], what: str = "check") -> Result:
     """The pod was accepted by the kubelet but its container never ran before the deadline (for
-    instance a volume that never mounted): the check's fault, not a hung check."""
+    instance a volume that never mounted): the check's fault (`what`'s), not a hung check."""
     waiting = [((cs.get("state") or {}).get("waiting") or {}) for p in pods
                for cs in (p.get("status") or {}).get("containerStatuses") or []]
     reason = next((w.get("reason") for w in waiting if w.get("reason")), "ContainerCreating")
     msg = next((w.get("message") for w in waiting if w.get("message")), "")
-    return tool_result(node, now, str(reason), f"the check container never started before its deadline ({reason}); "
-                       "a fault of the check, not of the node", str(msg))
+    return tool_result(node, now, str(reason), f"the {what} container never started before its deadline ({reason}); "
+                       f"a fault of the {what}, not of the node", str(msg))

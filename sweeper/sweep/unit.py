@@ -132,7 +132,7 @@ def after_verdict(run: Run, node: NodeView, profile: profiles.Profile, verdict: 
     run.emit("remedy", {"node": name, "provider": remedy.provider, "action": remedy.action, "detail": remedy.detail})
     event(run, node, "SweepRemediation", f"{remedy.provider}: {remedy.action}: {remedy.detail}",
           "Normal" if remedy.ok else "Warning")
-    if sweep.webhook and (verdict == "replace" or remedy.provider not in ("reboot", "gpu-reset")):
+    if sweep.webhook and (verdict == "replace" or remedy.provider not in ("reboot", "gpu-reset") or not remedy.ok):
         _, what = sweep.webhook.send(message(name, verdict, reasons, f"{remedy.provider}: {remedy.action}"))
         run.rec.action(run.id, name, now(), "notify", what)
 

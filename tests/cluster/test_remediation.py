@@ -269,6 +269,8 @@ def test_a_reboot_then_a_recheck_when_the_node_is_back(make_sim, history: Histor
     first = run_sweep(sim, history, cfg)
     sim.server.hooks.clear()
     assert {o.node: o.verdict for o in first.outcomes}["gpu-00"] == "reboot"
+    remedy = next(d for e, d in first.events if e == "remedy")  # the Job is followed until it starts
+    assert remedy["action"] == "reboot-started" and "the reboot began (its container ran)" in remedy["detail"]
     ann = sim.core.read_node("gpu-00").metadata.annotations
     assert ann["sweeper.dev/remediation"] == "reboot" and ann["sweeper.dev/recheck"] == "true"
     old_boot = ann["sweeper.dev/boot-id"]
@@ -431,7 +433,7 @@ def test_the_operands_labels_come_back_when_the_reset_fails(make_sim, history: H
     view = NodeView.from_obj(sim.kube.get_node("gpu-00"))
     from sweeper.runner import node_vars
     remedy = remediator.gpu_reset("run-1", view, node_vars(view, TEST_CONFIG), [2])
-    assert remedy.provider == "reboot", remedy
+    assert (remedy.provider, remedy.action) == ("reboot", "reboot-started"), remedy  # the followed reboot began
     assert deploy_labels(sim, "gpu-00") == before and before["nvidia.com/gpu.deploy.dcgm"] == "false"
 
 
