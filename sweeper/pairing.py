@@ -4,7 +4,7 @@ result means for each of its two nodes, and the run's re-pair bookkeeping."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -61,15 +61,34 @@ class NodeCall:
     rules: tuple[str, ...] = ()  # the policy's pair rules that decided it, where they did
 
 
-def node_verdicts(mode: str, node: str, partner: str, verdict: str, reasons: Sequence[str]) -> tuple[NodeCall, NodeCall]:
+def partner_only(mode: str, partner: str, verdict: str, hosts: Collection[str]) -> bool:
+    """A re-pair (mode "repair") failed on its known-good partner's own word alone: every finding
+    that is not a pass (`hosts`: the nodes whose own logs, probes or pods gave them) came from the
+    partner, none from the suspect's own log. A node taken over prints its own log, so that log
+    may blame only the node it ran on."""
+    return mode == "repair" and verdict in HOLDING and bool(hosts) and set(hosts) == {partner}
+
+
+def node_verdicts(mode: str, node: str, partner: str, verdict: str, reasons: Sequence[str],
+                  hosts: Collection[str] = (), repairs: bool = True) -> tuple[NodeCall, NodeCall]:
     """Each node's verdict from the pair play's verdict. A failed pair in mode "sweep" blames no one:
     both become suspects. In mode "repair" (`node` the suspect, `partner` known-good) a failure is
-    the suspect's, and its known-good partner goes back inconclusive."""
+    the suspect's, and its known-good partner goes back inconclusive; unless it failed on the
+    partner's own log alone (`partner_only`): then it blames no one either, and both become
+    suspects (the partner is known-good no more), or, where the run re-pairs no one (`repairs`
+    false: a claim's pair), both go back inconclusive."""
     why = "; ".join(reasons)
     if verdict in ("pass", "warn"):
         return NodeCall(node, verdict, tuple(reasons)), NodeCall(partner, verdict, tuple(reasons))
     if verdict not in HOLDING:  # error: a fault of the tool; inconclusive: raced, stopped, never scheduled
         return NodeCall(node, verdict, tuple(reasons)), NodeCall(partner, verdict, tuple(reasons))
+    if partner_only(mode, partner, verdict, hosts):
+        said = (f"re-pair with known-good {partner} failed on {partner}'s own log alone ({why}); {node}'s own "
+                "log shows no fault")
+        then = "; re-pairing both with known-good partners" if repairs else ""
+        return (NodeCall(node, "inconclusive", (f"{said}: {node} is not blamed{then}",), suspect=repairs),
+                NodeCall(partner, "inconclusive", (f"{said}: {partner} is known-good no more{then}",),
+                         suspect=repairs))
     if mode == "sweep":
         return (NodeCall(node, "inconclusive", (f"pair with {partner} failed: {why}; re-pairing with a known-good "
                                                 "partner",), suspect=True),

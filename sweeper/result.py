@@ -49,6 +49,9 @@ class CheckResult:
     severity: str = "info"
     gpu: int | None = None
     code: str | None = None
+    # Where a result covers two nodes (a pair): the node whose own log (or probe) this finding came
+    # from. A log may blame only the node it ran on. None: the result's own node.
+    host: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"name": self.name, "status": self.status, "severity": self.severity,
@@ -57,6 +60,8 @@ class CheckResult:
             d["gpu"] = self.gpu
         if self.code is not None:
             d["code"] = self.code
+        if self.host is not None:
+            d["host"] = self.host
         return d
 
 

@@ -10,7 +10,7 @@ import pytest
 from sweeper.actions import load_all
 from sweeper.config import Config, load_config
 from sweeper.errors import ConfigError, PlaybookError
-from sweeper.pairing import Repairs, form_pairs, group_key, node_verdicts, pair_status
+from sweeper.pairing import Repairs, form_pairs, group_key, node_verdicts, pair_status, partner_only
 from sweeper.playbook.model import parse_playbook
 
 LABELS = Config().pair_labels
@@ -78,6 +78,32 @@ def test_a_failed_repair_names_the_suspect_and_frees_its_known_good_partner() ->
     s, k = node_verdicts("repair", "sus", "good", "replace", ["pair.nccl: low"])
     assert (s.verdict, s.suspect) == ("replace", False) and s.reasons[0] == "pair.nccl: low"
     assert (k.verdict, k.suspect, k.reasons) == ("inconclusive", False, ("failed with suspect sus",))
+
+
+@pytest.mark.parametrize("hosts,blamed", [
+    ({"good"}, False),  # the partner's own log alone: no word on the suspect
+    ({"sus", "good"}, True),  # the suspect's own log says it too
+    ({"sus"}, True),
+    (set(), True),  # no finding named a log (the MPIJob form's launcher): the suspect's, as before
+])
+def test_a_re_pair_failed_on_its_partners_own_log_alone_blames_no_one(hosts: set[str], blamed: bool) -> None:
+    """A node taken over prints its own log: as a known-good partner it could blame any suspect."""
+    s, k = node_verdicts("repair", "sus", "good", "quarantine", ["pair.nccl: aborted on good"], hosts)
+    if blamed:
+        assert (s.verdict, s.suspect, k.verdict, k.suspect) == ("quarantine", False, "inconclusive", False)
+        return
+    assert (s.verdict, s.suspect, k.verdict, k.suspect) == ("inconclusive", True, "inconclusive", True)
+    assert "failed on good's own log alone" in s.reasons[0] and "sus is not blamed" in s.reasons[0]
+    assert "good is known-good no more" in k.reasons[0]
+    s, k = node_verdicts("repair", "sus", "good", "quarantine", ["x"], hosts, repairs=False)
+    assert (s.verdict, s.suspect, k.verdict, k.suspect) == ("inconclusive", False, "inconclusive", False)
+
+
+def test_a_partners_log_alone_is_no_dispute_in_a_sweep_pair_nor_without_a_holding_verdict() -> None:
+    assert partner_only("repair", "good", "replace", {"good"})
+    assert not partner_only("sweep", "good", "replace", {"good"})
+    assert not partner_only("repair", "good", "error", {"good"})
+    assert not partner_only("repair", "good", "replace", {"good", "sus"})
 
 
 @pytest.mark.parametrize("mode", ["sweep", "repair"])

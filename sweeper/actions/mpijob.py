@@ -101,4 +101,7 @@ def read_launcher(ctx: ActionContext, namespace: str, launchers: list[dict[str, 
     result = pair_parser.parse([log, ""], a, now, partner=b, min_busbw=floor, no_floor=no_floor,
                                mtu=None, ifaces=[], exit_codes=[code, None])
     skip = CheckResult("pair.mtu", "skip", "no path-MTU probe in the MPIJob form (nccl-pair.yaml.j2 runs them)")
-    return dataclasses.replace(result, checks=(*result.checks, skip), status="")
+    # mpirun relays both ranks' output into the one launcher log: no finding here is one rank's own,
+    # so none names a host, and each stays the pair's (docs/security.md).
+    own = tuple(dataclasses.replace(c, host=None) for c in result.checks)
+    return dataclasses.replace(result, checks=(*own, skip), status="")

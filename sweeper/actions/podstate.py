@@ -60,7 +60,7 @@ def runtime_result(node: str, now: float, reason: str, words: str, on: str = "")
     return Result(node=node, source="container-runtime", started=now, finished=now, checks=(CheckResult(
         RUNTIME_CHECK, "fail", f"the container runtime{where} could not start the check ({reason}): {words}; the node's "
         "GPU stack (driver, NVML, NVIDIA container toolkit or CDI) is broken, not the check", "critical",
-        code=RUNTIME_CODE),))
+        code=RUNTIME_CODE, host=on or None),))
 
 
 def start_failure(node: str, now: float, statuses: list[dict[str, Any]], tail: str, what: str, on: str = "",

@@ -10,10 +10,15 @@ Each rank's log holds its MTU probes, each framed by marker lines around ping's 
 
 then rank 0's all_reduce table in nccl-tests' shape, read by `sweeper.parsers.nccl`. A rank that
 exits 2 timed out in torch's rendezvous: its peer never came, a fault of the run, not of a node.
+
+Each check names the node whose own log it was read from (`host`): the table's findings are rank
+0's (`node`), a probe's its rank's, an abort the rank's that said it. A node taken over prints its
+own log, so its log may blame only itself (sweeper.pairing.node_verdicts reads `host`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 
@@ -90,20 +95,16 @@ def parse(logs: Sequence[str], node: str, now: float, *, partner: str = "", min_
     busbw = next((m.value for m in table.metrics if m.name == "nccl.busbw_largest"), None)
     footer = not any(c.code == "TRUNCATED" for c in table.checks)
     # nccl-tests' own "Test failure common.cu:N" after a finished table only says the values were wrong.
-    aborts = [c for c in table.checks if c.code == "ABORTED" and not (footer and "the test failed at" in c.message)]
-    for rank in (0, 1):
-        if codes[rank] not in (None, 0) and not aborts:
-            why = _abort_line(logs[rank])
-            if why:
-                aborts.append(CheckResult("pair.nccl", "fail", f"the all-reduce aborted on {hosts[rank]}: {why}",
-                                          "critical", code="ABORTED"))
-    for c in aborts:
-        checks.append(CheckResult("pair.nccl", "fail", c.message, "critical", code="ABORTED"))
+    aborts = [CheckResult("pair.nccl", "fail", c.message, "critical", code="ABORTED", host=node)
+              for c in table.checks if c.code == "ABORTED" and not (footer and "the test failed at" in c.message)]
+    if not aborts:
+        aborts = _rank_aborts(logs, codes, hosts)
+    checks += aborts
     if busbw is None or aborts:  # no table, or one cut short: its last row is no bandwidth of the pair
         if not aborts:
             read = next((c for c in table.checks if c.status == "error"), None)
             checks.append(CheckResult("pair.nccl", "error", read.message if read else "no all-reduce table",
-                                      "critical", code=read.code if read else None))
+                                      "critical", code=read.code if read else None, host=node))
         return Result(node, SOURCE, now, now, tuple(checks))
     metrics.append(Metric("nccl.pair_busbw", busbw, "GB/s"))
     metrics += [Metric(m.name.replace("nccl.", "nccl.pair_", 1), m.value, m.unit) for m in table.metrics
@@ -111,22 +112,22 @@ def parse(logs: Sequence[str], node: str, now: float, *, partner: str = "", min_
     wrong = [c for c in table.checks if c.code in ("WRONG", "OOB")]
     for c in wrong:
         checks.append(CheckResult("pair.nccl", "fail", f"{c.message} between {node} and {hosts[1]}", "critical",
-                                  code="NCCL_WRONG"))
+                                  code="NCCL_WRONG", host=node))
     for c in table.checks:
         if c.status == "fail" and c.code not in ("WRONG", "OOB", "ABORTED"):
-            checks.append(CheckResult("pair.nccl", "fail", c.message, "critical", code=c.code))
+            checks.append(CheckResult("pair.nccl", "fail", c.message, "critical", code=c.code, host=node))
     if not wrong and not aborts:
-        checks.append(CheckResult("pair.nccl", "pass", "no wrong or out-of-bounds values"))
+        checks.append(CheckResult("pair.nccl", "pass", "no wrong or out-of-bounds values", host=node))
     largest = next((int(m.value) for m in table.metrics if m.name == "nccl.largest_bytes"), 0)
     if min_busbw is None:
         checks.append(CheckResult("pair.nccl", "skip", f"bus bandwidth {busbw:g} GB/s at {largest} B; "
-                                  + (no_floor or "no floor for this profile (nccl_pair_busbw_min)")))
+                                  + (no_floor or "no floor for this profile (nccl_pair_busbw_min)"), host=node))
     else:
         good = busbw >= min_busbw
         checks.append(CheckResult("pair.nccl", "pass" if good else "fail",
                                   f"bus bandwidth {busbw:g} GB/s at {largest} B between {node} and {hosts[1]}; "
                                   f"floor {min_busbw:g}", "info" if good else "critical",
-                                  code=None if good else "LOW_BANDWIDTH"))
+                                  code=None if good else "LOW_BANDWIDTH", host=node))
     return Result(node, SOURCE, now, now, tuple(checks), tuple(metrics))
 
 
@@ -140,11 +141,30 @@ def _mtu_checks(split_logs: list[tuple[dict[str, tuple[int | None, int | None, s
         for iface in wanted:
             if iface not in probes:
                 checks.append(CheckResult("pair.mtu", "error", f"{iface} {way}: no path-MTU probe in rank {rank}'s log",
-                                          "critical", code="PING"))
+                                          "critical", code="PING", host=hosts[rank]))
                 continue
             probe_mtu, rc, text = probes[iface]
-            checks.append(ping.judge(ping.read(text), "pair.mtu", f"{iface} {way}", mtu or probe_mtu, rc))
+            found = ping.judge(ping.read(text), "pair.mtu", f"{iface} {way}", mtu or probe_mtu, rc)
+            checks.append(dataclasses.replace(found, host=hosts[rank]))
     return checks
+
+
+def _rank_aborts(logs: list[str], codes: list[int | None], hosts: tuple[str, str]) -> list[CheckResult]:
+    """The ranks that say the all-reduce died: each that exited non-zero with NCCL's words in its
+    own log; then, beside those, each that exited non-zero without them (its own exit is its word
+    that the collective died). Each finding names the rank whose log it came from."""
+    worded, silent = [], []
+    for rank in (0, 1):
+        if codes[rank] in (None, 0):
+            continue
+        why = _abort_line(logs[rank])
+        if why:
+            worded.append(CheckResult("pair.nccl", "fail", f"the all-reduce aborted on {hosts[rank]} (rank {rank}'s "
+                                      f"log): {why}", "critical", code="ABORTED", host=hosts[rank]))
+        else:
+            silent.append(CheckResult("pair.nccl", "fail", f"rank {rank} on {hosts[rank]} exited {codes[rank]} as "
+                                      "the all-reduce died", "critical", code="ABORTED", host=hosts[rank]))
+    return worded + silent if worded else []
 
 
 def busbw(result: Result) -> float | None:

@@ -1103,6 +1103,10 @@ class SimCluster:
                                                                    peer["status"].get("podIP", ""))
             else:
                 log += table if i == 0 else f"# pair-allreduce rank {i} done\n"
+            forged = self.specs[nodes[i]].faults
+            if forged.forged_output:  # a node taken over prints its own rank's log, whatever the gang did
+                out[i] = (finish, forged.forged_exit, forged.forged_output)
+                continue
             out[i] = (finish, 1 if aborted else 0, log)
         return out
 
@@ -1382,7 +1386,7 @@ class SimCluster:
             prog = argv[0].rsplit("/", 1)[-1] if argv else ""
             spec = self.specs.get(node_name)
             if spec and spec.faults.forged_output and prog in ("dcgmi", "all_reduce_perf"):
-                return 0, spec.faults.forged_output, ""
+                return spec.faults.forged_exit, spec.faults.forged_output, ""
             if prog == "dcgmi" and spec:
                 image = ((pod["spec"].get("containers") or [{}])[0]).get("image", "")
                 builds = self.fleet.cuda_builds.get(image)
@@ -1409,7 +1413,7 @@ class SimCluster:
         spec = self.specs.get(node_name)
         faults = spec.faults if spec else None
         if faults and (faults.forged_output or faults.forged_summary):
-            return 0, faults.forged_output, faults.forged_summary
+            return faults.forged_exit, faults.forged_output, faults.forged_summary
         if faults and faults.garbage_output:
             return 0, "NVRM: API mismatch\x1b[0m ]]} <<garbage>> 0xdeadbeef\n", ""
         if faults and faults.check_crash:

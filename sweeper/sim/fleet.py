@@ -167,12 +167,12 @@ class Faults:
                                  "asks for GPUs (e.g. \"nvidia-container-cli: initialization error: nvml error: "
                                  "driver/library version mismatch: unknown\"): every such container on the node "
                                  "fails to start, StartError with exit 128, as containerd reports it")
-    forged_evidence: str = setting("", "the node's evidence pod prints this forgery instead of its bundle (a hostile "
-                                   "node writes its own log)", choices=("", "longname-bomb", "pax-bomb"))
-    forged_output: str = setting("", "what the node's check, dcgmi and all_reduce_perf print instead (a hostile node)")
+    forged_evidence: str = setting("", "the node's evidence pod prints this forgery instead of its bundle (a hostile node writes its own log)", choices=("", "longname-bomb", "pax-bomb"))  # noqa: E501
+    forged_output: str = setting("", "what the node's check, dcgmi, all_reduce_perf and pair-allreduce (its rank's "
+                                 "whole log) print instead (a hostile node)")
+    forged_exit: int = setting(0, "the exit code the node's forged program ends with", ge=0, le=255)
     forged_summary: str = setting("", "what the node's check writes as its termination message (a hostile node)")
-    outside_claims: list[dict[str, Any]] = setting(help="other tools' claims of the node: conditions, taints, DRA "
-                                                   "device taints (sweeper.sim.claims)", factory=list,
+    outside_claims: list[dict[str, Any]] = setting(help="other tools' claims of the node: conditions, taints, DRA device taints (sweeper.sim.claims)", factory=list,  # noqa: E501
                                                    annotation=list[OutsideClaim], allowed="list of OutsideClaim")
 
 

@@ -37,11 +37,12 @@ from sweeper.sweep.unit import after_verdict, cap_replacements, keep_if_held, re
 
 
 def sweep_pair(run: Run, a: NodeView, b: NodeView, mode: str, held: bool | None = None,
-               playbook: Playbook | None = None) -> PairRun:
+               playbook: Playbook | None = None, repairs: bool = True) -> PairRun:
     """Hold both nodes (in mode "repair", `a` is the suspect, already held by this run unless
     `held` is False: a suspect an earlier run let go), run the pair playbook (the run's, or
     `playbook`) once for the two, record one sweep row per node and one pair result, and hand both
-    back, or keep a suspect held for its re-pair, or a culprit with its verdict."""
+    back, or keep a suspect held for its re-pair, or a culprit with its verdict. `repairs`: the
+    caller re-pairs the suspects this pair names (a claim's pair re-pairs no one)."""
     t0 = time.monotonic()
     held = mode == "repair" if held is None else held
     back = a if held else None  # a re-pair abandoned before it ran: the suspect waits again
@@ -75,17 +76,24 @@ def sweep_pair(run: Run, a: NodeView, b: NodeView, mode: str, held: bool | None 
     verdict, reasons = "error", ["the pair playbook did not reach a verdict"]
     busbw: float | None = None
     decision: dict[str, Any] | None = None
+    hosts: set[str] = set()  # whose own logs, probes or pods gave the findings that are not a pass
     out = PairRun([])
     try:
-        verdict, reasons, busbw, decision = _play_pair(run, (ids[0], ids[1]), first, second, profs, mode, playbook)
+        verdict, reasons, busbw, decision = _play_pair(run, (ids[0], ids[1]), first, second, profs, mode, playbook,
+                                                       hosts)
     except PLAY_FAULTS as exc:
         verdict, reasons = play_fault(exc)
     finally:
         status = pairing.pair_status(verdict)
-        run.rec.pair_result(run.id, run.clock.now(), first.name, second.name, status, mode, busbw,
-                            "; ".join(reasons)[:1000], (ids[0], ids[1]))
+        disputed = pairing.partner_only(mode, second.name, verdict, hosts)
+        # A re-pair that failed on its partner's own log alone blames no one, as a pair of mode sweep
+        # does, and is recorded as one: both its nodes are the history's suspects, neither known-good.
+        detail = (f"failed on {second.name}'s own log alone: " if disputed else "") + "; ".join(reasons)
+        run.rec.pair_result(run.id, run.clock.now(), first.name, second.name, status,
+                            "sweep" if disputed else mode, busbw, detail[:1000], (ids[0], ids[1]))
+        out.disputed = second.name if disputed else ""
         calls = tuple(_pair_rule(run, c) for c in pairing.node_verdicts(mode, first.name, second.name, verdict,
-                                                                         reasons))
+                                                                         reasons, hosts, repairs))
         out.suspects = tuple((n, o.name) for c, n, o in zip(calls, nodes, nodes[::-1], strict=True) if c.suspect)
         out.why = f"{status}: {'; '.join(reasons)}"[:500]
         out.status = status
@@ -139,13 +147,16 @@ def _pair_node(run: Run, call: pairing.NodeCall, view: NodeView, prof: profiles.
 
 
 def _play_pair(run: Run, ids: tuple[int, int], a: NodeView, b: NodeView, profs: list[profiles.Profile],
-               mode: str, playbook: Playbook) -> tuple[str, list[str], float | None, dict[str, Any] | None]:
+               mode: str, playbook: Playbook,
+               hosts: set[str]) -> tuple[str, list[str], float | None, dict[str, Any] | None]:
     """Run the pair playbook once: `node` is A, `partner` B, `pair_mode` the mode. Each result
-    is recorded on both nodes' sweep rows."""
+    is recorded on both nodes' sweep rows; `hosts` gains the node each finding that is not a pass
+    came from (its check's `host`, else the result's node: A, whose play it is)."""
     vars_ = play_vars(run, a, profs[0])
     partner_vars = node_vars(b, profs[1])
 
     def on_result(r: Result) -> None:
+        hosts.update(c.host or r.node for c in r.checks if c.status in ("fail", "warn", "error"))
         result(run, ids[0], a.name, r)
         run.rec.result(ids[1], replace(r, node=b.name))
 
@@ -165,10 +176,12 @@ def claim_pair(run: Run, node: NodeView, partner: NodeView) -> PairRun:
     from the node's own checks and this pair (sweeper.claims.judge_pair)."""
     got = PairRun([])
     try:
-        got = sweep_pair(run, node, partner, "repair", held=False, playbook=run.sweep.claims_pair_playbook)
+        got = sweep_pair(run, node, partner, "repair", held=False, playbook=run.sweep.claims_pair_playbook,
+                         repairs=False)
     finally:
         why = got.why or "; ".join(r for o in got.outcomes for r in o.reasons)[:500] or "the pair did not run"
-        judge_fabric(run, node.name, got.status, why.split(": ", 1)[-1] if got.status else why, partner.name)
+        status = "inconclusive" if got.disputed else got.status  # the partner's own log is no word on the node
+        judge_fabric(run, node.name, status, why.split(": ", 1)[-1] if got.status else why, partner.name)
     return got
 
 

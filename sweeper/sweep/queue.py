@@ -231,6 +231,8 @@ class NodeUnits:
             got = cast(PairRun, got)
             if got.status in ("pass", "warn") and self.known_good is not None:
                 self.known_good.update(got.passed)
+            if self.known_good is not None:
+                self.known_good.discard(got.disputed)
             return list(got.outcomes)
         return [cast(NodeOutcome, got)]
 
@@ -293,7 +295,8 @@ class PairUnits:
                       key=lambda d: d.reason != "not-due")
         views = {d.node.name: d.node for d in idle}
         keyed = [(d.node.name, group(run, d.node)) for d in idle]
-        in_flight = [u.group for u in running.values() if u.kind == "pair" and u.group is not None]
+        # a pair or a re-pair of the group still running may pass, and make known-good partners
+        in_flight = [u.group for u in running.values() if u.kind in ("pair", "repair") and u.group is not None]
         started = False
         for s in list(book.waiting):
             k = book.partner_for(s, keyed, busy)
@@ -340,6 +343,7 @@ class PairUnits:
         if got.status:
             self.verdicts[frozenset(unit.names)] = got.status
         book.passed(*got.passed)
+        book.known_good.discard(got.disputed)  # a suspect now (below), or let go: known-good no more
         for view, first in got.suspects:
             book.suspect(view.name, first, cast(pairing.GroupKey, unit.group), got.why)
             self.held[view.name] = view

@@ -112,6 +112,7 @@ class PairRun:
     why: str = ""  # the suspects' failed pair, in words
     back: NodeView | None = None  # a re-pair abandoned before it ran: its suspect waits again
     status: str = ""  # the pair's status (pairing.pair_status), when it ran
+    disputed: str = ""  # the known-good partner whose own log alone failed this re-pair: known-good no more
 
 
 @dataclass

@@ -175,6 +175,71 @@ def test_an_abort_in_ncclS_own_words_fails_aborted() -> None:
     assert "NET/OFI" in result.failed_checks[0].message and B in result.failed_checks[0].message
 
 
+def hosts_of(result: Result) -> dict[tuple[str, str | None], set[str | None]]:
+    """Each finding that is not a pass, by check and code: the nodes whose own logs gave it."""
+    out: dict[tuple[str, str | None], set[str | None]] = {}
+    for c in result.checks:
+        if c.status in ("fail", "warn", "error"):
+            out.setdefault((c.name, c.code), set()).add(c.host)
+    return out
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_probe_finding_names_the_rank_whose_own_probe_it_was(rank: int) -> None:
+    pings = [PING_OK, PING_OK]
+    pings[rank] = PING_DROPPED
+    result = read(logs(pings[0], pings[1]))
+    assert hosts_of(result) == {("pair.mtu", "PATH_MTU"): {(A, B)[rank]}}
+    assert [c.host for c in by_name(result, "pair.mtu")] == [A, B], "every probe names its rank's node"
+
+
+@pytest.mark.parametrize("body,code", [
+    (table(busbw=201.5), "LOW_BANDWIDTH"),
+    (table(wrong=12, oob="12 FAILED"), "NCCL_WRONG"),
+])
+def test_the_tables_findings_are_rank_0s(body: str, code: str) -> None:
+    """Rank 0 prints the table (in a re-pair, rank 0 is the suspect): a slow or corrupting link
+    is read from the suspect's own log."""
+    assert hosts_of(read(logs(body=body))) == {("pair.nccl", code): {A}}
+
+
+def test_an_abort_only_the_partner_prints_is_the_partners_alone() -> None:
+    """Rank 1 exits 1 with NCCL's words; rank 0 finished its table and exited 0: the abort is rank
+    1's word only, and names it."""
+    rank1 = probe("eth0", PING_OK, 0) + "\n" + "gpu-b:1:2 [0] NCCL WARN NET/IB : Got completion from peer with error"
+    result = read([logs()[0], rank1], exit_codes=(0, 1))
+    assert hosts_of(result) == {("pair.nccl", "ABORTED"): {B}}
+    assert "rank 1's log" in result.failed_checks[0].message
+
+
+@pytest.mark.parametrize("nic", ["ib", "efa"])
+def test_an_abort_of_the_suspects_own_nic_shows_in_its_own_log(nic: str) -> None:
+    """The simulator's flapping port (NCCL's NET/IB or aws-ofi-nccl's NET/OFI words, then torch's):
+    both ranks exit 1 and print it; rank 0's table stops where the link dropped. The findings
+    name rank 0, whose log it is, whatever rank 1 says."""
+    from sweeper.sim import tools
+
+    half = table().split("   1073741824")[0]
+    rank0 = probe("eth0", PING_OK, 0) + "\n" + half + "\n" + tools.net_error(nic, A, 3, "10.1.0.3")
+    rank1 = probe("eth0", PING_OK, 0) + "\n" + tools.net_error(nic, B, 3, "10.1.0.2")
+    found = hosts_of(read([rank0, rank1], exit_codes=(1, 1)))
+    assert set(found) == {("pair.nccl", "ABORTED")} and A in found[("pair.nccl", "ABORTED")]
+
+
+def test_a_rank_that_exits_without_words_beside_an_abort_is_named_too() -> None:
+    """Rank 0 exited 1 with no NCCL words, rank 1 printed them: both ranks said the all-reduce died."""
+    half = table().split("   1073741824")[0]
+    rank1 = probe("eth0", PING_OK, 0) + "\nNCCL WARN NET/OFI Request completed with error"
+    result = read([probe("eth0", PING_OK, 0) + "\n" + half, rank1], exit_codes=(1, 1))
+    assert hosts_of(result) == {("pair.nccl", "ABORTED"): {A, B}}
+    assert "NET/OFI" in result.failed_checks[0].message, "the words first"
+
+
+def test_a_missing_probe_names_the_rank_that_left_it_out() -> None:
+    result = read([logs()[0], "# pair-allreduce rank 1 done"])
+    assert hosts_of(result) == {("pair.mtu", "PING"): {B}}
+
+
 def test_nothing_to_read_is_an_error() -> None:
     assert pair.parse(["", ""], A, 0.0, partner=B).status == "error"
     result = read([probe("eth0", PING_OK, 0), probe("eth0", PING_OK, 0)])
