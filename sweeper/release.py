@@ -1,11 +1,20 @@
 """`sweeper release`: the panic button. Hands back every node Sweeper holds (or the ones
-named), deletes its Jobs, and works from the cluster alone when the history is lost."""
+named), deletes its Jobs, and works from the cluster alone when the history is lost.
+
+A release is not a judgement of the verdict: the next sweep judges the node afresh, and the
+findings that held it hold it again. Each released node carries the release's mark (sweeper.actions.holding.RELEASED:
+when, why, by whom), written in the same patch as the untaint, so that the next run's reconcile
+knows a person let it go on purpose even where `release` ran beside another history (a laptop)
+or none. A node untainted with no such mark and no record (by kubectl) reads as a person's
+"false positive", and so does a release with `false_positive`: the findings that held the node
+are dismissed (they warn, never hold it again) in the control ConfigMap."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from sweeper.actions import node as node_actions
+from sweeper.actions.holding import release_mark
 from sweeper.clock import Clock
 from sweeper.config import Config
 from sweeper.errors import ConfigError, KubeError
@@ -40,7 +49,12 @@ def _event(kube: Any, cfg: Config, v: NodeView, message: str, clock: Clock) -> s
 
 
 def release(kube: Any, cfg: Config, names: list[str], everything: bool, reason: str, clock: Clock,
-            recorder: Any = None, dry_run: bool = False) -> list[dict[str, str]]:
+            recorder: Any = None, dry_run: bool = False, false_positive: bool = False,
+            by: str = "") -> list[dict[str, str]]:
+    """Hand back the named nodes (or every held one): untaint, undo Sweeper's cordon, delete its
+    Jobs. Without `false_positive` each carries the release's mark, and the history (where there
+    is one) records the release, so the next sweep judges it afresh; with it, neither, and the
+    next run's reconcile dismisses the findings that held it."""
     if not names and not everything:
         raise ConfigError("name the nodes to release, or pass --all")
     views, known = _scan(kube, cfg)
@@ -60,13 +74,17 @@ def release(kube: Any, cfg: Config, names: list[str], everything: bool, reason: 
             f", verdict {v.annotations[f'{cfg.prefix}/verdict']}" if f"{cfg.prefix}/verdict" in v.annotations else "")
         if not dry_run:
             # Only the taint as read goes: a run that held the node again since keeps it.
-            done = node_actions.release(kube, cfg, name, str(taint.get("value", "")))
+            marks = None if false_positive else release_mark(cfg, clock.now(), reason, by)
+            done = node_actions.release(kube, cfg, name, str(taint.get("value", "")), marks=marks)
             if done.left_to:
                 rows.append({"node": name, "action": "left alone",
                              "detail": f"held again since, by run {done.left_to}"})
                 continue
-            if recorder is not None:
-                recorder.action("manual", name, clock.now(), "release", f"sweeper release: {reason} ({detail})")
+            if false_positive:
+                detail += "; its findings are dismissed by the next run"
+            if recorder is not None:  # a release-false-positive is no hand-back that spares the findings
+                recorder.action("manual", name, clock.now(), "release-false-positive" if false_positive else "release",
+                                f"sweeper release: {reason} ({detail})")
             detail += _event(kube, cfg, v, f"released by hand: {reason} ({detail})", clock)
         rows.append({"node": name, "action": "would release" if dry_run else "released", "detail": detail})
     wanted = set(targets)

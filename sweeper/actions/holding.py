@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sweeper.clock import iso
+from sweeper.clock import iso, read_iso
 from sweeper.config import Config
 from sweeper.errors import Conflict, NotFound
 from sweeper.fleet import gpu_pods_by_node
@@ -83,6 +83,32 @@ class Marks:
     labels: dict[str, str]
     annotations: dict[str, str]
     key: tuple[str, tuple[str, ...], tuple[str, ...]]  # verdict, reasons, rules: what they say
+
+
+RELEASED = "released"  # the annotation (under the config's prefix) a release leaves on the node
+
+
+def release_mark(cfg: Config, at: float, reason: str, by: str) -> Marks:
+    """The release's mark: written with the untaint, read (and taken off) by the next run's reconcile."""
+    mark = json.dumps({"at": iso(at), "reason": reason[:200], "by": by[:64]}, separators=(",", ":"))
+    return Marks({}, {f"{cfg.prefix}/{RELEASED}": mark}, ("", (), ()))
+
+
+def read_release_mark(annotations: dict[str, str], prefix: str) -> tuple[float, str] | None:
+    """(when, why) of a release's mark on a node, or None: none, or one that does not read (a node
+    may write its own annotations; a mark only ever spares a node's findings a dismissal)."""
+    raw = annotations.get(f"{prefix}/{RELEASED}")
+    if not raw:
+        return None
+    try:
+        doc = json.loads(raw)
+        at = read_iso(doc.get("at")) if isinstance(doc, dict) else None
+    except (ValueError, RecursionError):
+        return None
+    if at is None:
+        return None
+    return at, f"{str(doc.get('reason', ''))[:200]} (by {str(doc.get('by', '?'))[:64]})"
+
 
 
 def _foreign(node: dict[str, Any], cfg: Config, owner: str) -> str:

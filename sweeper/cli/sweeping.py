@@ -124,19 +124,26 @@ def serve_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
 
 
 @main.command("release", epilog=examples(
-    "sweeper release gpu-p5-04 --reason 'checked by hand, fine'",
-    "sweeper release --all --reason 'stopping the rollout' --dry-run"))
+    "sweeper release --all --reason 'stopping the rollout' --dry-run",
+    "sweeper release gpu-p5-04 --reason 'the job owner needs it back today'",
+    "sweeper release gpu-p5-04 --false-positive --reason 'XID 79 was a driver bug, fixed in 570.133'"))
 @click.argument("nodes", nargs=-1)
 @click.option("--all", "everything", is_flag=True, help="Every node Sweeper holds.")
-@click.option("--reason", required=True, help="Why (recorded in the history when there is one).")
+@click.option("--reason", required=True, help="Why (recorded in the history when there is one, and on the node).")
+@click.option("--false-positive", is_flag=True,
+              help="Say the verdicts were wrong: the findings that held each node are dismissed (they warn, and "
+                   "never hold it again; kept as dismissed.NODE in the control ConfigMap). Without it the next "
+                   "sweep judges the node afresh, and the same findings hold it again.")
 @click.option("--dry-run", is_flag=True, help="Say what would be released; change nothing.")
 @cluster_options
 @output_options
 @run_cli
-def release_cmd(nodes: tuple[str, ...], everything: bool, reason: str, dry_run: bool, config_path: str | None,
-                kubeconfig: str | None, context: str | None, state: str, out: Out) -> None:
+def release_cmd(nodes: tuple[str, ...], everything: bool, reason: str, false_positive: bool, dry_run: bool,
+                config_path: str | None, kubeconfig: str | None, context: str | None, state: str, out: Out) -> None:
     """The panic button: hand back every node Sweeper holds (or those named): untaint, undo
-    its cordons, delete its Jobs. Works from the cluster alone when the history is lost."""
+    its cordons, delete its Jobs. Works from the cluster alone when the history is lost (each
+    node carries the release on it, so no sweeper takes it for a dismissal). A release is no
+    judgement: the next sweep checks the node again, unless --false-positive says otherwise."""
     from sweeper.clock import WallClock
     from sweeper.errors import StateError
     from sweeper.release import release
@@ -149,7 +156,8 @@ def release_cmd(nodes: tuple[str, ...], everything: bool, reason: str, dry_run: 
             recorder = history_at(state, cluster=cfg.cluster_name)
         except StateError as exc:
             stderr_out().write(f"history unavailable ({exc}); releasing from the cluster alone", "warn")
-    rows = release(kube, cfg, list(nodes), everything, reason, WallClock(), recorder, dry_run)
+    rows = release(kube, cfg, list(nodes), everything, reason, WallClock(), recorder, dry_run, false_positive,
+                   by=_who())
     if out.fmt == "json":
         click.echo(json.dumps(rows, indent=2))
     elif out.structured:

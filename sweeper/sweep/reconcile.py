@@ -2,7 +2,8 @@
 their work half done). Their open sweep rows are closed with what their intent log proves, their
 Jobs, Services and MPIJobs deleted, and the nodes they held handed back, or kept held where a
 failing verdict was already recorded; a node a person released after a failing verdict marks
-that verdict's findings as dismissed."""
+that verdict's findings as dismissed, unless `sweeper release` let it go (its mark: a release is
+no judgement of the verdict)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import json
 from typing import Any
 
 from sweeper.actions import node as node_actions
-from sweeper.clock import read_iso
+from sweeper.actions.holding import RELEASED, read_release_mark
+from sweeper.clock import iso, read_iso
 from sweeper.control import dismissal_key
 from sweeper.errors import NotFound
 from sweeper.fleet import NodeView
@@ -61,6 +63,7 @@ def reconcile(run: Run) -> list[dict[str, str]]:
         taint = view.sweep_taint(run.cfg.taint_key)
         if not taint:
             untainted.append(view.name)
+            released_by_hand(run, view)
         if not taint or taint.get("value") == run.id:
             continue
         old = str(taint.get("value", ""))
@@ -80,6 +83,22 @@ def reconcile(run: Run) -> list[dict[str, str]]:
         if "node" in d:
             run.emit("reconcile", d)
     return done
+
+def released_by_hand(run: Run, view: NodeView) -> None:
+    """A node `sweeper release` let go carries its mark: the release goes into this history and the
+    mark comes off, read once (each run reconciles before it holds anything, so a mark is always of
+    a release since the node's last verdict). The findings that held the node are then not
+    dismissed: a release is no judgement of the verdict. Recorded at this run's time, not the
+    mark's: the machine that released it may keep another clock."""
+    mark = read_release_mark(view.annotations, run.cfg.prefix)
+    if f"{run.cfg.prefix}/{RELEASED}" not in view.annotations:
+        return
+    if mark is not None:
+        run.rec.action(run.id, view.name, run.clock.now(), "release",
+                       f"sweeper release at {iso(mark[0])}: {mark[1]}")
+    node_actions.patch_node(run.kube, view.name,
+                            lambda obj: node_actions.meta_op(obj, "annotations", {f"{run.cfg.prefix}/{RELEASED}": None}))
+
 
 def close_open_sweeps(run: Run, now: float) -> list[dict[str, Any]]:
     """Close every sweep row, light checks included, that a dead run left open, tainted node or
