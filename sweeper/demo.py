@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from sweeper.clock import ScaledClock
 from sweeper.config import Config
 from sweeper.files import write_atomic
 from sweeper.history import History, is_url, redact
@@ -42,7 +43,10 @@ def run_demo(console: Console, state: Path | str, *, cycles: int, hours_between:
     beside a SQLite file, in a temporary directory beside a URL)."""
     t0 = time.monotonic()
     fleet = parse_fleet(fleet_spec or DEMO_FLEET, "demo fleet")
-    cluster = SimCluster(fleet)
+    # The simulated days end about now, not a day ahead of it: the history's times and the report's
+    # "generated" read as the past they are (`sweeper history NODE` says "5h ago", not "in 19h").
+    cluster = SimCluster(fleet, clock=ScaledClock(fleet.speed, start=time.time() - ((cycles - 1) * hours_between
+                                                                                      + 3) * 3600))
     faults = {n.name: n.faults for n in fleet.nodes}
     _rule(console, "[bold]Sweeper demo")
     console.print(f"simulated cluster: {len(fleet.nodes)} x p5.48xlarge, clock at {fleet.speed:g}x real time")
