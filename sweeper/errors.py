@@ -50,6 +50,13 @@ class ToolErrors(SweeperError):
     exit_code = 5
 
 
+class Interrupted(SweeperError):
+    """Ctrl-C (SIGINT) stopped the command. A sweep stops as on SIGTERM, hands back what it held and
+    reports; the exit code says it did not end on its own: 130, as a shell reports such a stop."""
+
+    exit_code = 130
+
+
 class LockLost(SweeperError):
     """The sweep lock is no longer this run's (another sweeper took it, or it could not be renewed
     in time): the run stopped writing to the cluster and the history at once."""

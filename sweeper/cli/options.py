@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from sweeper.clock import parse_duration
-from sweeper.errors import ConfigError, SweeperError
+from sweeper.errors import ConfigError, Interrupted, SweeperError
 from sweeper.output import FORMATS, Out, clean_lines
 
 if TYPE_CHECKING:
@@ -147,6 +147,7 @@ def state_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 EXIT_BUG = 70  # EX_SOFTWARE of BSD's sysexits.h: an internal error, never confused with 1 (findings)
+EXIT_INTERRUPTED = Interrupted.exit_code  # 128 + SIGINT, as a shell reports a command Ctrl-C stopped
 DEBUG = {"on": False}  # `sweeper --debug`: an error shows its traceback
 
 
@@ -166,6 +167,9 @@ def run_cli(fn: Callable[..., Any]) -> Callable[..., Any]:
             _fail(exc, exc.exit_code, str(exc))  # one unwrapped line, so file:line stays greppable
         except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
+        except KeyboardInterrupt:  # Ctrl-C: what the command took was handed back as it unwound
+            click.echo("error: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
         except (RecursionError, MemoryError, OverflowError) as exc:
             _fail(exc, 2, f"{_inputs()}: too large or too deeply nested to handle ({_what(exc)})")
         except ValueError as exc:  # a value a file or an argument carried (a template's format, a number)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 import time
 from typing import Any
 
@@ -37,13 +38,21 @@ from sweeper.output import Out, iso_times
 def sweep(config_path: str | None, kubeconfig: str | None, context: str | None, state: str, dry_run: bool,
           max_nodes: int | None, out: Out) -> None:
     """One rolling pass over the cluster's GPU nodes (the CronJob's command)."""
-    from sweeper.errors import ToolErrors
+    from sweeper.errors import Interrupted, ToolErrors
     from sweeper.sweep import Sweep
 
     cfg = config_for(config_path, max_nodes=max_nodes)
     sw = Sweep(kube_for(kubeconfig, context, cfg), cfg, history_at(state, create=not dry_run, cluster=cfg.cluster_name),
                emit=None if out.structured else printer.progress(stderr_out()), dry_run=dry_run)
+    interrupted = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: sw.stop.set())
+    # Ctrl-C stops the run as SIGTERM does (every node handed back, the run recorded and reported),
+    # then the exit code says so
+    def on_interrupt(*_: Any) -> None:
+        interrupted.set()
+        sw.stop.set()
+
+    signal.signal(signal.SIGINT, on_interrupt)
     report = sw.run()
     if cfg.pushgateway_url and not dry_run:
         try:
@@ -58,6 +67,8 @@ def sweep(config_path: str | None, kubeconfig: str | None, context: str | None, 
         printer.outcomes(out, report)
     if report.tool_stop:
         raise ToolErrors(report.tool_stop)  # exit 5: the check is broken, not the nodes
+    if interrupted.is_set():
+        raise Interrupted("interrupted (Ctrl-C): the run stopped and handed back every node it held")
 
 
 def _push(sw: Any, report: Any, url: str) -> None:
@@ -107,8 +118,6 @@ def serve_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
     server from a laptop). Without `schedules` in the config (or without a config), the config's
     playbook runs every 30 minutes, as the CronJob does. SIGTERM stops the running sweep, which
     hands its nodes back, and exits 0."""
-    import threading
-
     from sweeper.schedules import with_default_schedule
     from sweeper.serve import serve
 

@@ -527,8 +527,12 @@ def test_pause_floor_and_attempts(make_sim, history: History, tmp_path: Path) ->
     assert reasons.get("gpu-05") == "attempts-exhausted"
 
 
-@pytest.mark.realtime("a SIGTERM to a sweep process mid-check")
-def test_sigterm_hands_every_node_back_and_exits(make_sim, tmp_path: Path) -> None:
+@pytest.mark.realtime("a SIGTERM or Ctrl-C to a sweep process mid-check")
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 0), (signal.SIGINT, 130)], ids=["sigterm", "ctrl-c"])
+def test_sigterm_hands_every_node_back_and_exits(make_sim, tmp_path: Path, sig: int, code: int) -> None:
+    """SIGTERM (the CronJob's pod deleted) and Ctrl-C (a person at a terminal) stop the run the same
+    way: every node handed back, the run recorded and reported. Ctrl-C exits 130, as a shell reports a
+    command it stopped, never 1 (findings) as click's own "Aborted!" did."""
     sim: Sim = make_sim(nodes=3, faults={f"gpu-0{i}": {"hung_check": True} for i in range(3)})
     cfg = tmp_path / "config.yaml"
     cfg.write_text(yaml.safe_dump({"max_nodes": 3, "max_percent": 100, "poll_interval": 0.05,
@@ -544,9 +548,10 @@ def test_sigterm_hands_every_node_back_and_exits(make_sim, tmp_path: Path) -> No
     sim.server.hooks.append(hook)
     assert created.wait(30), "no check Job was started"
     time.sleep(0.3)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 0, err.decode()[-2000:]
+    assert proc.returncode == code, err.decode()[-2000:]
+    assert (b"error: interrupted" in err) == (sig == signal.SIGINT), err.decode()[-2000:]
     report = json.loads(out)
     assert {n["verdict"] for n in report["nodes"]} == {"inconclusive"}
     assert {n["action"] for n in report["nodes"]} == {"released"}
