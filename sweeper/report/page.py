@@ -53,11 +53,23 @@ def _node_pairs(pairs: list[dict[str, Any]], pages: set[str] | frozenset[str]) -
         f"{_esc(p['status'])}</b></td><td>{_esc((p['detail'] or '')[:200])}</td></tr>" for p in pairs[:30])
     out = ("<h4>Pairs</h4><table class=pairs><thead><tr><th>when</th><th>partner</th><th>mode</th>"
            f"<th>bus bandwidth GB/s</th><th>status</th><th>detail</th></tr></thead><tbody>{rows}</tbody></table>")
-    points = sorted((p["ts"], p["busbw"]) for p in pairs if p["busbw"] is not None)
-    if len(points) > 1:
+    # One line a partner: a line joining two partners' runs would draw a drop (or a rise) that is
+    # only a change of partner.
+    by_partner: dict[str, list[tuple[float, float]]] = {}
+    for p in sorted((p for p in pairs if p["busbw"] is not None), key=lambda p: p["ts"]):
+        by_partner.setdefault(str(p["partner"]), []).append((p["ts"], p["busbw"]))
+    if sum(map(len, by_partner.values())) > 1:
+        lines = list(by_partner.items())
+        key = _key([name for name, _ in lines])
         out += ("<figure class=pair-busbw><figcaption>pair bus bandwidth, GB/s, with each partner</figcaption>"
-                f"{_line_chart([('bus bandwidth', points)], unit=' GB/s', zero=True)}</figure>")
+                f"{_line_chart(lines, unit=' GB/s', zero=True)}<div class=legend>{key}</div></figure>")
     return out
+
+
+def _key(names: list[str]) -> str:
+    """A chart's legend: each line's colour (in _line_chart's order) and name."""
+    return "".join(f'<span><i style="background:{GPU_COLORS[i % len(GPU_COLORS)]}"></i>{_esc(name)}</span>'
+                   for i, name in enumerate(names))
 
 
 def _bandwidth_chart(lines: list[tuple[str, list[tuple[float, float]]]], page: dict[str, Any]) -> str:
@@ -116,8 +128,7 @@ def _node_page(page: dict[str, Any], pages: set[str] | frozenset[str] = frozense
             if len(values) == 1:  # a counter that never moved needs no chart
                 flat.append(f"{_esc(s['metric'])} {next(iter(values)):g}")
                 continue
-            key = "".join(f'<span><i style="background:{GPU_COLORS[i % len(GPU_COLORS)]}"></i>{_esc(name)}</span>'
-                          for i, (name, _) in enumerate(lines)) if len(lines) > 1 else ""
+            key = _key([name for name, _ in lines]) if len(lines) > 1 else ""
             charts.append(f"<figure class=metric data-metric=\"{_esc(s['metric'])}\"><figcaption>{_esc(s['metric'])}"
                           f" per GPU</figcaption>{_bandwidth_chart(lines, page) if s['metric'] == BANDWIDTH else _line_chart(lines)}"
                           f"<div class=legend>{key}</div></figure>")
