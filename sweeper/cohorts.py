@@ -267,6 +267,26 @@ def fact_key(by: str) -> str:
     raise ConfigError(f"--by {by[:80]!r}: not a fact key; allowed: {', '.join(BY)} or a fact key such as gpu.0.vbios")
 
 
+def known_fact(history: Any, by: str) -> str:
+    """The fact key `--by` names, where it is one of BY or the label facts, or a fact some sweep in
+    `history` recorded; any other name (a typo: `--by drvier`) is bad input naming those recorded,
+    the closest first, rather than a report of one `(unknown)` cohort."""
+    import difflib
+
+    from sweeper.errors import ConfigError
+
+    key = fact_key(by)
+    if key in BY or key in LABEL_FACTS or history.has_facts(key, 0.0):
+        return key
+    recorded = history.fact_keys()
+    close = difflib.get_close_matches(key, sorted({*BY, *LABEL_FACTS, *recorded}), n=3)
+    raise ConfigError(f"--by {key!r}: no sweep in the history recorded this fact"
+                      + (f" (did you mean {', '.join(close)}?)" if close else "")
+                      + f"; the facts recorded: {', '.join(recorded[:40]) or 'none'}"
+                      + (f" and {len(recorded) - 40} more" if len(recorded) > 40 else "")
+                      + f"; and by name: {', '.join(BY)}")
+
+
 def cohort_report(history: Any, by: str, since: float, until: float | None = None, backtest: str | None = None,
                   alpha: float = ALPHA, min_days: int = MIN_DAYS, rows: Any = None,
                   days: Sequence[NodeDay] | None = None) -> dict[str, Any]:

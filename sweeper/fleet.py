@@ -269,9 +269,10 @@ def plan(nodes: list[dict[str, Any]], pods: list[dict[str, Any]], cfg: Config, l
             out.take.append(Decision(v, True, "idle", why))
         else:
             # a run is a rolling queue: a node over the budget now is taken when a slot frees
+            # the budget's free slots went to the nodes ahead of it: none is free for this one now
+            ahead = f" ({out.budget} went to the nodes taken)" if out.budget else ""
             out.skip.append(Decision(v, False, "over-budget",
-                                     f"queued: {out.budget} slot(s) free now; taken as one frees, "
-                                     "within run_deadline"))
+                                     f"queued: no slot free now{ahead}; taken as one frees, within run_deadline"))
     return out
 
 

@@ -4,8 +4,9 @@ DCGM run) into the common result, and record it in the history."""
 from __future__ import annotations
 
 import codecs
+import difflib
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO
 
 from sweeper.formats import FORMATS, detect, kernel_log, read
@@ -13,7 +14,7 @@ from sweeper.parsers.kernel_log import MAX_LINE
 from sweeper.parsers.paste import strip_escapes
 from sweeper.result import CheckResult, Result
 
-__all__ = ["FORMATS", "detect", "ingest", "ingest_stream", "kernel_log"]
+__all__ = ["FORMATS", "detect", "ingest", "ingest_stream", "kernel_log", "known_node"]
 
 MAX_INPUT = 64 * 1024 * 1024  # what is read of a file whose format cannot be streamed
 HEAD = 256 * 1024  # what format detection looks at
@@ -83,6 +84,29 @@ def expectations(profile: Any) -> dict[str, Any]:
             "nic": profile.nic, "expect_nics": profile.nics if profile.nic in ("efa", "ib") else None,
             "nic_affinity": profile.nic_affinity, "min_busbw": profile.nccl_busbw_min,
             "thermal_margin_min": profile.thermal_margin_min}
+
+
+def known_node(node: str, history: Any, cluster_nodes: Callable[[], list[str]], where: str) -> None:
+    """Whether a result may be recorded under `node`: a node the history knows (one that left the
+    cluster included), else one the cluster has. A name neither knows (a typo of gpu-p5-04) is bad
+    input naming the closest of both, and `--new-node` to record it anyway. Where the cluster cannot
+    be asked, the history alone decides, and the refusal says so."""
+    from sweeper.errors import ConfigError, SweeperError
+
+    if history.knows(node):
+        return
+    try:
+        names, why = cluster_nodes(), ""
+    except SweeperError as exc:
+        names, why = [], str(exc)
+    if node in names:
+        return
+    recorded = [n for n in history.node_names() if n != "*"]  # "*": an action on every node (a pause)
+    close = difflib.get_close_matches(node, sorted({*names, *recorded}), n=3)
+    asked = (f"the cluster could not be asked ({why}), and {where} has never seen it" if why
+             else f"neither the cluster nor {where} knows it")
+    raise ConfigError(f"no node {node!r}: {asked}" + (f"; did you mean {', '.join(close)}?" if close else "")
+                      + " (--new-node records it anyway)")
 
 
 def record(history: Any, node: str, found: str, result: Result, source: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -17,11 +18,11 @@ from sweeper.actions.jobs import render_job, template_of
 from sweeper.actions.pair import mpijob_pods, render_pair
 from sweeper.actions.safety import REMEDIATION_TEMPLATES, SWEEPER_VARS
 from sweeper.actions.structure import bare_cluster_values
-from sweeper.config import UNPUBLISHED, Config, load_config
+from sweeper.config import UNPUBLISHED, Config, home, load_config
 from sweeper.errors import ConfigError, PlaybookError
 from sweeper.playbook.model import Task, load_playbook
 from sweeper.policy import parse_policy
-from sweeper.schema import ConfigProblems, safe_load
+from sweeper.schema import ConfigProblems, locate, read_yaml, safe_load
 from sweeper.templating import ENV
 
 K8S_VERSION = "1.31"
@@ -82,6 +83,7 @@ def lint_paths(paths: list[Path], cfg: Config, config_file: Path | None = None) 
                                 for major, image in sorted(loaded.dcgm_images.items())
                                 if image.endswith("@" + UNPUBLISHED)]
             report.problems += ladder_problems(loaded, str(config_file))
+            report.problems += reference_problems(loaded, config_file)
     for f in files:
         report.checked.append(str(f))
         if f.suffix == ".j2":
@@ -135,6 +137,63 @@ def ladder_problems(cfg: Config, path: str) -> list[str]:
             out.append(f"{path}: depth_ladder: {r['name']!r}: no playbook {r['playbook']!r} (playbook_dir, then the "
                        "shipped ones)")
     return out
+
+
+PLAYBOOK_KEYS = ("playbook", "light_playbook", "gate_playbook", "soak_playbook", "claims_pair_playbook")
+TEMPLATE_KEYS = ("reboot_template", "gpu_reset_template")
+DIR_KEYS = {"playbook_dir": "playbooks", "template_dir": "job-templates", "profile_dir": "profiles",
+            "policy_dir": "policies"}
+
+
+def reference_problems(cfg: Config, path: Path) -> list[str]:
+    """Every file and folder the config names, looked up where a sweep looks it up (playbooks by
+    Config.playbook_file, job templates by name in template_dir then the shipped ones, the policy in
+    policies/ or as a path), each missing one an error at its key's line with the closest names there:
+    `playbook: sweep-ligth.yaml` makes every sweep and plan exit 2."""
+    marks = read_yaml(path, "config")[1]
+    out: list[tuple[int, str]] = []
+
+    def problem(loc: tuple[Any, ...], what: str, near: list[str] | None = None) -> None:
+        key = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else p) for i, p in enumerate(loc))
+        close = difflib.get_close_matches(str(_at(cfg, loc)), near or [], n=3)
+        line = locate(marks, loc)[0]
+        out.append((line, f"{path}:{line}: error: {key}: {what}" + (f" (did you mean {', '.join(close)}?)" if close else "")))
+
+    for key, kind in DIR_KEYS.items():
+        if getattr(cfg, key) and not Path(getattr(cfg, key)).is_dir():
+            problem((key,), f"no folder {getattr(cfg, key)} (where {kind} are looked up)")
+    books: list[tuple[Any, ...]] = [(k,) for k in PLAYBOOK_KEYS if getattr(cfg, k) not in ("", "auto")]
+    books += [("schedules", i, "playbook") for i, s in enumerate(cfg.schedules) if s.get("playbook")]
+    folders = [Path(cfg.playbook_dir)] * bool(cfg.playbook_dir) + [home() / "playbooks"]
+    for loc in books:
+        try:
+            found = cfg.playbook_file(str(_at(cfg, loc))).is_file()
+        except ConfigError as exc:
+            problem(loc, str(exc))
+            continue
+        if not found:
+            problem(loc, f"no playbook {_at(cfg, loc)!r} in {' or '.join(map(str, folders))}", _names(folders, "*.y*ml"))
+    for key in TEMPLATE_KEYS:
+        try:
+            template_of(ActionContext(config=cfg), getattr(cfg, key))
+        except PlaybookError as exc:
+            problem((key,), str(exc), _names([Path(cfg.template_dir or "."), home() / "job-templates"], "*.j2"))
+    policy = Path(cfg.policy) if "/" in cfg.policy else cfg.path("policies") / cfg.policy  # as actions/decide.py
+    if not policy.is_file():
+        problem(("policy",), f"no policy {policy.name!r} in {policy.parent}", _names([cfg.path("policies")], "*.y*ml"))
+    return [text for _, text in sorted(out, key=lambda p: p[0])]
+
+
+def _at(cfg: Config, loc: tuple[Any, ...]) -> Any:
+    """The config's value at a key path (`("schedules", 0, "playbook")`)."""
+    value: Any = getattr(cfg, loc[0])
+    for part in loc[1:]:
+        value = value[part]
+    return value
+
+
+def _names(folders: list[Path], pattern: str) -> list[str]:
+    return sorted({f.name for d in folders if d.is_dir() for f in d.glob(pattern)})
 
 
 def _all_lines(exc: ConfigError, path: str) -> list[str]:

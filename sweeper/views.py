@@ -18,13 +18,16 @@ if TYPE_CHECKING:
 
 
 def policy_for(cfg: Config, name: str | None) -> Policy:
-    """The policy named (a file, or a name in the config's policies/), else the config's."""
+    """The policy named (a file, or a name in the config's policies/, with or without its `.yaml`:
+    `default` is policies/default.yaml), else the config's."""
     from pathlib import Path
 
     from sweeper.policy import load_policy
 
     name = name or cfg.policy
     path = Path(name) if ("/" in name or Path(name).exists()) else cfg.path("policies") / name
+    if not path.exists() and "/" not in name and path.with_name(f"{name}.yaml").is_file():
+        path = path.with_name(f"{name}.yaml")
     return load_policy(path)
 
 

@@ -69,7 +69,8 @@ def test_plan_says_a_node_over_the_budget_waits_for_a_slot_of_this_run(make_sim,
     res = CliRunner().invoke(main, ["plan", *base, "--json"])
     assert res.exit_code == 0, res.output
     over = [n for n in json.loads(res.stdout)["nodes"] if n["reason"] == "over-budget"]
-    assert len(over) == 2 and all(n["detail"].startswith("queued: 1 slot(s) free now; taken as one frees")
+    assert len(over) == 2 and all(n["detail"].startswith("queued: no slot free now (1 went to the nodes taken); "
+                                                         "taken as one frees")
                                   and "this run" not in n["detail"] for n in over), over
 
 
@@ -219,7 +220,7 @@ def test_deeply_nested_json_is_an_error_result_as_any_unreadable_json(tmp_path: 
     a check pod's log in a sweep (tests/test_security_data.py)."""
     deep = tmp_path / "deep.json"
     deep.write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
-    res = CliRunner().invoke(main, ["ingest", "gpu-00", str(deep), "--format", "dcgm", "--state",
+    res = CliRunner().invoke(main, ["ingest", "gpu-00", str(deep), "--format", "dcgm", "--new-node", "--state",
                                     str(tmp_path / "h.db")])
     assert res.exit_code == 1 and "gpu-00: dcgm -> error" in res.output and "nested too deep" in res.output
 
@@ -242,7 +243,7 @@ def test_text_from_files_is_printed_as_text_never_as_markup(tmp_path: Path) -> N
                           checks=(CheckResult(name="gpu.count", status="fail", message=message),)).to_json())
     state = str(tmp_path / "h.db")
     runner = CliRunner()
-    res = runner.invoke(main, ["ingest", "gpu-00", str(doc), "--format", "sweeper", "--state", state],
+    res = runner.invoke(main, ["ingest", "gpu-00", str(doc), "--format", "sweeper", "--new-node", "--state", state],
                         env={"COLUMNS": "250"})
     assert res.exit_code == 1 and message in res.stdout, res.output  # 1: the document holds a failure
     res = runner.invoke(main, ["history", "gpu-00", "--state", state], env={"COLUMNS": "250"})
@@ -277,7 +278,7 @@ def test_every_tool_format_ingested_then_history_prints_the_text_as_it_is(tmp_pa
     formats = set()
     for i, path in enumerate(sorted(p for p in FIXTURES.iterdir() if p.is_file())):
         node = f"gpu-{i:02d}"
-        res = runner.invoke(main, ["ingest", node, str(path), "--state", state, "--json"])
+        res = runner.invoke(main, ["ingest", node, str(path), "--new-node", "--state", state, "--json"])
         if res.exit_code not in (0, 1):
             continue  # a file auto-detection cannot place is not recorded
         doc = json.loads(res.stdout)
@@ -296,7 +297,7 @@ def test_bracketed_words_from_a_kernel_log_are_kept(tmp_path: Path) -> None:
                    "GPU has fallen off the bus.\n")
     state = str(tmp_path / "h.db")
     runner = CliRunner()
-    res = runner.invoke(main, ["ingest", "gpu-00", str(log), "--format", "kernel-log", "--state", state])
+    res = runner.invoke(main, ["ingest", "gpu-00", str(log), "--format", "kernel-log", "--new-node", "--state", state])
     assert res.exit_code == 1 and "name=[bold red]python[/bold red]" in res.stdout, res.output
     for fmt in ([], ["-o", "wide"], ["-o", "yaml"]):
         res = runner.invoke(main, ["history", "gpu-00", "--state", state, *fmt])
@@ -360,7 +361,10 @@ def test_the_command_list_of_the_help_is_whole_on_80_columns() -> None:
 def test_nodes_names_the_profile_of_a_node_never_swept_from_the_cluster(make_sim, tmp_path: Path) -> None:
     """Before its first sweep a node showed `-` for its profile; the cluster's instance-type label
     says which it gets, as `sweeper profiles --nodes` says."""
+    from sweeper.history import History
+
     sim: Sim = make_sim(nodes=2)
+    History(tmp_path / "h.db").close()  # a history with no sweep yet (one that is not there is exit 2)
     res = CliRunner().invoke(main, ["nodes", "--kubeconfig", str(sim.kubeconfig), "--state",
                                     str(tmp_path / "h.db"), "-o", "json"])
     assert res.exit_code == 0, res.output
@@ -569,7 +573,8 @@ def test_a_reader_that_closes_the_pipe_ends_the_command_quietly(tmp_path: Path) 
     log = tmp_path / "kern.log"
     log.write_text("".join(f"[{i}.0] NVRM: Xid (PCI:0000:{i % 8:02x}:00): 79, pid=1, GPU has fallen off the bus.\n"
                            for i in range(1, 200)))
-    res = CliRunner().invoke(main, ["ingest", "gpu-00", str(log), "--format", "kernel-log", "--state", state])
+    res = CliRunner().invoke(main, ["ingest", "gpu-00", str(log), "--format", "kernel-log", "--new-node", "--state",
+                                    state])
     assert res.exit_code in (0, 1), res.output
     proc = subprocess.Popen([sys.executable, "-m", "sweeper.cli", "history", "gpu-00", "--state", state, "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)

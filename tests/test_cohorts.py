@@ -385,3 +385,37 @@ def test_the_report_reads_every_fact_at_once_into_the_same_node_days(new_state: 
             assert fast[key] == node_days(view.cohort_rows(key, since), since), key
         assert UNKNOWN in {d.cohort for d in fast["driver"]} and len({d.cohort for d in fast["driver"]}) >= 3
     h.close()
+
+
+def test_cli_cohorts_by_a_fact_no_sweep_recorded_is_exit_2_naming_those_recorded(tmp_path: Any) -> None:
+    """`--by nosuchfact` printed one `(unknown)` cohort with exit 0: a typo read as a fact no node has."""
+    from sweeper.cli import main
+    from sweeper.history import History
+
+    state = str(tmp_path / "h.db")
+    h = History(state)
+    record(h, fleet(5, nodes=6, days=2))
+    h.close()
+    runner = CliRunner()
+    for by in ("drvier", "nosuchfact", "gpu.0.vbios"):
+        res = runner.invoke(main, ["cohorts", "--state", state, "--by", by, "--since", "100000d"])
+        line = " ".join(res.stderr.split())
+        assert res.exit_code == 2 and f"--by '{by}': no sweep in the history recorded this fact" in line, res.output
+        assert "the facts recorded: driver, rack, vbios, zone" in line, line
+    assert "did you mean driver" in " ".join(runner.invoke(main, ["cohorts", "--state", state, "--by", "drvier"])
+                                             .stderr.split())
+    for by in ("zone", "rack", "nvlink-domain"):  # recorded, or a name of its own (none recorded: an empty table)
+        res = runner.invoke(main, ["cohorts", "--state", state, "--by", by, "--since", "100000d", "-o", "json"])
+        assert res.exit_code == 0 and json.loads(res.stdout)["by"] == by, res.output
+
+
+def test_fact_keys_and_node_names_on_both_backends(new_state: Any) -> None:
+    """What `cohorts --by` and `ingest` name when a name is not there: the facts and nodes recorded."""
+    from sweeper.history import History
+
+    h = History(new_state("h.db"))
+    records = fleet(5, nodes=3, days=1)
+    record(h, records)
+    assert h.fact_keys() == ["driver", "rack", "vbios", "zone"]
+    assert h.node_names() == sorted({r["node"] for r in records})
+    h.close()

@@ -26,7 +26,7 @@ FIX = Path(__file__).parent / "parsers" / "fixtures"
 ])
 def test_ingest_detects_parses_and_records(tmp_path: Path, fixture: str, found: str, status: str) -> None:
     state = tmp_path / "h.db"
-    res = CliRunner().invoke(main, ["ingest", "gpu-9", str(FIX / fixture), "--state", str(state), "--json"])
+    res = CliRunner().invoke(main, ["ingest", "gpu-9", str(FIX / fixture), "--new-node", "--state", str(state), "--json"])
     assert res.exit_code == (0 if status == "pass" else 1), res.output
     assert json.loads(res.stdout)["status"] == status
     h = History(state)

@@ -58,7 +58,7 @@ def test_ingest_refuses_a_result_whose_fields_have_the_wrong_types(tmp_path: Pat
                 _doc(gpu=-1), _doc(gpu=1.5)):
         doc = tmp_path / "r.json"
         doc.write_text(json.dumps(bad))
-        res = CliRunner().invoke(main, ["ingest", "gpu-00", str(doc), "--format", "sweeper", "--state", str(state),
+        res = CliRunner().invoke(main, ["ingest", "gpu-00", str(doc), "--format", "sweeper", "--new-node", "--state", str(state),
                                         "--json"])
         out = json.loads(res.stdout)
         assert out["status"] == "error" and out["checks"][0]["name"] == "sweeper.read", (bad, out)

@@ -86,33 +86,42 @@ def run_cmd(playbook: str, node: str | None, partner: str | None, extra: tuple[s
     sys.exit(1 if result.failed else 0)
 
 
-@main.command("lint", epilog=examples("sweeper lint", "sweeper lint my-playbooks/ --config config.yaml --strict"))
+@main.command("lint", epilog=examples("sweeper lint", "sweeper lint my-playbooks/ --config config.yaml --strict",
+                                      "sweeper lint --config config.yaml -o json"))
 @click.argument("paths", nargs=-1, type=click.Path())
-@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Also check this config file.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="Also check this config file, and "
+              "that every playbook, job template, policy and folder it names is there.")
 @click.option("--strict", is_flag=True, help="Warnings count as problems (exit 1).")
-@click.option("--json", "as_json", is_flag=True, help="Print the problems as JSON.")
+@output_options
 @run_cli
-def lint_cmd(paths: tuple[str, ...], config_path: str | None, strict: bool, as_json: bool) -> None:
+def lint_cmd(paths: tuple[str, ...], config_path: str | None, strict: bool, out: Out) -> None:
     """Check playbooks, job templates (rendered and validated as Kubernetes objects),
     profiles and config. Every problem is printed as file:line: message; exit 1 if any.
     Warnings (file:line: warning: ...), such as a task that takes the node with no `always`
     that hands it back, are printed too but exit 0 unless --strict.
 
-    Without PATHs: the shipped playbooks/, job-templates/, profiles/ and policies/.
+    With --config, every playbook, light_playbook, job template, policy and folder the config
+    names must be where a sweep looks for it (file:line: error: ...). A PATH or --config file
+    that does not exist is bad input (exit 2).
+
+    Without PATHs: the shipped playbooks/, job-templates/, profiles/ and policies/ (or the
+    config's folders).
     """
     from sweeper.config import Config, load_config
     from sweeper.lint import lint_paths
 
+    missing = [p for p in (*paths, *([config_path] if config_path else [])) if not Path(p).exists()]
+    if missing:
+        raise ConfigError(f"no such file or directory: {', '.join(missing)}")
     try:
         cfg = load_config(config_path) if config_path else Config()
     except ConfigError:
         cfg = Config()  # lint_paths reports each of the config's problems
-    targets = [Path(p) for p in paths] or [cfg.path("playbooks"), cfg.path("job-templates"), cfg.path("profiles"),
-                                           cfg.path("policies")]
+    targets = [Path(p) for p in paths] or [cfg.path(k) for k in ("playbooks", "job-templates", "profiles", "policies")
+                                           if cfg.path(k).exists()]  # a folder the config names wrongly: its line
     report = lint_paths(targets, cfg, Path(config_path) if config_path else None)
-    if as_json:
-        click.echo(json.dumps({"checked": report.checked, "problems": report.problems, "warnings": report.warnings},
-                              indent=2))
+    if out.structured:
+        out.document({"checked": report.checked, "problems": report.problems, "warnings": report.warnings})
     else:
         for p in report.problems + report.warnings:
             click.echo(clean(p))

@@ -17,7 +17,8 @@ from sweeper.cli.options import (
 from sweeper.output import Col, Out, iso_times
 
 BY_HELP = ("The fact to group nodes by: driver, cuda, vbios, board, dcgm, zone, rack, block, instance-type, product, "
-           "or any fact key the sweeps recorded (e.g. gpu.0.vbios).")
+           "or any fact key the sweeps recorded (e.g. gpu.0.vbios); a name no sweep recorded otherwise is exit 2, "
+           "naming the facts recorded.")
 
 
 @main.command("cohorts", short_help="Failure rate by a shared fact (driver, rack): who stands apart.",
@@ -43,11 +44,11 @@ def cohorts_cmd(state: str, by: str, since: str, cluster: str | None, backtest: 
     when a one-sided Fisher exact test (hypergeometric upper tail) of its failed node-days against the
     rest of the fleet's, Holm-corrected over the cohorts with at least 30 node-days, is below 0.001
     (and it has 3 or more failed node-days). Details: docs/cohorts.md. Changes nothing."""
-    from sweeper.cohorts import cohort_report
+    from sweeper.cohorts import cohort_report, known_fact
 
     need_state(state)
     history = history_at(state).for_cluster(cluster) if cluster else history_at(state)
-    doc = cohort_report(history, by, since_cutoff(since) or 0.0, backtest=backtest)
+    doc = cohort_report(history, known_fact(history, by), since_cutoff(since) or 0.0, backtest=backtest)
     if out.structured:
         out.document(iso_times(doc))
         return

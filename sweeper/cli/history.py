@@ -27,6 +27,7 @@ from sweeper.cli.options import (
     scoped,
     shown,
     since_cutoff,
+    since_window,
     state_options,
     stderr_out,
 )
@@ -52,7 +53,9 @@ def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
 
     With no local history for the kubeconfig context (no --state, no SWEEPER_STATE), the history
     the cluster's `sweeper serve` keeps, read through the API server; when that cannot be read,
-    what the nodes' labels and annotations say of their last sweep. It says which. With every
+    what the nodes' labels and annotations say of their last sweep. It says which, in its title
+    (and `source` in -o json). A --state (or SWEEPER_STATE, or the config's `state`) that names no
+    history is exit 2, as for `history` and `report`; so is --offline with none. With every
     cluster of a shared history (`--cluster all`), each row names its cluster; only the cluster
     this kubeconfig reaches is asked for its nodes.
     """
@@ -66,16 +69,18 @@ def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
         rows, source = read.value, read.source
         _said(read, state)
     else:
+        need_state(state)  # a --state, SWEEPER_STATE or config `state` that names no history is a typo, not a fleet never swept
         hist, every = scoped(history_at(state, create=False, cluster=cfg.cluster_name), cluster, cfg)
         kube = None if offline else kube_for(kubeconfig, context, cfg)
         if every and (cluster is not None or len(hist.clusters()) > 1):
             rows = fleet_node_rows(hist, cfg, kube, now)
         else:
             rows = fleet_rows(hist, cfg, kube, now)
+        source = f"the history at {shown(state)}" + (" alone" if offline else " and the cluster")
     if out.structured:
-        out.document(iso_times({"nodes": rows, **({"source": source} if source else {})}))
+        out.document(iso_times({"nodes": rows, "source": source}))
     else:
-        printer.nodes(out, rows, now, "the history alone" if offline else source, in_cluster=not offline)
+        printer.nodes(out, rows, now, source, in_cluster=not offline)
 
 
 def _reader(kubeconfig: str | None, context: str | None, cfg: Any) -> Any:
@@ -101,7 +106,7 @@ def _said(read: Any, state: str) -> None:
 @click.argument("node")
 @cluster_options
 @cluster_choice
-@click.option("--since", help="Only what happened within this long (e.g. 7d, 12h).")
+@click.option("--since", help="Only what happened within this long (e.g. 7d, 12h, 30m; a number alone is seconds).")
 @click.option("--check", "check", default="", help="Only findings and metrics whose name starts with this "
               "(e.g. ecc, nvlink, xid, nccl).")
 @click.option("--evidence", "evidence_run", metavar="RUN",
@@ -157,7 +162,7 @@ def history(node: str, config_path: str | None, kubeconfig: str | None, context:
     if out.structured:
         out.document(iso_times(h))
     else:
-        printer.print_history(out, h)
+        printer.print_history(out, h, since_window(since))
 
 
 def _write_evidence(node: str, run_id: str, to: str | None, force: bool, config_path: str | None, state: str) -> None:
@@ -191,7 +196,8 @@ def _write_evidence(node: str, run_id: str, to: str | None, force: bool, config_
 @click.option("--since", default="30d", show_default=True, help="How far back the report looks.")
 @click.option("--policy", "policy_name", help="Policy whose trend rules the report charts (default: the config's).")
 @click.option("-o", "--output", default="sweeper-report.html", show_default=True, type=click.Path(dir_okay=False),
-              help="Where to write the HTML file ('-' for stdout).")
+              help="Where to write the HTML file ('-' for stdout). Here -o names a file, not a format: an output "
+              "format's name (json, yaml, table, wide) is refused; ./json writes a file of that name.")
 @click.option("--node", "node", help="Write this node's page alone: its sweeps, findings, actions and metrics "
               "per GPU.")
 @click.option("--offline", is_flag=True, help="Do not ask the cluster for its GPU nodes: use the last run's plan.")
@@ -211,8 +217,14 @@ def report_cmd(config_path: str | None, kubeconfig: str | None, context: str | N
     `--cluster all`: the fleet page over every cluster of a shared history (nodes, held, failures
     per node-day, last run, trend) at -o, and each cluster's report beside it (`<name>-<cluster>.html`).
     """
+    from sweeper.output import FORMATS
     from sweeper.report import cluster_gpu_nodes
     from sweeper.views import policy_for, report_page
+
+    if output in FORMATS:  # every other command's -o is a format: `report -o json` would write HTML to ./json
+        raise ConfigError(f"-o {output}: the report's -o names the HTML file it writes, and the report has no "
+                          f"{output} form (`sweeper nodes --json` and `sweeper history NODE --json` print the "
+                          f"history as JSON); for a file named {output}, give -o ./{output}")
 
     if no_local_history(state) and not offline:
         from sweeper.remote import RemoteHistory
@@ -283,13 +295,13 @@ def _write_page(page: str, output: str, pages: int | None) -> None:
                        + (f", {pages} node page(s))" if pages is not None else ")"))
 
 
-@main.command("backtest", epilog=examples("sweeper backtest --policy strict.yaml",
+@main.command("backtest", epilog=examples("sweeper backtest --policy default",
                                           "sweeper backtest --policy ./my-policy.yaml --since 30d -o json"))
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), envvar="SWEEPER_CONFIG",
               help="Sweeper config YAML (default: $SWEEPER_CONFIG).")
 @state_options
 @cluster_choice
-@click.option("--policy", "policy_name", required=True, help="The policy to try: a file, or a name in policies/.")
+@click.option("--policy", "policy_name", required=True, help="The policy to try: a file, or a name in policies/ (`default` or `default.yaml`).")
 @click.option("--since", default="90d", show_default=True, help="How much history to replay.")
 @output_options
 @run_cli

@@ -11,7 +11,16 @@ import click
 
 from sweeper.cli import printer
 from sweeper.cli.app import main
-from sweeper.cli.options import config_for, examples, history_at, output_options, run_cli, state_options
+from sweeper.cli.options import (
+    config_for,
+    examples,
+    history_at,
+    kube_for,
+    output_options,
+    run_cli,
+    shown,
+    state_options,
+)
 from sweeper.errors import ConfigError
 from sweeper.formats import FORMATS as READ_FORMATS
 from sweeper.output import Out
@@ -36,17 +45,29 @@ from sweeper.output import Out
               help="Config file (for --profile; default: $SWEEPER_CONFIG).")
 @state_options
 @click.option("--no-record", is_flag=True, help="Parse and print only.")
+@click.option("--new-node", is_flag=True, help="Record it even when neither the history nor the cluster knows "
+              "the node (a node never swept, with no cluster to ask).")
 @output_options
 @run_cli
 def ingest_cmd(node: str, file: str, fmt: str, profile_name: str | None, exit_code: int | None,
                expect_gpus: int | None, expect_nics: int | None, min_busbw: float | None, config_path: str | None,
-               state: str, no_record: bool, out: Out) -> None:
+               kubeconfig: str | None, context: str | None, state: str, no_record: bool, new_node: bool,
+               out: Out) -> None:
     """Parse a tool's output produced outside Sweeper (a Slurm prolog, a manual DCGM run) into the
-    common result, print it, and record it in the node's history. Exit 1 when it holds a failure."""
+    common result, print it, and record it in the node's history. Exit 1 when it holds a failure.
+
+    A result is recorded only under a node the history knows (one that has left the cluster
+    included), or else one the cluster (--kubeconfig, --context) has: a name neither knows is exit 2,
+    naming the closest names, before the file is read. Where the cluster cannot be asked, the history
+    alone decides, and the error says so. --new-node records it anyway; --no-record asks neither."""
     from contextlib import nullcontext
 
-    from sweeper.ingest import expectations, ingest_stream, record
+    from sweeper.ingest import expectations, ingest_stream, known_node, record
 
+    if not no_record and not new_node:  # before the file is read; a history that is not there is not created
+        cfg = config_for(config_path)
+        known_node(node, history_at(state, create=False, cluster=cfg.cluster_name),
+                   lambda: _cluster_nodes(kubeconfig, context, cfg), f"the history at {shown(state)}")
     expect: dict[str, Any] = {}
     if profile_name:
         from sweeper import profiles as prof
@@ -69,3 +90,12 @@ def ingest_cmd(node: str, file: str, fmt: str, profile_name: str | None, exit_co
     printer.result_document(out, f"{node}: {found} -> {result.status}", result)
     sys.exit(0 if result.status in ("pass", "warn", "skip") else 1)
 
+
+
+def _cluster_nodes(kubeconfig: str | None, context: str | None, cfg: Any) -> list[str]:
+    """The names of the cluster's nodes, asked once (one LIST, no retry: the cluster may be away)."""
+    import dataclasses
+
+    kube = kube_for(kubeconfig, context, cfg)
+    kube.retry = dataclasses.replace(kube.retry, attempts=1)
+    return [str((n.get("metadata") or {}).get("name")) for n in kube.list_nodes("", page_size=cfg.page_size, devices=False)]

@@ -225,9 +225,23 @@ def stopped_by_sigterm() -> Iterator[threading.Event]:
 
 
 def config_for(path: str | None, **overrides: Any) -> Config:
-    from sweeper.config import load_config
+    """The config file, with what the command line overrides (`sweep --max-nodes`) checked by the
+    rules of those keys, as the file's values are: a problem names the option (`--max-nodes: -1 is
+    too small; allowed: integer >= 0`)."""
+    import re
 
-    return load_config(path).with_overrides(**overrides)
+    from sweeper.config import Config, file_model, load_config
+    from sweeper.schema import check
+
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        if given:
+            check(file_model(), given, "", None, Config)
+    except ConfigError as exc:
+        lines = getattr(exc, "problems", None) or [str(exc)]
+        raise ConfigError("; ".join(re.sub(r"^:\d+: ([a-z_]+):", lambda m: f"--{m[1].replace('_', '-')}:", line)
+                                    for line in lines)) from None
+    return load_config(path).with_overrides(**given)
 
 
 def kube_for(kubeconfig: str | None, context: str | None, cfg: Config) -> Any:
@@ -303,6 +317,17 @@ def cluster_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 def need_state(state: str) -> None:
     if not history_exists(state):
         raise ConfigError(f"no history at {shown(state)} (set --state, SWEEPER_STATE or the config's `state`)")
+
+
+def since_window(since: str | None) -> str:
+    """The window `--since` names, as read: its own words, and its seconds where a number alone
+    (sweeper.clock.parse_duration reads `7` as seven seconds, as the config's durations)."""
+    if not since:
+        return ""
+    from sweeper.output import span
+
+    text = since.strip()
+    return f"{span(parse_duration(text))} (--since {text}: a number alone is seconds)" if text[-1:].isdigit() else text
 
 
 def since_cutoff(since: str | None, default: float | None = None) -> float | None:

@@ -118,12 +118,14 @@ def pair_mode(p: dict[str, Any]) -> str:
     return "re-pair (suspect)" if p["role"] == "node" else "re-pair (known-good)"
 
 
-def print_history(console: Any, h: dict[str, Any]) -> None:
+def print_history(console: Any, h: dict[str, Any], window: str = "") -> None:
     """The history of one node as tables. `console`: an Out, or anything with a `file` (the demo's
-    rich Console), which gets ISO times and whole cells."""
+    rich Console), which gets ISO times and whole cells. `window`: the --since read, as it was read
+    (`7s`, `2d`), said when nothing falls in it."""
     o = console if isinstance(console, Out) else Out(fmt="wide", stream=getattr(console, "file", None))
     if not h["sweeps"] and not h["actions"]:
-        o.write(f"no history for node {h['node']}" + (" in this window" if h.get("pruned_days") else ""))
+        o.write(f"no history for node {h['node']}" + (f" in the last {window}" if window else
+                                                      " in this window" if h.get("pruned_days") else ""))
         return
     o.title(f"history of {h['node']}")
     o.table(_SWEEP_COLS, ([o.when(s["started"]), s["run_id"], s["verdict"] or "unfinished",
@@ -247,7 +249,7 @@ def plan(out: Out, view: Any) -> None:
 def _rule(rules: list[str] | None, verdict: str | None) -> str:
     """The rule behind a verdict as every table names it: the policy's named rules, or `findings`
     when the check's own findings decided (the report's node page says the same)."""
-    return ", ".join(rules or []) or ("findings" if verdict not in ("pass", None) else "")
+    return ", ".join(rules or []) or ("findings" if verdict not in ("pass", None, "") else "")
 
 
 def nodes(out: Out, rows: list[dict[str, Any]], now: float, source: str = "", in_cluster: bool = True) -> None:
@@ -260,7 +262,7 @@ def nodes(out: Out, rows: list[dict[str, Any]], now: float, source: str = "", in
     out.table(((Col("cluster"),) if every else ()) + (Col("node"), Col("profile"), Col("last sweep"), Col("verdict"), Col("rule"), Col("due"),
                Col("overdue", wide=True), Col("in cluster", wide=True), Col("suspect", cut=True), Col("held")),
               ([*([r["cluster"]] if every else []), r["node"], r["profile"] or "-", out.when(r["last_sweep"], "never"), r["verdict"] or "-",
-                _rule(r["rules"], r["verdict"]), "now" if r["due"] is not None and r["due"] <= now else out.when(r["due"]),
+                _rule(r["rules"], r["verdict"]) if r["verdict"] else "-", "now" if r["due"] is not None and r["due"] <= now else out.when(r["due"]),
                 "yes" if r["overdue"] else "no", ("yes" if r["in_cluster"] else "no") if in_cluster else "-",
                 r["suspect"], "held" if r["held"] else ""] for r in rows),
               colour=[4, 10] if every else [3, 9])

@@ -90,6 +90,11 @@ class Cohorts(Base):
         return [k for i, k in enumerate(keys) if i in found]
 
     @locked
+    def fact_keys(self) -> list[str]:
+        """Every fact key any sweep recorded (what `cohorts --by` may name beside its own names)."""
+        return [str(k) for (k,) in self._tuples(f"select distinct key from facts where 1 = 1{self._in()} order by 1")]
+
+    @locked
     def has_facts(self, key: str, since: float) -> bool:
         """Whether any fact `key` was recorded (the report skips a fact no sweep read)."""
         return self._scalar(f"select 1 from facts where key = :key{self._in()} limit 1", {"key": key}) is not None

@@ -69,6 +69,13 @@ class Reading(Base):
                    for table in ("node_sweeps", "actions", "summaries"))
 
     @locked
+    def node_names(self) -> list[str]:
+        """Every node anything was recorded of (a sweep, an ingested result, an action, a pruned day)."""
+        return [str(n) for (n,) in self._tuples(" union ".join(
+            f"select node from {t} where 1 = 1{self._in()}" for t in ("node_sweeps", "actions", "summaries"))
+            + " order by 1")]
+
+    @locked
     def node_clusters(self, node: str) -> list[str]:
         """The clusters read that recorded something of a node by this name (names repeat across
         clusters: each is its own node)."""
