@@ -31,7 +31,7 @@ from sweeper.cli.options import (
     stderr_out,
 )
 from sweeper.clock import iso
-from sweeper.errors import ConfigError, SweeperError
+from sweeper.errors import ConfigError, KubeError, SweeperError
 from sweeper.files import write_atomic
 from sweeper.output import Out, iso_times
 
@@ -68,10 +68,14 @@ def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
     else:
         hist, every = scoped(history_at(state, create=False, cluster=cfg.cluster_name), cluster, cfg)
         kube = None if offline else kube_for(kubeconfig, context, cfg)
-        if every and (cluster is not None or len(hist.clusters()) > 1):
-            rows = fleet_node_rows(hist, cfg, kube, now)
-        else:
-            rows = fleet_rows(hist, cfg, kube, now)
+        try:
+            if every and (cluster is not None or len(hist.clusters()) > 1):
+                rows = fleet_node_rows(hist, cfg, kube, now)
+            else:
+                rows = fleet_rows(hist, cfg, kube, now)
+        except KubeError as exc:  # the history is here: it can be read without the cluster
+            raise KubeError(f"{exc}; `sweeper nodes --offline` shows the history at {shown(state)} alone",
+                            exc.status, exc.reason) from exc
     if out.structured:
         out.document(iso_times({"nodes": rows, **({"source": source} if source else {})}))
     else:
