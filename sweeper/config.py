@@ -135,6 +135,7 @@ class Config:
     job_ttl: float = setting(3600.0, "finished Jobs are deleted after this long", duration=True, ge=0)
     page_size: int = setting(500, "items per LIST page", ge=1)
     api_attempts: int = setting(6, "tries of one API call on 429, 5xx and dropped connections", ge=1)
+    api_timeout: float = setting(70.0, "how long one API call waits on a silent apiserver", duration=True, gt=0)
     min_healthy_nodes: int = setting(0, "never take a node if fewer schedulable healthy GPU nodes would remain",
                                      ge=0)
     min_healthy_percent: float = setting(0.0, "the same floor as a share of GPU nodes", ge=0, le=100)

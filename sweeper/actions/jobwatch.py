@@ -21,7 +21,9 @@ from sweeper.clock import Clock
 from sweeper.demand import Arbiter
 from sweeper.errors import KubeError, Transient
 
-WATCH_TIMEOUT = 300  # seconds a watch request asks to last before it is started again (timeoutSeconds)
+# Seconds a watch request asks to last before it is started again (timeoutSeconds). The client waits
+# that long plus its read timeout for the next bytes: a stream silent for longer is cut and listed again.
+WATCH_TIMEOUT = 300
 JOB_NAME = ("batch.kubernetes.io/job-name", "job-name")
 
 
@@ -36,8 +38,9 @@ class RunWatch:
     Threads start on first use, so a run without checks costs no request."""
 
     def __init__(self, kube: Any, namespace: str, selector: str, clock: Clock, poll_interval: float,
-                 log: Callable[[str], None] = lambda msg: None) -> None:
+                 log: Callable[[str], None] = lambda msg: None, watch_timeout: int = WATCH_TIMEOUT) -> None:
         self.kube = kube
+        self.watch_timeout = watch_timeout
         self.namespace = namespace
         self.selector = selector
         self.clock = clock
@@ -155,7 +158,7 @@ class RunWatch:
                 rv = ""
                 continue
             try:
-                stream = self.kube.watch(plural, self.namespace, self.selector, rv, WATCH_TIMEOUT)
+                stream = self.kube.watch(plural, self.namespace, self.selector, rv, self.watch_timeout)
             except Transient as exc:
                 self.log(f"cannot watch the run's {plural}, listing again: {exc}")
                 rv = ""

@@ -32,7 +32,7 @@ from sweeper.cli.options import (
     stderr_out,
 )
 from sweeper.clock import iso
-from sweeper.errors import ConfigError, SweeperError
+from sweeper.errors import ConfigError, KubeError, SweeperError
 from sweeper.files import write_atomic
 from sweeper.output import Out, iso_times
 
@@ -72,10 +72,14 @@ def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
         need_state(state)  # a --state, SWEEPER_STATE or config `state` that names no history is a typo, not a fleet never swept
         hist, every = scoped(history_at(state, create=False, cluster=cfg.cluster_name), cluster, cfg)
         kube = None if offline else kube_for(kubeconfig, context, cfg)
-        if every and (cluster is not None or len(hist.clusters()) > 1):
-            rows = fleet_node_rows(hist, cfg, kube, now)
-        else:
-            rows = fleet_rows(hist, cfg, kube, now)
+        try:
+            if every and (cluster is not None or len(hist.clusters()) > 1):
+                rows = fleet_node_rows(hist, cfg, kube, now)
+            else:
+                rows = fleet_rows(hist, cfg, kube, now)
+        except KubeError as exc:  # the history is here: it can be read without the cluster
+            raise KubeError(f"{exc}; `sweeper nodes --offline` shows the history at {shown(state)} alone",
+                            exc.status, exc.reason) from exc
         source = f"the history at {shown(state)}" + (" alone" if offline else " and the cluster")
     if out.structured:
         out.document(iso_times({"nodes": rows, "source": source}))

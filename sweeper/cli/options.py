@@ -253,7 +253,7 @@ def kube_for(kubeconfig: str | None, context: str | None, cfg: Config) -> Any:
     from sweeper.kube import Kube, RetryPolicy
 
     kube = Kube.from_config(kubeconfig, context)
-    kube.retry = RetryPolicy(attempts=max(1, cfg.api_attempts))
+    kube.retry = RetryPolicy(attempts=max(1, cfg.api_attempts), read_timeout=cfg.api_timeout)
     return kube
 
 

@@ -7,6 +7,7 @@ import copy
 import json
 import os
 import random
+import ssl
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Self
@@ -18,8 +19,8 @@ from kubernetes.config import incluster_config
 from kubernetes.config.config_exception import ConfigException
 
 from sweeper.clock import Clock, WallClock
-from sweeper.errors import ConfigError, NotFound, Transient
-from sweeper.kube.retry import RetryPolicy, _truncate, translate
+from sweeper.errors import ConfigError, KubeError, NotFound, Transient
+from sweeper.kube.retry import RetryPolicy, TimedOut, tls_failure, translate, unanswered
 
 
 @dataclass
@@ -28,11 +29,25 @@ class _Tally:
     errors: int = 0
 
 
+class _Client(client.ApiClient):  # type: ignore[misc]
+    """The client's ApiClient, with a request timeout on every call that does not name one (a
+    watch names its own, a little longer than its timeoutSeconds): without one, a server that
+    accepts the connection and never answers holds the call for ever."""
+
+    request_timeout: tuple[float, float] = RetryPolicy().request_timeout
+
+    def call_api(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("_request_timeout") is None:
+            kwargs["_request_timeout"] = self.request_timeout
+        return super().call_api(*args, **kwargs)
+
+
 class _Adapter:
     """One connection to the apiserver under one retry policy, with its request counters. The
-    calls live in the resource modules (nodes, workloads, records), each a base of `Kube`."""
+    calls live in the resource modules (nodes, workloads, records), each a base of `Kube`.
+    `retry` also sets the request timeouts of every call (`RetryPolicy.request_timeout`)."""
 
-    def __init__(self, api_client: client.ApiClient, clock: Clock | None = None,
+    def __init__(self, api_client: _Client, clock: Clock | None = None,
                  retry: RetryPolicy | None = None, seed: int | None = None) -> None:
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
@@ -44,6 +59,20 @@ class _Adapter:
         self._rng = random.Random(seed)
         self._tally = _Tally()
         self.fence: Callable[[], None] | None = None
+
+    @property
+    def retry(self) -> RetryPolicy:
+        return self._retry
+
+    @retry.setter
+    def retry(self, policy: RetryPolicy) -> None:
+        self._retry = policy
+        self.api_client.request_timeout = policy.request_timeout
+
+    @property
+    def server(self) -> str:
+        """The apiserver's URL, as the kubeconfig or the service account names it."""
+        return str(self.api_client.configuration.host)
 
     @property
     def requests(self) -> int:
@@ -76,7 +105,7 @@ class _Adapter:
             raise ConfigError(f"cannot load the Kubernetes configuration: {exc}") from exc
         cfg.retries = False  # our policy retries, not urllib3's
         cfg.connection_pool_maxsize = 64  # nodes are swept in parallel
-        return cls(client.ApiClient(cfg), clock=clock)
+        return cls(_Client(cfg), clock=clock)
 
     def close(self) -> None:
         self.api_client.close()
@@ -91,10 +120,19 @@ class _Adapter:
             return False
         return True
 
+    def _unanswered(self, exc: BaseException, what: str, timeout: tuple[float, float] | None = None) -> KubeError:
+        """`exc`, raised by a request that got no answer, as one of ours; `timeout`: the one the request
+        named, where not the policy's (a watch's)."""
+        if timeout is None:
+            return unanswered(exc, what, self.server, self.retry.request_timeout, "the config's api_timeout")
+        return unanswered(exc, what, self.server, timeout)
+
     def _call(self, what: str, fn: Callable[[], Any], *, raw: bool = True, attempts: int | None = None,
-              write: bool = False) -> Any:
+              write: bool = False, timeout: tuple[float, float] | None = None) -> Any:
+        """`fn` under the retry policy. `timeout`: the (connect, read) timeout `fn` passes the client
+        itself, where not the policy's (said in the error when it runs out)."""
         limit = attempts or self.retry.attempts
-        attempt = 0
+        attempt = timeouts = 0
         while True:
             if write and self.fence is not None:
                 self.fence()  # LockLost: this run no longer holds the sweep lock
@@ -105,13 +143,18 @@ class _Adapter:
                     return resp
                 data = resp.data
                 return json.loads(data) if data else {}
-            except ApiException as exc:
-                err = translate(exc, what)
-            except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
-                err = Transient(f"{what}: connection failed: {exc.__class__.__name__}: {_truncate(str(exc))}")
-                err.retry_after = None  # type: ignore[attr-defined]
+            except ApiException as exc:  # status 0: no answer (the client's own wrapping of a TLS failure)
+                err = translate(exc, what) if exc.status or tls_failure(exc) is None \
+                    else self._unanswered(exc, what, timeout)
+            except AttributeError as exc:  # the client's handler of a TLS failure trips on the body it lacks
+                if tls_failure(exc) is None:
+                    raise
+                err = self._unanswered(exc, what, timeout)
+            except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError, ssl.SSLError) as exc:
+                err = self._unanswered(exc, what, timeout)
             self._tally.errors += 1
-            if not isinstance(err, Transient) or attempt + 1 >= limit:
+            timeouts += isinstance(err, TimedOut)
+            if not isinstance(err, Transient) or attempt + 1 >= limit or timeouts >= self.retry.timeout_attempts:
                 raise err
             self.clock.sleep(self.retry.delay(attempt, getattr(err, "retry_after", None), self._rng))
             attempt += 1

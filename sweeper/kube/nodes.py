@@ -3,12 +3,13 @@ discovery pass lists and what holding, checking and replacing a node writes."""
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 import urllib3
 from kubernetes import client
 
-from sweeper.errors import Forbidden, NotFound, Transient
+from sweeper.errors import Forbidden, NotFound
 from sweeper.kube.dra import DraCalls
 from sweeper.kube.retry import JSON_PATCH
 
@@ -90,15 +91,17 @@ class NodeCalls(DraCalls):
 
     def pod_log(self, namespace: str, name: str, limit_bytes: int = 8 * 1024 * 1024) -> str:
         """The pod's log, at most `limit_bytes` of it. The kubelet applies limitBytes and the API server
-        passes its answer through: a node taken over may send more, so no more is read here either."""
-        resp = self._call(f"read log of pod {namespace}/{name}", lambda: self.core.read_namespaced_pod_log(
+        passes its answer through: a node taken over may send more, so no more is read here either.
+        Each read of the body waits at most the policy's read timeout, as the request did."""
+        what = f"read log of pod {namespace}/{name}"
+        resp = self._call(what, lambda: self.core.read_namespaced_pod_log(
             name, namespace, limit_bytes=limit_bytes, _preload_content=False), raw=False)
         try:
             data = resp.read(limit_bytes)
             if resp.read(1):  # more than asked for: the rest is never read, the connection is dropped
                 resp.close()
-        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError) as exc:
-            raise Transient(f"read log of pod {namespace}/{name}: connection failed: {type(exc).__name__}") from None
+        except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError, ssl.SSLError) as exc:
+            raise self._unanswered(exc, what) from None
         finally:
             resp.release_conn()
         return bytes(data).decode("utf-8", errors="replace")

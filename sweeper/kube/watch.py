@@ -22,9 +22,10 @@ class WatchStream:
     """The events of one watch request, as (type, object) pairs, until the server ends the
     stream. `close()` from another thread ends it early."""
 
-    def __init__(self, what: str, resp: Any) -> None:
+    def __init__(self, what: str, resp: Any, silence: float | None = None) -> None:
         self.what = what
         self._resp = resp
+        self.silence = silence  # the client's read timeout: the longest wait for the next bytes
 
     def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
         buf = b""
@@ -37,6 +38,10 @@ class WatchStream:
                     if line.strip():
                         yield self._event(line)
             ended = True
+        except urllib3.exceptions.ReadTimeoutError as exc:
+            within = f" in {self.silence:g} s" if self.silence else ""
+            raise Transient(f"{self.what}: the watch went silent: no event and no end of the stream{within}") \
+                from exc
         except (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError, OSError, AttributeError,
                 ValueError) as exc:  # the last two: a response closed under the read by close()
             raise Transient(f"{self.what}: the watch was cut: {exc.__class__.__name__}: {_truncate(str(exc))}") \

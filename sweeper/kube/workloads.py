@@ -126,11 +126,16 @@ class WorkloadCalls(_Adapter):
               timeout_seconds: int) -> WatchStream:
         """One watch request from `resource_version`, with bookmarks; it ends after
         `timeout_seconds`. Starting it is retried like any call; a stream cut once started, or
-        a 410 (Expired), is the caller's to handle by listing again."""
+        a 410 (Expired), is the caller's to handle by listing again. The server may send nothing
+        until it ends the stream, so the client waits `timeout_seconds` plus the policy's read
+        timeout between reads: a stream silent for longer is cut (Transient), not waited on."""
         fn = self._collection(plural, namespace)
         what = f"watch {plural}"
+        connect, read = self.retry.request_timeout
+        timeout = (connect, timeout_seconds + read)
         resp = self._call(what, lambda: fn(watch=True, label_selector=label_selector,
                                            resource_version=resource_version, allow_watch_bookmarks=True,
-                                           timeout_seconds=timeout_seconds, _preload_content=False),
-                          raw=False)
-        return WatchStream(what, resp)
+                                           timeout_seconds=timeout_seconds, _preload_content=False,
+                                           _request_timeout=timeout),
+                          raw=False, timeout=timeout)
+        return WatchStream(what, resp, timeout[1])
