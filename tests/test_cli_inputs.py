@@ -197,3 +197,22 @@ def test_max_nodes_on_the_command_line_is_checked_as_the_config_key(make_sim, tm
     assert res.exit_code == 0, res.output
     details = {n["detail"] for n in json.loads(res.stdout)["nodes"] if n["reason"] == "over-budget"}
     assert details == {"queued: no slot free now; taken as one frees, within run_deadline"}, res.stdout
+
+
+def test_a_play_that_rescued_a_failure_says_which(make_sim, tmp_path: Path) -> None:
+    """`sweeper run` of the full sweep on a busy node: the GPU pod stops the check (verify_idle
+    fails), the block's rescue hands the node back, and the play succeeds, as an Ansible play whose
+    failure was rescued does. Its last line said only `ok`, which read as a check that ran and
+    passed; it names the rescued failure."""
+    from kubernetes import client
+
+    sim = make_sim(nodes=1)
+    pod = client.V1Pod(metadata=client.V1ObjectMeta(name="train", namespace="default"),
+                       spec=client.V1PodSpec(node_name="gpu-00", containers=[client.V1Container(
+                           name="c", image="i", resources=client.V1ResourceRequirements(limits={"nvidia.com/gpu": "8"}))]))
+    sim.core.create_namespaced_pod("default", pod)
+    res = CliRunner().invoke(main, ["run", "sweep-light.yaml", "--node", "gpu-00", "--kubeconfig", str(sim.kubeconfig),
+                                    "--state", str(tmp_path / "h.db")])
+    assert res.exit_code == 0, res.output
+    last = [ln for ln in res.output.splitlines() if ln.startswith("play ")][-1]
+    assert last.startswith("play 'full sweep': ok (1 failure(s) rescued; the first: no GPU pod on it"), last

@@ -82,7 +82,16 @@ def task(out: Out, o: Any) -> None:
 
 
 def play(out: Out, result: Any) -> None:
-    out.file.write(clean(f"play {result.name!r}: ") + out.paint("failed" if result.failed else "ok") + "\n")
+    """The play's end: failed or ok, and an ok that rescued a failure says which (a check stopped
+    by a GPU pod, say), so that it does not read as a check that ran and passed."""
+    rescued = [o for o in result.tasks() if o.status == "rescued"]
+    said = ""
+    if rescued and not result.failed:
+        first = rescued[0]
+        said = f" ({len(rescued)} failure(s) rescued; the first: {first.name}" + (f": {first.msg}" if first.msg else "")
+        said = (said[:300] + "...)") if len(said) > 300 else said + ")"
+    out.file.write(clean(f"play {result.name!r}: ") + out.paint("failed" if result.failed else "ok") + clean(said)
+                   + "\n")
 
 
 def outcomes(out: Out, report: Any) -> None:
