@@ -45,8 +45,9 @@ def run_demo(console: Console, state: Path | str, *, cycles: int, hours_between:
     fleet = parse_fleet(fleet_spec or DEMO_FLEET, "demo fleet")
     # The simulated days end about now, not a day ahead of it: the history's times and the report's
     # "generated" read as the past they are (`sweeper history NODE` says "5h ago", not "in 19h").
+    # The last cycle and the pair sweep take about an hour of it; a loaded machine, at the same speed, more.
     cluster = SimCluster(fleet, clock=ScaledClock(fleet.speed, start=time.time() - ((cycles - 1) * hours_between
-                                                                                      + 3) * 3600))
+                                                                                      + 6) * 3600))
     faults = {n.name: n.faults for n in fleet.nodes}
     _rule(console, "[bold]Sweeper demo")
     console.print(f"simulated cluster: {len(fleet.nodes)} x p5.48xlarge, clock at {fleet.speed:g}x real time")

@@ -31,11 +31,12 @@ from sweeper.actions import ActionContext
 from sweeper.actions.follow import PollSource, Shape, follow
 from sweeper.actions.jobs import render_job
 from sweeper.actions.node import meta_op, patch_node
-from sweeper.actions.podstate import container_ran, job_condition, node_gone
+from sweeper.actions.podstate import job_condition
 from sweeper.clock import Clock, iso
 from sweeper.config import Config
 from sweeper.errors import ConfigError, KubeError, NotFound, SweeperError
 from sweeper.fleet import NodeView
+from sweeper.rebootjob import JOB_TIMEOUT, follow_reboot
 from sweeper.result import CheckResult, Result, tool_result
 from sweeper.xid import resets
 
@@ -57,26 +58,6 @@ RESET_LINE = re.compile(r"^GPU ([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.
 # Causes a GPU reset clears, without rebooting the node.
 RESETTABLE_CODES = {"row_remap|REMAP_PENDING", "gpu.recovery_action|RECOVERY_RESET", "xid|RECOVERY_RESET", "dcgm.software|85",
                     "dcgm.memory|85", "dcgm.software|84"}
-
-
-JOB_TIMEOUT = 600.0  # a reboot or GPU reset Job's activeDeadlineSeconds, and how long it is followed (and a grace)
-
-
-class RebootShape(Shape):
-    """A reboot Job: its outcome is decided once its container ran. The node may go down before the
-    kubelet ever posts the pod Running; after the reboot the pod is Failed or Unknown, and a Job with
-    backoffLimit 0 may say Failed: that is a reboot begun, not a failed one."""
-
-    need = 0  # nothing is read from a finished pod
-    decided_by_run = True
-    what = "the reboot Job"
-    part = "reboot Job"
-
-    def never_scheduled(self, ctx: ActionContext, why: str) -> str:
-        return f"the reboot Job's pod never scheduled ({why})" + node_gone(ctx, self.node)
-
-    def never_started(self, ctx: ActionContext) -> str:
-        return "the reboot Job's pod never started before its deadline" + node_gone(ctx, self.node)
 
 
 @dataclass
@@ -212,6 +193,9 @@ class Remediator:
     def _context(self, run_id: str, node_vars: dict[str, Any]) -> ActionContext:
         return ActionContext(config=self.cfg, clock=self.clock, kube=self.kube, node=node_vars, run_id=run_id)
 
+    def _follow_context(self) -> ActionContext:
+        return ActionContext(config=self.cfg, clock=self.clock, kube=self.kube, log=self.log, cancelled=self.cancelled)
+
     def _remediation_job(self, run_id: str, node_vars: dict[str, Any], template: str,
                          extra: dict[str, Any], bound: bool = False) -> dict[str, Any]:
         """A reboot or GPU reset Job: in its own namespace (remediation_namespace, apart from the
@@ -225,61 +209,28 @@ class Remediator:
         if self.dry_run:
             return Remedy("reboot", "would-reboot", f"would run {name}", dry_run=True)
         self._mark(view.name, "reboot", view.boot_id, recheck=True)  # before the create: a reboot is never unsaid
-        self.kube.create_job(self.cfg.remediation_namespace, job)
-        began, words, tool = self._follow_reboot(name, view)
+        try:
+            self.kube.create_job(self.cfg.remediation_namespace, job)
+        except KubeError as exc:  # refused (RBAC, a missing namespace): no reboot for discovery to wait for
+            self._mark(view.name, "reboot-failed", view.boot_id, recheck=False)
+            return Remedy("reboot", "failed", f"the reboot Job {name} could not be created (a fault of the tool, not "
+                          f"of the node): {exc}; the node, not rebooted, is held (tainted) for a person", ok=False)
+        began, words, tool = follow_reboot(self._follow_context(), self.cfg.remediation_namespace, name, view)
         if began:
             return Remedy("reboot", "reboot-started", f"Job {name}: the reboot began ({words}); the node is "
                           "checked again when it is back")
-        self.kube.delete_job(self.cfg.remediation_namespace, name)  # it must not reboot the node later, unseen
-        self._mark(view.name, "reboot-failed", view.boot_id, recheck=False)  # no reboot for discovery to wait for
+        if self.cancelled():
+            # The sweep is stopping: the Job is left to reboot the node, as before it was followed, and the
+            # node waits for its reboot (the next run checks it again once it is back).
+            return Remedy("reboot", "reboot-requested", f"Job {name} created; the sweep stopped before its reboot "
+                          "was seen to begin; the node is checked again when it is back")
+        try:
+            self.kube.delete_job(self.cfg.remediation_namespace, name)  # it must not reboot the node later, unseen
+        finally:
+            self._mark(view.name, "reboot-failed", view.boot_id, recheck=False)  # no reboot for discovery to wait for
         return Remedy("reboot", "failed", f"the reboot Job {name} " + ("could not start (a fault of the tool, not of "
                       "the node)" if tool else "did not start") + ": the Job was deleted, and the node, not rebooted, "
                       f"is held (tainted) for a person; {words}", ok=False)
-
-    def _follow_reboot(self, name: str, view: NodeView) -> tuple[bool, str, bool]:
-        """Follow the reboot Job until its reboot began: (True, how it shows), or until it is given
-        up on: (False, why, whether that is a fault of the tool rather than of the node or a stop)."""
-        ns, kube, node = self.cfg.remediation_namespace, self.kube, view.name
-        ctx = ActionContext(config=self.cfg, clock=self.clock, kube=kube, log=self.log, cancelled=self.cancelled)
-
-        def down() -> dict[str, Any] | None:
-            """The node as a sign that the reboot began: NotReady, or booted since (a new boot id)."""
-            try:
-                now = NodeView.from_obj(kube.get_node(node))
-            except NotFound:
-                return {"type": "Rebooting", "message": "the node is gone (deleted)"}
-            if now.boot_id and now.boot_id != view.boot_id:
-                return {"type": "Rebooting", "message": f"its boot id changed from {view.boot_id or '(none)'}"}
-            return None if now.ready else {"type": "Rebooting", "message": "the node went NotReady"}
-
-        def ended(cond: dict[str, Any], pods: list[dict[str, Any]]) -> Result:
-            at = self.clock.now()
-            ran = any(container_ran(p) for p in pods)
-            if ran or cond.get("type") == "Rebooting":
-                how = "its container ran" if ran else cond.get("message", "")
-                return Result(node=node, source="reboot", started=at, finished=at,
-                              checks=(CheckResult("node.reboot", "pass", str(how)),))
-            # Failed with no container run (backoffLimit 0): the pod's own words say why, where it has them
-            # (the kubelet's UnexpectedAdmissionError, an eviction).
-            said = [f"{st['reason']}: {st.get('message', '')}" for p in pods if (st := p.get("status") or {}).get("reason")]
-            return tool_result(node, at, str(cond.get("reason") or "Failed"), "the reboot Job failed before its "
-                               "container ran", "; ".join([str(cond.get("message") or ""), *said]).strip("; "))
-
-        def gone(at: str, now: float) -> Result:
-            cond = down()
-            return ended(cond, []) if cond else tool_result(at, now, "Lost", f"Job {ns}/{name} was deleted")
-
-        source = PollSource(ctx, lambda: kube.get_job(ns, name), lambda: kube.namespaced_pods(ns, f"job-name={name}"),
-                            lambda job: down() or job_condition(job), gone,
-                            lambda fault, now: fault.see_events(ctx, ns, name, now))  # admission refused its pod
-        outcome = follow(ctx, source, RebootShape(node), JOB_TIMEOUT, False, ended)
-        if outcome.result is None:  # never scheduled, never started, or the sweep was stopped
-            return False, outcome.inconclusive, not self.cancelled()
-        if outcome.result.status == "pass":
-            return True, outcome.result.checks[0].message, False
-        bad = outcome.result.failed_checks[0]
-        # A tool fault is `error`; the node's GPU stack refusing the container is a finding (`fail`).
-        return False, bad.message, bad.status == "error" and bad.code != "Lost"
 
     def gpu_reset(self, run_id: str, view: NodeView, node_vars: dict[str, Any], gpus: list[int]) -> Remedy:
         ids = ",".join(str(g) for g in sorted(gpus))
@@ -311,6 +262,11 @@ class Remediator:
         finally:
             if paused:  # the operands come back, on every path: a reset, a failure, a stop
                 self._set_labels(view.name, paused)
+        if status.startswith("Stopped"):
+            # The sweep is stopping: no reboot in its place; the next run checks the node again.
+            self._mark(view.name, "gpu-reset", view.boot_id, recheck=True)
+            return Remedy("gpu-reset", "reset-stopped", f"the sweep stopped during the GPU reset {name} "
+                          f"({status}); the node is checked again next sweep")
         if status != "Complete":
             # The reset did not take, or did not say it did: fall back to rebooting the node.
             self.log(f"GPU reset {status.lower()}: rebooting instead")

@@ -134,7 +134,8 @@ def release(kube: Any, cfg: Config, name: str, owner: str, clear_suspect: bool =
         ops: list[dict[str, Any]] = [{"op": "test", "path": f"/spec/taints/{i}", "value": t}
                                      for i, t in enumerate(taints) if t.get("key") == cfg.taint_key]
         ann = _unshielded(node, prefix)
-        for k in ("held-by", "held-since", "verdict", "reason", "remediation", "remediated-at", "boot-id", "recheck"):
+        for k in ("held-by", "held-since", "verdict", "reason", "remediation", "remediated-at", "boot-id", "recheck",
+                  RELEASED):  # an older release's mark goes; a release writes its own below (`marks`)
             ann.pop(f"{prefix}/{k}", None)
         if ann.pop(f"{prefix}/cordoned-by", None) and (node.get("spec") or {}).get("unschedulable"):
             ops.append({"op": "add", "path": "/spec/unschedulable", "value": False})
@@ -213,7 +214,8 @@ def hold(kube: Any, cfg: Config, node: dict[str, Any], run_id: str, now: float) 
     # A node held already (back from a reboot for its re-check) carries our taint: replace it.
     taints = [t for t in (node.get("spec") or {}).get("taints") or [] if t.get("key") != cfg.taint_key]
     ann = dict(meta.get("annotations") or {})
-    for key in ("recheck", "verdict", "reason"):
+    # A release's mark is of the hold before this one: it must not spare what this hold finds.
+    for key in ("recheck", "verdict", "reason", RELEASED):
         ann.pop(f"{cfg.prefix}/{key}", None)
     ann.update({f"{cfg.prefix}/held-by": run_id, f"{cfg.prefix}/held-since": iso(now)})
     if DO_NOT_DISRUPT not in (meta.get("annotations") or {}):

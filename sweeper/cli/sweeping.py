@@ -51,6 +51,7 @@ def sweep(config_path: str | None, kubeconfig: str | None, context: str | None, 
     def on_interrupt(*_: Any) -> None:
         interrupted.set()
         sw.stop.set()
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # a second Ctrl-C does not wait for the hand-back
 
     signal.signal(signal.SIGINT, on_interrupt)
     report = sw.run()
@@ -65,10 +66,11 @@ def sweep(config_path: str | None, kubeconfig: str | None, context: str | None, 
         out.document(report.to_dict())
     else:
         printer.outcomes(out, report)
+    if interrupted.is_set():  # before the tool stop: what ended the run was Ctrl-C
+        raise Interrupted("interrupted (Ctrl-C): the run stopped and handed back every node it held"
+                          + (f"; before that: {report.tool_stop}" if report.tool_stop else ""))
     if report.tool_stop:
         raise ToolErrors(report.tool_stop)  # exit 5: the check is broken, not the nodes
-    if interrupted.is_set():
-        raise Interrupted("interrupted (Ctrl-C): the run stopped and handed back every node it held")
 
 
 def _push(sw: Any, report: Any, url: str) -> None:

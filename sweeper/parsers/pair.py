@@ -149,10 +149,19 @@ def _mtu_checks(split_logs: list[tuple[dict[str, tuple[int | None, int | None, s
     return checks
 
 
+# Exit codes of a container killed from outside (SIGTERM, then SIGKILL after the grace period): when one
+# pod of a pair fails, the Job (backoffLimit 0) fails and its controller deletes the other pod, whose
+# container then ends 143 or 137 (https://kubernetes.io/docs/concepts/workloads/controllers/job/#job-termination-and-cleanup,
+# https://kubernetes.io/docs/concepts/workloads/pods/pod-lifecycle/#pod-termination). That exit is the
+# other rank's doing, not this rank's word that the collective died.
+KILLED = (137, 143)
+
+
 def _rank_aborts(logs: list[str], codes: list[int | None], hosts: tuple[str, str]) -> list[CheckResult]:
     """The ranks that say the all-reduce died: each that exited non-zero with NCCL's words in its
     own log; then, beside those, each that exited non-zero without them (its own exit is its word
-    that the collective died). Each finding names the rank whose log it came from."""
+    that the collective died), unless it was killed from outside (KILLED, with no words of its own).
+    Each finding names the rank whose log it came from."""
     worded, silent = [], []
     for rank in (0, 1):
         if codes[rank] in (None, 0):
@@ -161,7 +170,7 @@ def _rank_aborts(logs: list[str], codes: list[int | None], hosts: tuple[str, str
         if why:
             worded.append(CheckResult("pair.nccl", "fail", f"the all-reduce aborted on {hosts[rank]} (rank {rank}'s "
                                       f"log): {why}", "critical", code="ABORTED", host=hosts[rank]))
-        else:
+        elif codes[rank] not in KILLED:
             silent.append(CheckResult("pair.nccl", "fail", f"rank {rank} on {hosts[rank]} exited {codes[rank]} as "
                                       "the all-reduce died", "critical", code="ABORTED", host=hosts[rank]))
     return worded + silent if worded else []

@@ -86,8 +86,8 @@ def reconcile(run: Run) -> list[dict[str, str]]:
 
 def released_by_hand(run: Run, view: NodeView) -> None:
     """A node `sweeper release` let go carries its mark: the release goes into this history and the
-    mark comes off, read once (each run reconciles before it holds anything, so a mark is always of
-    a release since the node's last verdict). The findings that held the node are then not
+    mark comes off, read once (a hold takes it off too, and each run reconciles before it holds
+    anything, so a mark is always of a release since the node's last verdict). The findings that held the node are then not
     dismissed: a release is no judgement of the verdict. Recorded at this run's time, not the
     mark's: the machine that released it may keep another clock."""
     mark = read_release_mark(view.annotations, run.cfg.prefix)

@@ -163,3 +163,52 @@ def test_with_the_gate_a_node_whose_reboot_never_began_is_held_not_waited_for(ma
     sim.cluster.clock.advance(cfg.remediation_timeout + 600)
     gate = next(d for d in run_sweep(sim, history, cfg).plan.gate if d.node.name == "gpu-00")
     assert (gate.reason, gate.take) == ("gate-held", False), gate
+
+
+def test_a_node_notready_for_another_reason_is_no_reboot_begun(make_sim, history: History) -> None:
+    """A node that goes NotReady while the reboot pod cannot start (here: an image that cannot be
+    pulled) went down for another reason: the reboot did not begin by this Job. Read as begun, the
+    Job stayed to reboot the node later unseen, and discovery blamed the node ("not back from its
+    reboot")."""
+    sim: Sim = make_sim(fleet_spec(nodes=1, faults=XID_79, registry={"missing": [BAD_REBOOT_IMAGE]}))
+    boot = sim.core.read_node("gpu-00").status.node_info.boot_id
+
+    def not_ready_at_the_reboot_job(stage: str, method: str, path: str) -> None:
+        if stage == "after" and method == "POST" and path.endswith(f"/namespaces/{NS}/jobs"):
+            def not_ready(n: dict[str, Any]) -> None:
+                for c in n["status"]["conditions"]:
+                    if c["type"] == "Ready":
+                        c["status"] = "False"
+            sim.cluster.store.mutate("nodes", None, "gpu-00", not_ready)
+
+    sim.server.hooks.append(not_ready_at_the_reboot_job)
+    report = run_sweep(sim, history, replace(CFG, reboot_image=BAD_REBOOT_IMAGE))
+    sim.server.hooks.clear()
+    r = remedy(report)
+    assert (r["provider"], r["action"]) == ("reboot", "failed"), r
+    assert "did not start" in r["detail"] and "went NotReady before the reboot Job's pod started" in r["detail"], r
+    assert sim.batch.list_namespaced_job(NS).items == [], "the Job is deleted: it cannot reboot the node later"
+    assert sim.core.read_node("gpu-00").status.node_info.boot_id == boot
+    assert annotations(sim)["sweeper.dev/remediation"] == "reboot-failed"
+
+
+def test_a_sweep_stopped_while_its_reboot_job_starts_leaves_the_reboot_to_it(make_sim, history: History) -> None:
+    """SIGTERM while the reboot Job is followed: the run stops, and the node's reboot is left to its
+    Job, as before the Job was followed; the node waits for its reboot (recheck), not for a person."""
+    from sweeper.sweep import Sweep
+
+    sim: Sim = make_sim(nodes=1, faults=XID_79)
+    events: list[tuple[str, dict[str, Any]]] = []
+    sw = Sweep(sim.kube, CFG, history, clock=sim.cluster.clock, emit=lambda e, d: events.append((e, d)))
+
+    def stop_at_the_reboot_job(stage: str, method: str, path: str) -> None:
+        if stage == "after" and method == "POST" and path.endswith(f"/namespaces/{NS}/jobs"):
+            sw.stop.set()
+
+    sim.server.hooks.append(stop_at_the_reboot_job)
+    sw.run()
+    sim.server.hooks.clear()
+    r = next(d for e, d in events if e == "remedy")
+    assert (r["provider"], r["action"]) == ("reboot", "reboot-requested"), r
+    ann = annotations(sim)
+    assert ann["sweeper.dev/remediation"] == "reboot" and ann["sweeper.dev/recheck"] == "true", ann

@@ -99,3 +99,22 @@ def test_a_forged_or_stale_release_mark_never_dismisses_and_never_spares_a_later
     again = run_sweep(sim, history, cfg)
     assert [d["node"] for d in again.reconciled if d.get("action") == "marked a false positive"] == ["gpu-01"]
     assert "sweeper.dev/released" not in (sim.core.read_node("gpu-01").metadata.annotations or {})
+
+
+def test_a_hold_takes_an_older_release_mark_off(make_sim, history: History, tmp_path: Path) -> None:
+    """A node released, then held again before any run's reconcile read the mark (`sweeper run`, or a
+    run already in flight taking it): the hold takes the mark off, so a later `--false-positive`, or
+    a taint taken off by hand, dismisses as it says."""
+    from sweeper.actions.holding import hold, keep_held
+
+    sim: Sim = make_sim(nodes=2, faults={"gpu-01": {"xids": [{"code": 79, "gpu": 3}]}})
+    cfg = replace(TEST_CONFIG, interval=0)
+    run_sweep(sim, history, cfg)
+    _release(sim, tmp_path, "gpu-01", "--reason", "need it")
+    assert "sweeper.dev/released" in (sim.core.read_node("gpu-01").metadata.annotations or {})
+    hold(sim.kube, cfg, sim.kube.get_node("gpu-01"), "adhoc-run", sim.cluster.clock.now())
+    keep_held(sim.kube, cfg, "gpu-01", "reboot", "xid 79", "adhoc-run")
+    assert "sweeper.dev/released" not in (sim.core.read_node("gpu-01").metadata.annotations or {})
+    _release(sim, tmp_path, "gpu-01", "--false-positive", "--reason", "a driver bug")
+    again = run_sweep(sim, history, cfg)
+    assert [d["node"] for d in again.reconciled if d.get("action") == "marked a false positive"] == ["gpu-01"]

@@ -235,6 +235,18 @@ def test_a_rank_that_exits_without_words_beside_an_abort_is_named_too() -> None:
     assert "NET/OFI" in result.failed_checks[0].message, "the words first"
 
 
+@pytest.mark.parametrize("killed", [143, 137])
+def test_a_rank_killed_when_its_partner_failed_is_not_named(killed: int) -> None:
+    """Rank 1 prints an abort and exits 1; the Job (backoffLimit 0) fails and its controller deletes
+    rank 0's pod, whose container ends 143 (SIGTERM) or 137 (SIGKILL after the grace period). That
+    exit is the other rank's doing: only rank 1's own word names anyone. Counted as rank 0's, a node
+    taken over, known-good and re-paired with a healthy suspect, could have had it blamed."""
+    half = table().split("   1073741824")[0]
+    rank1 = probe("eth0", PING_OK, 0) + "\nNCCL WARN NET/OFI Request completed with error"
+    result = read([probe("eth0", PING_OK, 0) + "\n" + half, rank1], exit_codes=(killed, 1))
+    assert hosts_of(result) == {("pair.nccl", "ABORTED"): {B}}
+
+
 def test_a_missing_probe_names_the_rank_that_left_it_out() -> None:
     result = read([logs()[0], "# pair-allreduce rank 1 done"])
     assert hosts_of(result) == {("pair.mtu", "PING"): {B}}
