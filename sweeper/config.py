@@ -141,7 +141,7 @@ class Config:
     min_healthy_percent: float = setting(0.0, "the same floor as a share of GPU nodes", ge=0, le=100)
     max_attempts: int = setting(3, "a node that failed this often within attempt_window waits for a person", ge=1)
     attempt_window: float = setting(7 * 86400.0, "the window of max_attempts", duration=True, gt=0)
-    breaker_failures: int = setting(5, "this many failing verdicts within breaker_window...", ge=1)
+    breaker_failures: int = setting(5, "this many nodes with failing verdicts within breaker_window...", ge=1)
     breaker_percent: float = setting(20.0, "...or this share of GPU nodes, whichever is larger, opens the breaker",
                                      ge=0, le=100)
     breaker_window: float = setting(3600.0, "the window of the breaker", duration=True, gt=0)

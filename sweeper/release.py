@@ -52,9 +52,10 @@ def release(kube: Any, cfg: Config, names: list[str], everything: bool, reason: 
             recorder: Any = None, dry_run: bool = False, false_positive: bool = False,
             by: str = "") -> list[dict[str, str]]:
     """Hand back the named nodes (or every held one): untaint, undo Sweeper's cordon, delete its
-    Jobs. Without `false_positive` each carries the release's mark, and the history (where there
-    is one) records the release, so the next sweep judges it afresh; with it, neither, and the
-    next run's reconcile dismisses the findings that held it."""
+    Jobs. Each carries the release's mark. Without `false_positive` the history (where there is
+    one) records the release, and a node released after a holding verdict is a suspect, so the
+    next sweep checks it first and judges it afresh; with it, the next run's reconcile dismisses
+    the findings that held it, with the mark's reason."""
     if not names and not everything:
         raise ConfigError("name the nodes to release, or pass --all")
     views, known = _scan(kube, cfg)
@@ -74,7 +75,8 @@ def release(kube: Any, cfg: Config, names: list[str], everything: bool, reason: 
             f", verdict {v.annotations[f'{cfg.prefix}/verdict']}" if f"{cfg.prefix}/verdict" in v.annotations else "")
         if not dry_run:
             # Only the taint as read goes: a run that held the node again since keeps it.
-            marks = None if false_positive else release_mark(cfg, clock.now(), reason, by)
+            marks = release_mark(cfg, clock.now(), reason, by, v.annotations.get(f"{cfg.prefix}/verdict", ""),
+                                 false_positive)
             done = node_actions.release(kube, cfg, name, str(taint.get("value", "")), marks=marks)
             if done.left_to:
                 rows.append({"node": name, "action": "left alone",

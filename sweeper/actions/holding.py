@@ -88,15 +88,24 @@ class Marks:
 RELEASED = "released"  # the annotation (under the config's prefix) a release leaves on the node
 
 
-def release_mark(cfg: Config, at: float, reason: str, by: str) -> Marks:
-    """The release's mark: written with the untaint, read (and taken off) by the next run's reconcile."""
-    mark = json.dumps({"at": iso(at), "reason": reason[:200], "by": by[:64]}, separators=(",", ":"))
-    return Marks({}, {f"{cfg.prefix}/{RELEASED}": mark}, ("", (), ()))
+def release_mark(cfg: Config, at: float, reason: str, by: str, verdict: str = "",
+                 false_positive: bool = False) -> Marks:
+    """The release's mark: written with the untaint, read (and taken off) by the next run's reconcile.
+    A node released after a holding `verdict`, not as a false positive, is also made a suspect, so
+    that the next sweep checks it first, whatever its interval says."""
+    mark = json.dumps({"at": iso(at), "reason": reason[:200], "by": by[:64], "false_positive": false_positive},
+                      separators=(",", ":"))
+    p = cfg.prefix
+    if false_positive or verdict not in HOLDING:
+        return Marks({}, {f"{p}/{RELEASED}": mark}, ("", (), ()))
+    why = f"released by hand after verdict {verdict} ({reason[:200]}): checked again first"
+    return Marks({f"{p}/suspect": "true"}, {f"{p}/{RELEASED}": mark, f"{p}/suspect-reason": why}, ("", (), ()))
 
 
-def read_release_mark(annotations: dict[str, str], prefix: str) -> tuple[float, str] | None:
-    """(when, why) of a release's mark on a node, or None: none, or one that does not read (a node
-    may write its own annotations; a mark only ever spares a node's findings a dismissal)."""
+def read_release_mark(annotations: dict[str, str], prefix: str) -> tuple[float, str, bool] | None:
+    """(when, why, as a false positive) of a release's mark on a node, or None: none, or one that
+    does not read (a node may write its own annotations; a mark only ever spares a node's findings a
+    dismissal, or words the reason of one a person made)."""
     raw = annotations.get(f"{prefix}/{RELEASED}")
     if not raw:
         return None
@@ -107,8 +116,7 @@ def read_release_mark(annotations: dict[str, str], prefix: str) -> tuple[float, 
         return None
     if at is None:
         return None
-    return at, f"{str(doc.get('reason', ''))[:200]} (by {str(doc.get('by', '?'))[:64]})"
-
+    return at, f"{str(doc.get('reason', ''))[:200]} (by {str(doc.get('by', '?'))[:64]})", doc.get("false_positive") is True
 
 
 def _foreign(node: dict[str, Any], cfg: Config, owner: str) -> str:

@@ -142,9 +142,10 @@ def serve_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
 @click.option("--all", "everything", is_flag=True, help="Every node Sweeper holds.")
 @click.option("--reason", required=True, help="Why (recorded in the history when there is one, and on the node).")
 @click.option("--false-positive", is_flag=True,
-              help="Say the verdicts were wrong: the findings that held each node are dismissed (they warn, and "
-                   "never hold it again; kept as dismissed.NODE in the control ConfigMap). Without it the next "
-                   "sweep judges the node afresh, and the same findings hold it again.")
+              help="Say the verdicts were wrong: the next run dismisses the findings that held each node (they "
+                   "warn, and never hold it again; kept as dismissed.NODE in the control ConfigMap, whose key a "
+                   "person deletes to undo it). Without it a node released after a failing verdict is a suspect: "
+                   "the next sweep checks it first, and the same findings hold it again.")
 @click.option("--dry-run", is_flag=True, help="Say what would be released; change nothing.")
 @cluster_options
 @output_options

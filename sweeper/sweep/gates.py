@@ -150,11 +150,13 @@ def trip_breaker(run: Run, gpu_nodes: int) -> bool:
     since = max(now - cfg.breaker_window, float(current.get("closed_at", 0.0)))
     failed = run.rec.failures_since(since, HOLDING)
     threshold = max(cfg.breaker_failures, math.ceil(gpu_nodes * cfg.breaker_percent / 100.0))
-    total = sum(failed.values())
+    # Nodes, not verdicts: one node failing again within the window (re-swept after a person released
+    # it) is the same known fault, not a second sign of a systemic one.
+    total = len(failed)
     if total < threshold:
         return False
-    reason = (f"{total} failing verdicts on {len(failed)} node(s) within {cfg.breaker_window / 60:g} min "
-              f"(threshold {threshold})")
+    reason = (f"{sum(failed.values())} failing verdicts on {total} node(s) within {cfg.breaker_window / 60:g} min "
+              f"(threshold {threshold} nodes)")
     switch(run, "breaker", {"state": "open", "opened_at": now, "reason": reason, "nodes": sorted(failed)}, now)
     run.emit("breaker", {"reason": reason})
     return True

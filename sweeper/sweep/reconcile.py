@@ -58,12 +58,15 @@ def reconcile(run: Run) -> list[dict[str, str]]:
             run.kube.delete_mpijob(run.cfg.check_namespace, mj["metadata"]["name"])
             done.append({"mpijob": mj["metadata"]["name"], "action": "deleted", "why": f"left by run {owner}"})
     untainted = []
+    said: dict[str, str] = {}  # node -> the reason `sweeper release --false-positive` gave
     for obj in run.kube.list_nodes(run.cfg.gpu_node_selector, page_size=run.cfg.page_size):
         view = NodeView.from_obj(obj, run.cfg.gpu_resources)
         taint = view.sweep_taint(run.cfg.taint_key)
         if not taint:
             untainted.append(view.name)
-            released_by_hand(run, view)
+            why = released_by_hand(run, view)
+            if why:
+                said[view.name] = why
         if not taint or taint.get("value") == run.id:
             continue
         old = str(taint.get("value", ""))
@@ -74,8 +77,9 @@ def reconcile(run: Run) -> list[dict[str, str]]:
         keys = sorted({finding_key(f) for f in s["findings"]})
         switch(run, dismissal_key(s["node"]), {"keys": keys, "verdict": s["verdict"], "sweep": s["id"], "at": now},
                      now)
+        by = f" with sweeper release --false-positive: {said[s['node']]}" if s["node"] in said else ""
         run.rec.action(run.id, s["node"], now, "false-positive",
-                        f"a person released the node Sweeper held ({s['verdict']}); the same findings will "
+                        f"a person released the node Sweeper held ({s['verdict']}){by}; the same findings will "
                         f"not hold it again: {', '.join(keys)}")
         done.append({"node": s["node"], "action": "marked a false positive",
                      "why": f"released by a person after verdict {s['verdict']}"})
@@ -84,20 +88,22 @@ def reconcile(run: Run) -> list[dict[str, str]]:
             run.emit("reconcile", d)
     return done
 
-def released_by_hand(run: Run, view: NodeView) -> None:
-    """A node `sweeper release` let go carries its mark: the release goes into this history and the
-    mark comes off, read once (a hold takes it off too, and each run reconciles before it holds
-    anything, so a mark is always of a release since the node's last verdict). The findings that held the node are then not
-    dismissed: a release is no judgement of the verdict. Recorded at this run's time, not the
-    mark's: the machine that released it may keep another clock."""
+def released_by_hand(run: Run, view: NodeView) -> str:
+    """A node `sweeper release` let go carries its mark, read once and taken off (a hold takes it off
+    too, and each run reconciles before it holds anything, so a mark is always of a release since
+    the node's last verdict). A plain release goes into this history, so the findings that held
+    the node are not dismissed: a release is no judgement of the verdict. Recorded at this run's
+    time, not the mark's: the machine that released it may keep another clock. Returns the reason
+    of a release as a false positive ("" for any other), for the dismissal's record."""
+    key = f"{run.cfg.prefix}/{RELEASED}"
+    if key not in view.annotations:
+        return ""
     mark = read_release_mark(view.annotations, run.cfg.prefix)
-    if f"{run.cfg.prefix}/{RELEASED}" not in view.annotations:
-        return
-    if mark is not None:
+    if mark is not None and not mark[2]:
         run.rec.action(run.id, view.name, run.clock.now(), "release",
                        f"sweeper release at {iso(mark[0])}: {mark[1]}")
-    node_actions.patch_node(run.kube, view.name,
-                            lambda obj: node_actions.meta_op(obj, "annotations", {f"{run.cfg.prefix}/{RELEASED}": None}))
+    node_actions.patch_node(run.kube, view.name, lambda obj: node_actions.meta_op(obj, "annotations", {key: None}))
+    return mark[1] if mark is not None and mark[2] else ""
 
 
 def close_open_sweeps(run: Run, now: float) -> list[dict[str, Any]]:

@@ -55,9 +55,12 @@ def test_a_release_from_another_machine_is_no_dismissal(make_sim, history: Histo
     mark = sim.core.read_node("gpu-01").metadata.annotations["sweeper.dev/released"]
     assert "stopping the rollout" in mark
 
-    again = run_sweep(sim, history, cfg)
+    assert sim.core.read_node("gpu-02").metadata.labels.get("sweeper.dev/suspect") == "true"
+    # interval 20h: only as suspects are the released nodes due at once
+    again = run_sweep(sim, history, replace(cfg, interval=20 * 3600))
     assert not [d for d in again.reconciled if d.get("action") == "marked a false positive"], again.reconciled
     assert _held(again).keys() == {"gpu-01", "gpu-02"}, "the same findings hold them again"
+    assert "released by hand after verdict" in {d.node.name: d.detail for d in again.plan.take}["gpu-02"]
     assert not [k for k in _controls(sim) if k.startswith("dismissed.")], _controls(sim)
     # the release is in the CronJob's history now, and its mark is off the node (read once)
     said = [a["detail"] for a in history.db.query("select detail from actions where node = 'gpu-01' and "
@@ -73,12 +76,16 @@ def test_false_positive_dismisses_the_findings_that_held_the_node(make_sim, hist
     run_sweep(sim, history, cfg)
     rows = _release(sim, tmp_path, "gpu-01", "--false-positive", "--reason", "XID 79 was a driver bug")
     assert [r["action"] for r in rows if r["node"] == "gpu-01"][0] == "released"
-    assert "sweeper.dev/released" not in (sim.core.read_node("gpu-01").metadata.annotations or {})
+    node = sim.core.read_node("gpu-01").metadata
+    assert '"false_positive":true' in node.annotations["sweeper.dev/released"]
+    assert "sweeper.dev/suspect" not in (node.labels or {}), "a false positive is no suspect"
     again = run_sweep(sim, history, cfg)
     assert [d["node"] for d in again.reconciled if d.get("action") == "marked a false positive"] == ["gpu-01"]
     o = {x.node: x for x in again.outcomes}["gpu-01"]
     assert (o.verdict, o.action) == ("warn", "released") and "dismissed by a person" in " ".join(o.reasons)
     assert "dismissed.gpu-01" in _controls(sim)
+    said = [a["detail"] for a in history.db.query("select detail from actions where action = 'false-positive'")]
+    assert len(said) == 1 and "XID 79 was a driver bug" in said[0], said
 
 
 def test_a_forged_or_stale_release_mark_never_dismisses_and_never_spares_a_later_verdict(

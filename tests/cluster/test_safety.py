@@ -588,9 +588,10 @@ def test_release_is_a_panic_button_that_needs_no_history(make_sim, history: Hist
     res = CliRunner().invoke(main, ["release", "--all", "--state", str(history.path), *base])
     assert res.exit_code == 0 and sweep_taints(sim) == {}
     ann = sim.core.read_node("gpu-02").metadata.annotations or {}
-    # what is left: the last result, and the release's own mark (tests/cluster/test_release.py)
-    assert not [k for k in ann if k.startswith("sweeper.dev/") and k not in ("sweeper.dev/last-result",
-                                                                           "sweeper.dev/released")]
+    # what is left: the last result, the release's own mark, and why it is a suspect now: released
+    # after its failing verdict, the next sweep checks it first (tests/cluster/test_release.py)
+    assert not [k for k in ann if k.startswith("sweeper.dev/") and k not in (
+        "sweeper.dev/last-result", "sweeper.dev/released", "sweeper.dev/suspect-reason")]
     assert "karpenter.sh/do-not-disrupt" not in ann and "incident 42" in ann["sweeper.dev/released"]
     acts = [a["detail"] for a in history.db.query("select detail from actions where run_id = 'manual'")]
     assert acts and "incident 42" in acts[0]
