@@ -21,7 +21,7 @@ from sweeper.actions.structure import bare_cluster_values
 from sweeper.config import UNPUBLISHED, Config, home, load_config
 from sweeper.errors import ConfigError, PlaybookError
 from sweeper.playbook.model import Task, load_playbook
-from sweeper.policy import parse_policy
+from sweeper.policy import parse_policy, policy_path
 from sweeper.schema import ConfigProblems, locate, read_yaml, safe_load
 from sweeper.templating import ENV
 
@@ -178,7 +178,7 @@ def reference_problems(cfg: Config, path: Path) -> list[str]:
             template_of(ActionContext(config=cfg), getattr(cfg, key))
         except PlaybookError as exc:
             problem((key,), str(exc), _names([Path(cfg.template_dir or "."), home() / "job-templates"], "*.j2"))
-    policy = Path(cfg.policy) if "/" in cfg.policy else cfg.path("policies") / cfg.policy  # as actions/decide.py
+    policy = policy_path(cfg.path("policies"), cfg.policy)  # where a sweep's `decide` reads it
     if not policy.is_file():
         problem(("policy",), f"no policy {policy.name!r} in {policy.parent}", _names([cfg.path("policies")], "*.y*ml"))
     return [text for _, text in sorted(out, key=lambda p: p[0])]

@@ -9,7 +9,7 @@ from typing import Any
 
 from sweeper.actions import ActionContext
 from sweeper.actions.follow import PollSource, Shape, follow
-from sweeper.actions.podstate import TOOL_WAITING, container_ran, job_condition, node_gone
+from sweeper.actions.podstate import TOOL_WAITING, container_ran, job_condition, node_gone, waiting_states
 from sweeper.errors import NotFound
 from sweeper.fleet import NodeView
 from sweeper.result import CheckResult, Result, tool_result
@@ -19,9 +19,7 @@ JOB_TIMEOUT = 600.0  # a reboot or GPU reset Job's activeDeadlineSeconds, and ho
 
 def _waiting(pods: list[dict[str, Any]]) -> list[str]:
     """Why the pods' containers wait, in the kubelet's words (ContainerCreating, ErrImagePull: ...)."""
-    return [f"{w.get('reason', '')}: {w.get('message', '')}".rstrip(": ") for p in pods
-            for cs in (p.get("status") or {}).get("containerStatuses") or []
-            if (w := (cs.get("state") or {}).get("waiting") or {}).get("reason")]
+    return [f"{w['reason']}: {w.get('message', '')}".rstrip(": ") for w in waiting_states(pods) if w.get("reason")]
 
 
 def _accepted(pods: list[dict[str, Any]]) -> bool:
@@ -29,7 +27,7 @@ def _accepted(pods: list[dict[str, Any]]) -> bool:
     waiting on a fault of the tool: a node that goes NotReady then is taken to reboot by its hand (its
     reboot may come before the kubelet posts the container running)."""
     return any((p.get("status") or {}).get("startTime") for p in pods) and \
-        not any(w.split(":")[0] in TOOL_WAITING for w in _waiting(pods))
+        not any(w.get("reason") in TOOL_WAITING for w in waiting_states(pods))
 
 
 class RebootShape(Shape):

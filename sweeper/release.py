@@ -1,13 +1,14 @@
 """`sweeper release`: the panic button. Hands back every node Sweeper holds (or the ones
 named), deletes its Jobs, and works from the cluster alone when the history is lost.
 
-A release is not a judgement of the verdict: the next sweep judges the node afresh, and the
-findings that held it hold it again. Each released node carries the release's mark (sweeper.actions.holding.RELEASED:
-when, why, by whom), written in the same patch as the untaint, so that the next run's reconcile
-knows a person let it go on purpose even where `release` ran beside another history (a laptop)
-or none. A node untainted with no such mark and no record (by kubectl) reads as a person's
-"false positive", and so does a release with `false_positive`: the findings that held the node
-are dismissed (they warn, never hold it again) in the control ConfigMap."""
+A release is not a judgement of the verdict: a node released after a failing verdict is a
+suspect, which the next sweep checks first, and the findings that held it hold it again. Each
+released node carries the release's mark (sweeper.actions.holding.RELEASED: when, why, by whom,
+whether as a false positive), written in the same patch as the untaint, so that the next run's
+reconcile knows a person let it go on purpose even where `release` ran beside another history
+(a laptop) or none. A node untainted with no such mark and no record (by kubectl) reads as a
+person's "false positive", and so does a release with `false_positive`: the findings that held
+the node are dismissed (they warn, never hold it again) in the control ConfigMap."""
 
 from __future__ import annotations
 

@@ -22,10 +22,10 @@ def policy_for(cfg: Config, name: str | None) -> Policy:
     `default` is policies/default.yaml), else the config's."""
     from pathlib import Path
 
-    from sweeper.policy import load_policy
+    from sweeper.policy import load_policy, policy_path
 
     name = name or cfg.policy
-    path = Path(name) if ("/" in name or Path(name).exists()) else cfg.path("policies") / name
+    path = Path(name) if Path(name).exists() else policy_path(cfg.path("policies"), name)
     if not path.exists() and "/" not in name and path.with_name(f"{name}.yaml").is_file():
         path = path.with_name(f"{name}.yaml")
     return load_policy(path)

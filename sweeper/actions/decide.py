@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from sweeper.actions import ActionContext, Arg, action, device_plugin, ok
 from sweeper.errors import ConfigError
-from sweeper.policy import HOLDING, Policy, load_policy
+from sweeper.policy import HOLDING, Policy, load_policy, policy_path
 from sweeper.policy import decide as policy_decide
 from sweeper.result import Result
 
@@ -17,7 +16,7 @@ _CACHE: dict[tuple[str, float], Policy] = {}
 def policy_for(ctx: ActionContext, name: str = "") -> Policy:
     """The policy file (by name in policies/, or a path), cached until it changes."""
     name = name or ctx.config.policy
-    path = Path(name) if "/" in name else ctx.config.path("policies") / name
+    path = policy_path(ctx.config.path("policies"), name)
     try:
         key = (str(path), path.stat().st_mtime)
     except OSError as exc:

@@ -205,11 +205,16 @@ class Fault:
         return never_ran_result(node, now, pods, self.what)
 
 
+def waiting_states(pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each container's `state.waiting` ({} for one not waiting), as the kubelet last posted it."""
+    return [((cs.get("state") or {}).get("waiting") or {}) for p in pods
+            for cs in (p.get("status") or {}).get("containerStatuses") or []]
+
+
 def never_ran_result(node: str, now: float, pods: list[dict[str, Any]], what: str = "check") -> Result:
     """The pod was accepted by the kubelet but its container never ran before the deadline (for
     instance a volume that never mounted): the check's fault (`what`'s), not a hung check."""
-    waiting = [((cs.get("state") or {}).get("waiting") or {}) for p in pods
-               for cs in (p.get("status") or {}).get("containerStatuses") or []]
+    waiting = waiting_states(pods)
     reason = next((w.get("reason") for w in waiting if w.get("reason")), "ContainerCreating")
     msg = next((w.get("message") for w in waiting if w.get("message")), "")
     return tool_result(node, now, str(reason), f"the {what} container never started before its deadline ({reason}); "

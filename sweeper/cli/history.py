@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -65,7 +64,7 @@ def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
     now = time.time()
     source = ""  # where the rows came from, when not from this history and the cluster
     if not offline and no_local_history(state):
-        read = cluster_fleet_rows(_reader(kubeconfig, context, cfg), cfg, now)
+        read = cluster_fleet_rows(kube_for(kubeconfig, context, cfg, once=True), cfg, now)
         rows, source = read.value, read.source
         _said(read, state)
     else:
@@ -85,13 +84,6 @@ def nodes_cmd(config_path: str | None, kubeconfig: str | None, context: str | No
         out.document(iso_times({"nodes": rows, "source": source}))
     else:
         printer.nodes(out, rows, now, source, in_cluster=not offline)
-
-
-def _reader(kubeconfig: str | None, context: str | None, cfg: Any) -> Any:
-    """The cluster, asked once per call: a reader does not wait on a Sweeper that is not there."""
-    kube = kube_for(kubeconfig, context, cfg)
-    kube.retry = dataclasses.replace(kube.retry, attempts=1)
-    return kube
 
 
 def _said(read: Any, state: str) -> None:
@@ -147,7 +139,7 @@ def history(node: str, config_path: str | None, kubeconfig: str | None, context:
 
         cfg = config_for(config_path)
         cutoff = since_cutoff(since)
-        read = cluster_node_history(_reader(kubeconfig, context, cfg), cfg, node,
+        read = cluster_node_history(kube_for(kubeconfig, context, cfg, once=True), cfg, node,
                                     None if cutoff is None else time.time() - cutoff, check)
         _said(read, state)
         h, known, where = read.value, read.value.pop("known", True), read.source
@@ -234,7 +226,7 @@ def report_cmd(config_path: str | None, kubeconfig: str | None, context: str | N
         from sweeper.remote import RemoteHistory
 
         cfg = config_for(config_path)
-        reader = RemoteHistory(_reader(kubeconfig, context, cfg), cfg.namespace)
+        reader = RemoteHistory(kube_for(kubeconfig, context, cfg, once=True), cfg.namespace)
         cutoff = since_cutoff(since) or 0.0
         stderr_out().write(f"no history at {shown(state)}: the report of {reader.where}")
         _write_page(reader.report(time.time() - cutoff, node), output, None)
@@ -244,8 +236,7 @@ def report_cmd(config_path: str | None, kubeconfig: str | None, context: str | N
     gpu, source = None, ""
     if not offline and node is None:
         try:
-            kube = kube_for(kubeconfig, context, cfg)
-            kube.retry = dataclasses.replace(kube.retry, attempts=1)  # no waiting on a cluster that is not there
+            kube = kube_for(kubeconfig, context, cfg, once=True)  # no waiting on a cluster that is not there
             gpu, source = cluster_gpu_nodes(kube, cfg), "the cluster"
         except SweeperError as exc:
             stderr_out().write(f"GPU nodes from the last run's plan: the cluster did not answer ({exc})")

@@ -91,11 +91,7 @@ def ingest_cmd(node: str, file: str, fmt: str, profile_name: str | None, exit_co
     sys.exit(0 if result.status in ("pass", "warn", "skip") else 1)
 
 
-
 def _cluster_nodes(kubeconfig: str | None, context: str | None, cfg: Any) -> list[str]:
     """The names of the cluster's nodes, asked once (one LIST, no retry: the cluster may be away)."""
-    import dataclasses
-
-    kube = kube_for(kubeconfig, context, cfg)
-    kube.retry = dataclasses.replace(kube.retry, attempts=1)
+    kube = kube_for(kubeconfig, context, cfg, once=True)
     return [str((n.get("metadata") or {}).get("name")) for n in kube.list_nodes("", page_size=cfg.page_size, devices=False)]

@@ -244,7 +244,9 @@ def config_for(path: str | None, **overrides: Any) -> Config:
     return load_config(path).with_overrides(**given)
 
 
-def kube_for(kubeconfig: str | None, context: str | None, cfg: Config) -> Any:
+def kube_for(kubeconfig: str | None, context: str | None, cfg: Config, once: bool = False) -> Any:
+    """The cluster under the config's retry policy; `once`: each call asked once, for a reader that
+    does not wait on a cluster (or a Sweeper in it) that is not there."""
     from sweeper.kubeconfig import missing as kubeconfig_missing
 
     missing = kubeconfig_missing(kubeconfig)
@@ -253,7 +255,7 @@ def kube_for(kubeconfig: str | None, context: str | None, cfg: Config) -> Any:
     from sweeper.kube import Kube, RetryPolicy
 
     kube = Kube.from_config(kubeconfig, context)
-    kube.retry = RetryPolicy(attempts=max(1, cfg.api_attempts), read_timeout=cfg.api_timeout)
+    kube.retry = RetryPolicy(attempts=1 if once else max(1, cfg.api_attempts), read_timeout=cfg.api_timeout)
     return kube
 
 

@@ -29,10 +29,11 @@ from sweeper.policy.model import (
     Verdict,
     load_policy,
     parse_policy,
+    policy_path,
     worse,
 )
 
 __all__ = ["BUILT_IN", "HOLDING", "SYMPTOMS", "VERDICTS", "XID_ACTIONS", "FailureRate", "Findings", "Ladder",
            "PairFailures", "Past", "Peers", "Policy", "Relapse", "Trend", "Verdict", "cause_key", "check_verdict",
            "decide", "failed_partners", "finding_key", "judge_findings", "load_policy", "pair_rule",
-           "parse_policy", "slope_per_day", "worse"]
+           "parse_policy", "policy_path", "slope_per_day", "worse"]

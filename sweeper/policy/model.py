@@ -151,6 +151,12 @@ _SECTIONS: dict[str, tuple[type, dict[str, type | tuple[type, ...]]]] = {
 }
 
 
+def policy_path(policies: Path, name: str) -> Path:
+    """Where a policy named in a config, a playbook's `decide` or a command line is: a path where the
+    name has a `/`, else a file of `policies` (the config's policy_dir, else the shipped folder)."""
+    return Path(name) if "/" in name else policies / name
+
+
 def load_policy(path: Path) -> Policy:
     try:
         raw = safe_load(path.read_text())
